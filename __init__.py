@@ -1,0 +1,38 @@
+"""swa_backends: hardware-portable kernels for DeepSeek-V4.1 SWA bounded replay.
+
+``select(device)`` returns a backend with every op of the pack (best variant per op for
+that device) and ``.capabilities`` (encoder / decoder replay on or off, with reasons).
+Importing this package imports torch, numpy and PyYAML only: no vendor package, no
+environment change, no subprocess, no device query (detection runs on first use).
+"""
+
+from __future__ import annotations
+
+from .common.config import ServingConfig
+from .common.device import DeviceInfo, current_device, fake_device, parse_device
+from .common.dispatch import Backend, Capabilities, Explanation, SideDecision, capabilities, explain, reference_backend, select
+from .common.errors import MatrixError, SelectionError
+from .common.matrix import load_matrix
+from .common.ops import (
+    OPS,
+    admit_prefix_hit,
+    agree_across_dp,
+    allocate_replay_batch_out,
+    mark_prefix_replay,
+    plan_replay_batch,
+    replay_block_is_live,
+    replay_layer_ids,
+)
+from .common.types import PAD, Admission, ReplayBatch, ReplayMetadata, ReplayPlan
+from .common.validation import set_validation, validation, validation_enabled
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PAD", "OPS", "Admission", "Backend", "Capabilities", "DeviceInfo", "Explanation", "MatrixError",
+    "ReplayBatch", "ReplayMetadata", "ReplayPlan", "SelectionError", "ServingConfig", "SideDecision",
+    "admit_prefix_hit", "agree_across_dp", "allocate_replay_batch_out", "capabilities", "current_device",
+    "explain", "fake_device", "load_matrix", "mark_prefix_replay", "parse_device", "plan_replay_batch",
+    "reference_backend", "replay_block_is_live", "replay_layer_ids", "select", "set_validation", "validation",
+    "validation_enabled",
+]

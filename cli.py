@@ -1,0 +1,120 @@
+"""``swa-backends`` / ``python -m swa_backends``: the pack's report on this machine.
+
+    swa-backends info  [--device D] [--prefer V] [--config k=v ...] [--all] [--json]
+    swa-backends check [--device D] [--prefer V] [--cases N] [--seed S] [--json]
+
+``--device`` names a real device (``cpu``, ``cuda:0``, ``npu:0``) or a fake one
+(``rocm:gfx942``, ``rocm:gfx950``, ``ascend:910b``, ``ascend:910_93``, ``cuda:sm90``...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common.config import ServingConfig
+from .common.device import resolve_device
+from .common.dispatch import Explanation, explain, select
+from .common.errors import MatrixError, SelectionError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, exit 2
+        sys.stderr.write(f"swa-backends: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="swa-backends", description="Kernels for DeepSeek-V4.1 SWA bounded replay: what runs here.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("--device", default=None, help="cpu, cuda:0, npu:0, or a fake platform:arch such as rocm:gfx942")
+    common.add_argument("--prefer", default=None, help="force a variant by name for every op that has it (e.g. triton)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    info = sub.add_parser("info", parents=[common], help="device, replay decision with reasons, variant per op")
+    info.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                      help="a ServingConfig field (pcp=4, graph_mode=none, lora=true, ...); repeatable")
+    info.add_argument("--all", action="store_true", help="every variant of every op with its reasons")
+    check = sub.add_parser("check", parents=[common], help="run every op here against the reference on random batches")
+    check.add_argument("--cases", type=int, default=20, help="random cases per op (default 20)")
+    check.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _side(name: str, d) -> list[str]:
+    lines = [f"{name}: {'ON' if d.enabled else 'OFF'}"]
+    lines += [f"    - {r}" for r in (d.reasons if not d.enabled else d.notes)]
+    return lines
+
+
+def format_explanation(e: Explanation, *, full: bool = False) -> str:
+    caps = e.capabilities
+    lines = [f"device:        {e.device}", f"matrix row:    {caps.row or '(none)'}"]
+    if caps.fallback:
+        lines.append(f"fallback:      {caps.fallback}")
+    for problem in e.device.problems:
+        lines.append(f"device note:   {problem}")
+    lines += _side("encoder replay", caps.encoder_replay) + _side("decoder replay", caps.decoder_replay)
+    lines.append("")
+    rows = [("op", "variant", "verified", "graph-safe", "layout")]
+    by = {(c.op, c.variant): c for c in e.table}
+    for op, names in e.chosen.items():
+        for i, name in enumerate(names):
+            c = by[(op, name)]
+            label = name if len(names) == 1 else f"{name} ({'per-call' if i < len(names) - 1 else 'else'})"
+            rows.append((op if i == 0 else "", label, c.verified or "-", "yes" if c.graph_safe else "no", c.index_layout or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    if full:
+        lines.append("")
+        lines.append("every variant:")
+        for c in e.table:
+            why = "; ".join(c.reasons) if c.reasons else "ok"
+            lines.append(f"  {c.op:<24} {c.variant:<18} {c.status:<9} {why}")
+    return "\n".join(lines)
+
+
+def _info(args) -> int:
+    config = ServingConfig.from_strings(args.config)
+    e = explain(args.device, config=config, prefer=args.prefer)
+    if args.json:
+        print(json.dumps(e.as_dict(), indent=2, default=str))
+    else:
+        print(format_explanation(e, full=args.all))
+    return 0
+
+
+def _check(args) -> int:
+    from .common.conformance import check_backend
+
+    if args.cases < 1:
+        raise ValueError(f"--cases={args.cases}: expected an int >= 1")
+    info = resolve_device(args.device)
+    if not info.runnable:
+        raise ValueError(f"--device={args.device}: expected a device present here (fake devices: use 'info')")
+    backend = select(info, prefer=args.prefer)
+    results = check_backend(backend, device=info.torch_device, seed=args.seed, cases=args.cases)
+    if args.json:
+        print(json.dumps({"device": str(info), "results": [r.__dict__ for r in results]}, indent=2))
+    else:
+        print(f"check on {info}: every op vs the CPU reference, {args.cases} random cases each (seed {args.seed})")
+        for r in results:
+            status = "pass" if r.ok else "FAIL"
+            print(f"  {status}  {r.op:<24} {r.variant:<20} {r.passed}/{r.passed + r.failed}"
+                  + (f"  first failure: {r.detail}" if r.detail else ""))
+        bad = sum(not r.ok for r in results)
+        print(f"{len(results) - bad}/{len(results)} ops pass")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"info": _info, "check": _check}[args.command](args)
+    except (ValueError, SelectionError, MatrixError) as exc:
+        sys.stderr.write(f"swa-backends: error: {str(exc).splitlines()[0]}\n")
+        for extra in str(exc).splitlines()[1:]:
+            sys.stderr.write(f"  {extra}\n")
+        return 2

@@ -1,0 +1,113 @@
+"""The serving configuration the capability decision reads (SPEC §4).
+
+Every field has the serving default; pass only what differs:
+``ServingConfig(prefill_context_parallel_size=4, graph_mode="none")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+
+from .validation import fail
+
+GRAPH_MODES = ("none", "decode_only", "piecewise", "full", "full_and_piecewise")
+MODEL_RUNNERS = ("v1", "v2")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """``model_runner``: the engine's model runner (vLLM V2 pads replayed writes);
+    ``*_parallel_size``: PP / PCP (prefill context) / DCP (decode context) / DP;
+    ``stage_holds_all_layers_after_cut``: this pipeline stage holds every layer after the
+    cut; ``sequence_parallel_moe``; ``dsa_context_parallel`` (Ascend); ``microbatching``;
+    ``drafter_window`` / ``drafter_aux_layers`` (speculative drafter); ``cut_layer``
+    (last KV-source layer; needed to judge aux layers); ``engram_after_cut``; ``lora``;
+    ``graph_mode`` (none, decode_only, piecewise, full, full_and_piecewise);
+    ``async_scheduling``; ``kv_connector_owns_scheduling`` (a connector that drives the
+    scheduler, e.g. disaggregated modes); ``window``: W."""
+
+    model_runner: str = "v2"
+    pipeline_parallel_size: int = 1
+    prefill_context_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    data_parallel_size: int = 1
+    stage_holds_all_layers_after_cut: bool = True
+    sequence_parallel_moe: bool = False
+    dsa_context_parallel: bool = False
+    microbatching: bool = False
+    drafter_window: int | None = None
+    drafter_aux_layers: tuple[int, ...] = ()
+    cut_layer: int | None = None
+    engram_after_cut: bool = False
+    lora: bool = False
+    graph_mode: str = "full_and_piecewise"
+    async_scheduling: bool = True
+    kv_connector_owns_scheduling: bool = False
+    window: int = 128
+
+    def __post_init__(self) -> None:
+        op = "ServingConfig"
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                fail(op, f.name, value, "a bool")
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                fail(op, f.name, value, "an int >= 1")
+        if self.model_runner not in MODEL_RUNNERS:
+            fail(op, "model_runner", self.model_runner, f"one of {MODEL_RUNNERS}")
+        if self.graph_mode not in GRAPH_MODES:
+            fail(op, "graph_mode", self.graph_mode, f"one of {GRAPH_MODES}")
+        if self.drafter_window is not None and (isinstance(self.drafter_window, bool) or not isinstance(self.drafter_window, int) or self.drafter_window < 1):
+            fail(op, "drafter_window", self.drafter_window, "None or an int >= 1")
+        if not isinstance(self.drafter_aux_layers, tuple) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.drafter_aux_layers):
+            fail(op, "drafter_aux_layers", self.drafter_aux_layers, "a tuple of layer ids (ints >= 0)")
+        if self.cut_layer is not None and (isinstance(self.cut_layer, bool) or not isinstance(self.cut_layer, int) or self.cut_layer < 0):
+            fail(op, "cut_layer", self.cut_layer, "None or a layer id (int >= 0)")
+        if self.drafter_aux_layers and self.cut_layer is None:
+            fail(op, "cut_layer", None, "the last KV-source layer id when drafter_aux_layers are given")
+
+    def fields_for_rules(self) -> dict[str, object]:
+        """The config as rule fields, plus the derived ones rules may name:
+        ``drafter_window_exceeds_window`` and ``drafter_aux_at_or_before_cut``."""
+        values = dataclasses.asdict(self)
+        values["drafter_window_exceeds_window"] = self.drafter_window is not None and self.drafter_window > self.window
+        values["drafter_aux_at_or_before_cut"] = any(
+            layer <= self.cut_layer for layer in self.drafter_aux_layers) if self.cut_layer is not None else False
+        return values
+
+    @classmethod
+    def from_strings(cls, items: list[str]) -> "ServingConfig":
+        """``["pcp=4", "graph_mode=none", "lora=true"]`` -> a config (CLI ``--config``)."""
+        aliases = {"pp": "pipeline_parallel_size", "pcp": "prefill_context_parallel_size",
+                   "dcp": "decode_context_parallel_size", "dp": "data_parallel_size"}
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, object] = {}
+        for item in items:
+            key, sep, raw = item.partition("=")
+            key = aliases.get(key.strip(), key.strip())
+            if not sep or key not in known:
+                fail("config", "item", item, f"key=value with key in {sorted(known)} or {sorted(aliases)}")
+            kind = known[key].type
+            raw = raw.strip()
+            try:
+                if kind == "bool":
+                    if raw.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                        raise ValueError(raw)
+                    value: object = raw.lower() in ("true", "1", "yes", "on")
+                elif kind == "int":
+                    value = int(raw)
+                elif kind == "int | None":
+                    value = None if raw.lower() == "none" else int(raw)
+                elif kind == "tuple[int, ...]":
+                    value = tuple(int(x) for x in raw.split(",") if x.strip())
+                else:
+                    value = raw
+            except ValueError:
+                fail("config", key, raw, f"a value of type {kind}")
+            kwargs[key] = value
+        return cls(**kwargs)
+
+
+RULE_FIELDS = frozenset({f.name for f in fields(ServingConfig)} | {
+    "drafter_window_exceeds_window", "drafter_aux_at_or_before_cut", "platform", "arch"})

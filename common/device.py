@@ -1,0 +1,208 @@
+"""The device model: which platform and arch an op will run on.
+
+Detection is lazy and cached per torch device; nothing runs at import. Only on Ascend is
+``torch_npu`` imported (it fails without the CANN runtime: that becomes a reason).
+Tests and the CLI name fake devices with :func:`parse_device` (``"rocm:gfx942"``,
+``"ascend:910b"``, ``"cuda:sm90"``) or :func:`fake_device`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+PLATFORMS = ("cpu", "cuda", "rocm", "ascend")
+
+# Ascend SoC version ranges of torch_npu.npu.get_soc_version() (PLATFORMS.md).
+_ASCEND_SOCS = (
+    (range(200, 206), "ascend310p", "Ascend 310P"),
+    (range(220, 226), "ascend910b", "Ascend 910B (A2)"),
+    (range(250, 256), "ascend910_93", "Ascend 910_93 (A3)"),
+    (range(260, 261), "ascend950", "Ascend 950 (A5)"),
+)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """``platform`` (cpu/cuda/rocm/ascend), ``arch`` (cpu, sm90, gfx942, ascend910b, ...),
+    ``name`` (marketing name), ``torch_device`` (where tensors go; None for a fake device),
+    ``capability`` (CUDA compute capability), ``fake`` (injected, not detected),
+    ``problems`` (why detection was partial, e.g. torch_npu failed to import)."""
+
+    platform: str
+    arch: str
+    name: str = ""
+    torch_device: str | None = None
+    capability: tuple[int, int] | None = None
+    fake: bool = False
+    problems: tuple[str, ...] = field(default=())
+
+    def __str__(self) -> str:
+        where = "fake" if self.fake else (self.torch_device or "?")
+        return f"{self.platform}:{self.arch} ({self.name or self.arch}, {where})"
+
+    @property
+    def runnable(self) -> bool:
+        """Tensors can be placed on this device in this process."""
+        return not self.fake and self.torch_device is not None
+
+
+def cuda_arch(capability: tuple[int, int]) -> str:
+    return f"sm{capability[0]}{capability[1]}"
+
+
+def rocm_arch(gcn_arch_name: str) -> str:
+    """``gfx942:sramecc+:xnack-`` -> ``gfx942``."""
+    return gcn_arch_name.split(":", 1)[0].strip()
+
+
+def ascend_arch(soc_version: int) -> tuple[str, str]:
+    for versions, arch, name in _ASCEND_SOCS:
+        if soc_version in versions:
+            return arch, name
+    return f"ascend_soc{soc_version}", f"Ascend SoC {soc_version}"
+
+
+_FAKE_RE = re.compile(r"^(cpu|cuda|rocm|ascend|npu)(?::([A-Za-z0-9_]+))?$")
+
+
+def parse_device(spec: str) -> DeviceInfo:
+    """A fake device from ``platform[:arch]``: ``cpu``, ``cuda:sm90``, ``cuda:9.0``,
+    ``rocm:gfx942``, ``ascend:910b`` / ``ascend:ascend910_93``."""
+    if not isinstance(spec, str):
+        raise ValueError(f"device={spec!r}: expected a string like 'rocm:gfx942'")
+    m = _FAKE_RE.match(spec.strip().lower())
+    if not m:
+        raise ValueError(
+            f"device={spec!r}: expected platform[:arch] with platform in {PLATFORMS} "
+            "(e.g. 'cuda:sm90', 'rocm:gfx950', 'ascend:910b')")
+    platform, arch = m.group(1), m.group(2)
+    platform = "ascend" if platform == "npu" else platform
+    cap = None
+    if platform == "cpu":
+        arch = "cpu"
+    elif arch is None:
+        raise ValueError(f"device={spec!r}: expected an arch after '{platform}:' (e.g. {_example(platform)})")
+    elif platform == "cuda":
+        m2 = re.match(r"^(?:sm_?)?(\d+)(?:_(\d))?$", arch) or re.match(r"^(\d+)\.(\d+)$", arch)
+        if m2 and m2.group(2) is not None:
+            cap = (int(m2.group(1)), int(m2.group(2)))
+        elif m2:
+            digits = m2.group(1)
+            cap = (int(digits[:-1]), int(digits[-1])) if len(digits) >= 2 else None
+        if cap is None:
+            raise ValueError(f"device={spec!r}: expected a CUDA arch like sm90 or sm100")
+        arch = cuda_arch(cap)
+    elif platform == "ascend" and not arch.startswith("ascend"):
+        arch = "ascend" + arch
+    return DeviceInfo(platform, arch, name=f"fake {platform}:{arch}", capability=cap, fake=True)
+
+
+def _example(platform: str) -> str:
+    return {"cuda": "cuda:sm90", "rocm": "rocm:gfx942", "ascend": "ascend:910b"}.get(platform, platform)
+
+
+_override: list[DeviceInfo] = []
+
+
+@contextlib.contextmanager
+def fake_device(device: DeviceInfo | str) -> Iterator[DeviceInfo]:
+    """Within the block, :func:`current_device` returns ``device`` (tests, CLI)."""
+    info = parse_device(device) if isinstance(device, str) else device
+    _override.append(info)
+    try:
+        yield info
+    finally:
+        _override.pop()
+
+
+def current_device() -> DeviceInfo:
+    """The device ops run on by default: a fake one if injected, else the first accelerator
+    (CUDA/ROCm through torch, then Ascend), else the CPU."""
+    if _override:
+        return _override[-1]
+    return _detect_default()
+
+
+def resolve_device(device: DeviceInfo | str | torch.device | None) -> DeviceInfo:
+    """``None`` -> :func:`current_device`; ``DeviceInfo`` as is; a ``torch.device`` or
+    ``"cuda:0"``/``"npu:0"``/``"cpu"`` -> detected; ``"platform:arch"`` -> fake."""
+    if device is None:
+        return current_device()
+    if isinstance(device, DeviceInfo):
+        return device
+    if isinstance(device, torch.device):
+        return detect(str(device))
+    if isinstance(device, str):
+        s = device.strip().lower()
+        if s == "cpu" or re.match(r"^(cuda|npu)(:\d+)?$", s):
+            return detect(s)
+        return parse_device(s)
+    raise ValueError(f"device={device!r}: expected None, a DeviceInfo, a torch.device or a string")
+
+
+@functools.cache
+def _detect_default() -> DeviceInfo:
+    if torch.cuda.is_available():
+        return detect(f"cuda:{torch.cuda.current_device()}")
+    npu = _probe_npu()
+    if isinstance(npu, DeviceInfo):
+        return npu
+    info = detect("cpu")
+    return info
+
+
+@functools.cache
+def detect(torch_device: str) -> DeviceInfo:
+    """Detect the platform and arch of a real torch device string (cached)."""
+    dev = torch.device(torch_device)
+    if dev.type == "cpu":
+        return DeviceInfo("cpu", "cpu", name="CPU", torch_device="cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={torch_device!r}: expected an available CUDA/ROCm device (torch sees none)")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        where = f"cuda:{index}"
+        if getattr(torch.version, "hip", None):
+            return DeviceInfo("rocm", rocm_arch(getattr(props, "gcnArchName", "unknown")), props.name, where)
+        cap = (props.major, props.minor)
+        return DeviceInfo("cuda", cuda_arch(cap), props.name, where, capability=cap)
+    if dev.type == "npu":
+        info = _probe_npu(dev.index)
+        if isinstance(info, DeviceInfo):
+            return info
+        raise ValueError(f"device={torch_device!r}: expected a usable Ascend NPU ({info})")
+    raise ValueError(f"device={torch_device!r}: expected a cpu, cuda or npu device")
+
+
+def _probe_npu(index: int | None = None) -> DeviceInfo | str:
+    """An Ascend DeviceInfo, or the reason there is none. Imports torch_npu only here."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed"
+    try:
+        import torch_npu  # noqa: F401  (registers the 'npu' device with torch)
+    except Exception as exc:  # CANN missing (libhccl.so) and friends
+        return f"import torch_npu failed: {type(exc).__name__}: {exc}"
+    try:
+        if not torch.npu.is_available():  # type: ignore[attr-defined]
+            return "torch_npu imported but no NPU is available"
+        soc = int(torch_npu.npu.get_soc_version())
+    except Exception as exc:
+        return f"torch_npu could not read the SoC version: {type(exc).__name__}: {exc}"
+    arch, name = ascend_arch(soc)
+    i = 0 if index is None else index
+    return DeviceInfo("ascend", arch, name, f"npu:{i}")
+
+
+def clear_cache() -> None:
+    """Forget detected devices (tests that patch torch)."""
+    _detect_default.cache_clear()
+    detect.cache_clear()

@@ -1,0 +1,326 @@
+"""Selection: per device, the best variant of every op, and the replay decision.
+
+``select(device)`` -> :class:`Backend` (every op as a method, ``.capabilities``,
+``.explain()``); ``capabilities(device, config)`` -> :class:`Capabilities`;
+``explain(device)`` -> :class:`Explanation` (every variant's reasons). One priority list per
+platform (``backends/<platform>/PRIORITY``); the first variant with no reasons wins;
+matrix.yaml narrows. An unknown device falls back to the reference with a reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .config import ServingConfig
+from .device import DeviceInfo, resolve_device
+from .errors import SelectionError
+from .matrix import Matrix, Row, load_matrix
+from .ops import HOST_OPS, OPS
+from .registry import Variant, all_variants, load_attr, priority, variant
+from .validation import fail, validation_enabled
+
+
+@dataclass(frozen=True)
+class SideDecision:
+    """``enabled``; ``reasons`` it is off (empty when on); ``notes``: why it is safe."""
+
+    enabled: bool
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    device: DeviceInfo
+    row: str | None
+    encoder_replay: SideDecision
+    decoder_replay: SideDecision
+    fallback: str | None = None
+
+    def as_dict(self) -> dict:
+        side = lambda d: {"enabled": d.enabled, "reasons": list(d.reasons), "notes": list(d.notes)}  # noqa: E731
+        return {"device": _device_dict(self.device), "row": self.row, "fallback": self.fallback,
+                "encoder_replay": side(self.encoder_replay), "decoder_replay": side(self.decoder_replay)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of :func:`explain`'s table."""
+
+    op: str
+    variant: str
+    status: str  # chosen | per-call | eligible | rejected
+    reasons: tuple[str, ...]
+    verified: str | None
+    graph_safe: bool
+    index_layout: str | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    device: DeviceInfo
+    capabilities: Capabilities
+    chosen: Mapping[str, tuple[str, ...]]
+    table: tuple[Candidate, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "capabilities": self.capabilities.as_dict(),
+            "chosen": {op: list(names) for op, names in self.chosen.items()},
+            "table": [c.__dict__ | {"reasons": list(c.reasons)} for c in self.table],
+        }
+
+
+def _device_dict(d: DeviceInfo) -> dict:
+    return {"platform": d.platform, "arch": d.arch, "name": d.name, "torch_device": d.torch_device,
+            "capability": list(d.capability) if d.capability else None, "fake": d.fake,
+            "problems": list(d.problems)}
+
+
+# ---------------------------------------------------------------------------------------
+# planning
+# ---------------------------------------------------------------------------------------
+
+
+def _normalise_prefer(prefer) -> dict[str, str] | str | None:
+    if prefer is None:
+        return None
+    declared = all_variants()
+    if isinstance(prefer, str):
+        if not any(prefer in names for names in declared.values()):
+            known = sorted({n for names in declared.values() for n in names})
+            fail("select", "prefer", prefer, f"a declared variant name, one of {known}")
+        return prefer
+    if isinstance(prefer, Mapping):
+        for op, name in prefer.items():
+            if op not in OPS:
+                fail("select", "prefer", dict(prefer), f"op names from {sorted(OPS)}")
+            if name not in declared.get(op, {}):
+                fail("select", f"prefer[{op!r}]", name, f"one of {sorted(declared.get(op, {}))}")
+        return dict(prefer)
+    fail("select", "prefer", prefer, "None, a variant name, or a mapping op -> variant name")
+    return None
+
+
+def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str | None, dict, list[Candidate]]:
+    row = matrix.row_for(device)
+    fallback = None
+    if row is None:
+        fallback = (f"no row for {device.platform}:{device.arch} in {matrix.source}; "
+                    "using the reference backend (correct everywhere, not fast)")
+    prefer = _normalise_prefer(prefer)
+    chains: dict[str, tuple[Variant, ...]] = {}
+    table: list[Candidate] = []
+    for op in OPS:
+        declared = all_variants().get(op, {})
+        names = ("reference",) if row is None else tuple(n for n in priority(device.platform, op) if n in declared)
+        wanted = prefer.get(op) if isinstance(prefer, dict) else (prefer if prefer in declared else None)
+        if wanted is not None and wanted not in names:
+            names = (wanted, *names)
+        assessed: list[tuple[Variant, list[str]]] = []
+        for name in names:
+            v = declared[name]
+            reasons = v.not_supported_reasons(device)
+            if row is not None and name not in row.allowed(op):
+                reasons.append(f"matrix.yaml row {row.id} does not list it for {op}")
+            if device.platform in v.emulated_on and name != wanted:
+                reasons.append(f"runs emulated on {device.platform} (interpreter): only with prefer={name!r}")
+            assessed.append((v, reasons))
+        if wanted is not None:
+            v, reasons = next(a for a in assessed if a[0].name == wanted)
+            if reasons:
+                raise SelectionError(f"{op}: prefer={wanted!r} cannot run on {device}", {wanted: reasons})
+            assessed.sort(key=lambda a: a[0].name != wanted)
+        chain: list[Variant] = []
+        for v, reasons in assessed:
+            if not reasons and (not chain or chain[-1].per_call):
+                chain.append(v)
+        if not chain:
+            raise SelectionError(f"{op}: no variant can run on {device}", {v.name: r for v, r in assessed})
+        chains[op] = tuple(chain)
+        for v, reasons in assessed:
+            if any(v is c for c in chain):
+                status = "chosen" if v is chain[-1] else "per-call"
+            else:
+                status = "rejected" if reasons else "eligible"
+            table.append(Candidate(op, v.name, status, tuple(reasons), row.status(v.name) if row else None,
+                                   v.graph_safe, v.index_layout))
+    return row, fallback, chains, table
+
+
+def _decide(device: DeviceInfo, config: ServingConfig, matrix: Matrix, row: Row | None, fallback: str | None,
+            chains: Mapping[str, tuple[Variant, ...]]) -> Capabilities:
+    values = dict(config.fields_for_rules(), platform=device.platform, arch=device.arch)
+    sides: dict[str, SideDecision] = {}
+    for side in ("encoder_replay", "decoder_replay"):
+        reasons: list[str] = []
+        notes: list[str] = []
+        if row is not None:
+            gate = row.gates[side]
+            (notes if gate.enabled else reasons).append(f"[matrix:{row.id}] {gate.text}")
+        elif side == "encoder_replay":
+            notes.append(f"[fallback] {fallback}")
+        if side == "encoder_replay":
+            attention = chains["sparse_mla"]
+            unclamped = [v for v in attention if not v.clamps_window]
+            for v in unclamped:
+                reasons.append(f"[clamp] attention path {v.key} reads its window without the replay-start clamp")
+            if not unclamped:
+                notes.append("[clamp] attention reads only the pack's clamped indices: "
+                             + ", ".join(f"{v.key} ({v.index_layout} layout)" for v in attention))
+        else:
+            enc = sides["encoder_replay"]
+            if not enc.enabled:
+                reasons.append("[needs-encoder] decoder replay requires encoder replay, which is off")
+        for rule in matrix.rules[side]:
+            if rule.applies(values):
+                reasons.append(rule.text(values))
+        sides[side] = SideDecision(not reasons, tuple(reasons), tuple(notes) if not reasons else ())
+    return Capabilities(device, row.id if row else None, sides["encoder_replay"], sides["decoder_replay"], fallback)
+
+
+def _inputs(device, config, matrix) -> tuple[DeviceInfo, ServingConfig, Matrix]:
+    info = resolve_device(device)
+    if config is None:
+        config = ServingConfig()
+    elif isinstance(config, Mapping):
+        config = ServingConfig(**config)
+    elif not isinstance(config, ServingConfig):
+        fail("select", "config", config, "None, a ServingConfig or a mapping of its fields")
+    if matrix is None or isinstance(matrix, str):
+        matrix = load_matrix(matrix)
+    elif not isinstance(matrix, Matrix):
+        fail("select", "matrix", matrix, "None, a path to a matrix YAML file, or a Matrix")
+    return info, config, matrix
+
+
+def capabilities(device=None, *, config=None, matrix=None) -> Capabilities:
+    """Encoder and decoder replay on/off for ``device`` under ``config``, with reasons."""
+    info, config, matrix = _inputs(device, config, matrix)
+    row, fallback, chains, _ = _plan(info, matrix, None)
+    return _decide(info, config, matrix, row, fallback, chains)
+
+
+def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanation:
+    """The decision plus every variant of every op with its status and reasons."""
+    info, config, matrix = _inputs(device, config, matrix)
+    row, fallback, chains, table = _plan(info, matrix, prefer)
+    caps = _decide(info, config, matrix, row, fallback, chains)
+    return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table))
+
+
+def select(device=None, *, config=None, prefer=None, matrix=None) -> "Backend":
+    """A :class:`Backend` for ``device`` (None: this process's accelerator, else CPU).
+
+    ``prefer``: a variant name for every op that has it (``"triton"``), or a mapping
+    ``op -> name``; a preferred variant that cannot run raises :class:`SelectionError`
+    with its reasons. ``config``: a :class:`ServingConfig` (or its fields as a mapping)
+    for ``.capabilities``. ``matrix``: a path or :class:`Matrix` instead of the shipped one.
+    """
+    info, config, matrix = _inputs(device, config, matrix)
+    row, fallback, chains, table = _plan(info, matrix, prefer)
+    caps = _decide(info, config, matrix, row, fallback, chains)
+    expl = Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table))
+    return Backend(info, chains, caps, expl)
+
+
+# ---------------------------------------------------------------------------------------
+# the backend object
+# ---------------------------------------------------------------------------------------
+
+
+class Backend:
+    """Every op of the pack for one device: device ops dispatch to the chosen variant
+    (validated first unless validation is off), host ops are the shared implementations.
+
+    ``.variants`` maps op -> chosen variant names (more than one: per-call dispatch, first
+    whose input check passes); ``.capabilities``; ``.explain()``; ``.warmup(**shapes)``.
+    """
+
+    def __init__(self, device: DeviceInfo, chains: Mapping[str, tuple[Variant, ...]],
+                 caps: Capabilities, explanation: Explanation):
+        self.device = device
+        self.capabilities = caps
+        self._chains = dict(chains)
+        self._explanation = explanation
+        self.variants = {op: tuple(v.name for v in chain) for op, chain in chains.items()}
+        for op in OPS:
+            setattr(self, op, self._make(op))
+        for name, fn in HOST_OPS.items():
+            setattr(self, name, fn)
+
+    def __repr__(self) -> str:
+        return f"Backend({self.device}, " + ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items()) + ")"
+
+    def explain(self) -> Explanation:
+        return self._explanation
+
+    def variant_for(self, op: str, *args, **kwargs) -> str:
+        """Name of the variant a call with these arguments would run."""
+        return self._pick(op, args, kwargs).name
+
+    def _pick(self, op: str, args: tuple, kwargs: dict) -> Variant:
+        chain = self._chains[op]
+        reasons: dict[str, list[str]] = {}
+        for v in chain:
+            why = v.input_reasons(args, kwargs) if v.per_call else []
+            if not why:
+                return v
+            reasons[v.name] = why
+        raise SelectionError(f"{op}: no chosen variant accepts these inputs on {self.device}", reasons)
+
+    def _make(self, op: str):
+        spec = OPS[op]
+        chain = self._chains[op]
+        device = self.device
+        if len(chain) == 1 and not chain[0].per_call:
+            only = chain[0]
+            cell: list = []
+
+            def call(*args, **kwargs):
+                if validation_enabled():
+                    spec.validate(*args, **kwargs)
+                if not cell:
+                    cell.append(only.load(device))
+                return cell[0](*args, **kwargs)
+        else:
+            def call(*args, **kwargs):
+                if validation_enabled():
+                    spec.validate(*args, **kwargs)
+                return self._pick(op, args, kwargs).load(device)(*args, **kwargs)
+
+        functools.update_wrapper(call, spec.reference)
+        call.__name__ = op
+        return call
+
+    def warmup(self, **kwargs) -> list[str]:
+        """Compile what the serving path launches: calls each chosen variant's declared
+        ``warmup`` hook once (Triton kernels: every specialisation, by real launches).
+        Returns the hooks that ran."""
+        ran: list[str] = []
+        for chain in self._chains.values():
+            for v in chain:
+                if v.warmup and v.warmup not in ran:
+                    load_attr(v.warmup)(self, **kwargs)
+                    ran.append(v.warmup)
+        return ran
+
+
+@functools.cache
+def _reference_backend_cpu() -> Backend:
+    return select("cpu")
+
+
+def reference_backend() -> Backend:
+    """The CPU reference backend (cached)."""
+    return _reference_backend_cpu()
+
+
+def default_torch_device(info: DeviceInfo) -> torch.device:
+    if not info.runnable:
+        raise ValueError(f"device={info}: expected a real device (this one is fake)")
+    return torch.device(info.torch_device)

@@ -1,0 +1,27 @@
+"""Exceptions of the pack.
+
+Invalid input is a plain ``ValueError`` (SPEC §5); these subclasses add what a caller
+needs to act on a failed *selection* or *matrix* load.
+"""
+
+from __future__ import annotations
+
+
+class SelectionError(RuntimeError):
+    """No variant (or not the forced one) can run an op on this device.
+
+    ``reasons`` maps ``variant name -> [reasons]`` so a caller can print all of them.
+    """
+
+    def __init__(self, message: str, reasons: dict[str, list[str]] | None = None):
+        self.reasons = dict(reasons or {})
+        if self.reasons:
+            lines = [message]
+            for name, why in self.reasons.items():
+                lines.append(f"  {name}: " + ("; ".join(why) if why else "ok"))
+            message = "\n".join(lines)
+        super().__init__(message)
+
+
+class MatrixError(ValueError):
+    """matrix.yaml (or a matrix passed in) is malformed or names something unknown."""

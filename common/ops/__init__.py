@@ -1,0 +1,86 @@
+"""The torch reference of every op of SPEC §1-§3, with its validator.
+
+``OPS`` lists the *device* ops (those with per-platform variants) as :class:`OpSpec`:
+name, validator and reference, all with one signature. Host-side helpers (scheduler,
+planning, DP agreement) have a single implementation and are exported as plain functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import (
+    batch_replay_start,
+    combined_indices,
+    compressed_slot_mapping,
+    gather_replay_batch,
+    indices_to_csr,
+    mixed_indices,
+    pad_replayed_slots,
+    plain_indices,
+    prefill_gather_lens,
+    rows,
+    sparse_mla,
+    swa_indices_and_lens,
+)
+from .agree_across_dp import agree_across_dp
+from .gather_replay_batch import allocate_out as allocate_replay_batch_out
+from .plan_replay_batch import reference as _plan_reference
+from .plan_replay_batch import validate as _plan_validate
+from .scheduler import admit_prefix_hit, mark_prefix_replay, replay_block_is_live, replay_layer_ids
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    validate: Callable
+    reference: Callable
+    doc: str
+
+
+def _spec(module, name=None, validate=None, reference=None) -> OpSpec:
+    name = name or module.NAME
+    ref = reference or module.reference
+    return OpSpec(name, validate or module.validate, ref, (ref.__doc__ or "").strip().split("\n")[0])
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in (
+        _spec(batch_replay_start),
+        _spec(pad_replayed_slots),
+        _spec(compressed_slot_mapping),
+        _spec(swa_indices_and_lens),
+        _spec(prefill_gather_lens),
+        _spec(combined_indices),
+        _spec(mixed_indices),
+        _spec(plain_indices),
+        _spec(indices_to_csr),
+        _spec(sparse_mla),
+        _spec(gather_replay_batch),
+        _spec(rows, "gather_rows", rows.validate_gather, rows.gather_rows),
+        _spec(rows, "scatter_rows", rows.validate_scatter, rows.scatter_rows),
+    )
+}
+
+
+def plan_replay_batch(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None):
+    """Host plan of the decoder-side sub-batch; None when nothing trims (SPEC §3.1)."""
+    from ..validation import validation_enabled
+
+    if validation_enabled():
+        _plan_validate(query_start_loc_host, is_prefilling, keeps_rows, W, pad_to=pad_to)
+    return _plan_reference(query_start_loc_host, is_prefilling, keeps_rows, W, pad_to=pad_to)
+
+
+HOST_OPS: dict[str, Callable] = {
+    "mark_prefix_replay": mark_prefix_replay,
+    "admit_prefix_hit": admit_prefix_hit,
+    "replay_block_is_live": replay_block_is_live,
+    "replay_layer_ids": replay_layer_ids,
+    "plan_replay_batch": plan_replay_batch,
+    "agree_across_dp": agree_across_dp,
+}
+
+__all__ = ["OPS", "HOST_OPS", "OpSpec", "allocate_replay_batch_out", *HOST_OPS]

@@ -1,0 +1,89 @@
+"""Validation pieces several ops share (kept here so variants never copy them)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, SLOT_DTYPE
+from ..validation import check_int, check_query_start_loc, check_range, check_tensor, fail, value_checks_enabled
+from ._batch import token_view
+
+
+def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, num_tokens: int | None = None) -> int:
+    """``query_start_loc`` int32 [B+1] (+ ``seq_lens``/``replay_start`` int32 [B] on its device).
+
+    Returns B. Value checks: monotonic ``query_start_loc`` ending at most at ``num_tokens``,
+    ``seq_lens >= q`` (a request's KV includes its own queries), ``replay_start >= 0``.
+    """
+    check_tensor(op, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
+    B = query_start_loc.shape[0] - 1
+    if B < 0:
+        fail(op, "query_start_loc", query_start_loc, "shape [B+1] (at least one element)")
+    dev = query_start_loc.device
+    if seq_lens is not None:
+        check_tensor(op, "seq_lens", seq_lens, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
+    if replay_start is not None:
+        check_tensor(op, "replay_start", replay_start, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
+    check_query_start_loc(op, query_start_loc, num_tokens=num_tokens)
+    if value_checks_enabled() and B > 0:
+        if seq_lens is not None:
+            q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+            short = seq_lens.to(torch.int64) < q
+            if bool(short.any()):
+                i = int(torch.nonzero(short)[0])
+                fail(op, "seq_lens", f"seq_lens[{i}]={int(seq_lens[i])}", f">= the query length {int(q[i])} of request {i}")
+        if replay_start is not None:
+            check_range(op, "replay_start", replay_start, low=0, high=None)
+    return B
+
+
+def check_window(op: str, name: str, W) -> int:
+    return check_int(op, name, W, min_value=1)
+
+
+def check_replay_not_above_positions(op: str, positions: torch.Tensor, query_start_loc, replay_start) -> None:
+    """Clamp precondition: ``R <= p`` for every token of a request with ``R > 0``."""
+    if not value_checks_enabled() or positions.numel() == 0 or replay_start.numel() == 0:
+        return
+    view = token_view(query_start_loc, None, positions.shape[0])
+    R = view.take(replay_start)
+    bad = view.valid & (R > 0) & (positions < R)
+    if bool(bad.any()):
+        t = int(torch.nonzero(bad)[0])
+        fail(op, "replay_start", f"replay_start[{int(view.req[t])}]={int(R[t])}",
+             f"<= the position of every token of that request (token {t} is at position {int(positions[t])})")
+
+
+def check_replay_not_above_prefix(op: str, query_start_loc, seq_lens, replay_start) -> None:
+    """Clamp precondition in (qsl, seq_lens) form: ``R <= seq_len - q`` where ``R > 0``."""
+    if not value_checks_enabled() or replay_start.numel() == 0:
+        return
+    prefix = seq_lens.to(torch.int64) - (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+    R = replay_start.to(torch.int64)
+    bad = (R > 0) & (R > prefix)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        fail(op, "replay_start", f"replay_start[{i}]={int(R[i])}",
+             f"<= the first query position {int(prefix[i])} of request {i} (R <= p for every prefill token)")
+
+
+def check_block_table(op: str, block_table, B: int, device) -> None:
+    check_tensor(op, "block_table", block_table, dtypes=INDEX_DTYPE, ndim=2, device=device)
+    if block_table.shape[0] < B:
+        fail(op, "block_table", block_table, f"at least {B} rows (one per request)")
+
+
+def check_block_table_covers(op: str, block_table, seq_lens, block_size: int) -> None:
+    """Every position a request may read (``< seq_len``) has a column in the block table."""
+    if not value_checks_enabled() or seq_lens.numel() == 0:
+        return
+    need = int(((seq_lens.to(torch.int64).max() + block_size - 1) // block_size).item())
+    if need > block_table.shape[1]:
+        fail(op, "block_table", block_table, f"at least {need} columns to cover seq_len {int(seq_lens.max())} with block_size {block_size}")
+
+
+def check_slot_mappings(op: str, slot_mappings, device, num_tokens: int) -> int:
+    check_tensor(op, "slot_mappings", slot_mappings, dtypes=SLOT_DTYPE, ndim=2, device=device)
+    if slot_mappings.shape[1] < num_tokens:
+        fail(op, "slot_mappings", slot_mappings, f"at least {num_tokens} columns (one per token)")
+    return slot_mappings.shape[0]

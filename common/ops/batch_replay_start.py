@@ -1,0 +1,35 @@
+"""``batch_replay_start`` (SPEC §2.1): the per-batch-row replay start."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE
+from ..validation import check_out, check_range, check_tensor
+
+NAME = "batch_replay_start"
+
+
+def validate(R_per_request, idx_mapping, is_prefilling, *, out=None) -> None:
+    check_tensor(NAME, "R_per_request", R_per_request, dtypes=(torch.int32, torch.int64), ndim=1)
+    dev = R_per_request.device
+    check_tensor(NAME, "idx_mapping", idx_mapping, dtypes=(torch.int32, torch.int64), ndim=1, device=dev)
+    B = idx_mapping.shape[0]
+    check_tensor(NAME, "is_prefilling", is_prefilling, dtypes=torch.bool, shape=(B,), device=dev)
+    if out is not None:
+        check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=dev)
+    check_range(NAME, "idx_mapping", idx_mapping, low=0, high=R_per_request.shape[0])
+    check_range(NAME, "R_per_request", R_per_request, low=0, high=2**31)
+
+
+def reference(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.Tensor:
+    """``out[b] = R_per_request[idx_mapping[b]]`` for prefilling rows, else 0 (int32 [B]).
+
+    Pass a persistent ``out`` so a captured graph reads a stable address.
+    """
+    B = idx_mapping.shape[0]
+    if out is None:
+        out = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
+    R = R_per_request.index_select(0, idx_mapping.to(torch.int64)).to(INDEX_DTYPE)
+    out.copy_(torch.where(is_prefilling, R, torch.zeros_like(R)))
+    return out

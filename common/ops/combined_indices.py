@@ -1,0 +1,99 @@
+"""``combined_indices`` (SPEC §2.6): FlashMLA-style top-k + window rows into a workspace.
+
+Each request ``b`` owns a workspace slab of stride ``slab_stride`` (M): compressed KV in
+columns ``[0, window_offset)`` (N), gathered window KV from column N, starting at the
+chunk's ``gather_start = seq_len - gather_len`` (see ``prefill_gather_lens``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, PAD, swa_lo
+from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
+from ._batch import token_view
+from ._checks import check_batch, check_replay_not_above_prefix, check_window
+from .prefill_gather_lens import reference as _gather_lens
+
+NAME = "combined_indices"
+WIDTH_MULTIPLE = 128  # FlashMLA's SM100 sparse kernels need topk % 128 == 0 (PLATFORMS.md)
+
+
+def combined_width(top_k: int, W: int) -> int:
+    return -(-(top_k + W) // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
+
+
+def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
+             *, valid=None, out=None) -> None:
+    check_tensor(NAME, "topk_indices", topk_indices, dtypes=INDEX_DTYPE, ndim=2)
+    dev = topk_indices.device
+    T = topk_indices.shape[0]
+    check_window(NAME, "W", W)
+    check_int(NAME, "ratio", ratio, min_value=0)
+    check_int(NAME, "top_k", top_k, min_value=0)
+    check_int(NAME, "window_offset", window_offset, min_value=0)
+    check_int(NAME, "slab_stride", slab_stride, min_value=window_offset + 1)
+    if ratio > 0 and topk_indices.shape[1] < top_k:
+        fail(NAME, "topk_indices", topk_indices, f"at least top_k={top_k} columns")
+    check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
+    B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T)
+    if B * slab_stride >= 2**31:
+        fail(NAME, "slab_stride", slab_stride, f"B * slab_stride < 2**31 (int32 indices; B={B})")
+    if valid is not None:
+        check_tensor(NAME, "valid", valid, dtypes=torch.bool, shape=(T,), device=dev)
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            fail(NAME, "out", out, "a tuple (indices, lens)")
+        check_out(NAME, "out[0]", out[0], shape=(T, combined_width(top_k, W)), dtype=INDEX_DTYPE, device=dev)
+        check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
+    check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
+    if value_checks_enabled() and B > 0:
+        need = int(_gather_lens(query_start_loc, seq_lens, replay_start, W).max()) + window_offset
+        if need > slab_stride:
+            fail(NAME, "slab_stride", slab_stride, f">= window_offset + the largest gather length = {need}")
+
+
+def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
+              *, valid=None, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices int32 [T, round_up(top_k + W, 128)], lens int32 [T])``.
+
+    Token ``t`` of request ``b`` at position ``p``: first ``topk_len = min((p+1)//ratio,
+    top_k)`` entries (``ratio == 0``: none) are ``b*M + topk_indices[t, j]`` when that value
+    lies in ``[0, N)`` and PAD otherwise (never ``b*M - 1``, which would alias the previous
+    slab); then ``swa_len(p)`` window entries ``b*M + N + (lo(p) - gather_start) + j``;
+    PAD after. ``lens = topk_len + swa_len``; invalid tokens get ``lens = 0`` and PAD.
+    """
+    T = topk_indices.shape[0]
+    dev = topk_indices.device
+    M, N = slab_stride, window_offset
+    width = combined_width(top_k, W)
+    view = token_view(query_start_loc, seq_lens, T, valid=valid)
+    b = view.req
+    R = view.take(replay_start)
+    lo = swa_lo(view.pos, W, R)
+    swa_len = view.pos - lo + 1
+    gather_start = seq_lens.to(torch.int64) - _gather_lens(query_start_loc, seq_lens, replay_start, W).to(torch.int64)
+    if ratio > 0:
+        topk_len = torch.clamp(torch.div(view.pos + 1, ratio, rounding_mode="floor"), max=top_k)
+    else:
+        topk_len = torch.zeros_like(view.pos)
+    topk_len = torch.where(view.valid, topk_len, 0)
+    swa_len = torch.where(view.valid, swa_len, 0)
+    j = torch.arange(width, device=dev, dtype=torch.int64)[None, :]
+    base = (b * M)[:, None]
+    # top-k part: columns [0, topk_len)
+    tk = topk_indices[:, :top_k].to(torch.int64) if ratio > 0 else topk_indices[:, :0].to(torch.int64)
+    tk = torch.nn.functional.pad(tk, (0, width - tk.shape[1]), value=PAD)
+    in_slab = (tk >= 0) & (tk < N)
+    topk_part = torch.where((j < topk_len[:, None]) & in_slab, base + tk, PAD)
+    # window part: columns [topk_len, topk_len + swa_len)
+    w = j - topk_len[:, None]
+    win_col = N + (lo - view.take(gather_start))[:, None] + w
+    win_part = torch.where((w >= 0) & (w < swa_len[:, None]), base + win_col, PAD)
+    indices = torch.where(j < topk_len[:, None], topk_part, win_part).to(INDEX_DTYPE)
+    lens = (topk_len + swa_len).to(INDEX_DTYPE)
+    if out is None:
+        return indices, lens
+    out[0].copy_(indices)
+    out[1].copy_(lens)
+    return out

@@ -1,0 +1,53 @@
+"""``compressed_slot_mapping`` (SPEC §2.3): where compressed caches (ratio > 1) write."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import PAD, SLOT_DTYPE
+from ..validation import check_int, check_out, check_tensor, fail
+from ._batch import nonempty_table, token_view
+from ._checks import check_batch, check_block_table, check_block_table_covers
+
+NAME = "compressed_slot_mapping"
+
+
+def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, out=None) -> None:
+    check_tensor(NAME, "token_slots", token_slots, dtypes=SLOT_DTYPE, ndim=1)
+    dev = token_slots.device
+    T = token_slots.shape[0]
+    check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
+    B = check_batch(NAME, query_start_loc, seq_lens, num_tokens=T)
+    check_block_table(NAME, block_table, B, dev)
+    check_int(NAME, "block_size", block_size, min_value=1)
+    check_int(NAME, "ratio", ratio, min_value=1)
+    if block_size % ratio:
+        fail(NAME, "ratio", ratio, f"a divisor of block_size={block_size} (compressed blocks hold block_size // ratio entries)")
+    if out is not None:
+        check_out(NAME, "out", out, shape=(T,), dtype=SLOT_DTYPE, device=dev)
+    if ratio > 1:
+        check_block_table_covers(NAME, block_table, seq_lens, block_size)
+
+
+def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, out=None) -> torch.Tensor:
+    """int64 [T]: for token ``t`` at position ``p`` of request ``b``, a compressed entry is
+    written only at closing positions ``(p + 1) % ratio == 0`` whose own token slot is not
+    PAD (so replayed tokens inherit the padding), at
+    ``block_table[b, (p // ratio) // bs_c] * bs_c + (p // ratio) % bs_c`` with
+    ``bs_c = block_size // ratio``; everything else (and tokens past ``query_start_loc[B]``)
+    is PAD. ``ratio == 1`` copies ``token_slots``.
+    """
+    T = token_slots.shape[0]
+    if out is None:
+        out = torch.empty(T, dtype=SLOT_DTYPE, device=token_slots.device)
+    if ratio == 1:
+        return out.copy_(token_slots)
+    table = nonempty_table(block_table)
+    view = token_view(query_start_loc, seq_lens, T)
+    bs_c = block_size // ratio
+    cp = torch.div(view.pos, ratio, rounding_mode="floor")
+    col = torch.div(cp, bs_c, rounding_mode="floor").clamp(0, table.shape[1] - 1)
+    block = table[view.req, col]
+    slot = block * bs_c + cp % bs_c
+    writes = view.valid & ((view.pos + 1) % ratio == 0) & (token_slots != PAD)
+    return out.copy_(torch.where(writes, slot, torch.full_like(slot, PAD)))

@@ -1,0 +1,50 @@
+"""``indices_to_csr``: padded index rows to CSR with every PAD dropped.
+
+AITER's ``pa_sparse_prefill_opus`` takes ragged (CSR) indices and faults on -1
+(PLATFORMS.md), so every PAD -- inside or past the active length -- must go.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, PAD
+from ..validation import check_out, check_range, check_tensor, fail
+
+NAME = "indices_to_csr"
+
+
+def validate(indices, lens, *, out=None) -> None:
+    check_tensor(NAME, "indices", indices, dtypes=INDEX_DTYPE, ndim=2)
+    T, K = indices.shape
+    check_tensor(NAME, "lens", lens, dtypes=INDEX_DTYPE, shape=(T,), device=indices.device)
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            fail(NAME, "out", out, "a tuple (indptr, values)")
+        check_out(NAME, "out[0]", out[0], shape=(T + 1,), dtype=INDEX_DTYPE, device=indices.device)
+        check_out(NAME, "out[1]", out[1], shape=(T * K,), dtype=INDEX_DTYPE, device=indices.device)
+    check_range(NAME, "lens", lens, low=0, high=K + 1)
+
+
+def reference(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indptr int32 [T+1], values int32 [T*K])``: row ``t``'s kept entries (``j < lens[t]``
+    and not PAD, in order) are ``values[indptr[t]:indptr[t+1]]``. ``values`` has the fixed
+    upper-bound size ``T*K`` (no host sync, graph-safe); entries from ``indptr[T]`` on are PAD.
+    """
+    T, K = indices.shape
+    dev = indices.device
+    j = torch.arange(K, device=dev)[None, :]
+    keep = (j < lens[:, None]) & (indices != PAD)
+    counts = keep.sum(dim=1)
+    indptr = torch.zeros(T + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    dest = indptr[:-1, None] + keep.cumsum(dim=1) - 1
+    dest = torch.where(keep, dest, T * K)  # dropped entries land in a spare slot
+    values = torch.full((T * K + 1,), PAD, dtype=INDEX_DTYPE, device=dev)
+    values.scatter_(0, dest.reshape(-1), indices.reshape(-1))
+    values = values[: T * K]
+    if out is None:
+        return indptr.to(INDEX_DTYPE), values
+    out[0].copy_(indptr)
+    out[1].copy_(values)
+    return out

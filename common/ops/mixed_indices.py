@@ -1,0 +1,52 @@
+"""``mixed_indices`` (SPEC §2.6): FlashInfer-style fixed-width window + top-k rows."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, PAD
+from ..validation import check_out, check_range, check_tensor, fail
+
+NAME = "mixed_indices"
+TOPK_MULTIPLE = 4  # FlashInfer's DSv4 decode reads the top-k part in groups of 4
+
+
+def mixed_width(swa_width: int, top_k: int) -> int:
+    return swa_width + -(-top_k // TOPK_MULTIPLE) * TOPK_MULTIPLE
+
+
+def validate(swa_indices, topk_slots, topk_lens, *, out=None) -> None:
+    check_tensor(NAME, "swa_indices", swa_indices, dtypes=INDEX_DTYPE, ndim=2)
+    dev = swa_indices.device
+    T, SW = swa_indices.shape
+    check_tensor(NAME, "topk_slots", topk_slots, dtypes=INDEX_DTYPE, ndim=2, device=dev)
+    if topk_slots.shape[0] != T:
+        fail(NAME, "topk_slots", topk_slots, f"{T} rows (one per token, as swa_indices)")
+    check_tensor(NAME, "topk_lens", topk_lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            fail(NAME, "out", out, "a tuple (indices, lens)")
+        check_out(NAME, "out[0]", out[0], shape=(T, mixed_width(SW, topk_slots.shape[1])), dtype=INDEX_DTYPE, device=dev)
+        check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
+    check_range(NAME, "topk_lens", topk_lens, low=0, high=topk_slots.shape[1] + 1)
+
+
+def reference(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices int32 [T, SWA_W + round_up(K, 4)], lens = SWA_W + topk_lens)``.
+
+    The window part is ``swa_indices`` as built (clamped rows carry PAD holes at their end;
+    decode rows are unclamped anyway); the top-k part holds ``topk_slots[t, :topk_len]``
+    then PAD. Consumers skip PAD inside the active length.
+    """
+    T, SW = swa_indices.shape
+    width = mixed_width(SW, topk_slots.shape[1])
+    j = torch.arange(width - SW, device=swa_indices.device)
+    tk = torch.nn.functional.pad(topk_slots, (0, width - SW - topk_slots.shape[1]), value=PAD)
+    tk = torch.where(j[None, :] < topk_lens[:, None], tk, PAD)
+    indices = torch.cat([swa_indices, tk.to(INDEX_DTYPE)], dim=1)
+    lens = (topk_lens + SW).to(INDEX_DTYPE)
+    if out is None:
+        return indices, lens
+    out[0].copy_(indices)
+    out[1].copy_(lens)
+    return out

@@ -1,0 +1,49 @@
+"""``pad_replayed_slots`` (SPEC §2.2): replayed tokens write no cacheable KV."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
+from ..validation import check_int, check_range, check_tensor, fail
+from ._batch import token_view
+from ._checks import check_batch, check_replay_not_above_positions, check_slot_mappings
+
+NAME = "pad_replayed_slots"
+
+
+def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> None:
+    check_tensor(NAME, "positions", positions, dtypes=SLOT_DTYPE, ndim=1)
+    dev = positions.device
+    T = positions.shape[0]
+    G = check_slot_mappings(NAME, slot_mappings, dev, T)
+    check_tensor(NAME, "cacheable_groups", cacheable_groups, dtypes=INDEX_DTYPE, ndim=1, device=dev)
+    check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
+    check_batch(NAME, query_start_loc, None, replay_start, num_tokens=T)
+    check_int(NAME, "Wr", Wr, min_value=0)
+    if any_replay is not None and not isinstance(any_replay, bool):
+        fail(NAME, "any_replay", any_replay, "None or a bool (host knowledge that some R > 0)")
+    check_range(NAME, "cacheable_groups", cacheable_groups, low=0, high=G)
+    check_replay_not_above_positions(NAME, positions, query_start_loc, replay_start)
+
+
+def reference(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> torch.Tensor:
+    """In place: ``slot_mappings[g, t] = PAD`` for ``g`` in ``cacheable_groups`` and every
+    token ``t`` of a request with ``R > 0`` and ``R <= positions[t] < R + Wr``.
+
+    Window (non-cacheable) groups and columns past ``query_start_loc[B]`` are untouched.
+    ``any_replay=False`` (host knowledge that every R is 0) returns without any launch.
+    Returns ``slot_mappings``.
+    """
+    T = positions.shape[0]
+    if any_replay is False or Wr == 0 or T == 0 or cacheable_groups.numel() == 0:
+        return slot_mappings
+    view = token_view(query_start_loc, None, T)
+    R = view.take(replay_start)
+    replayed = view.valid & (R > 0) & (positions >= R) & (positions < R + Wr)
+    G = slot_mappings.shape[0]
+    cacheable = torch.zeros(G, dtype=torch.bool, device=slot_mappings.device)
+    cacheable[cacheable_groups.to(torch.int64)] = True
+    head = slot_mappings[:, :T]
+    head.masked_fill_(cacheable[:, None] & replayed[None, :], PAD)
+    return slot_mappings

@@ -1,0 +1,66 @@
+"""``plain_indices`` (SPEC §2.6): the pack's own layout, compact top-k then window."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, PAD
+from ..validation import check_int, check_out, check_range, check_tensor, fail
+
+NAME = "plain_indices"
+
+
+def validate(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0, out=None) -> None:
+    check_tensor(NAME, "swa_indices", swa_indices, dtypes=INDEX_DTYPE, ndim=2)
+    dev = swa_indices.device
+    T, SW = swa_indices.shape
+    check_tensor(NAME, "swa_lens", swa_lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)
+    if (topk_slots is None) != (topk_lens is None):
+        fail(NAME, "topk_lens", topk_lens, "given together with topk_slots (both or neither)")
+    K = 0
+    if topk_slots is not None:
+        check_tensor(NAME, "topk_slots", topk_slots, dtypes=INDEX_DTYPE, ndim=2, device=dev)
+        if topk_slots.shape[0] != T:
+            fail(NAME, "topk_slots", topk_slots, f"{T} rows (one per token, as swa_indices)")
+        check_tensor(NAME, "topk_lens", topk_lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)
+        K = topk_slots.shape[1]
+    check_int(NAME, "topk_offset", topk_offset, min_value=0)
+    check_int(NAME, "window_offset", window_offset, min_value=0)
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            fail(NAME, "out", out, "a tuple (indices, lens)")
+        check_out(NAME, "out[0]", out[0], shape=(T, K + SW), dtype=INDEX_DTYPE, device=dev)
+        check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
+    check_range(NAME, "swa_lens", swa_lens, low=0, high=SW + 1)
+    if topk_lens is not None:
+        check_range(NAME, "topk_lens", topk_lens, low=0, high=K + 1)
+
+
+def reference(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
+              out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices int32 [T, K + SWA_W], lens = topk_len + swa_len)``: per token the first
+    ``topk_len`` top-k slots (+ ``topk_offset``; PAD kept), then the first ``swa_len``
+    window slots (+ ``window_offset``; PAD kept), PAD after. The offsets place two caches
+    in one KV tensor (e.g. compressed rows after the window cache)."""
+    T, SW = swa_indices.shape
+    dev = swa_indices.device
+    if topk_slots is None:
+        topk_slots = torch.empty(T, 0, dtype=INDEX_DTYPE, device=dev)
+        topk_lens = torch.zeros(T, dtype=INDEX_DTYPE, device=dev)
+    K = topk_slots.shape[1]
+    width = K + SW
+    j = torch.arange(width, device=dev, dtype=torch.int64)[None, :]
+    tl = topk_lens.to(torch.int64)[:, None]
+    sl = swa_lens.to(torch.int64)[:, None]
+    tk = torch.nn.functional.pad(topk_slots.to(torch.int64), (0, width - K), value=PAD)
+    tk = torch.where(tk == PAD, PAD, tk + topk_offset)
+    w = (j - tl).clamp(0, max(SW - 1, 0))
+    win = swa_indices.to(torch.int64).gather(1, w) if SW else torch.full((T, width), PAD, device=dev, dtype=torch.int64)
+    win = torch.where(win == PAD, PAD, win + window_offset)
+    indices = torch.where(j < tl, tk, torch.where(j < tl + sl, win, PAD)).to(INDEX_DTYPE)
+    lens = (tl + sl)[:, 0].to(INDEX_DTYPE)
+    if out is None:
+        return indices, lens
+    out[0].copy_(indices)
+    out[1].copy_(lens)
+    return out

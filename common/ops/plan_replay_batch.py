@@ -1,0 +1,87 @@
+"""``plan_replay_batch`` (SPEC §3.1): which rows the replay layers keep (host)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..types import INDEX_DTYPE, ReplayPlan
+from ..validation import check_int, fail
+
+NAME = "plan_replay_batch"
+
+
+def _host_1d(name: str, value, dtype) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            fail(NAME, name, value, "a host (CPU) tensor, list or numpy array: the plan is built on the host")
+        value = value.numpy()
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        fail(NAME, name, value, "a 1-D sequence")
+    if dtype is bool:
+        if arr.dtype != np.bool_:
+            fail(NAME, name, value, "booleans")
+        return arr
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        fail(NAME, name, value, "integers")
+    return arr.astype(np.int64)
+
+
+def validate(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None) -> None:
+    qsl = _host_1d("query_start_loc_host", query_start_loc_host, int)
+    if qsl.size < 1 or qsl[0] != 0 or bool((np.diff(qsl) < 0).any()):
+        fail(NAME, "query_start_loc_host", qsl.tolist()[:16], "[B+1] non-decreasing values starting at 0")
+    B = qsl.size - 1
+    for name, value in (("is_prefilling", is_prefilling), ("keeps_rows", keeps_rows)):
+        arr = _host_1d(name, value, bool)
+        if arr.size != B:
+            fail(NAME, name, value, f"{B} entries (one per request)")
+    check_int(NAME, "W", W, min_value=1)
+    if pad_to is not None and not isinstance(pad_to, (int, Sequence)) or isinstance(pad_to, bool):
+        fail(NAME, "pad_to", pad_to, "None, an int graph size, or a sequence of graph sizes")
+    if isinstance(pad_to, Sequence) and any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in pad_to):
+        fail(NAME, "pad_to", pad_to, "graph sizes as positive ints")
+
+
+def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None) -> ReplayPlan | None:
+    """``kept = q`` for requests that keep all rows (``keeps_rows``, e.g. prompt logprobs) and
+    non-prefills, else ``min(q, W)``; ``trims = any(kept < q)``; ``dropped_before =
+    query_start_loc - [0, cumsum(kept)]``. Returns None when nothing trims.
+
+    ``pad_to``: an int graph size (must be >= the kept rows) or a sequence of sizes (the
+    smallest that fits; none fits: no padding).
+    """
+    qsl = _host_1d("query_start_loc_host", query_start_loc_host, int)
+    prefilling = _host_1d("is_prefilling", is_prefilling, bool)
+    keeps = _host_1d("keeps_rows", keeps_rows, bool)
+    q = np.diff(qsl)
+    kept = np.where(prefilling & ~keeps, np.minimum(q, W), q)
+    trimmed = kept < q
+    if not trimmed.any():
+        return None
+    cum = np.concatenate([[0], np.cumsum(kept)])
+    dropped_before = qsl - cum
+    n = int(cum[-1])
+    if pad_to is None:
+        n_pad = n
+    elif isinstance(pad_to, int):
+        if pad_to < n:
+            fail(NAME, "pad_to", pad_to, f">= the {n} kept rows")
+        n_pad = pad_to
+    else:
+        fits = [s for s in pad_to if s >= n]
+        n_pad = min(fits) if fits else n
+    return ReplayPlan(
+        kept=torch.from_numpy(kept.astype(np.int32)),
+        trimmed=torch.from_numpy(trimmed),
+        dropped_before=torch.from_numpy(dropped_before.astype(np.int32)),
+        num_rows=n,
+        num_rows_padded=n_pad,
+        window=W,
+    )
+
+
+assert INDEX_DTYPE == torch.int32  # the plan's tensors are int32 like query_start_loc

@@ -1,0 +1,33 @@
+"""``prefill_gather_lens`` (SPEC §2.5): how many window positions a prefill chunk gathers."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE
+from ..validation import check_out, check_tensor
+from ._checks import check_batch, check_replay_not_above_prefix, check_window
+
+NAME = "prefill_gather_lens"
+
+
+def validate(query_start_loc, seq_lens, replay_start, W, *, out=None) -> None:
+    check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
+    check_window(NAME, "W", W)
+    B = check_batch(NAME, query_start_loc, seq_lens, replay_start)
+    if out is not None:
+        check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=query_start_loc.device)
+    check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
+
+
+def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.Tensor:
+    """int32 [B]: ``q + min(max(prefix - R, 0), W - 1)``; the chunk gathers window KV of
+    positions ``[seq_len - gather_len, seq_len)``. The first replay chunk (prefix = R)
+    gathers exactly from R."""
+    q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+    prefix = seq_lens.to(torch.int64) - q
+    back = torch.clamp(prefix - replay_start.to(torch.int64), min=0).clamp(max=W - 1)
+    lens = (q + back).to(INDEX_DTYPE)
+    if out is None:
+        return lens
+    return out.copy_(lens)

@@ -1,0 +1,78 @@
+"""``swa_indices_and_lens`` (SPEC §2.4): clamped window indices per token."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import INDEX_DTYPE, PAD, swa_lo
+from ..validation import check_int, check_out, check_tensor, fail
+from ._batch import nonempty_table, resolve_num_tokens, token_view
+from ._checks import (
+    check_batch,
+    check_block_table,
+    check_block_table_covers,
+    check_replay_not_above_prefix,
+    check_window,
+)
+
+NAME = "swa_indices_and_lens"
+
+
+def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
+             index_width=None, valid=None, num_tokens=None, out=None) -> None:
+    check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
+    dev = query_start_loc.device
+    check_window(NAME, "W", W)
+    check_int(NAME, "block_size", block_size, min_value=1)
+    if num_tokens is not None:
+        check_int(NAME, "num_tokens", num_tokens, min_value=0)
+    if valid is not None:
+        check_tensor(NAME, "valid", valid, dtypes=torch.bool, ndim=1, device=dev)
+        if num_tokens is not None and valid.shape[0] != num_tokens:
+            fail(NAME, "valid", valid, f"shape [{num_tokens}] (num_tokens)")
+    if index_width is not None:
+        check_int(NAME, "index_width", index_width, min_value=W)
+    T = resolve_num_tokens(query_start_loc, num_tokens, valid) if num_tokens is not None or valid is not None else None
+    B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T)
+    check_block_table(NAME, block_table, B, dev)
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            fail(NAME, "out", out, "a tuple (indices, lens)")
+        if T is None:
+            fail(NAME, "num_tokens", None, "an int when out= is given (the buffers fix T)")
+        width = W if index_width is None else index_width
+        check_out(NAME, "out[0]", out[0], shape=(T, width), dtype=INDEX_DTYPE, device=dev)
+        check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
+    check_block_table_covers(NAME, block_table, seq_lens, block_size)
+    check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
+
+
+def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
+              index_width=None, valid=None, num_tokens=None, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices int32 [T, index_width], lens int32 [T])``.
+
+    Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``,
+    ``indices[t, j] = slot(lo(p) + j)`` for ``j < lens`` through the block table
+    (``block_table[b, pos // bs] * bs + pos % bs``), PAD after. Invalid tokens (past
+    ``query_start_loc[B]`` or ``valid[t]`` False): ``lens = 0``, row all PAD.
+    T is ``num_tokens``, else ``len(valid)``, else ``query_start_loc[-1]`` (a host read).
+    """
+    T = resolve_num_tokens(query_start_loc, num_tokens, valid)
+    width = W if index_width is None else index_width
+    dev = query_start_loc.device
+    table = nonempty_table(block_table)
+    view = token_view(query_start_loc, seq_lens, T, valid=valid)
+    R = view.take(replay_start)
+    lo = swa_lo(view.pos, W, R)
+    lens = torch.where(view.valid, view.pos - lo + 1, torch.zeros_like(lo))
+    j = torch.arange(width, device=dev, dtype=torch.int64)
+    p = lo[:, None] + j[None, :]
+    live = j[None, :] < lens[:, None]
+    col = torch.div(p, block_size, rounding_mode="floor").clamp(0, table.shape[1] - 1)
+    slot = table[view.req[:, None], col] * block_size + p % block_size
+    indices = torch.where(live, slot, torch.full_like(slot, PAD)).to(INDEX_DTYPE)
+    if out is None:
+        return indices, lens.to(INDEX_DTYPE)
+    out[0].copy_(indices)
+    out[1].copy_(lens)
+    return out

@@ -1,0 +1,252 @@
+"""Variant declarations and the one function that turns them into reasons.
+
+A *variant* is one implementation of one op. It states, as data, the platforms and archs
+it runs on, the data dtypes it takes, the index layout it reads, whether it is graph-safe,
+whether it reads its window only through the pack's clamped indices, and which optional
+packages it needs (*probes*). Its implementation is a ``"module:attr"`` path imported only
+when the variant is chosen and first called.
+
+Platform backends (``swa_backends.backends.<platform>``) declare ``VARIANTS`` and a
+``PRIORITY`` list per op; both are plain data, importing nothing heavy.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from .device import DeviceInfo
+
+LAYOUTS = ("plain", "combined", "mixed", "csr")
+
+# Known archs per platform: a matrix row naming anything else is rejected.
+KNOWN_ARCHS: dict[str, tuple[str, ...]] = {
+    "cpu": ("cpu",),
+    "cuda": ("sm70", "sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121"),
+    "rocm": ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1250"),
+    "ascend": ("ascend310p", "ascend910b", "ascend910_93", "ascend950"),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# probes: optional packages, imported only when a variant of their platform is considered
+# ---------------------------------------------------------------------------------------
+
+_PROBES: dict[str, Callable[[], str | None]] = {}
+_PROBE_OVERRIDES: dict[str, str | None] = {}
+
+
+def register_probe(name: str) -> Callable[[Callable[[], str | None]], Callable[[], str | None]]:
+    """Register ``fn() -> None | reason`` under ``name`` (result cached until cleared)."""
+
+    def deco(fn: Callable[[], str | None]) -> Callable[[], str | None]:
+        _PROBES[name] = functools.cache(fn)
+        return fn
+
+    return deco
+
+
+def probe(name: str) -> str | None:
+    """``None`` if the requirement ``name`` is met in this process, else the reason."""
+    if name in _PROBE_OVERRIDES:
+        return _PROBE_OVERRIDES[name]
+    fn = _PROBES.get(name)
+    if fn is None:
+        return f"unknown requirement {name!r} (no probe registered)"
+    try:
+        return fn()
+    except Exception as exc:  # a probe must never raise: a broken vendor install is a reason
+        return f"probe {name} failed: {type(exc).__name__}: {exc}"
+
+
+def override_probe(name: str, result: str | None) -> None:
+    """Force a probe's answer (tests, emulation): ``None`` = available, a string = reason."""
+    _PROBE_OVERRIDES[name] = result
+
+
+def clear_probes() -> None:
+    _PROBE_OVERRIDES.clear()
+    for fn in _PROBES.values():
+        fn.cache_clear()  # type: ignore[attr-defined]
+
+
+def import_reason(module: str, *, attr: str | None = None, what: str | None = None) -> str | None:
+    """Import ``module`` (and check ``attr`` on it); ``None`` or the failure as a reason."""
+    label = what or module
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return f"{label}: module {module.split('.')[0]} is not installed"
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:
+        return f"{label}: import {module} failed: {type(exc).__name__}: {exc}"
+    if attr is not None and not hasattr(mod, attr):
+        return f"{label}: {module} has no attribute {attr} (a different package with the same name?)"
+    return None
+
+
+@register_probe("triton")
+def _probe_triton() -> str | None:
+    return import_reason("triton", attr="jit", what="Triton")
+
+
+# ---------------------------------------------------------------------------------------
+# variants
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation of one op, declared as data.
+
+    ``archs``: explicit allowed archs (None: any arch of ``platforms``);
+    ``min_capability``/``max_capability``: CUDA compute-capability range (inclusive);
+    ``dtypes``: data dtypes it takes (checked per call on the op's first tensor; None: any);
+    ``index_layout``: the layout its vendor kernel reads (attention variants);
+    ``clamps_window``: reads SWA KV only through the pack's clamped indices (attention);
+    ``requires``: probe names; ``setup``: ``"module:attr"`` called with the device before
+    the implementation is imported; ``input_check``: ``"module:attr"`` returning per-call
+    reasons (e.g. "fewer than 1024 queries"), making dispatch fall through to the next
+    variant; ``emulated_on``: platforms where it runs emulated (Triton's interpreter on a
+    CPU), allowed only when asked for by name (``prefer``); ``warmup``: ``"module:attr"``
+    called by ``Backend.warmup()`` to compile what the serving path launches.
+    """
+
+    op: str
+    name: str
+    impl: str
+    platforms: tuple[str, ...]
+    archs: tuple[str, ...] | None = None
+    min_capability: tuple[int, int] | None = None
+    max_capability: tuple[int, int] | None = None
+    dtypes: tuple[torch.dtype, ...] | None = None
+    index_layout: str | None = None
+    graph_safe: bool = True
+    clamps_window: bool = True
+    requires: tuple[str, ...] = ()
+    setup: str | None = None
+    input_check: str | None = None
+    emulated_on: tuple[str, ...] = ()
+    warmup: str | None = None
+    description: str = ""
+    _cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}/{self.name}"
+
+    def declared_reasons(self, device: DeviceInfo) -> list[str]:
+        """Reasons from the declaration alone (platform, arch, capability): no imports."""
+        reasons: list[str] = []
+        if device.platform not in self.platforms + self.emulated_on:
+            reasons.append(f"requires platform in {_fmt(self.platforms)}, device is {device.platform}")
+            return reasons
+        if device.platform in self.emulated_on:
+            return reasons
+        if self.archs is not None and device.arch not in self.archs:
+            reasons.append(f"requires arch in {_fmt(self.archs)}, device has {device.arch}")
+        if device.platform == "cuda" and (self.min_capability or self.max_capability):
+            cap = device.capability
+            if cap is None:
+                reasons.append("requires a known CUDA compute capability, device has none")
+            else:
+                if self.min_capability and cap < self.min_capability:
+                    reasons.append(f"requires capability >= {self.min_capability}, device has {cap} (too old)")
+                if self.max_capability and cap > self.max_capability:
+                    reasons.append(f"requires capability <= {self.max_capability}, device has {cap} (too new)")
+        return reasons
+
+    def not_supported_reasons(self, device: DeviceInfo, *, probes: bool = True) -> list[str]:
+        """Every reason this variant cannot run on ``device`` (empty: it can). Probes of
+        optional packages run only when the platform matches, so no foreign vendor
+        package is ever imported."""
+        reasons = self.declared_reasons(device)
+        if reasons or not probes:
+            return reasons
+        for req in self.requires:
+            why = probe(req)
+            if why:
+                reasons.append(why)
+        return reasons
+
+    def input_reasons(self, args: tuple, kwargs: dict) -> list[str]:
+        """Per-call reasons (dtype of the data argument, the variant's own input check)."""
+        reasons: list[str] = []
+        if self.dtypes is not None and args and isinstance(args[0], torch.Tensor) and args[0].dtype not in self.dtypes:
+            reasons.append(f"requires dtype in {_fmt(self.dtypes)}, input has {args[0].dtype}")
+        if self.input_check is not None:
+            reasons.extend(load_attr(self.input_check)(*args, **kwargs))
+        return reasons
+
+    @property
+    def per_call(self) -> bool:
+        """Whether dispatch must check inputs before picking this variant."""
+        return self.dtypes is not None or self.input_check is not None
+
+    def load(self, device: DeviceInfo) -> Callable:
+        """Run ``setup`` for the device, import and return the implementation (cached)."""
+        fn = self._cache.get(device.platform)
+        if fn is None:
+            if self.setup is not None:
+                load_attr(self.setup)(device)
+            fn = load_attr(self.impl)
+            self._cache[device.platform] = fn
+        return fn
+
+
+def load_attr(path: str):
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _fmt(values: Iterable) -> str:
+    return "(" + ", ".join(str(v).replace("torch.", "") for v in values) + ")"
+
+
+# ---------------------------------------------------------------------------------------
+# the registry: every platform backend's declarations
+# ---------------------------------------------------------------------------------------
+
+BACKEND_MODULES: dict[str, str] = {
+    "cpu": "swa_backends.backends.reference",
+    "cuda": "swa_backends.backends.cuda",
+    "rocm": "swa_backends.backends.rocm",
+    "ascend": "swa_backends.backends.ascend",
+}
+# Declaration modules that belong to no single platform (portable kernels, the reference).
+SHARED_MODULES: tuple[str, ...] = ("swa_backends.backends.reference", "swa_backends.kernels")
+
+
+@functools.cache
+def all_variants() -> dict[str, dict[str, Variant]]:
+    """``{op: {variant name: Variant}}`` over every declaration module (no vendor import)."""
+    table: dict[str, dict[str, Variant]] = {}
+    seen: set[str] = set()
+    for module in (*SHARED_MODULES, *BACKEND_MODULES.values()):
+        if module in seen:
+            continue
+        seen.add(module)
+        for v in getattr(importlib.import_module(module), "VARIANTS", ()):
+            ops = table.setdefault(v.op, {})
+            if v.name in ops and ops[v.name] is not v:
+                raise RuntimeError(f"variant {v.key} declared twice ({module})")
+            ops[v.name] = v
+    return table
+
+
+def priority(platform: str, op: str) -> tuple[str, ...]:
+    """The platform backend's priority list for ``op`` (``"*"`` entry as the default)."""
+    module = importlib.import_module(BACKEND_MODULES[platform])
+    table = module.PRIORITY
+    return tuple(table.get(op, table["*"]))
+
+
+def variant(op: str, name: str) -> Variant | None:
+    return all_variants().get(op, {}).get(name)

@@ -1,0 +1,173 @@
+"""Input validation shared by every variant of every op (SPEC §5).
+
+Two levels of checks run in front of each public op:
+
+* *metadata* checks (dtype, device, rank, shape, scalar arguments) cost no device work and
+  run whenever validation is on;
+* *value* checks (monotonic ``query_start_loc``, ``R <= p``, slots in range or PAD, group
+  indices in range) read tensor values, which synchronises with the device. They run when
+  validation is on **and** no CUDA graph is being captured on the current stream (a capture
+  cannot synchronise; the metadata checks still run there).
+
+Validation is on by default. Turn it off for a hot path with ``set_validation(False)``, the
+``validation(False)`` context manager, or ``SWA_BACKENDS_VALIDATE=0`` in the environment
+(read on first use, not at import).
+
+Every error is a ``ValueError`` of the form
+``"<op>: <argument>=<value>: expected <expectation>"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+_state = threading.local()
+_default: bool | None = None
+
+
+def _env_default() -> bool:
+    global _default
+    if _default is None:
+        raw = os.environ.get("SWA_BACKENDS_VALIDATE", "1").strip().lower()
+        _default = raw not in ("0", "false", "no", "off")
+    return _default
+
+
+def validation_enabled() -> bool:
+    """Whether public ops validate their inputs (thread-local, default on)."""
+    enabled = getattr(_state, "enabled", None)
+    return _env_default() if enabled is None else enabled
+
+
+def set_validation(enabled: bool) -> bool:
+    """Turn validation on or off for this thread; returns the previous setting."""
+    previous = validation_enabled()
+    _state.enabled = bool(enabled)
+    return previous
+
+
+@contextlib.contextmanager
+def validation(enabled: bool) -> Iterator[None]:
+    """Context manager form of :func:`set_validation`."""
+    previous = set_validation(enabled)
+    try:
+        yield
+    finally:
+        _state.enabled = previous
+
+
+def _capturing() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except Exception:  # pragma: no cover - no CUDA context on this thread
+        return False
+
+
+def value_checks_enabled() -> bool:
+    """Validation is on and reading tensor values is allowed (no graph capture)."""
+    return validation_enabled() and not _capturing()
+
+
+def fail(op: str, name: str, value: object, expected: str) -> None:
+    raise ValueError(f"{op}: {name}={_show(value)}: expected {expected}")
+
+
+def _show(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: object,
+    *,
+    dtypes: Sequence[torch.dtype] | torch.dtype | None = None,
+    ndim: int | None = None,
+    shape: Sequence[int | None] | None = None,
+    device: torch.device | None = None,
+    min_ndim: int | None = None,
+) -> None:
+    """Metadata check of one tensor argument (no device work)."""
+    if not isinstance(t, torch.Tensor):
+        fail(op, name, t, "a torch.Tensor")
+    if dtypes is not None:
+        allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
+        if t.dtype not in allowed:
+            fail(op, name, t, f"dtype {_dtype_names(allowed)}")
+    if ndim is not None and t.dim() != ndim:
+        fail(op, name, t, f"{ndim} dimension(s)")
+    if min_ndim is not None and t.dim() < min_ndim:
+        fail(op, name, t, f"at least {min_ndim} dimension(s)")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            fail(op, name, t, f"shape {want}")
+    if device is not None and t.device != device:
+        fail(op, name, t, f"device {device} (same as the other tensor arguments)")
+
+
+def check_int(op: str, name: str, value: object, *, min_value: int | None = None) -> int:
+    """A Python integer scalar (bools and tensors rejected) at least ``min_value``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        fail(op, name, value, "a Python int")
+    if min_value is not None and value < min_value:
+        fail(op, name, value, f"an int >= {min_value}")
+    return value
+
+
+def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
+    """A caller-provided output buffer: exact shape, dtype, device, contiguous."""
+    check_tensor(op, name, out, dtypes=dtype, shape=shape, device=device)
+    assert isinstance(out, torch.Tensor)
+    if not out.is_contiguous():
+        fail(op, name, out, "a contiguous tensor")
+
+
+# ---------------------------------------------------------------------------------------
+# value checks (read device values; skipped while capturing a graph)
+# ---------------------------------------------------------------------------------------
+
+
+def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc") -> None:
+    """``qsl[0] == 0``, non-decreasing, and ``qsl[-1] <= num_tokens`` when it is known."""
+    if not value_checks_enabled() or qsl.numel() == 0:
+        return
+    values = qsl.detach().to("cpu", torch.int64)
+    if int(values[0]) != 0:
+        fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
+    steps = values[1:] - values[:-1]
+    if bool((steps < 0).any()):
+        bad = int(torch.nonzero(steps < 0)[0])
+        fail(op, name, values.tolist()[:16], f"non-decreasing values (index {bad + 1} decreases)")
+    if num_tokens is not None and int(values[-1]) > num_tokens:
+        fail(op, name, int(values[-1]), f"query_start_loc[-1] <= {num_tokens} (the number of tokens)")
+
+
+def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | None, allow_pad: bool = False) -> None:
+    """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed."""
+    if not value_checks_enabled() or t.numel() == 0:
+        return
+    v = t.detach().to(torch.int64)
+    bad = v < low
+    if high is not None:
+        bad |= v >= high
+    if allow_pad:
+        bad &= v != -1
+    if bool(bad.any()):
+        first = int(v.reshape(-1)[torch.nonzero(bad.reshape(-1))[0]])
+        span = f"[{low}, {high})" if high is not None else f">= {low}"
+        fail(op, name, first, f"values in {span}" + (" or PAD (-1)" if allow_pad else ""))
