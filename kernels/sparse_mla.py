@@ -56,6 +56,20 @@ LN2 = 0.6931471805599453
 # ---------------------------------------------------------------------------------------
 
 
+# tl.max / tl.sum / tl.zeros are @jit helpers of Triton's standard library: decorated when
+# triton is first imported, which (through the "triton" probe) can happen before the
+# interpreter is switched on, and the interpreter cannot call compiled helpers. The kernels
+# therefore reduce with tl.reduce and their own combine functions, and build with tl.full.
+@triton.jit
+def _max_fn(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _sum_fn(a, b):
+    return a + b
+
+
 @triton.jit
 def _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale, m_i, l_i, acc,
           SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, DOT_F32: tl.constexpr):
@@ -70,12 +84,12 @@ def _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale, m_i, 
     else:
         s = tl.dot(q, tl.trans(k)) * qk_scale
     s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
     # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
     m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s - m_shift[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    l_i = l_i * alpha + tl.reduce(p, 1, _sum_fn)
     if SAME_TILE:
         v = k  # V = the first d_v columns of the K tile, already gathered
     else:
@@ -129,8 +143,8 @@ def _sparse_mla_fwd(
     end = tl.minimum(length, start + CHUNK)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    l_i = tl.full([BLOCK_H], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_H, BLOCK_DV], 0.0, dtype=tl.float32)
 
     idx_row = IDX + t * stride_it
     for n0 in range(start, end, BLOCK_N):
@@ -138,7 +152,7 @@ def _sparse_mla_fwd(
         idx = tl.load(idx_row + cols, mask=cols < end, other=-1)
         valid = idx >= 0  # PAD (-1) inside the length and everything past it
         if SKIP_EMPTY:
-            if tl.max(valid.to(tl.int32), axis=0) > 0:
+            if tl.reduce(valid.to(tl.int32), 0, _max_fn) > 0:
                 m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale,
                                       m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32)
         else:
@@ -194,8 +208,8 @@ def _sparse_mla_combine(
     m_shift = tl.where(m == float("-inf"), 0.0, m)
     lse_ptrs = LSE_PART + t * stride_lpt + offs_h
     o_ptrs = O_PART + t * stride_pt + offs_h[:, None].to(tl.int64) * stride_ph + offs_v[None, :]
-    total = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    total = tl.full([BLOCK_H], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_H, BLOCK_DV], 0.0, dtype=tl.float32)
     for _ in range(0, SPLITS):
         w = tl.exp2(tl.load(lse_ptrs, mask=h_ok, other=float("-inf")) - m_shift)
         total += w
@@ -348,17 +362,45 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
 # ---------------------------------------------------------------------------------------
 
 
-def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None):
-    """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps)."""
+# Allocation hook: tests replace it with one that fills every buffer with poison, proving
+# the kernels write every output element (and read only the partials they wrote).
+_empty = torch.empty
+
+# Launch failures that mean "this config does not fit this device" (shared memory,
+# registers): the launcher then retries smaller configs, see _shrink.
+_RESOURCE_ERRORS = tuple(getattr(triton.runtime.errors, n) for n in ("OutOfResources", "PTXASError")
+                         if hasattr(triton.runtime.errors, n))
+# (requested config, shape key) -> the config that launched; filled on first use.
+_FITTED: dict = {}
+
+
+def _shrink(cfg: Config) -> Config | None:
+    """The next smaller config: fewer stages, then narrower tiles, then fewer heads."""
+    if cfg.num_stages > 2:
+        return cfg.replace(num_stages=2)
+    if cfg.block_n > 16:
+        return cfg.replace(block_n=cfg.block_n // 2)
+    if cfg.num_stages > 1:
+        return cfg.replace(num_stages=1)
+    if cfg.block_h > 16:
+        return cfg.replace(block_h=cfg.block_h // 2)
+    return None
+
+
+def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None, fit: bool = True):
+    """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps).
+
+    ``fit``: when the config does not fit the device (shared memory, registers), retry
+    with smaller ones (remembered per shape); ``fit=False`` raises instead (sweeps).
+    """
     T, H, D = q.shape
     K = indices.shape[1]
-    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    out = _empty(T, H, d_v, dtype=q.dtype, device=q.device)
+    lse = _empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
         return out, lse
     if config is None:
         config = pick_config(T, H, D, d_v, K, q.device)
-    r = resolve(config, T, H, D, d_v, K, q.device)
     # the kernel reads q rows, kv rows and index rows with unit inner stride
     if q.stride(2) != 1:
         q = q.contiguous()
@@ -367,8 +409,26 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
     if indices.stride(1) != 1:
         indices = indices.contiguous()
     lens = lens.contiguous()
+    sink = sink.contiguous() if sink is not None else None
+    key = (config, q.device, q.dtype, H, D, d_v, sink is not None)
+    cfg = _FITTED.get(key, config)
+    while True:
+        try:
+            _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, resolve(cfg, T, H, D, d_v, K, q.device))
+            break
+        except _RESOURCE_ERRORS:
+            smaller = _shrink(cfg) if fit else None
+            if smaller is None:
+                raise
+            cfg = smaller
+    _FITTED[key] = cfg
+    return out, lse
+
+
+def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
+    T, H, D = q.shape
     has_sink = sink is not None
-    sink_arg = sink.contiguous() if has_sink else lse  # never read without HAS_SINK
+    sink_arg = sink if has_sink else lse  # never read without HAS_SINK
     grid = (T * r["num_hb"] * r["num_dvb"], r["splits"])
     meta = dict(NUM_HB=r["num_hb"], NUM_DVB=r["num_dvb"], BLOCK_H=r["block_h"], BLOCK_N=r["block_n"],
                 BLOCK_D=r["block_d"], BLOCK_DV=r["block_dv"], SAME_TILE=r["same_tile"], EVEN_D=(D == r["block_d"]),
@@ -382,10 +442,10 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
             out.stride(0), out.stride(1), lse.stride(0), 0, 0,
             qk_scale, PARTIAL=False, **meta)
-        return out, lse
+        return
     S = r["splits"]
-    o_part = torch.empty(S, T, H, d_v, dtype=torch.float32, device=q.device)
-    l_part = torch.empty(S, T, H, dtype=torch.float32, device=q.device)
+    o_part = _empty(S, T, H, d_v, dtype=torch.float32, device=q.device)
+    l_part = _empty(S, T, H, dtype=torch.float32, device=q.device)
     _sparse_mla_fwd[grid](
         q, kv, indices, lens, sink_arg, o_part, l_part,
         H, D, d_v, r["chunk"],
@@ -399,7 +459,6 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
         BLOCK_H=block_hc, BLOCK_DV=_pow2(d_v), HAS_SINK=has_sink, num_warps=4)
-    return out, lse
 
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.Tensor, torch.Tensor]:
