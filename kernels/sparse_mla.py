@@ -173,7 +173,8 @@ def _sparse_mla_fwd(
         if HAS_SINK:
             # the sink joins the denominator only: sum_j exp(s_j) + exp(sink), in the m-shifted base-2 frame
             sink2 = tl.load(SINK + offs_h, mask=h_ok, other=0.0) * 1.4426950408889634
-            denom = l_i + tl.exp2(sink2 - m_shift)
+            # an empty row stays 0 / 1 = 0 even when exp(sink) underflows (sink = -inf)
+            denom = tl.where(has, l_i + tl.exp2(sink2 - m_shift), 1.0)
         else:
             denom = tl.where(has, l_i, 1.0)
         o = acc / denom[:, None]
@@ -219,7 +220,7 @@ def _sparse_mla_combine(
     has = total > 0.0
     if HAS_SINK:
         sink2 = tl.load(SINK + offs_h, mask=h_ok, other=0.0) * 1.4426950408889634
-        denom = total + tl.exp2(sink2 - m_shift)
+        denom = tl.where(has, total + tl.exp2(sink2 - m_shift), 1.0)
     else:
         denom = tl.where(has, total, 1.0)
     out = acc / denom[:, None]
@@ -398,6 +399,10 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
     out = _empty(T, H, d_v, dtype=q.dtype, device=q.device)
     lse = _empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
+        return out, lse
+    if K == 0:  # nothing to read anywhere (and no zero-size pointer reaches a launch)
+        out.zero_()
+        lse.fill_(float("-inf"))
         return out, lse
     if config is None:
         config = pick_config(T, H, D, d_v, K, q.device)
