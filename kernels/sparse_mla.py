@@ -105,14 +105,15 @@ def _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale, m_i, 
     return m_new, l_i, acc
 
 
-@triton.jit
+# NUM_HB / NUM_DVB only decompose the program id: not specialised, so H 64 and H 128 share
+# one compiled kernel.
+@triton.jit(do_not_specialize=["NUM_HB", "NUM_DVB"])
 def _sparse_mla_fwd(
     Q, KV, IDX, LENS, SINK, OUT, LSE,
-    H, D, DV, CHUNK,
+    H, D, DV, CHUNK, NUM_HB, NUM_DVB,
     stride_qt, stride_qh, stride_kv, stride_it,
     stride_ot, stride_oh, stride_lt, stride_ps, stride_ls,
     qk_scale,
-    NUM_HB: tl.constexpr, NUM_DVB: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     HAS_SINK: tl.constexpr, PARTIAL: tl.constexpr, SKIP_EMPTY: tl.constexpr, DOT_F32: tl.constexpr,
@@ -283,6 +284,23 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
     ("*", 1 << 30, 1 << 30, Config(block_h=64, block_n=32, num_warps=4, num_stages=2)),
 )
 
+# What bench/bench_sparse_mla.py sweeps on the H200 (and tests/test_sparse_mla_gpu.py
+# checks for correctness): tile shapes, pipeline depth, d_v split, all-PAD-tile skipping.
+SWEEP: tuple[str, ...] = (
+    "block_h=64,block_n=64,num_warps=8,num_stages=2",   # the default: Q 64 KB + 2 x 64 KB KV tiles
+    "block_h=64,block_n=64,num_warps=8,num_stages=3",
+    "block_h=64,block_n=32,num_warps=8,num_stages=2",
+    "block_h=64,block_n=32,num_warps=8,num_stages=3",
+    "block_h=64,block_n=32,num_warps=8,num_stages=5",   # 3 KV tiles in flight
+    "block_h=64,block_n=16,num_warps=8,num_stages=5",
+    "block_h=64,block_n=16,num_warps=8,num_stages=7",   # 4 KV tiles in flight
+    "block_h=64,block_n=64,num_warps=8,num_stages=2,skip_empty=1",
+    "block_h=64,block_n=32,num_warps=8,num_stages=3,dv_split=2",
+    "block_h=64,block_n=32,num_warps=4,num_stages=3,dv_split=2",
+    "block_h=128,block_n=16,num_warps=8,num_stages=3,dv_split=2",  # 128 heads share one gather
+    "block_h=128,block_n=32,num_warps=8,num_stages=2,dv_split=2",
+)
+
 _ENV = "SWA_SPARSE_MLA_CONFIG"
 _FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 
@@ -435,7 +453,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
     has_sink = sink is not None
     sink_arg = sink if has_sink else lse  # never read without HAS_SINK
     grid = (T * r["num_hb"] * r["num_dvb"], r["splits"])
-    meta = dict(NUM_HB=r["num_hb"], NUM_DVB=r["num_dvb"], BLOCK_H=r["block_h"], BLOCK_N=r["block_n"],
+    meta = dict(BLOCK_H=r["block_h"], BLOCK_N=r["block_n"],
                 BLOCK_D=r["block_d"], BLOCK_DV=r["block_dv"], SAME_TILE=r["same_tile"], EVEN_D=(D == r["block_d"]),
                 EVEN_DV=(d_v % r["block_dv"] == 0), HAS_SINK=has_sink, SKIP_EMPTY=r["skip_empty"], DOT_F32=_INTERPRET,
                 num_warps=r["num_warps"], num_stages=r["num_stages"])
@@ -443,7 +461,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
     if r["splits"] == 1:
         _sparse_mla_fwd[grid](
             q, kv, indices, lens, sink_arg, out, lse,
-            H, D, d_v, r["chunk"],
+            H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
             out.stride(0), out.stride(1), lse.stride(0), 0, 0,
             qk_scale, PARTIAL=False, **meta)
@@ -453,7 +471,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
     l_part = _empty(S, T, H, dtype=torch.float32, device=q.device)
     _sparse_mla_fwd[grid](
         q, kv, indices, lens, sink_arg, o_part, l_part,
-        H, D, d_v, r["chunk"],
+        H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         o_part.stride(1), o_part.stride(2), l_part.stride(1), o_part.stride(0), l_part.stride(0),
         qk_scale, PARTIAL=True, **meta)
