@@ -20,6 +20,10 @@ Design (why it is shaped like this):
   accumulator ``[BLOCK_H, d_v]`` fp32 in registers (64 x 512 fp32 = 128 KB per program:
   8 warps -> 128 registers a thread). ``DV_SPLIT`` > 1 gives each program a slice of
   ``d_v`` instead (less register pressure, ``Q K^T`` recomputed per slice).
+* 8 warps = two warpgroups over 64 heads: ``P V`` splits ``d_v`` between them, and with
+  ``SPLIT_S`` so does ``Q K^T`` (each computes half of the tile's columns and they swap P
+  through shared memory, as FlashMLA does). Without it Triton's flash-attention layout
+  rule has both warpgroups compute the whole S (see ``_tile``).
 * The loop stops at the token's length, so tiles past ``lens`` cost nothing; PAD rows
   inside the length are masked loads (no memory traffic) and ``-inf`` scores.
   ``SKIP_EMPTY`` additionally branches around tiles that hold no valid index at all.
@@ -71,8 +75,19 @@ def _sum_fn(a, b):
 
 
 @triton.jit
+def _softmax_step(s, valid, m_i, qk_scale):
+    """Online-softmax step of one tile: (new running max, rescale of the old sums, P)."""
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
+    # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, tl.exp2(m_i - m_shift), tl.exp2(s - m_shift[:, None])
+
+
+@triton.jit
 def _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale, m_i, l_i, acc,
-          SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, DOT_F32: tl.constexpr):
+          SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, DOT_F32: tl.constexpr,
+          SPLIT_S: tl.constexpr):
     """One KV tile: gather its rows once, S = Q K^T, online softmax, acc += P V."""
     rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kv
     if EVEN_D:
@@ -80,15 +95,21 @@ def _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale, m_i, 
     else:
         k = tl.load(KV + rows[:, None] + offs_d[None, :], mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
     if DOT_F32:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32))) * qk_scale
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
     else:
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
-    # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_shift)
-    p = tl.exp2(s - m_shift[:, None])
+        s = tl.dot(q, tl.trans(k))
+    if SPLIT_S:
+        # Triton gives a dot whose result feeds another dot (S -> P -> P V) all warps along
+        # M; with 64 heads and 8 warps both warpgroups then compute the whole S (1.5x the
+        # MMA work of the tile). Producing P inside a branch (always taken: qk_scale > 0 is
+        # validated) hides the P V dot from that heuristic, so S is split along N across
+        # the warpgroups and P is exchanged through shared memory (FlashMLA's layout).
+        if qk_scale > 0.0:
+            m_new, alpha, p = _softmax_step(s, valid, m_i, qk_scale)
+        else:
+            m_new, alpha, p = _softmax_step(s, valid, m_i, -qk_scale)
+    else:
+        m_new, alpha, p = _softmax_step(s, valid, m_i, qk_scale)
     l_i = l_i * alpha + tl.reduce(p, 1, _sum_fn)
     if SAME_TILE:
         v = k  # V = the first d_v columns of the K tile, already gathered
@@ -117,6 +138,7 @@ def _sparse_mla_fwd(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     HAS_SINK: tl.constexpr, PARTIAL: tl.constexpr, SKIP_EMPTY: tl.constexpr, DOT_F32: tl.constexpr,
+    SPLIT_S: tl.constexpr,
 ):
     # program -> (token, d_v block, head block), head block fastest so the programs that
     # read the same token's rows run side by side (the second one hits L2)
@@ -155,10 +177,10 @@ def _sparse_mla_fwd(
         if SKIP_EMPTY:
             if tl.reduce(valid.to(tl.int32), 0, _max_fn) > 0:
                 m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale,
-                                      m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32)
+                                      m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
         else:
             m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale,
-                                  m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32)
+                                  m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
 
     has = l_i > 0.0
     if PARTIAL:
@@ -244,7 +266,8 @@ class Config:
     ``num_warps``/``num_stages``: Triton launch knobs (stages pipeline the gathers);
     ``dv_split``: programs sharing one token's ``d_v`` (1 = the whole accumulator in one
     program); ``splits``: programs sharing one token's index list (None: chosen from the
-    grid size and the SM count, 1 = none); ``skip_empty``: branch around all-PAD tiles.
+    grid size and the SM count, 1 = none); ``skip_empty``: branch around all-PAD tiles;
+    ``split_s``: split S across warpgroups instead of computing it in each (see _tile).
     """
 
     block_h: int = 64
@@ -254,6 +277,7 @@ class Config:
     dv_split: int = 1
     splits: int | None = None
     skip_empty: bool = False
+    split_s: bool = False
 
     def replace(self, **kw) -> "Config":
         return dataclasses.replace(self, **kw)
@@ -266,18 +290,22 @@ class Config:
             s += f"k{self.splits}"
         if self.skip_empty:
             s += "e"
+        if self.split_s:
+            s += "x"
         return s
 
 
 # Launch configs keyed by (platform, D_qk bucket, heads bucket); the first matching row
-# wins. Values for cuda/512 are the design's starting point (64 heads x 64 rows, 8 warps,
-# 2 stages: Q 64 KB + 2 x 64 KB KV tiles of shared memory, 128 accumulator registers a
-# thread); refine them from the H200 sweep of bench/bench_sparse_mla.py.
+# wins. Values for cuda/512 are the design's starting point, chosen from sm_90a builds
+# (Triton 3.9, ptxas 13.0) before any H200 run: 64 heads x 64 rows, 8 warps, 2 stages
+# (Q 64 KB + 2 x 64 KB KV tiles = 205 KB of shared memory, 128 accumulator registers a
+# thread); split_s halves the Q K^T MMA instructions of the loop (68 -> 36 HGMMA) and
+# removes the register spills (22 -> 0 local loads a tile). Refine from the H200 sweep.
 TUNED: tuple[tuple[str, int, int, Config], ...] = (
     # platform, max D_qk, max heads, config
     ("cuda", 512, 16, Config(block_h=16, block_n=64, num_warps=4, num_stages=2)),
     ("cuda", 512, 32, Config(block_h=32, block_n=64, num_warps=4, num_stages=2)),
-    ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2)),
+    ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # ROCm: gfx942 has 64 KB of LDS per CU, so smaller tiles and one stage (not measured)
     ("rocm", 512, 1 << 30, Config(block_h=32, block_n=32, num_warps=8, num_stages=1)),
     # anything else (small D, the CPU interpreter): modest tiles
@@ -287,16 +315,16 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 # What bench/bench_sparse_mla.py sweeps on the H200 (and tests/test_sparse_mla_gpu.py
 # checks for correctness): tile shapes, pipeline depth, d_v split, all-PAD-tile skipping.
 SWEEP: tuple[str, ...] = (
-    "block_h=64,block_n=64,num_warps=8,num_stages=2",   # the default: Q 64 KB + 2 x 64 KB KV tiles
-    "block_h=64,block_n=64,num_warps=8,num_stages=3",
-    "block_h=64,block_n=32,num_warps=8,num_stages=2",
+    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1",  # the default
+    "block_h=64,block_n=64,num_warps=8,num_stages=2",            # S computed by both warpgroups
+    "block_h=64,block_n=64,num_warps=8,num_stages=3,split_s=1",
+    "block_h=64,block_n=32,num_warps=8,num_stages=3,split_s=1",
     "block_h=64,block_n=32,num_warps=8,num_stages=3",
-    "block_h=64,block_n=32,num_warps=8,num_stages=5",   # 3 KV tiles in flight
-    "block_h=64,block_n=16,num_warps=8,num_stages=5",
-    "block_h=64,block_n=16,num_warps=8,num_stages=7",   # 4 KV tiles in flight
-    "block_h=64,block_n=64,num_warps=8,num_stages=2,skip_empty=1",
-    "block_h=64,block_n=32,num_warps=8,num_stages=3,dv_split=2",
-    "block_h=64,block_n=32,num_warps=4,num_stages=3,dv_split=2",
+    "block_h=64,block_n=32,num_warps=8,num_stages=5,split_s=1",  # 3 KV tiles in flight
+    "block_h=64,block_n=16,num_warps=8,num_stages=5,split_s=1",
+    "block_h=64,block_n=16,num_warps=8,num_stages=7,split_s=1",  # 4 KV tiles in flight
+    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1,skip_empty=1",
+    "block_h=64,block_n=32,num_warps=8,num_stages=3,split_s=1,dv_split=2",
     "block_h=128,block_n=16,num_warps=8,num_stages=3,dv_split=2",  # 128 heads share one gather
     "block_h=128,block_n=32,num_warps=8,num_stages=2,dv_split=2",
 )
@@ -315,7 +343,7 @@ def parse_config(text: str, base: Config | None = None) -> Config:
         if not sep or name not in _FIELDS:
             raise ValueError(f"{_ENV}={text!r}: expected comma-separated name=value with names in {sorted(_FIELDS)}")
         value = value.strip()
-        if name == "skip_empty":
+        if name in ("skip_empty", "split_s"):
             kw[name] = value.lower() in ("1", "true", "yes", "on")
         elif name == "splits" and value.lower() in ("none", "auto", ""):
             kw[name] = None
@@ -373,7 +401,8 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     splits = triton.cdiv(max(K, 1), chunk)
     return dict(block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv,
                 num_dvb=num_dvb, splits=splits, chunk=chunk, same_tile=(num_dvb == 1 and block_dv == block_d),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, skip_empty=cfg.skip_empty)
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, skip_empty=cfg.skip_empty,
+                split_s=cfg.split_s)
 
 
 # ---------------------------------------------------------------------------------------
@@ -456,6 +485,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
     meta = dict(BLOCK_H=r["block_h"], BLOCK_N=r["block_n"],
                 BLOCK_D=r["block_d"], BLOCK_DV=r["block_dv"], SAME_TILE=r["same_tile"], EVEN_D=(D == r["block_d"]),
                 EVEN_DV=(d_v % r["block_dv"] == 0), HAS_SINK=has_sink, SKIP_EMPTY=r["skip_empty"], DOT_F32=_INTERPRET,
+                SPLIT_S=r["split_s"],
                 num_warps=r["num_warps"], num_stages=r["num_stages"])
     qk_scale = float(sm_scale) * LOG2E
     if r["splits"] == 1:

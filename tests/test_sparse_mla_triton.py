@@ -106,6 +106,7 @@ LAUNCHES = {
     "split3": dict(block_h=16, block_n=16, num_stages=1, splits=3),
     "dvsplit": dict(block_h=16, block_n=16, dv_split=2, splits=1),
     "skip": dict(block_h=16, block_n=16, skip_empty=True, splits=1),
+    "split_s": dict(block_h=16, block_n=32, split_s=True, splits=2),
 }
 
 
@@ -129,7 +130,7 @@ def test_pad_patterns(kmod, dtype, with_sink, launch):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("launch", ["default", "split3", "dvsplit"])
+@pytest.mark.parametrize("launch", ["default", "split3", "dvsplit", "split_s"])
 def test_poisoned_outputs(kmod, monkeypatch, launch):
     monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
     args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=3))
@@ -223,9 +224,10 @@ def test_config_table_and_env(kmod, monkeypatch):
     dev = torch.device("cuda")
     cfg = kmod.pick_config(16384, 64, 512, 512, 640, dev)
     assert cfg.block_h == 64
-    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "block_n=32,num_stages=3,splits=auto,skip_empty=1")
+    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "block_n=32,num_stages=3,splits=auto,skip_empty=1,split_s=0")
     env = kmod.pick_config(16384, 64, 512, 512, 640, dev)
-    assert (env.block_n, env.num_stages, env.splits, env.skip_empty) == (32, 3, None, True)
+    assert (env.block_n, env.num_stages, env.splits, env.skip_empty, env.split_s) == (32, 3, None, True, False)
+    assert env.block_h == cfg.block_h  # unnamed fields keep the table's values
     monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "bogus=1")
     with pytest.raises(ValueError, match="SWA_SPARSE_MLA_CONFIG"):
         kmod.pick_config(1, 1, 16, 16, 1, dev)
