@@ -107,6 +107,7 @@ LAUNCHES = {
     "dvsplit": dict(block_h=16, block_n=16, dv_split=2, splits=1),
     "skip": dict(block_h=16, block_n=16, skip_empty=True, splits=1),
     "split_s": dict(block_h=16, block_n=32, split_s=True, splits=2),
+    "dvsplit_splitk": dict(block_h=16, block_n=16, dv_split=2, splits=2),
 }
 
 
