@@ -35,6 +35,8 @@ _METADATA_KERNELS = {
                             "one launch; graph-safe once the plan's device copy exists (plan.device_tensors)"),
     "gather_rows": ("rows:gather_rows", True, "wide word copies, int64 offsets"),
     "scatter_rows": ("rows:scatter_rows", True, "memset + wide word copies, int64 offsets"),
+    "prepare_replay_step": ("prepare_replay_step:prepare_replay_step", True,
+                            "ONE launch: replay start, padding, window indices and the sub-batch"),
 }
 
 VARIANTS += tuple(
