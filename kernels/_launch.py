@@ -18,7 +18,9 @@ into the key. ``SWA_TRITON_CHECK_KEYS=1`` makes every launch also go through Tri
 path and asserts that both picked the same compiled kernel (a GPU test runs with it).
 
 ``SWA_TRITON_FAST_LAUNCH=0`` turns the shortcut off (every launch through Triton's path).
-Under the interpreter (``TRITON_INTERPRET=1``) launches always take Triton's path.
+Under the interpreter (``TRITON_INTERPRET=1``) launches always take Triton's path. This
+module decorates no kernel (it may be imported before ``interpreter.setup``); the device
+helpers shared by the kernels live in ``_device``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,8 @@ import inspect
 import os
 
 import triton
-import triton.language as tl
 
-#: Fixed per process by ``interpreter.setup`` before any kernel module is imported.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-FAST = os.environ.get("SWA_TRITON_FAST_LAUNCH", "1") != "0" and not INTERPRET
+FAST = os.environ.get("SWA_TRITON_FAST_LAUNCH", "1") != "0"
 CHECK_KEYS = os.environ.get("SWA_TRITON_CHECK_KEYS", "0") == "1"
 
 PAD = -1  # mirrors common.types.PAD inside kernels (a plain int is a constexpr there)
@@ -100,7 +99,7 @@ class Kernel:
     def _slow(self, key: tuple, grid: tuple, args: tuple) -> None:
         ck = self.fn[grid](*args)
         LAUNCHED.add((self.name, key))
-        if INTERPRET or ck is None or not hasattr(ck, "packed_metadata"):
+        if ck is None or not hasattr(ck, "packed_metadata"):  # the interpreter returns nothing to cache
             return
         from triton.runtime import driver
 
@@ -138,29 +137,6 @@ def total_compiled() -> dict[str, int]:
     """Compiled variants per kernel of this pack (Triton's caches): a warmed-up serving
     path must leave it unchanged."""
     return {name: k.compiled() for name, k in KERNELS.items()}
-
-
-# ---------------------------------------------------------------------------------------
-# device helpers shared by the kernels
-# ---------------------------------------------------------------------------------------
-
-
-@triton.jit
-def find_request(qsl_ptr, B, t, n_steps):
-    """``searchsorted(query_start_loc[1:B+1], t, right=True)`` per lane: the request each
-    token ``t`` belongs to (``B`` for tokens at or past ``query_start_loc[B]``).
-    ``n_steps = B.bit_length()`` halvings of ``[0, B]``; every lane loads only inside
-    ``qsl_ptr[1 .. B]``."""
-    lo = tl.zeros_like(t)
-    hi = lo + B
-    for _ in range(n_steps):
-        active = lo < hi
-        mid = (lo + hi) // 2
-        v = tl.load(qsl_ptr + 1 + mid, mask=active, other=0)
-        right = v <= t
-        lo = tl.where(active & right, mid + 1, lo)
-        hi = tl.where(active & (~right), mid, hi)
-    return lo
 
 
 def cdiv(a: int, b: int) -> int:

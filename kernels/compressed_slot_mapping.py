@@ -6,7 +6,8 @@ import torch
 import triton.language as tl
 
 from ..common.types import SLOT_DTYPE
-from ._launch import PAD, Kernel, contiguous, find_request, jit
+from ._device import find_request
+from ._launch import PAD, Kernel, contiguous, jit
 
 BLOCK = 512
 

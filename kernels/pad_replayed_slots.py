@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from ._launch import PAD, Kernel, contiguous, find_request, jit
+from ._device import find_request
+from ._launch import PAD, Kernel, contiguous, jit
 
 BLOCK = 512
 

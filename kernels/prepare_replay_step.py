@@ -24,7 +24,8 @@ import triton.language as tl
 
 from ..common.ops.prepare_replay_step import PreparedStep, allocate_out
 from ..common.types import ReplayBatch
-from ._launch import PAD, Kernel, contiguous, find_request, jit
+from ._device import find_request
+from ._launch import PAD, Kernel, contiguous, jit
 
 BLOCK_T = 32
 BLOCK_W = 128
