@@ -67,12 +67,13 @@ class Kernel:
     3-tuple, ``args`` every kernel parameter in order, constexprs included.
     """
 
-    __slots__ = ("fn", "name", "_fast", "_get_device", "_get_stream", "_runtime")
+    __slots__ = ("fn", "name", "launches", "_fast", "_get_device", "_get_stream", "_runtime")
 
     def __init__(self, fn, name: str | None = None):
         self.fn = fn
         inner = getattr(fn, "fn", fn)
         self.name = name or f"{inner.__module__.rsplit('.', 1)[-1]}.{inner.__qualname__}"
+        self.launches = 0  # every launch of this kernel in this process (tests count them)
         self._fast: dict = {}
         self._get_device = None
         self._get_stream = None
@@ -80,6 +81,7 @@ class Kernel:
         KERNELS[self.name] = self
 
     def __call__(self, key: tuple, grid: tuple, *args) -> None:
+        self.launches += 1
         if FAST and not CHECK_KEYS:
             dev = self._get_device() if self._get_device is not None else None
             entry = self._fast.get((dev, key))
@@ -131,6 +133,10 @@ def compiled_count(fn) -> int:
     if not caches:
         return 0
     return sum(len(entry[0]) for entry in caches.values())
+
+
+def total_launches() -> int:
+    return sum(k.launches for k in KERNELS.values())
 
 
 def total_compiled() -> dict[str, int]:

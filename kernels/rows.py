@@ -24,6 +24,10 @@ from ._launch import Kernel, contiguous, jit, next_pow2
 TILE = 1024  # words per program (R_TILE * BLOCK_C)
 MAX_BLOCK_C = 256  # 2 KiB of int64 words per row segment
 _WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
+# dtypes handed to Triton as they are; any other (complex, ...) goes as a uint8 view of the
+# same memory (the kernel only uses the base address: it moves words)
+_NATIVE = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
+           torch.int32, torch.int64, torch.bool}
 
 
 @jit(align=("src_ptr", "dst_ptr"))
@@ -67,6 +71,8 @@ def _launch(src, dst, idx, n, scatter: bool) -> None:
     word, row, r_tile, block_c = _plan(src, dst)
     if row == 0 or n == 0:
         return
+    if src.dtype not in _NATIVE:
+        src, dst = src.view(torch.uint8), dst.view(torch.uint8)
     key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0)
     grid = ((n + r_tile - 1) // r_tile, (row + block_c - 1) // block_c, 1)
     _K(key, grid, src, dst, idx, n, row, _WORDS[word], scatter, r_tile, block_c)
