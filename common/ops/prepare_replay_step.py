@@ -64,6 +64,25 @@ def allocate_out(num_reqs: int, num_tokens: int, index_width: int, device, plan:
 def validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
              cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
              out=None) -> None:
+    """The four ops' own validators, in order, on the replay starts this call produces;
+    their errors are re-labelled ``prepare_replay_step: <argument>=...: expected ...``."""
+    try:
+        _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+                  cacheable_groups, block_table, block_size, W, Wr, index_width=index_width, plan=plan,
+                  any_replay=any_replay, out=out)
+    except ValueError as exc:
+        msg = str(exc)
+        for op in _PARTS:
+            if msg.startswith(op + ": "):
+                raise ValueError(f"{NAME}: {msg[len(op) + 2:]}") from exc
+        raise
+
+
+_PARTS = (batch_replay_start.NAME, pad_replayed_slots.NAME, swa_indices_and_lens.NAME, gather_replay_batch.NAME)
+
+
+def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+              cacheable_groups, block_table, block_size, W, Wr, *, index_width, plan, any_replay, out) -> None:
     if out is not None and not isinstance(out, dict):
         fail(NAME, "out", out, "a dict of buffers from allocate_out()")
     o = out or {}
