@@ -33,8 +33,6 @@ import triton
 FAST = os.environ.get("SWA_TRITON_FAST_LAUNCH", "1") != "0"
 CHECK_KEYS = os.environ.get("SWA_TRITON_CHECK_KEYS", "0") == "1"
 
-PAD = -1  # mirrors common.types.PAD inside kernels (a plain int is a constexpr there)
-
 #: Every (kernel name, key) launched in this process: warmup tests compare it before and
 #: after a serving-like call (on the interpreter, where nothing is compiled).
 LAUNCHED: set[tuple[str, tuple]] = set()

@@ -36,11 +36,3 @@ def batch_replay_start(R_per_request, idx_mapping, is_prefilling, *, out=None) -
            contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, B, BLOCK)
     return out
 
-
-def warmup(device) -> None:
-    """Every dtype pair the op accepts (int32/int64 starts and mappings)."""
-    pre = torch.tensor([True, False, True], device=device)
-    for rd in (torch.int32, torch.int64):
-        for idd in (torch.int32, torch.int64):
-            batch_replay_start(torch.tensor([5, 0, 9], dtype=rd, device=device),
-                               torch.tensor([2, 1, 0], dtype=idd, device=device), pre)

@@ -6,8 +6,8 @@ import torch
 import triton.language as tl
 
 from ..common.types import SLOT_DTYPE
-from ._device import find_request
-from ._launch import PAD, Kernel, contiguous, jit
+from ._device import PAD, find_request
+from ._launch import Kernel, contiguous, jit
 
 BLOCK = 512
 

@@ -15,7 +15,8 @@ import triton.language as tl
 
 from ..common.ops.gather_replay_batch import allocate_out
 from ..common.types import ReplayBatch
-from ._launch import PAD, Kernel, contiguous, jit
+from ._device import PAD, warm
+from ._launch import Kernel, contiguous, jit
 
 BLOCK = 256
 
@@ -30,7 +31,7 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
     m = o < n_pad
     real = o < n
     lo = tl.zeros([BLOCK], tl.int32)
-    hi = lo + B
+    hi = tl.maximum(lo + B, tl.minimum(warm(qsl_ptr, B + 1), warm(drop_ptr, B + 1)))  # == B
     for _ in range(n_steps):  # searchsorted(out_qsl[1:], o, right=True)
         active = lo < hi
         mid = (lo + hi) // 2

@@ -7,7 +7,8 @@ import triton.language as tl
 
 from ..common.ops.mixed_indices import mixed_width
 from ..common.types import INDEX_DTYPE
-from ._launch import PAD, Kernel, contiguous, jit
+from ._device import PAD
+from ._launch import Kernel, contiguous, jit
 
 BLOCK_T = 16
 BLOCK_W = 128

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from ._device import find_request
-from ._launch import PAD, Kernel, contiguous, jit
+from ._device import PAD, find_request
+from ._launch import Kernel, contiguous, jit
 
 BLOCK = 512
 

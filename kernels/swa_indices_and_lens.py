@@ -13,8 +13,8 @@ import triton.language as tl
 
 from ..common.ops._batch import resolve_num_tokens
 from ..common.types import INDEX_DTYPE
-from ._device import find_request
-from ._launch import PAD, Kernel, contiguous, jit
+from ._device import PAD, find_request
+from ._launch import Kernel, contiguous, jit
 
 BLOCK_T = 32
 BLOCK_W = 128
