@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from ..types import INDEX_DTYPE, ReplayBatch, ReplayPlan
-from ..validation import check_tensor, fail
+from ..validation import check_tensor, fail, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, swa_indices_and_lens
 
 NAME = "prepare_replay_step"
@@ -98,8 +98,12 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         fail(NAME, "plan", plan, "None or a ReplayPlan from plan_replay_batch")
     if plan is not None and out is not None and "replay_batch" not in o:
         fail(NAME, "out", sorted(o), "a buffer dict for 'replay_batch' (a plan is given)")
-    # The clamp checks below read the replay starts this call will produce.
-    R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
+    # The clamp checks below read the replay starts this call will produce; without value
+    # checks (graph capture) the validators only look at the tensor's metadata.
+    if value_checks_enabled():
+        R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
+    else:
+        R = torch.empty(idx_mapping.shape[0], dtype=INDEX_DTYPE, device=R_per_request.device)
     pad_replayed_slots.validate(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
                                 any_replay=any_replay)
     swa_out = (o["swa_indices"], o["swa_lens"]) if out is not None else None
