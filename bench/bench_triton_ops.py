@@ -31,7 +31,6 @@ import datetime as _dt
 import importlib.util
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -62,10 +61,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from swa_backends.common.ops import OPS, plan_replay_batch  # noqa: E402
+from swa_backends.common.ops import plan_replay_batch  # noqa: E402
 from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out  # noqa: E402
 from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out  # noqa: E402
-from swa_backends.common.types import INDEX_DTYPE, PAD, SLOT_DTYPE  # noqa: E402
+from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
 
 W, BS, G = 128, 64, 5

@@ -10,7 +10,6 @@ slots. A request writes its output ``query_start_loc`` entry and its ``kv_start`
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
 from ..common.ops.gather_replay_batch import allocate_out
