@@ -358,10 +358,15 @@ def _platform(device: torch.device) -> str:
     return device.type
 
 
+def table_config(platform: str, D: int, H: int) -> Config:
+    """The first :data:`TUNED` row for this platform, ``D_qk`` and head count."""
+    return next(c for p, dmax, hmax, c in TUNED if p in (platform, "*") and D <= dmax and H <= hmax)
+
+
 def pick_config(T: int, H: int, D: int, d_v: int, K: int, device: torch.device) -> Config:
-    """The table's config for this shape, clipped to it (``SWA_SPARSE_MLA_CONFIG`` wins)."""
-    plat = _platform(device)
-    cfg = next(c for p, dmax, hmax, c in TUNED if p in (plat, "*") and D <= dmax and H <= hmax)
+    """The table's config for this shape (``SWA_SPARSE_MLA_CONFIG`` overrides fields);
+    :func:`resolve` clips it to the shape."""
+    cfg = table_config(_platform(device), D, H)
     env = os.environ.get(_ENV)
     if env:
         cfg = parse_config(env, cfg)
@@ -523,3 +528,32 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch
     only; a token with nothing valid gives zeros and ``lse = -inf``.
     """
     return launch(q, kv, indices, lens, sm_scale, d_v, sink)
+
+
+def warmup(backend, *, num_heads=(64, 128), qk_head_dim: int = 512, v_head_dim: int = 512,
+           attn_dtypes=(torch.bfloat16,), attn_sink=(False, True), **_other) -> list[str]:
+    """``Backend.warmup()`` hook: compile (by real launches, through ``backend``) every
+    specialisation the serving path uses for these head counts, dtypes and sink settings:
+    the one-pass kernel (prefill) and the split-K partial kernel + combine (decode). The
+    shape of a step (tokens, index width, lengths) never selects another kernel. Unknown
+    keyword arguments (other hooks') are ignored. Returns the ops it ran."""
+    from .interpreter import setup
+
+    if not backend.device.runnable or "triton" not in backend.variants.get("sparse_mla", ()):
+        return []
+    setup(backend.device)
+    dev = torch.device(backend.device.torch_device)
+    D, d_v = qk_head_dim, v_head_dim
+    many = _num_sms(dev) if dev.type == "cuda" else 4  # enough programs that nothing splits
+    for H in num_heads:
+        for dtype in attn_dtypes:
+            kv = torch.randn(64, D, device=dev).to(dtype)
+            for sink_on in attn_sink:
+                sink = torch.zeros(H, device=dev) if sink_on else None
+                for T in (1, many):
+                    q = torch.randn(T, H, D, device=dev).to(dtype)
+                    idx = torch.randint(0, 64, (T, 256), device=dev, dtype=torch.int32)
+                    lens = torch.full((T,), 256, device=dev, dtype=torch.int32)
+                    backend.sparse_mla(q, kv, idx, lens, 1.0 / math.sqrt(D), d_v,
+                                       **({"sink": sink} if sink is not None else {}))
+    return ["sparse_mla"]
