@@ -536,10 +536,12 @@ def warmup(backend, *, num_heads=(64, 128), qk_head_dim: int = 512, v_head_dim: 
     specialisation the serving path uses for these head counts, dtypes and sink settings:
     the one-pass kernel (prefill) and the split-K partial kernel + combine (decode). The
     shape of a step (tokens, index width, lengths) never selects another kernel. Unknown
-    keyword arguments (other hooks') are ignored. Returns the ops it ran."""
+    keyword arguments (other hooks') are ignored. Returns the ops it ran (none on a CPU:
+    the interpreter compiles nothing)."""
     from .interpreter import setup
 
-    if not backend.device.runnable or "triton" not in backend.variants.get("sparse_mla", ()):
+    if (not backend.device.runnable or backend.device.platform == "cpu"
+            or "triton" not in backend.variants.get("sparse_mla", ())):
         return []
     setup(backend.device)
     dev = torch.device(backend.device.torch_device)

@@ -116,3 +116,17 @@ def test_cuda_graph_capture(backend, cache):
     torch.cuda.synchronize()
     _check(got, args, kw)
     assert not torch.equal(got[0], want[0])
+
+
+def _compiled(fn) -> int:
+    return sum(len(c[0]) for c in fn.device_caches.values())
+
+
+def test_warmup_compiles_what_serving_launches(backend, kmod, cache):
+    ran = kmod.warmup(backend, num_heads=(64,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
+    assert ran == ["sparse_mla"]
+    before = (_compiled(kmod._sparse_mla_fwd), _compiled(kmod._sparse_mla_combine))
+    for T, K in ((1, 640), (5, 1152), (300, 128), (2048, 640)):  # decode (split-K) and prefill steps
+        args, kw = _case(cache, T, 64, K, torch.bfloat16, sink=True, seed=T)
+        backend.sparse_mla(*args, **kw)
+    assert (_compiled(kmod._sparse_mla_fwd), _compiled(kmod._sparse_mla_combine)) == before
