@@ -43,6 +43,7 @@ from torch import Tensor
 
 from .common.dispatch import Backend, select
 from .common.ops.combined_indices import combined_width
+from .common.ops import OPS
 from .common.ops.mixed_indices import mixed_width
 from .common.types import INDEX_DTYPE, SLOT_DTYPE, ReplayBatch, ReplayPlan
 
@@ -466,6 +467,150 @@ def _(y, rows, num_rows, out):
     return None
 
 
+# ---------------------------------------------------------------------------------------
+# prepare_replay_step: the four step ops in one call (present when the build has it)
+# ---------------------------------------------------------------------------------------
+
+#: Outputs of the tensor-level prepare_replay_step (the PreparedStep tensors; the padded
+#: slot_mappings is the mutated input, not an output).
+PREPARED_FIELDS = ("replay_start", "swa_indices", "swa_lens")
+
+if "prepare_replay_step" in OPS:
+
+    def _prepared(res, with_plan: bool, inputs) -> tuple:
+        outs = tuple(getattr(res, f) for f in PREPARED_FIELDS)
+        if with_plan:
+            outs += tuple(getattr(res.replay_batch, f) for f in REPLAY_BATCH_FIELDS)
+        return _fresh(outs, *inputs)
+
+    def _prepared_fake(R_per_request, idx_mapping, positions, slot_mappings, W, index_width, num_rows_padded=None,
+                       query_start_loc=None):
+        T = positions.shape[0]
+        width = W if index_width is None else index_width
+        outs = (_empty(R_per_request, (idx_mapping.shape[0],), INDEX_DTYPE),
+                _empty(positions, (T, width), INDEX_DTYPE), _empty(positions, (T,), INDEX_DTYPE))
+        if num_rows_padded is not None:
+            B, n = query_start_loc.shape[0] - 1, num_rows_padded
+            outs += (_empty(positions, (n,), SLOT_DTYPE), _empty(positions, (B + 1,), INDEX_DTYPE),
+                     _empty(positions, (n,), SLOT_DTYPE), _empty(positions, (slot_mappings.shape[0], n), SLOT_DTYPE),
+                     _empty(positions, (B,), INDEX_DTYPE))
+        return outs
+
+    @_define("prepare_replay_step", mutates_args=("slot_mappings",))
+    def prepare_replay_step(R_per_request: Tensor, idx_mapping: Tensor, is_prefilling: Tensor,
+                            query_start_loc: Tensor, seq_lens: Tensor, positions: Tensor, slot_mappings: Tensor,
+                            cacheable_groups: Tensor, block_table: Tensor, block_size: int, W: int, Wr: int, *,
+                            index_width: Optional[int] = None,
+                            any_replay: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
+        args = (R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+                cacheable_groups, block_table)
+        res = _call("prepare_replay_step", positions.device, *args, block_size, W, Wr, index_width=index_width,
+                    any_replay=any_replay)
+        return _prepared(res, False, args)
+
+    @prepare_replay_step.register_fake
+    def _(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+          cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, any_replay=None):
+        return _prepared_fake(R_per_request, idx_mapping, positions, slot_mappings, W, index_width)
+
+    @_define("prepare_replay_step_plan", mutates_args=("slot_mappings",))
+    def prepare_replay_step_plan(R_per_request: Tensor, idx_mapping: Tensor, is_prefilling: Tensor,
+                                 query_start_loc: Tensor, seq_lens: Tensor, positions: Tensor, slot_mappings: Tensor,
+                                 cacheable_groups: Tensor, block_table: Tensor, block_size: int, W: int, Wr: int,
+                                 kept: Tensor, trimmed: Tensor, dropped_before: Tensor, num_rows: int,
+                                 num_rows_padded: int, *, index_width: Optional[int] = None,
+                                 any_replay: Optional[bool] = None
+                                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        args = (R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+                cacheable_groups, block_table)
+        plan = _plan(kept, trimmed, dropped_before, num_rows, num_rows_padded, W)
+        res = _call("prepare_replay_step", positions.device, *args, block_size, W, Wr, index_width=index_width,
+                    plan=plan, any_replay=any_replay)
+        return _prepared(res, True, (*args, kept, trimmed, dropped_before))
+
+    @prepare_replay_step_plan.register_fake
+    def _(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+          cacheable_groups, block_table, block_size, W, Wr, kept, trimmed, dropped_before, num_rows, num_rows_padded,
+          *, index_width=None, any_replay=None):
+        return _prepared_fake(R_per_request, idx_mapping, positions, slot_mappings, W, index_width, num_rows_padded,
+                              query_start_loc)
+
+    @_define("prepare_replay_step_out",
+             mutates_args=("slot_mappings", *(f"out_{f}" for f in PREPARED_FIELDS)))
+    def prepare_replay_step_out(R_per_request: Tensor, idx_mapping: Tensor, is_prefilling: Tensor,
+                                query_start_loc: Tensor, seq_lens: Tensor, positions: Tensor, slot_mappings: Tensor,
+                                cacheable_groups: Tensor, block_table: Tensor, block_size: int, W: int, Wr: int,
+                                out_replay_start: Tensor, out_swa_indices: Tensor, out_swa_lens: Tensor, *,
+                                index_width: Optional[int] = None, any_replay: Optional[bool] = None) -> None:
+        out = {"replay_start": out_replay_start, "swa_indices": out_swa_indices, "swa_lens": out_swa_lens}
+        _call("prepare_replay_step", positions.device, R_per_request, idx_mapping, is_prefilling, query_start_loc,
+              seq_lens, positions, slot_mappings, cacheable_groups, block_table, block_size, W, Wr,
+              index_width=index_width, any_replay=any_replay, out=out)
+
+    @prepare_replay_step_out.register_fake
+    def _(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+          cacheable_groups, block_table, block_size, W, Wr, out_replay_start, out_swa_indices, out_swa_lens, *,
+          index_width=None, any_replay=None):
+        return None
+
+    @_define("prepare_replay_step_plan_out",
+             mutates_args=("slot_mappings", *(f"out_{f}" for f in PREPARED_FIELDS),
+                           *(f"out_batch_{f}" for f in REPLAY_BATCH_FIELDS)))
+    def prepare_replay_step_plan_out(R_per_request: Tensor, idx_mapping: Tensor, is_prefilling: Tensor,
+                                     query_start_loc: Tensor, seq_lens: Tensor, positions: Tensor,
+                                     slot_mappings: Tensor, cacheable_groups: Tensor, block_table: Tensor,
+                                     block_size: int, W: int, Wr: int, kept: Tensor, trimmed: Tensor,
+                                     dropped_before: Tensor, num_rows: int, num_rows_padded: int,
+                                     out_replay_start: Tensor, out_swa_indices: Tensor, out_swa_lens: Tensor,
+                                     out_batch_rows: Tensor, out_batch_query_start_loc: Tensor,
+                                     out_batch_positions: Tensor, out_batch_slot_mappings: Tensor,
+                                     out_batch_kv_start: Tensor, *, index_width: Optional[int] = None,
+                                     any_replay: Optional[bool] = None) -> None:
+        plan = _plan(kept, trimmed, dropped_before, num_rows, num_rows_padded, W)
+        batch = dict(zip(REPLAY_BATCH_FIELDS, (out_batch_rows, out_batch_query_start_loc, out_batch_positions,
+                                               out_batch_slot_mappings, out_batch_kv_start)))
+        out = {"replay_start": out_replay_start, "swa_indices": out_swa_indices, "swa_lens": out_swa_lens,
+               "replay_batch": batch}
+        _call("prepare_replay_step", positions.device, R_per_request, idx_mapping, is_prefilling, query_start_loc,
+              seq_lens, positions, slot_mappings, cacheable_groups, block_table, block_size, W, Wr,
+              index_width=index_width, plan=plan, any_replay=any_replay, out=out)
+
+    @prepare_replay_step_plan_out.register_fake
+    def _(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+          cacheable_groups, block_table, block_size, W, Wr, kept, trimmed, dropped_before, num_rows, num_rows_padded,
+          out_replay_start, out_swa_indices, out_swa_lens, out_batch_rows, out_batch_query_start_loc,
+          out_batch_positions, out_batch_slot_mappings, out_batch_kv_start, *, index_width=None, any_replay=None):
+        return None
+
+
+def _call_prepare(*args, index_width=None, plan=None, any_replay=None, out=None):
+    """``call("prepare_replay_step", ...)``: the PreparedStep of the Python op."""
+    from .common.ops.prepare_replay_step import PreparedStep
+
+    ns = torch.ops.swa_backends
+    kw = {"index_width": index_width, "any_replay": any_replay}
+    slot_mappings = args[6]
+    plan_args = plan_arguments(plan)[:5] if plan is not None else ()
+    if out is None:
+        res = getattr(ns, "prepare_replay_step_plan" if plan is not None else "prepare_replay_step")(
+            *args, *plan_args, **kw)
+        batch = replay_batch(res[3:], plan.num_rows) if plan is not None else None
+        return PreparedStep(res[0], slot_mappings, res[1], res[2], batch)
+    if not isinstance(out, dict):
+        raise ValueError(f"prepare_replay_step: out={out!r}: expected a dict of buffers from allocate_out()")
+    bufs = [out.get(f) for f in PREPARED_FIELDS]
+    if plan is None:
+        ns.prepare_replay_step_out(*args, *bufs, **kw)
+        return PreparedStep(out["replay_start"], slot_mappings, out["swa_indices"], out["swa_lens"], None)
+    rb = out.get("replay_batch")
+    if not isinstance(rb, dict):
+        raise ValueError(f"prepare_replay_step: out={sorted(out)}: expected a buffer dict for 'replay_batch'")
+    ns.prepare_replay_step_plan_out(*args, *plan_args, *bufs, *(rb.get(f) for f in REPLAY_BATCH_FIELDS), **kw)
+    batch = ReplayBatch(num_rows=plan.num_rows, num_rows_padded=plan.num_rows_padded,
+                        **{f: rb[f] for f in REPLAY_BATCH_FIELDS})
+    return PreparedStep(out["replay_start"], slot_mappings, out["swa_indices"], out["swa_lens"], batch)
+
+
 def qualified_names() -> list[str]:
     """``swa_backends::<op>`` for every op defined here."""
     return [f"{NAMESPACE}::{n}" for n in OP_NAMES]
@@ -489,6 +634,8 @@ def call(op: str, *args, **kwargs):
     its Python form (``backend.<op>``, ``OPS[op].reference``): picks the functional,
     ``_out`` or in-place custom op, unpacks a ReplayPlan, and returns what the Python op
     returns (the ``out=`` buffers, the mutated ``slot_mappings``, a ReplayBatch)."""
+    if op == "prepare_replay_step":
+        return _call_prepare(*args, **kwargs)
     ns = torch.ops.swa_backends
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)

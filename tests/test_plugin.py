@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from swa_backends import OPS
+
 REPO = Path(__file__).resolve().parent.parent
 VLLM_VERSION = os.environ.get("SWA_VLLM_VERSION", "0.33.0")
 VENDOR_MODULES = ("vllm", "vllm_ascend", "torch_npu", "triton", "flashinfer", "aiter", "flash_mla")
@@ -186,13 +188,10 @@ def test_entry_point_loads_like_vllm_in_a_fresh_venv(venv, tmp_path, vllm_plugin
     assert rep["dist_path"].startswith(venv_root)
     first, second = rep["calls"]
     assert first == second and "swa_backends::gather_rows" in first and "swa_backends::pad_replayed_slots" in first
-    assert len(first) == 24
+    assert len(first) == len(set(first)) >= 24
     assert rep["vendor_modules"] == [], "register() imported a vendor package"
     assert rep["register_s"] < 5.0
-    assert rep["checked"] == ["batch_replay_start", "pad_replayed_slots", "compressed_slot_mapping",
-                              "swa_indices_and_lens", "prefill_gather_lens", "combined_indices", "mixed_indices",
-                              "plain_indices", "indices_to_csr", "sparse_mla", "gather_replay_batch", "gather_rows",
-                              "scatter_rows"]
+    assert rep["checked"] == list(OPS)
 
 
 def test_register_is_idempotent_in_process():

@@ -25,7 +25,10 @@ torch_ops = pytest.importorskip("swa_backends.torch_ops")  # defines the ops in 
 ns = torch.ops.swa_backends
 
 # ops whose Python form takes out= (and so have an _out custom op)
-OUT_OPS = sorted(set(OPS) - {"pad_replayed_slots", "sparse_mla"})
+OUT_OPS = sorted(set(OPS) - {"pad_replayed_slots", "sparse_mla", "prepare_replay_step"})
+# prepare_replay_step (where the build has it): with/without a plan, functional/out
+PREPARE_FORMS = {"prepare_replay_step", "prepare_replay_step_plan", "prepare_replay_step_out",
+                 "prepare_replay_step_plan_out"} if "prepare_replay_step" in OPS else set()
 CASES = 6  # per op and device; half with poisoned out= buffers
 
 
@@ -33,6 +36,15 @@ def _op_and_args(op: str, args: tuple, kwargs: dict):
     """The custom op and its arguments for a conformance case (mirrors torch_ops.call)."""
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)
+    if op == "prepare_replay_step":
+        plan = kwargs.pop("plan", None)
+        extra = torch_ops.plan_arguments(plan) if plan is not None else ()
+        if out is not None:
+            extra += tuple(out[f] for f in torch_ops.PREPARED_FIELDS)
+            if plan is not None:
+                extra += tuple(out["replay_batch"][f] for f in torch_ops.REPLAY_BATCH_FIELDS)
+        name = op + ("_plan" if plan is not None else "") + ("_out" if out is not None else "")
+        return getattr(ns, name), (*args, *extra), kwargs
     if op == "gather_replay_batch":
         args = (*torch_ops.plan_arguments(args[0]), *args[1:])
     if op == "plain_indices" and len(args) > 2:
@@ -87,12 +99,15 @@ def test_every_op_is_registered_with_its_forms():
     names = set(torch_ops.OP_NAMES)
     assert set(OPS) <= names
     assert {f"{op}_out" for op in OUT_OPS} <= names
-    assert names == set(OPS) | {f"{op}_out" for op in OUT_OPS}
+    assert names == set(OPS) | {f"{op}_out" for op in OUT_OPS} | PREPARE_FORMS
     for name in names:
         schema = getattr(ns, name).default._schema
         mutable = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
         if name == "pad_replayed_slots":
             assert mutable == {"slot_mappings"} and not schema.returns
+        elif name in PREPARE_FORMS:  # pads slot_mappings in place; out forms also write their buffers
+            assert "slot_mappings" in mutable and all(m == "slot_mappings" or m.startswith("out_") for m in mutable)
+            assert bool(schema.returns) is not name.endswith("_out")
         elif name.endswith("_out"):
             assert mutable and all(m.startswith("out") for m in mutable) and not schema.returns, name
         else:
