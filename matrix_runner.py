@@ -536,8 +536,9 @@ def _execute_in_worker(jobs: Sequence[Job], *, cases: int, seed: int, progress: 
             json.dump({"cases": cases, "seed": seed, "jobs": [asdict(j) for j in jobs]}, fh)
         env = dict(os.environ, **_HIDE_ACCELERATORS)
         env.pop("TRITON_INTERPRET", None)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # import swa_backends as we did
-        cmd = [sys.executable, "-m", "swa_backends", "matrix", "--worker", jobs_path, "--worker-out", out_path,
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        root = os.path.dirname(os.path.abspath(sys.modules[__package__].__file__))
+        cmd = [sys.executable, "-c", _WORKER_BOOT, root, "matrix", "--worker", jobs_path, "--worker-out", out_path,
                "--progress" if progress else "--no-progress"]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0 or not os.path.exists(out_path):
@@ -546,6 +547,24 @@ def _execute_in_worker(jobs: Sequence[Job], *, cases: int, seed: int, progress: 
                     for j in jobs]
         with open(out_path, encoding="utf-8") as fh:
             return [Result(**r) for r in json.load(fh)]
+
+
+# The worker imports swa_backends as this process did: installed, or (a checkout run from
+# bench/ with nothing installed) straight from the package directory.
+_WORKER_BOOT = """
+import importlib.util, sys
+root = sys.argv[1]
+try:
+    import swa_backends
+except ImportError:
+    spec = importlib.util.spec_from_file_location("swa_backends", root + "/__init__.py",
+                                                  submodule_search_locations=[root])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["swa_backends"] = mod
+    spec.loader.exec_module(mod)
+from swa_backends.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 def run_worker(jobs_path: str, out_path: str, *, progress: bool) -> int:

@@ -30,6 +30,15 @@ plan, :func:`replay_batch` packs the five outputs back into a :class:`ReplayBatc
 
 Pass the plan tensors already on the device inside a captured graph (``plan_arguments(plan,
 device)`` copies them once per plan and device); host tensors work eagerly.
+
+``prepare_replay_step`` (where the build has it) pads ``slot_mappings`` in place *and*
+returns ``(replay_start, swa_indices, swa_lens)``; ``prepare_replay_step_plan`` takes the
+plan's fields after ``Wr`` and returns the five sub-batch tensors as well; ``_out`` forms
+of both write ``out_replay_start, out_swa_indices, out_swa_lens`` (and
+``out_batch_<field>``).
+
+:func:`call` runs any op with its Python arguments (``out=``, plans and all) through these
+custom ops and returns what the Python op returns.
 """
 
 # No ``from __future__ import annotations``: torch infers each op's schema from real

@@ -275,3 +275,32 @@ def test_bad_arguments():
         run_matrix(cases=0)
     with pytest.raises(ValueError, match="ops='nope'"):
         run_matrix(ops=["nope"])
+
+
+def _needs_512(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
+    return [] if q.shape[2] == 512 and d_v == 512 else [f"needs D = d_v = 512, got {q.shape[2]} / {d_v}"]
+
+
+def test_vendor_variant_that_declines_random_cases_runs_serving_shapes(monkeypatch):
+    """A variant serving only production shapes (per-call input_check) is run on the
+    serving-shaped cases, and the note says so; one that declines those too is skipped."""
+    impls = types.ModuleType("swa_test_impls2")
+    impls.needs_512 = _needs_512
+    impls.never = lambda *a, **k: ["never accepts anything"]
+    monkeypatch.setitem(sys.modules, "swa_test_impls2", impls)
+    table = all_variants()
+    monkeypatch.setitem(table["sparse_mla"], "big_only", Variant(
+        op="sparse_mla", name="big_only", impl="swa_backends.common.ops.sparse_mla:reference", platforms=ALL,
+        input_check="swa_test_impls2:needs_512"))
+    monkeypatch.setitem(table["sparse_mla"], "picky", Variant(
+        op="sparse_mla", name="picky", impl="swa_backends.common.ops.sparse_mla:reference", platforms=ALL,
+        input_check="swa_test_impls2:never"))
+    m = _matrix([{"id": "cpu", "platform": "cpu", "arch": "cpu",
+                  "variants": {"*": ["reference"], "sparse_mla": ["big_only", "picky", "reference"]}}])
+    rep = run_matrix(matrix=m, ops=["sparse_mla"], cases=2, in_process=True)
+    by = {r.variant: r for r in rep.results}
+    big = by["big_only"]
+    assert big.status == "pass" and big.passed == 2 and big.rejected == 2
+    assert "ran serving-shaped cases (T=8, H=16, D=512, d_v=512, K=128, S=512, bfloat16)" in big.detail
+    assert by["picky"].status == "skipped" and "never accepts anything" in by["picky"].detail
+    assert by["reference"].status == "pass" and rep.exit_code == 0

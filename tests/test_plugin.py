@@ -1,7 +1,7 @@
 """Registration into serving engines, tested the way they load it.
 
 A wheel is built from this checkout (``pip wheel --no-deps``) and installed into a *fresh*
-virtual environment (``--system-site-packages`` to reuse torch). There, a script loads the
+virtual environment (reusing this interpreter's torch through a ``.pth``). There, a script loads the
 ``vllm.general_plugins`` entry points exactly as vLLM's ``load_plugins_by_group`` does
 (``importlib.metadata.entry_points(group=...)``, the ``VLLM_PLUGINS`` comma-list filter,
 unset = all, empty = none), calls each loaded function twice and runs ops through
@@ -47,23 +47,27 @@ def _venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _make_venv(path: Path) -> Path:
-    """A fresh venv that sees torch, numpy and PyYAML but no swa_backends install."""
-    _run([sys.executable, "-m", "venv", "--system-site-packages", str(path)])
-    py = _venv_python(path)
-    probe = subprocess.run([str(py), "-c", "import torch, numpy, yaml"], capture_output=True)
-    if probe.returncode != 0:
-        # The test interpreter is itself a venv without system site-packages (CI's .venv):
-        # expose the directories holding its torch/numpy/yaml through a .pth file. Lines of a
-        # .pth are plain sys.path entries placed *after* the venv's own site-packages, so the
-        # wheel installed below is found first (asserted by the scripts).
-        import numpy
-        import torch
-        import yaml
+def _make_venv(path: Path, wheels: list[Path]) -> Path:
+    """A fresh venv that reuses this interpreter's torch, numpy and PyYAML but has no
+    swa_backends install: ``python -m venv`` (no system site-packages, so nothing else
+    leaks in), plus a ``.pth`` naming the directories that hold those three packages. Lines
+    of a ``.pth`` are plain sys.path entries placed *after* the venv's own site-packages,
+    so the wheel installed there is found first even where such a directory also holds an
+    install of this pack (CI's .venv); the scripts assert where they imported it from.
+    ``wheels`` are installed (``--no-deps``) before the ``.pth`` exists, so pip cannot take
+    that other install for this one."""
+    import numpy
+    import torch
+    import yaml
 
-        dirs = sorted({str(Path(m.__file__).resolve().parent.parent) for m in (torch, numpy, yaml)})
-        site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
-        (site / "_swa_test_deps.pth").write_text("\n".join(dirs) + "\n")
+    _run([sys.executable, "-m", "venv", str(path)])
+    py = _venv_python(path)
+    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", *map(str, wheels)])
+    dirs = sorted({str(Path(m.__file__).resolve().parent.parent) for m in (torch, numpy, yaml)})
+    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    (site / "_swa_test_deps.pth").write_text("\n".join(dirs) + "\n")
+    same = _run([str(py), "-c", "import torch; print(torch.__file__)"]).stdout.strip()
+    assert Path(same).resolve() == Path(torch.__file__).resolve()
     return py
 
 
@@ -74,7 +78,15 @@ def wheel(tmp_path_factory) -> Path:
     src = root / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
         ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(src), "-w", str(root / "dist")])
+    # No build isolation where this interpreter has the build backend (offline machines);
+    # otherwise pip fetches setuptools>=77 into an isolated build environment.
+    try:
+        from importlib.metadata import version
+
+        isolation = [] if int(version("setuptools").split(".")[0]) < 77 else ["--no-build-isolation"]
+    except Exception:  # noqa: BLE001
+        isolation = []
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", *isolation, str(src), "-w", str(root / "dist")])
     wheels = list((root / "dist").glob("swa_backends-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
@@ -83,8 +95,7 @@ def wheel(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory, wheel) -> Path:
     path = tmp_path_factory.mktemp("venv") / "env"
-    py = _make_venv(path)
-    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)])
+    py = _make_venv(path, [wheel])
     yield py
     shutil.rmtree(path, ignore_errors=True)
 
@@ -235,9 +246,8 @@ def vllm_venv(tmp_path_factory, wheel):
     if shutil.disk_usage(tmp_path_factory.getbasetemp()).free < 2 << 30:
         pytest.skip("needs ~1 GB of free disk for a venv with vLLM")
     path = tmp_path_factory.mktemp("vllm") / "env"
-    py = _make_venv(path)
     # --no-deps: vLLM pins a CUDA torch (2.14.0) and GPU libraries; its plugin loader needs none.
-    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel), str(vllm_whl)])
+    py = _make_venv(path, [wheel, vllm_whl])
     yield py
     shutil.rmtree(path, ignore_errors=True)
 
