@@ -240,3 +240,24 @@ def test_importing_the_package_defines_no_op():
             "p.register()\n"
             "assert hasattr(torch.ops.swa_backends, 'gather_rows')\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.skipif("prepare_replay_step" not in OPS, reason="this build has no prepare_replay_step op")
+def test_prepare_replay_step_all_four_forms():
+    """With and without a plan, functional and out=: opcheck and the reference, each form."""
+    rng = np.random.default_rng(21)
+    seen = set()
+    for _ in range(60):
+        args, kwargs = case_for("prepare_replay_step", rng, "cpu", poison=bool(rng.random() < 0.5))
+        form = (kwargs.get("plan") is not None, kwargs.get("out") is not None)
+        if form in seen:
+            continue
+        seen.add(form)
+        fn, a, k = _op_and_args("prepare_replay_step", *copy.deepcopy((args, kwargs)))
+        torch.library.opcheck(fn, a, k)
+        want = OPS["prepare_replay_step"].reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        got = torch_ops.call("prepare_replay_step", *args, **kwargs)
+        assert mismatch("prepare_replay_step", got, want) is None, form
+        if len(seen) == 4:
+            break
+    assert len(seen) == 4, seen
