@@ -96,6 +96,26 @@ def test_selected_cpu_backend_and_validation_off_agree(seed):
         assert torch.equal(simulated_gather(step, parts), want)
 
 
+@pytest.mark.gpu
+def test_own_block_padding_on_the_gpu_backend_matches_the_cpu_oracle():
+    """CUDA tensors through the backend ``select`` picks for the GPU (Triton compiled once
+    issue 3 lands), every rank simulated in one process."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    be = select(str(dev))
+    rng = np.random.default_rng(11)
+    for i in range(60):
+        step = random_step(rng, (2, 4)[i % 2])
+        parts = [step.partition(r) for r in range(step.P)]
+        before = step.gathered_before(parts[0]).to(dev)
+        cache = step.cacheable.to(dev)
+        blocks = [pcp_pad_own_block(before, cache, p, step.R, step.Wr, backend=be) for p in parts]
+        got = before.clone()
+        if cache.numel():
+            got[cache.to(torch.int64)] = torch.cat(blocks, dim=1)
+        assert torch.equal(got.cpu(), oracle_global(step, parts[0]))
+    print("pad_replayed_slots variant:", be.variants["pad_replayed_slots"])
+
+
 # ---------------------------------------------------------------------------------------
 # the full call over a real (single-process, P = 1) gloo group
 # ---------------------------------------------------------------------------------------
