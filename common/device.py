@@ -68,7 +68,7 @@ def ascend_arch(soc_version: int) -> tuple[str, str]:
     return f"ascend_soc{soc_version}", f"Ascend SoC {soc_version}"
 
 
-_FAKE_RE = re.compile(r"^(cpu|cuda|rocm|ascend|npu)(?::([A-Za-z0-9_]+))?$")
+_FAKE_RE = re.compile(r"^(cpu|cuda|rocm|ascend|npu)(?::([A-Za-z0-9_.]+))?$")
 
 
 def parse_device(spec: str) -> DeviceInfo:

@@ -1,0 +1,335 @@
+"""Selection, capabilities and the matrix loader, with fake devices (SPEC §4, STYLE 2-4)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import swa_backends as sb
+from swa_backends.common import registry
+from swa_backends.common.matrix import load_matrix, parse_matrix
+from swa_backends.common.registry import Variant
+
+MATRIX = load_matrix()
+ROW_DEVICES = {row.id: (f"{row.platform}:{row.arch}" if row.platform != "cpu" else "cpu") for row in MATRIX.rows.values()}
+REQUIRED_ROWS = {"cpu", "cuda-sm80", "cuda-sm89", "cuda-sm90", "cuda-sm100", "cuda-sm120", "rocm-gfx942",
+                 "rocm-gfx950", "ascend-910b", "ascend-910_93"}
+
+
+def test_matrix_has_every_required_row():
+    assert REQUIRED_ROWS <= set(MATRIX.rows)
+
+
+@pytest.mark.parametrize("row_id", sorted(ROW_DEVICES))
+def test_every_row_selects_variants_it_allows(row_id):
+    row = MATRIX.rows[row_id]
+    dev = sb.parse_device(ROW_DEVICES[row_id]) if row.platform != "cpu" else sb.parse_device("cpu")
+    backend = sb.select(dev)
+    assert backend.capabilities.row == row_id and backend.capabilities.fallback is None
+    for op, names in backend.variants.items():
+        assert names, op
+        for name in names:
+            assert name in row.allowed(op), (op, name)
+            v = registry.variant(op, name)
+            assert not v.declared_reasons(dev)
+    # with the serving defaults both sides follow the row's gates
+    caps = backend.capabilities
+    assert caps.encoder_replay.enabled == row.gates["encoder_replay"].enabled
+    if caps.encoder_replay.enabled:
+        assert caps.decoder_replay.enabled == (row.gates["decoder_replay"].enabled and row.platform != "ascend")
+
+
+def test_explain_lists_every_declared_variant_with_reasons():
+    e = sb.explain("rocm:gfx942")
+    listed = {(c.op, c.variant) for c in e.table}
+    for op in sb.OPS:
+        assert (op, "reference") in listed
+    for c in e.table:
+        assert c.status in ("chosen", "per-call", "eligible", "rejected")
+        assert (c.status == "rejected") == bool(c.reasons)
+
+
+def test_unknown_device_falls_back_to_reference_with_reason():
+    for dev in ("cuda:sm75", "rocm:gfx1100", "ascend:310p"):
+        b = sb.select(dev)
+        assert set(n for names in b.variants.values() for n in names) == {"reference"}
+        assert "no row for" in b.capabilities.fallback
+        assert b.capabilities.row is None
+
+
+def test_fake_device_parsing():
+    assert sb.parse_device("rocm:gfx942").arch == "gfx942"
+    assert sb.parse_device("ascend:910b").arch == "ascend910b"
+    assert sb.parse_device("ascend:ascend910_93").arch == "ascend910_93"
+    assert sb.parse_device("cuda:9.0").capability == (9, 0)
+    assert sb.parse_device("cuda:sm100").capability == (10, 0)
+    assert sb.parse_device("cuda:sm_120").arch == "sm120"
+    for bad in ("tpu:v5", "cuda", "cuda:smX", ""):
+        with pytest.raises(ValueError, match="device="):
+            sb.parse_device(bad)
+
+
+def test_fake_device_context_changes_current_device():
+    with sb.fake_device("rocm:gfx950") as d:
+        assert sb.current_device() is d
+        assert sb.select().device.arch == "gfx950"
+    assert sb.current_device().platform in ("cpu", "cuda", "rocm", "ascend")
+
+
+def test_rocm_and_ascend_arch_parsing():
+    from swa_backends.common.device import ascend_arch, rocm_arch
+
+    assert rocm_arch("gfx942:sramecc+:xnack-") == "gfx942"
+    assert rocm_arch("gfx950") == "gfx950"
+    assert ascend_arch(223)[0] == "ascend910b"
+    assert ascend_arch(251)[0] == "ascend910_93"
+    assert ascend_arch(202)[0] == "ascend310p"
+    assert ascend_arch(260)[0] == "ascend950"
+    assert ascend_arch(999)[0] == "ascend_soc999"
+
+
+# --- capability rules (SPEC §4) ------------------------------------------------------------
+
+RULE_CASES = [
+    ("cuda:sm90", dict(model_runner="v1"), "encoder", "runner"),
+    ("cuda:sm90", dict(decode_context_parallel_size=2), "encoder", "dcp"),
+    ("rocm:gfx942", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False), "encoder", "pcp-platform"),
+    ("cuda:sm90", dict(prefill_context_parallel_size=2, async_scheduling=False), "encoder", "pcp-eager"),
+    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none"), "encoder", "pcp-sync"),
+    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False,
+                       pipeline_parallel_size=2), "encoder", "pcp-pp"),
+    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False,
+                       data_parallel_size=2), "encoder", "pcp-dp"),
+    ("ascend:910b", dict(kv_connector_owns_scheduling=True), "encoder", "ascend-connector"),
+    ("cuda:sm90", dict(stage_holds_all_layers_after_cut=False), "decoder", "stage-layers"),
+    ("cuda:sm90", dict(sequence_parallel_moe=True), "decoder", "sp-moe"),
+    ("ascend:910b", dict(sequence_parallel_moe=True, graph_mode="none"), "decoder", "sp-moe-ascend"),
+    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False), "decoder", "pcp"),
+    ("cuda:sm90", dict(microbatching=True), "decoder", "microbatching"),
+    ("cuda:sm90", dict(engram_after_cut=True), "decoder", "engram"),
+    ("cuda:sm90", dict(drafter_window=256), "decoder", "drafter-window"),
+    ("cuda:sm90", dict(drafter_aux_layers=(2, 30), cut_layer=20), "decoder", "drafter-aux"),
+    ("ascend:910_93", dict(lora=True, graph_mode="none"), "decoder", "ascend-lora"),
+    ("ascend:910b", dict(graph_mode="piecewise"), "decoder", "ascend-graph"),
+]
+
+
+@pytest.mark.parametrize("device, config, side, rule", RULE_CASES, ids=[c[3] for c in RULE_CASES])
+def test_each_rule_turns_its_side_off_with_a_named_reason(device, config, side, rule):
+    caps = sb.capabilities(device, config=sb.ServingConfig(**config))
+    decision = caps.encoder_replay if side == "encoder" else caps.decoder_replay
+    assert not decision.enabled
+    assert any(r.startswith(f"[{rule}]") for r in decision.reasons), decision.reasons
+    if side == "encoder":  # decoder replay requires encoder replay
+        assert not caps.decoder_replay.enabled
+        assert any(r.startswith("[needs-encoder]") for r in caps.decoder_replay.reasons)
+
+
+def test_pcp_allowed_on_cuda_eager_sync_with_decoder_off():
+    caps = sb.capabilities("cuda:sm90", config=sb.ServingConfig(prefill_context_parallel_size=4, graph_mode="none",
+                                                                async_scheduling=False))
+    assert caps.encoder_replay.enabled
+    assert not caps.decoder_replay.enabled and caps.decoder_replay.reasons[0].startswith("[pcp]")
+
+
+def test_rules_that_do_not_apply_leave_both_sides_on():
+    ok = sb.ServingConfig(drafter_window=128, drafter_aux_layers=(25,), cut_layer=20, sequence_parallel_moe=False)
+    caps = sb.capabilities("cuda:sm90", config=ok)
+    assert caps.encoder_replay.enabled and caps.decoder_replay.enabled
+    assert caps.encoder_replay.notes and not caps.encoder_replay.reasons
+    asc = sb.capabilities("ascend:910b", config=sb.ServingConfig(graph_mode="decode_only", sequence_parallel_moe=True,
+                                                                 dsa_context_parallel=True))
+    assert asc.decoder_replay.enabled, asc.decoder_replay.reasons
+
+
+def test_config_validation_and_strings():
+    with pytest.raises(ValueError, match="ServingConfig: graph_mode"):
+        sb.ServingConfig(graph_mode="sometimes")
+    with pytest.raises(ValueError, match="ServingConfig: cut_layer"):
+        sb.ServingConfig(drafter_aux_layers=(3,))
+    c = sb.ServingConfig.from_strings(["pcp=4", "graph_mode=none", "lora=true", "drafter_aux_layers=1,2", "cut_layer=9"])
+    assert (c.prefill_context_parallel_size, c.graph_mode, c.lora, c.drafter_aux_layers) == (4, "none", True, (1, 2))
+    with pytest.raises(ValueError, match="config"):
+        sb.ServingConfig.from_strings(["nonsense=1"])
+    assert sb.capabilities("cpu", config={"decode_context_parallel_size": 2}).encoder_replay.enabled is False
+
+
+# --- variants, probes, prefer --------------------------------------------------------------
+
+def _fake_variant(**kw):
+    base = dict(op="gather_rows", name="fakevendor", impl="swa_backends.common.ops.rows:gather_rows",
+                platforms=("cuda",), requires=("fakevendor_pkg",))
+    base.update(kw)
+    return Variant(**base)
+
+
+def test_reasons_name_value_and_limit():
+    v = _fake_variant(archs=("sm90", "sm100"), min_capability=(9, 0))
+    why = v.declared_reasons(sb.parse_device("cuda:sm89"))
+    assert "requires arch in (sm90, sm100), device has sm89" in why
+    assert "requires capability >= (9, 0), device has (8, 9) (too old)" in why
+    assert v.declared_reasons(sb.parse_device("rocm:gfx942")) == ["requires platform in (cuda), device is rocm"]
+
+
+def test_broken_vendor_import_becomes_a_reason(monkeypatch, tmp_path):
+    pkg = tmp_path / "fakevendor_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise OSError('libhccl.so: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    @registry.register_probe("fakevendor_pkg")
+    def _probe():
+        return registry.import_reason("fakevendor_pkg", what="FakeVendor")
+
+    try:
+        why = _fake_variant().not_supported_reasons(sb.parse_device("cuda:sm90"))
+        assert why == ["FakeVendor: import fakevendor_pkg failed: OSError: libhccl.so: cannot open shared object file"]
+        # the wrong package with the right name: missing attribute is a reason too
+        (pkg / "__init__.py").write_text("x = 1\n")
+        sys.modules.pop("fakevendor_pkg", None)
+        assert "has no attribute" in registry.import_reason("fakevendor_pkg", attr="ops")
+        registry.override_probe("fakevendor_pkg", None)
+        assert _fake_variant().not_supported_reasons(sb.parse_device("cuda:sm90")) == []
+    finally:
+        registry.clear_probes()
+        registry._PROBES.pop("fakevendor_pkg", None)
+        sys.modules.pop("fakevendor_pkg", None)
+
+
+def test_probe_never_raises_and_unknown_probe_is_a_reason():
+    @registry.register_probe("explodes")
+    def _boom():
+        raise RuntimeError("bad install")
+
+    try:
+        assert registry.probe("explodes") == "probe explodes failed: RuntimeError: bad install"
+        assert "no probe registered" in registry.probe("never-registered")
+    finally:
+        registry._PROBES.pop("explodes", None)
+
+
+def test_foreign_platform_probes_are_not_run():
+    calls = []
+
+    @registry.register_probe("counting")
+    def _count():
+        calls.append(1)
+        return None
+
+    try:
+        _fake_variant(requires=("counting",)).not_supported_reasons(sb.parse_device("rocm:gfx942"))
+        assert calls == []
+    finally:
+        registry._PROBES.pop("counting", None)
+
+
+def test_prefer_errors():
+    with pytest.raises(ValueError, match="select: prefer"):
+        sb.select("cpu", prefer="no-such-variant")
+    with pytest.raises(ValueError, match="select: prefer"):
+        sb.select("cpu", prefer={"not_an_op": "reference"})
+    with pytest.raises(ValueError, match=r"select: prefer\['gather_rows'\]"):
+        sb.select("cpu", prefer={"gather_rows": "nope"})
+    assert sb.select("cpu", prefer="reference").variants["sparse_mla"] == ("reference",)
+
+
+def test_import_has_no_side_effects_and_no_vendor_import():
+    code = (
+        "import os, sys; before = dict(os.environ); import swa_backends, swa_backends.backends.cuda, "
+        "swa_backends.backends.rocm, swa_backends.backends.ascend, swa_backends.kernels;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('triton','flashinfer','aiter','torch_npu','vllm','vllm_ascend','flash_mla')];"
+        "assert not bad, bad; assert dict(os.environ) == before; "
+        "swa_backends.capabilities('rocm:gfx950'); swa_backends.explain('ascend:910b');"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('flashinfer','torch_npu','vllm_ascend')];"
+        "assert not bad, bad; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# --- the matrix loader ---------------------------------------------------------------------
+
+def _raw():
+    import importlib.resources
+
+    return yaml.safe_load(importlib.resources.files("swa_backends").joinpath("matrix.yaml").read_text())
+
+
+def _broken(mutate):
+    data = copy.deepcopy(_raw())
+    mutate(data)
+    return data
+
+
+def _row(data, rid):
+    return next(r for r in data["rows"] if r["id"] == rid)
+
+
+LOADER_CASES = [
+    (lambda d: _row(d, "cuda-sm90")["variants"].update({"*": ["nonexistent"]}), "unknown variant 'nonexistent'"),
+    (lambda d: _row(d, "cuda-sm90").update(arch="sm91"), "unknown arch 'sm91'"),
+    (lambda d: _row(d, "cuda-sm90").update(platform="tpu"), "unknown platform 'tpu'"),
+    (lambda d: _row(d, "cuda-sm90")["variants"].update({"not_an_op": ["reference"]}), "unknown op 'not_an_op'"),
+    (lambda d: _row(d, "cuda-sm90")["verified"].update(reference="works-on-my-machine"), "status 'works-on-my-machine'"),
+    (lambda d: _row(d, "cuda-sm90").update(colour="red"), "unknown key(s) ['colour']"),
+    (lambda d: d["encoder_replay"].append({"id": "x", "when": {"pcp": 2}, "reason": "r"}), "unknown field 'pcp'"),
+    (lambda d: d["encoder_replay"].append({"id": "runner", "when": {"lora": True}, "reason": "r"}), "id 'runner'"),
+    (lambda d: d["rows"].append(copy.deepcopy(_row(d, "cpu"))), "duplicate row"),
+    (lambda d: d["decoder_replay"].append({"id": "y", "when": {"lora": {"around": 1}}, "reason": "r"}), "predicate"),
+]
+
+
+@pytest.mark.parametrize("mutate, message", LOADER_CASES, ids=[c[1][:30] for c in LOADER_CASES])
+def test_loader_rejects_with_precise_error(mutate, message):
+    with pytest.raises(sb.MatrixError) as err:
+        parse_matrix(_broken(mutate), "test.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("test.yaml: ")
+
+
+def test_loader_refuses_to_widen_a_declaration(monkeypatch):
+    narrow = _fake_variant(name="sm90only", platforms=("cuda",), archs=("sm90",), requires=())
+    table = {op: dict(vs) for op, vs in registry.all_variants().items()}
+    table["gather_rows"]["sm90only"] = narrow
+    monkeypatch.setattr(registry, "all_variants", lambda: table)
+    import swa_backends.common.matrix as m
+
+    monkeypatch.setattr(m, "all_variants", lambda: table)
+    data = _broken(lambda d: _row(d, "cuda-sm80")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
+    with pytest.raises(sb.MatrixError, match="would widen its declaration"):
+        parse_matrix(data, "test.yaml")
+    ok = _broken(lambda d: _row(d, "cuda-sm90")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
+    parse_matrix(ok, "test.yaml")
+
+
+def test_row_gate_off_is_a_reason(tmp_path):
+    data = _broken(lambda d: _row(d, "rocm-gfx942").update(
+        encoder_replay={"enabled": False, "because": "no clamping prefill path here"}))
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    caps = sb.capabilities("rocm:gfx942", matrix=str(path))
+    assert not caps.encoder_replay.enabled
+    assert caps.encoder_replay.reasons == ("[matrix:rocm-gfx942] no clamping prefill path here",)
+
+
+def test_unclamped_attention_path_turns_encoder_off(monkeypatch):
+    unclamped = Variant(op="sparse_mla", name="maskmode4", impl="swa_backends.common.ops.sparse_mla:reference",
+                        platforms=("cpu",), clamps_window=False, index_layout="plain")
+    table = {op: dict(vs) for op, vs in registry.all_variants().items()}
+    table["sparse_mla"]["maskmode4"] = unclamped
+    import swa_backends.common.dispatch as dsp
+    import swa_backends.common.matrix as m
+
+    for mod in (registry, m, dsp):
+        monkeypatch.setattr(mod, "all_variants", lambda: table)
+    monkeypatch.setattr(registry, "variant", lambda op, name: table.get(op, {}).get(name))
+    data = _broken(lambda d: _row(d, "cpu")["variants"].update({"sparse_mla": ["maskmode4"]}))
+    monkeypatch.setattr(dsp, "priority", lambda platform, op: ("maskmode4", "reference") if op == "sparse_mla" else ("reference",))
+    caps = sb.capabilities("cpu", matrix=parse_matrix(data, "t.yaml"))
+    assert not caps.encoder_replay.enabled
+    assert any("sparse_mla/maskmode4 reads its window without the replay-start clamp" in r
+               for r in caps.encoder_replay.reasons)

@@ -1,0 +1,239 @@
+"""Every worked example of SPEC.md §1-§3, through the public API (the CPU backend)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import swa_backends as sb
+from swa_backends import PAD
+
+i32 = torch.int32
+i64 = torch.int64
+
+
+@pytest.fixture(scope="module")
+def be():
+    return sb.select("cpu")
+
+
+# --- §1 scheduler -----------------------------------------------------------------------
+
+def test_mark_prefix_replay():
+    assert sb.mark_prefix_replay(96, 32) == (32, 64)
+    assert sb.mark_prefix_replay(20, 32) == (20, 0)
+    assert sb.mark_prefix_replay(500, 0) == (0, 0)
+
+
+PROMPT = 100
+
+
+@pytest.mark.parametrize(
+    "local, external, hit, R, computed, schedules, load",
+    [
+        (96, 0, 96, 64, 64, 36, False),  # local hit 96 -> R 64, computed 64, schedules 36
+        (0, 63, 48, 16, 16, 84, True),  # external match 63 -> cut to 48 -> R 16
+        (0, 64, 64, 32, 32, 68, True),  # external 64 -> R 32, schedules 68
+        (32, 0, 0, 0, 0, 100, False),  # hit 32 -> dropped, schedules 100
+        (16, 0, 0, 0, 0, 100, False),  # hit 16 -> dropped
+        (0, 0, 0, 0, 0, 100, False),  # hit 0 -> R 0
+    ],
+)
+def test_admit_prefix_hit_worked_numbers(local, external, hit, R, computed, schedules, load):
+    a = sb.admit_prefix_hit(local, external, 32, 16)
+    assert (a.hit, a.replay_start, a.num_computed, a.start_async_load) == (hit, R, computed, load)
+    assert PROMPT - a.num_computed == schedules
+    assert a.replays == (R > 0)
+    assert a.dropped == (0 < local + external - (external % 16) <= 32)
+
+
+def test_admit_prefix_hit_short_external_cut_to_zero_starts_no_load():
+    a = sb.admit_prefix_hit(0, 15, 32, 16)
+    assert (a.hit, a.start_async_load, a.external_hit) == (0, False, 0)
+
+
+def test_admit_prefix_hit_loads_window_never_replays():
+    a = sb.admit_prefix_hit(0, 63, 32, 16, loads_window=True)
+    assert (a.hit, a.replay_start, a.num_computed, a.start_async_load) == (63, 0, 63, True)
+    short = sb.admit_prefix_hit(16, 0, 32, 16, loads_window=True)
+    assert (short.hit, short.replay_start, short.dropped) == (16, 0, False)  # hits <= Wr kept
+
+
+def test_admit_prefix_hit_boundary_retained_keeps_partial_block():
+    a = sb.admit_prefix_hit(0, 63, 32, 16, boundary_retained=True)
+    assert (a.hit, a.replay_start) == (63, 31)
+
+
+def test_replay_block_is_live_matches_the_block_cut():
+    # external 63 uncut would put R = 31 in block 1, freed once 63 tokens are computed
+    assert not sb.replay_block_is_live(63, 32, 16)
+    assert sb.replay_block_is_live(63, 32, 16, retained=True)
+    for hit in (48, 64, 96):  # the admitted (block-aligned) hits of the worked numbers
+        assert sb.replay_block_is_live(hit, 32, 16)
+    assert sb.replay_block_is_live(20, 32, 16)  # R = 0: nothing to check
+
+
+def test_replay_layer_ids():
+    assert list(sb.replay_layer_ids(40, range(21))) == list(range(21, 40))  # V4.1-Flash: 21..39
+    assert list(sb.replay_layer_ids(40, [3, 20, 7], trim_cut_layer=True)) == list(range(20, 40))
+
+
+# --- §2 encoder side ----------------------------------------------------------------------
+
+def test_batch_replay_start(be):
+    R_all = torch.tensor([0, 16, 200, 64], dtype=i32)
+    out = torch.full((3,), -5, dtype=i32)
+    res = be.batch_replay_start(R_all, torch.tensor([3, 1, 2], dtype=i32), torch.tensor([True, False, True]), out=out)
+    assert res.data_ptr() == out.data_ptr()
+    assert res.tolist() == [64, 0, 200]
+
+
+def test_pad_replayed_slots_worked_example(be):
+    # Wr = 12; request (R 16, q 14, seq 30) and a cold request (q 2)
+    qsl = torch.tensor([0, 14, 16], dtype=i32)
+    positions = torch.cat([torch.arange(16, 30), torch.arange(0, 2)]).to(i64)
+    cacheable_row = 1000 + positions
+    swa_row = 5000 + positions
+    slots = torch.stack([cacheable_row, swa_row])
+    be.pad_replayed_slots(slots, torch.tensor([0], dtype=i32), qsl, positions, torch.tensor([16, 0], dtype=i32), 12)
+    assert slots[0].tolist() == [PAD] * 12 + [1028, 1029] + [1000, 1001]
+    assert torch.equal(slots[1], swa_row)  # the SWA group row is unchanged
+
+
+def test_pad_replayed_slots_leaves_padding_columns_alone(be):
+    qsl = torch.tensor([0, 4], dtype=i32)
+    positions = torch.arange(8, 12, dtype=i64)
+    slots = torch.arange(12, dtype=i64).reshape(2, 6) + 100  # 2 padded columns past the batch
+    before = slots.clone()
+    be.pad_replayed_slots(slots, torch.tensor([0, 1], dtype=i32), qsl, positions, torch.tensor([8], dtype=i32), 2)
+    assert slots[:, :2].eq(PAD).all() and torch.equal(slots[:, 2:], before[:, 2:])
+
+
+def _identity_table(B, blocks):
+    return torch.arange(blocks, dtype=i32).repeat(B, 1)
+
+
+def test_swa_indices_and_lens_worked_example(be):
+    # W 8, block 64, identity table: seq [40,12,30], q [24,12,10], R [12,0,0]
+    qsl = torch.tensor([0, 24, 36, 46], dtype=i32)
+    seq = torch.tensor([40, 12, 30], dtype=i32)
+    R = torch.tensor([12, 0, 0], dtype=i32)
+    idx, lens = be.swa_indices_and_lens(qsl, seq, _identity_table(3, 1), 64, 8, R, num_tokens=46)
+    t16 = 16 - 16  # request 0 starts at position 40 - 24 = 16
+    assert lens[t16].item() == 5 and idx[t16, :5].tolist() == [12, 13, 14, 15, 16]
+    assert idx[t16, 5:].tolist() == [PAD] * 3
+    t39 = 23
+    assert lens[t39].item() == 8 and idx[t39].tolist() == list(range(32, 40))
+    assert lens[24].item() == 1 and idx[24, 0].item() == 0  # request 1 position 0: its own slot 0
+
+
+def test_swa_indices_padded_tokens_are_all_pad(be):
+    qsl = torch.tensor([0, 3], dtype=i32)
+    idx, lens = be.swa_indices_and_lens(qsl, torch.tensor([3], dtype=i32), _identity_table(1, 1), 16, 4,
+                                        torch.tensor([0], dtype=i32), num_tokens=5,
+                                        valid=torch.tensor([True, False, True, True, True]))
+    assert lens.tolist() == [1, 0, 3, 0, 0]
+    assert idx[1].eq(PAD).all() and idx[3:].eq(PAD).all()
+
+
+def test_prefill_gather_lens_worked_example(be):
+    qsl = torch.tensor([0, 24, 36, 46], dtype=i32)
+    lens = be.prefill_gather_lens(qsl, torch.tensor([40, 12, 30], dtype=i32), torch.tensor([12, 0, 0], dtype=i32), 8)
+    assert lens.tolist() == [28, 12, 17]
+
+
+def test_first_replay_chunk_gathers_exactly_from_R(be):
+    # prefix == R: the gather starts at R, not W - 1 positions earlier
+    qsl = torch.tensor([0, 10], dtype=i32)
+    seq, R = torch.tensor([74], dtype=i32), torch.tensor([64], dtype=i32)
+    (gl,) = be.prefill_gather_lens(qsl, seq, R, 32).tolist()
+    assert 74 - gl == 64
+
+
+def test_compressed_slot_mapping_inherits_padding(be):
+    # ratio 4, block 16 (4 compressed entries per block); one request, positions 0..15
+    qsl = torch.tensor([0, 16], dtype=i32)
+    seq = torch.tensor([16], dtype=i32)
+    table = torch.tensor([[7]], dtype=i32)
+    token_slots = torch.arange(112, 128, dtype=i64)
+    token_slots[:8] = PAD  # replayed tokens (padded by pad_replayed_slots)
+    out = be.compressed_slot_mapping(token_slots, qsl, seq, table, 16, 4)
+    expect = [PAD] * 16
+    expect[11], expect[15] = 7 * 4 + 2, 7 * 4 + 3  # closing positions 11 and 15 -> entries 2, 3
+    assert out.tolist() == expect
+    assert torch.equal(be.compressed_slot_mapping(token_slots, qsl, seq, table, 16, 1), token_slots)
+
+
+def test_combined_layout_out_of_slab_topk_stays_pad(be):
+    # one token at p 7 (ratio 4 -> 2 top-k entries), N 10, M 100, two requests
+    qsl = torch.tensor([0, 1, 2], dtype=i32)
+    seq = torch.tensor([8, 8], dtype=i32)
+    R = torch.zeros(2, dtype=i32)
+    topk = torch.tensor([[3, -1], [10, 4]], dtype=i32)  # -1 and N are outside [0, N)
+    idx, lens = be.combined_indices(topk, qsl, seq, R, 4, 4, 2, 100, 10)
+    assert idx.shape == (2, 128)
+    assert lens.tolist() == [2 + 4, 2 + 4]
+    assert idx[0, :2].tolist() == [3, PAD]  # never M*b - 1 = -1 for b = 0 ...
+    assert idx[1, :2].tolist() == [PAD, 104]  # ... nor 99 (the previous slab) for b = 1
+    # window part: gather covers positions 4..7 (gather_len 4), so columns N + 0..3 of each slab
+    assert idx[0, 2:6].tolist() == [10, 11, 12, 13]
+    assert idx[1, 2:6].tolist() == [110, 111, 112, 113]
+    assert idx[:, 6:].eq(PAD).all()
+
+
+# --- §3 decoder side ----------------------------------------------------------------------
+
+def test_gather_replay_batch_worked_example(be):
+    # W 128: decode (q 1, seq 500), prefill (q 300, seq 300), prefill (q 100, seq 300, R 50)
+    qsl_host = [0, 1, 301, 401]
+    plan = sb.plan_replay_batch(qsl_host, [False, True, True], [False, False, False], 128)
+    assert plan is not None and plan.num_rows == 229
+    assert plan.dropped_before.tolist() == [0, 0, 172, 172]
+    qsl = torch.tensor(qsl_host, dtype=i32)
+    seq = torch.tensor([500, 300, 300], dtype=i32)
+    R = torch.tensor([0, 0, 50], dtype=i32)
+    positions = torch.cat([torch.tensor([499]), torch.arange(0, 300), torch.arange(200, 300)]).to(i64)
+    slots = torch.stack([positions * 3, positions + 7])
+    rb = be.gather_replay_batch(plan, qsl, seq, R, positions, slots, 128)
+    assert rb.rows.tolist() == [0, *range(173, 301), *range(301, 401)]
+    assert rb.query_start_loc.tolist() == [0, 1, 129, 229]
+    assert rb.kv_start.tolist() == [0, 172, 50]
+    assert torch.equal(rb.positions, positions[rb.rows])
+    assert torch.equal(rb.slot_mappings, slots[:, rb.rows])
+
+
+def test_gather_replay_batch_padding_gathers_row0_with_pad_slots(be):
+    plan = sb.plan_replay_batch([0, 200], [True], [False], 128, pad_to=[64, 256, 512])
+    assert (plan.num_rows, plan.num_rows_padded) == (128, 256)
+    positions = torch.arange(200, dtype=i64)
+    slots = positions[None] + 1000
+    rb = be.gather_replay_batch(plan, torch.tensor([0, 200], dtype=i32), torch.tensor([200], dtype=i32),
+                                torch.tensor([0], dtype=i32), positions, slots, 128)
+    assert rb.rows[128:].eq(0).all() and rb.slot_mappings[:, 128:].eq(PAD).all()
+    assert rb.slot_mappings[:, :128].ne(PAD).all()
+
+
+def test_plan_none_when_nothing_trims():
+    assert sb.plan_replay_batch([0, 1, 2, 130], [False, False, True], [False, False, False], 128) is None
+    assert sb.plan_replay_batch([0, 300], [True], [True], 128) is None  # keeps all rows (prompt logprobs)
+    assert sb.plan_replay_batch([0, 300], [False], [False], 128) is None  # decode/spec rows never trim
+
+
+def test_gather_and_scatter_rows_roundtrip(be):
+    x = torch.randn(10, 3, 4)
+    rows = torch.tensor([1, 4, 9], dtype=i64)
+    y = be.gather_rows(x, rows)
+    assert torch.equal(y, x[rows])
+    back = be.scatter_rows(y, rows, 10)
+    assert torch.equal(back[rows], x[rows])
+    mask = torch.ones(10, dtype=torch.bool)
+    mask[rows] = False
+    assert back[mask].eq(0).all()  # trimmed rows of the scatter output are zero
+
+
+def test_sparse_mla_nothing_valid_gives_zeros_and_neg_inf(be):
+    q = torch.randn(2, 3, 8)
+    kv = torch.randn(5, 8)
+    idx = torch.tensor([[PAD, PAD], [1, PAD]], dtype=i32)
+    out, lse = be.sparse_mla(q, kv, idx, torch.tensor([2, 0], dtype=i32), 0.3, 8, sink=torch.randn(3))
+    assert out.eq(0).all() and torch.isneginf(lse).all()

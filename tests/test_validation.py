@@ -1,0 +1,154 @@
+"""SPEC §5: every public op validates before launching; errors name argument, value and
+expectation. The switch turns validation off (tested both ways)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import swa_backends as sb
+from swa_backends.common.conformance import case_for, random_batch
+
+BE = sb.select("cpu")
+i32, i64 = torch.int32, torch.int64
+
+
+def _swa_args():
+    qsl = torch.tensor([0, 4, 6], dtype=i32)
+    seq = torch.tensor([10, 2], dtype=i32)
+    table = torch.arange(4, dtype=i32).repeat(2, 1)
+    R = torch.tensor([6, 0], dtype=i32)
+    return [qsl, seq, table, 4, 8, R], {"num_tokens": 6}
+
+
+def _pad_args():
+    qsl = torch.tensor([0, 4, 6], dtype=i32)
+    positions = torch.tensor([6, 7, 8, 9, 0, 1], dtype=i64)
+    slots = torch.arange(12, dtype=i64).reshape(2, 6)
+    return [slots, torch.tensor([0], dtype=i32), qsl, positions, torch.tensor([6, 0], dtype=i32), 4], {}
+
+
+def _mla_args():
+    q = torch.randn(3, 2, 8)
+    kv = torch.randn(5, 8)
+    idx = torch.tensor([[0, 1], [2, -1], [4, 3]], dtype=i32)
+    return [q, kv, idx, torch.tensor([2, 1, 2], dtype=i32), 0.35, 8], {}
+
+
+def _set(args, i, value):
+    args = list(args)
+    args[i] = value
+    return args
+
+
+CASES = [
+    # (op, builder, argument index or kw name, bad value factory, argument named in the error)
+    ("swa_indices_and_lens", _swa_args, 0, lambda a: a[0].to(i64), "query_start_loc"),  # dtype
+    ("swa_indices_and_lens", _swa_args, 1, lambda a: a[1].to("meta"), "seq_lens"),  # device
+    ("swa_indices_and_lens", _swa_args, 1, lambda a: a[1][:1], "seq_lens"),  # shape
+    ("swa_indices_and_lens", _swa_args, 0, lambda a: torch.tensor([0, 6, 4], dtype=i32), "query_start_loc"),  # monotonic
+    ("swa_indices_and_lens", _swa_args, 5, lambda a: torch.tensor([7, 0], dtype=i32), "replay_start"),  # R <= p
+    ("swa_indices_and_lens", _swa_args, 4, lambda a: 0, "W"),  # W > 0
+    ("swa_indices_and_lens", _swa_args, 2, lambda a: a[2][:, :2], "block_table"),  # table too short
+    ("pad_replayed_slots", _pad_args, 1, lambda a: torch.tensor([2], dtype=i32), "cacheable_groups"),  # group range
+    ("pad_replayed_slots", _pad_args, 4, lambda a: torch.tensor([7, 0], dtype=i32), "replay_start"),  # R <= p
+    ("pad_replayed_slots", _pad_args, 0, lambda a: a[0].to(i32), "slot_mappings"),
+    ("pad_replayed_slots", _pad_args, 3, lambda a: a[3][:3], "query_start_loc"),  # qsl beyond tokens
+    ("pad_replayed_slots", _pad_args, 5, lambda a: -1, "Wr"),
+    ("sparse_mla", _mla_args, 2, lambda a: torch.tensor([[0, 5], [2, -1], [4, 3]], dtype=i32), "indices"),  # slot range
+    ("sparse_mla", _mla_args, 2, lambda a: torch.tensor([[0, -2], [2, -1], [4, 3]], dtype=i32), "indices"),  # not PAD
+    ("sparse_mla", _mla_args, 3, lambda a: torch.tensor([2, 3, 2], dtype=i32), "lens"),
+    ("sparse_mla", _mla_args, 1, lambda a: a[1].half(), "kv"),
+    ("sparse_mla", _mla_args, 4, lambda a: -1.0, "sm_scale"),
+    ("sparse_mla", _mla_args, 5, lambda a: 9, "d_v"),
+]
+
+
+@pytest.mark.parametrize("op, build, where, bad, name", CASES, ids=[f"{c[0]}-{c[4]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_input_names_the_argument(op, build, where, bad, name):
+    args, kw = build()
+    getattr(BE, op)(*args, **kw)  # the unbroken case is valid
+    args, kw = build()
+    args = _set(args, where, bad(args))
+    with pytest.raises(ValueError) as err:
+        getattr(BE, op)(*args, **kw)
+    msg = str(err.value)
+    assert msg.startswith(f"{op}: {name}") and "expected" in msg, msg
+
+
+def test_every_op_rejects_a_non_tensor_first_argument():
+    for op in sb.OPS:
+        args, kw = case_for(op, np.random.default_rng(1), "cpu")
+        with pytest.raises(ValueError, match=f"^{op}: "):
+            getattr(BE, op)("not a tensor", *args[1:], **kw)
+
+
+def test_out_buffers_are_checked():
+    args, _ = _swa_args()
+    with pytest.raises(ValueError, match=r"out\[0\]"):
+        BE.swa_indices_and_lens(*args, num_tokens=6, out=(torch.empty(6, 7, dtype=i32), torch.empty(6, dtype=i32)))
+    with pytest.raises(ValueError, match="scatter_rows: out"):
+        BE.scatter_rows(torch.ones(2, 3), torch.tensor([0, 1]), 4, out=torch.empty(4, 2))
+
+
+def test_host_ops_validate():
+    with pytest.raises(ValueError, match="admit_prefix_hit: block_size"):
+        sb.admit_prefix_hit(10, 0, 32, 0)
+    with pytest.raises(ValueError, match="admit_prefix_hit: local_hit"):
+        sb.admit_prefix_hit(-1, 0, 32, 16)
+    with pytest.raises(ValueError, match="plan_replay_batch: query_start_loc_host"):
+        sb.plan_replay_batch([0, 5, 3], [True, True], [False, False], 4)
+    with pytest.raises(ValueError, match="plan_replay_batch: is_prefilling"):
+        sb.plan_replay_batch([0, 5], [True, True], [False], 4)
+    with pytest.raises(ValueError, match="plan_replay_batch: pad_to"):
+        sb.plan_replay_batch([0, 500], [True], [False], 128, pad_to=64)
+    with pytest.raises(ValueError, match="plan_replay_batch: query_start_loc_host"):
+        sb.plan_replay_batch(torch.tensor([0, 5], device="meta"), [True], [False], 4)
+    with pytest.raises(ValueError, match="gather_replay_batch: plan"):
+        BE.gather_replay_batch(None, *[torch.zeros(1)] * 5, 4)
+
+
+def test_validation_can_be_switched_off_and_back():
+    args, kw = _swa_args()
+    args = _set(args, 0, torch.tensor([0, 6, 4], dtype=i32))  # non-monotonic
+    assert sb.validation_enabled()
+    with sb.validation(False):
+        assert not sb.validation_enabled()
+        BE.swa_indices_and_lens(*args, **kw)  # garbage in, no ValueError: the hot path skips checks
+    assert sb.validation_enabled()
+    with pytest.raises(ValueError):
+        BE.swa_indices_and_lens(*args, **kw)
+    previous = sb.set_validation(False)
+    try:
+        BE.swa_indices_and_lens(*args, **kw)
+    finally:
+        sb.set_validation(previous)
+
+
+def test_validation_env_switch_read_on_first_use():
+    code = ("import swa_backends as sb, torch;"
+            "assert not sb.validation_enabled();"
+            "sb.select('cpu').prefill_gather_lens(torch.tensor([0,6,4],dtype=torch.int32),"
+            "torch.tensor([6,4],dtype=torch.int32),torch.zeros(2,dtype=torch.int32),4);print('ok')")
+    env = dict(os.environ, SWA_BACKENDS_VALIDATE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_replay_metadata_validates_itself():
+    b = random_batch(np.random.default_rng(0), max_reqs=3)
+    t = b.tensors("cpu")
+    m = sb.ReplayMetadata(t["query_start_loc"], t["seq_lens"], t["positions"][: b.T], t["replay_start"],
+                          t["slot_mappings"], t["cacheable_groups"], window=b.W, replay_len=b.Wr)
+    assert m.num_reqs == b.B
+    with pytest.raises(ValueError, match="ReplayMetadata: cacheable_groups"):
+        sb.ReplayMetadata(t["query_start_loc"], t["seq_lens"], t["positions"][: b.T], t["replay_start"],
+                          t["slot_mappings"], torch.tensor([b.num_groups], dtype=i32), window=b.W)
+    with pytest.raises(ValueError, match="ReplayMetadata: window"):
+        sb.ReplayMetadata(t["query_start_loc"], t["seq_lens"], t["positions"][: b.T], t["replay_start"],
+                          t["slot_mappings"], t["cacheable_groups"], window=0)
