@@ -195,7 +195,8 @@ def pcp_pad_replayed_slots(slot_mappings, cacheable_groups, partition: PCPPartit
     run (None: ``select`` for the mapping's device); ``replay_on``: the step's
     rank-invariant decision (None: ``Wr > 0`` and some prefilling request has ``R > 0``).
     When on, every rank joins one all-gather of ``g * padded`` int64, whether or not any of
-    its tokens replays; when off, no rank launches or communicates. Returns ``slot_mappings``.
+    its tokens replays; when off (or with no cacheable group: the model's layout, the same
+    on every rank) no rank launches or communicates. Returns ``slot_mappings``.
     """
     import torch.distributed as dist
 
