@@ -72,13 +72,21 @@ def test_spec_long_example_rank1_has_no_replayed_token_and_launches_nothing():
     assert torch.equal(after, oracle_laid_out(step, parts))
 
 
+# SWA_PCP_PREFER=triton: run through select("cpu", prefer="triton") (the interpreter; set
+# only in the subprocess of test_pcp_property_through_the_triton_variant_in_the_interpreter).
+_PREFER = os.environ.get("SWA_PCP_PREFER")
+
+
 @settings(max_examples=120)
 @given(seed=st.integers(0, 2**32 - 1), P=st.sampled_from([2, 4]))
 def test_gathered_mapping_equals_single_process_pad(seed, P):
+    backend = select("cpu", prefer=_PREFER) if _PREFER else None
+    if backend is not None:
+        assert backend.variants["pad_replayed_slots"] == (_PREFER,), backend.variants
     step = random_step(np.random.default_rng(seed), P)
     parts = [step.partition(r) for r in range(P)]
     before = step.gathered_before(parts[0])
-    got = simulated_gather(step, parts)
+    got = simulated_gather(step, parts, backend)
     assert torch.equal(got, oracle_laid_out(step, parts))
     assert torch.equal(got, oracle_global(step, parts[0]))
     window = [g for g in range(before.shape[0]) if g not in step.cacheable.tolist()]
@@ -321,11 +329,23 @@ _TRITON_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_pcp_padding_through_the_triton_variant_in_the_interpreter():
+def _interpreter_run(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     if variant("pad_replayed_slots", "triton") is None:
         pytest.skip("no Triton variant of pad_replayed_slots is declared yet (issue 3)")
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})), cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_pcp_padding_through_the_triton_variant_in_the_interpreter():
     tests = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT.format(tests=tests)], capture_output=True, text=True,
-                          timeout=300)
+    proc = _interpreter_run(["-c", _TRITON_SCRIPT.format(tests=tests)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("ok"), proc.stdout
+
+
+def test_pcp_property_through_the_triton_variant_in_the_interpreter():
+    """The hypothesis property test above, in its own process with SWA_PCP_PREFER=triton."""
+    proc = _interpreter_run(["-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
+                             "-k", "test_gathered_mapping_equals_single_process_pad"], {"SWA_PCP_PREFER": "triton"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "1 passed" in proc.stdout, proc.stdout[-2000:]
