@@ -17,7 +17,7 @@ local rows replay, so:
 Every rank enters the collective whenever replay is on for the step -- decided from
 rank-invariant data (the global per-request ``R``, or the caller's ``replay_on``) -- even
 a rank none of whose tokens replays: deciding from local rows would leave the others
-waiting forever. Window (non-cacheable) groups are never touched. Not graph-safe (host
+blocked in the gather (or pair it with the next, unrelated collective). Window (non-cacheable) groups are never touched. Not graph-safe (host
 metadata and a collective); SPEC §4 allows PCP replay only in eager mode anyway.
 """
 
