@@ -95,58 +95,73 @@ def median(xs):
     return float(np.median(np.asarray(xs, dtype=np.float64)))
 
 
-def bench_trim(eng, cfg, isls, batches, reps, rng, results):
+def recover(eng):
+    """After an out-of-memory error: drop the point's requests and cached blocks."""
+    eng.waiting.clear()
+    for r in list(eng.running):
+        eng._finish(r)
+    eng.reset_prefix_cache()
+    torch.cuda.empty_cache()
+
+
+def bench_trim(eng, cfg, points, reps, rng, results, deadline):
     out = []
-    for isl in isls:
-        for b in batches:
-            point = {"isl": isl, "batch": b}
-            try:
-                arms = {}
-                for mode in ("off", "trim"):
-                    eng.decoder_trim = mode
-                    runs = []
-                    for rep in range(reps):
-                        eng.reset_prefix_cache()
-                        runs.append(run_batch(eng, prompts(rng, b, isl, cfg.vocab), f"{mode}-{isl}-{b}-{rep}"))
-                    arms[mode] = runs
-            except torch.cuda.OutOfMemoryError as e:  # drop the size, say so
-                point["skipped"] = f"out of memory: {str(e).splitlines()[0][:200]}"
-                log(f"  ISL {isl} batch {b}: skipped ({point['skipped']})")
-                eng.waiting.clear()
-                for r in list(eng.running):
-                    eng._finish(r)
-                torch.cuda.empty_cache()
-                out.append(point)
-                continue
-            for mode, runs in arms.items():
-                point[mode] = {
-                    "replay_ms": median([r["gpu_ms"]["replay_layers"] for r in runs]),
-                    "prefill_ms": median([r["gpu_ms"]["step"] for r in runs]),
-                    "wall_ms": median([r["wall_ms"] for r in runs]),
-                    "ttft_ms": median([max(r["ttft_ms"]) for r in runs]),
-                    "rows": runs[0]["rows"], "replay_rows": runs[0]["replay_rows"], "steps": runs[0]["steps"],
-                    "runs": runs,
-                }
-            off, on = point["off"], point["trim"]
-            point["replay_saving"] = 1 - on["replay_ms"] / off["replay_ms"]
-            point["prefill_saving"] = 1 - on["prefill_ms"] / off["prefill_ms"]
-            point["ttft_saving"] = 1 - on["ttft_ms"] / off["ttft_ms"]
-            point["ideal_replay_saving"] = 1 - on["replay_rows"] / off["replay_rows"]
-            point["ideal_prefill_saving"] = point["ideal_replay_saving"] * results["replay_flop_share"]
-            point["tok_per_s_off"] = b * isl / off["wall_ms"] * 1e3
-            point["tok_per_s_trim"] = b * isl / on["wall_ms"] * 1e3
-            log(f"  ISL {isl:>6} x{b}: replay layers {off['replay_ms']:9.1f} -> {on['replay_ms']:8.1f} ms "
-                f"({point['replay_saving']:+.1%} saved, ideal {point['ideal_replay_saving']:.1%}); prefill "
-                f"{off['prefill_ms']:9.1f} -> {on['prefill_ms']:9.1f} ms ({point['prefill_saving']:.1%}, ideal "
-                f"{point['ideal_prefill_saving']:.1%})")
+    for isl, b in points:
+        point = {"isl": isl, "batch": b}
+        if time.perf_counter() > deadline:
+            point["skipped"] = "time budget (--time-budget) spent"
+            log(f"  ISL {isl} batch {b}: skipped ({point['skipped']})")
             out.append(point)
+            continue
+        try:
+            arms = {}
+            for mode in ("off", "trim"):
+                eng.decoder_trim = mode
+                runs = []
+                for rep in range(reps):
+                    eng.reset_prefix_cache()
+                    runs.append(run_batch(eng, prompts(rng, b, isl, cfg.vocab), f"{mode}-{isl}-{b}-{rep}"))
+                arms[mode] = runs
+        except torch.cuda.OutOfMemoryError as e:  # drop the size, say so
+            point["skipped"] = f"out of memory: {str(e).splitlines()[0][:200]}"
+            log(f"  ISL {isl} batch {b}: skipped ({point['skipped']})")
+            recover(eng)
+            out.append(point)
+            continue
+        for mode, runs in arms.items():
+            point[mode] = {
+                "replay_ms": median([r["gpu_ms"]["replay_layers"] for r in runs]),
+                "prefill_ms": median([r["gpu_ms"]["step"] for r in runs]),
+                "wall_ms": median([r["wall_ms"] for r in runs]),
+                "ttft_ms": median([max(r["ttft_ms"]) for r in runs]),
+                "rows": runs[0]["rows"], "replay_rows": runs[0]["replay_rows"], "steps": runs[0]["steps"],
+                "runs": runs,
+            }
+        off, on = point["off"], point["trim"]
+        point["replay_saving"] = 1 - on["replay_ms"] / off["replay_ms"]
+        point["prefill_saving"] = 1 - on["prefill_ms"] / off["prefill_ms"]
+        point["ttft_saving"] = 1 - on["ttft_ms"] / off["ttft_ms"]
+        point["ideal_replay_saving"] = 1 - on["replay_rows"] / off["replay_rows"]
+        point["ideal_prefill_saving"] = point["ideal_replay_saving"] * results["replay_flop_share"]
+        point["tok_per_s_off"] = b * isl / off["wall_ms"] * 1e3
+        point["tok_per_s_trim"] = b * isl / on["wall_ms"] * 1e3
+        log(f"  ISL {isl:>6} x{b}: replay layers {off['replay_ms']:9.1f} -> {on['replay_ms']:8.1f} ms "
+            f"({point['replay_saving']:+.1%} saved, ideal {point['ideal_replay_saving']:.1%}); prefill "
+            f"{off['prefill_ms']:9.1f} -> {on['prefill_ms']:9.1f} ms ({point['prefill_saving']:.1%}, ideal "
+            f"{point['ideal_prefill_saving']:.1%})")
+        out.append(point)
     return out
 
 
-def bench_hit(eng, cfg, isls, reps, rng):
+def bench_hit(eng, cfg, isls, reps, rng, deadline):
     out = []
     for isl in isls:
         point = {"isl": isl}
+        if time.perf_counter() > deadline:
+            point["skipped"] = "time budget (--time-budget) spent"
+            log(f"  ISL {isl}: skipped ({point['skipped']})")
+            out.append(point)
+            continue
         try:
             for mode in ("off", "trim"):
                 eng.decoder_trim = mode
@@ -164,10 +179,8 @@ def bench_hit(eng, cfg, isls, reps, rng):
                 point[mode]["speedup"] = point[mode]["cold_ttft_ms"] / point[mode]["hit_ttft_ms"]
         except torch.cuda.OutOfMemoryError as e:
             point["skipped"] = f"out of memory: {str(e).splitlines()[0][:200]}"
-            eng.waiting.clear()
-            for r in list(eng.running):
-                eng._finish(r)
-            torch.cuda.empty_cache()
+            log(f"  ISL {isl}: skipped ({point['skipped']})")
+            recover(eng)
             out.append(point)
             continue
         t = point["trim"]
@@ -194,10 +207,11 @@ def sanity(stack, backend, cfg, rng, chunk):
 
 
 def table(results):
-    lines = ["", "Decoder trim (cold prefill; replay layers = layers after the cut; times are GPU time, medians)",
+    lines = ["", "Decoder trim (cold prefills; replay layers = layers after the cut; device time, medians; "
+                 "ideal = rows removed x FLOP share)",
              f"{'ISL':>7} {'batch':>5} | {'replay off':>10} {'on':>9} {'saved':>7} {'ideal':>7} | "
              f"{'prefill off':>11} {'on':>9} {'saved':>7} {'ideal':>7} | {'upstream TP4 TTFT':>17}"]
-    for p in results["trim"]:
+    for p in sorted(results["trim"], key=lambda p: (p["batch"], p["isl"])):
         if "skipped" in p:
             lines.append(f"{p['isl']:>7} {p['batch']:>5} | skipped: {p['skipped']}")
             continue
@@ -241,14 +255,17 @@ def plot(results, path):
     fig, ax = plt.subplots(figsize=(8, 5))
     batches = sorted({p["batch"] for p in results["trim"] if "skipped" not in p})
     for b in batches:
-        pts = [p for p in results["trim"] if p["batch"] == b and "skipped" not in p]
+        pts = sorted((p for p in results["trim"] if p["batch"] == b and "skipped" not in p), key=lambda p: p["isl"])
         x = [p["isl"] for p in pts]
         ax.plot(x, [100 * p["prefill_saving"] for p in pts], "o-", label=f"prefill time saved, batch {b}")
         ax.plot(x, [100 * p["replay_saving"] for p in pts], "s--", alpha=0.7, label=f"replay-layer time saved, batch {b}")
-    pts = [p for p in results["trim"] if p["batch"] == batches[0] and "skipped" not in p] if batches else []
+    pts = sorted((p for p in results["trim"] if p["batch"] == batches[0] and "skipped" not in p),
+                 key=lambda p: p["isl"]) if batches else []
     if pts:
+        ax.plot([p["isl"] for p in pts], [100 * p["ideal_replay_saving"] for p in pts], "k--", lw=0.8,
+                label="ideal replay-layer saving (rows removed)")
         ax.plot([p["isl"] for p in pts], [100 * p["ideal_prefill_saving"] for p in pts], "k:",
-                label=f"ideal prefill saving (replay FLOP share {results['replay_flop_share']:.0%})")
+                label=f"ideal prefill saving (x replay FLOP share {results['replay_flop_share']:.0%})")
     for name, marker in (("TP4", "^"), ("DEP4", "v")):
         up = UPSTREAM[name]
         ax.plot(list(up), [100 * (1 - a / b) for a, b in up.values()], marker, color="gray", alpha=0.8,
@@ -280,6 +297,8 @@ def main(argv=None):
     ap.add_argument("--hit-isl", default=None, help="ISLs of the prefix-hit TTFT test (default: --isl)")
     ap.add_argument("--drift", type=int, default=None, help="random prompts for the drift measure (default 8 GPU, 24 CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-budget", type=float, default=300.0,
+                    help="seconds after start past which remaining timing points are skipped (and listed)")
     ap.add_argument("--plot-from", default=None, help="redraw the PNG from a results JSON and exit")
     args = ap.parse_args(argv)
 
@@ -333,6 +352,12 @@ def main(argv=None):
     if results["sanity"]["violations"]:
         log("SANITY FAILED: reads outside the clamp contract; timings below are still recorded")
 
+    if n_drift:  # validated, before the timed part (cheap: prompts of a few K tokens)
+        log(f"drift over {n_drift} random prompts ...")
+        lo, hi = (2 * cfg.window + 1, 8 * cfg.window) if not gpu else (1024, 4096)
+        trials = [drift_trial(stack, rng, min_len=lo, max_len=hi, max_batched_tokens=min(chunk, 4096) if gpu else 256,
+                              backend=backend) for _ in range(n_drift)]
+        results["drift"] = {"trials": n_drift, "prompt_lens": [lo, hi], "summary": summarize(trials), "raw": trials}
     sb.set_validation(False)  # value checks synchronise with the device: off on the timed path
     cap = max(isls + hit_isls) * max(batches + [2]) + 4 * chunk
     eng = Engine(stack, backend=backend, max_batched_tokens=chunk, decoder_trim="trim", max_tokens=cap,
@@ -342,20 +367,19 @@ def main(argv=None):
         eng.decoder_trim = mode
         run_batch(eng, prompts(rng, 2, min(isls[0], 2 * chunk) + cfg.window + 1, cfg.vocab), f"warm-{mode}")
         run_batch(eng, prompts(rng, 1, min(max(isls), chunk + 7), cfg.vocab), f"warm2-{mode}")
-    log("decoder trim ...")
-    results["trim"] = bench_trim(eng, cfg, isls, batches, args.reps, rng, results)
+    # most telling first, so a spent --time-budget drops the big batches, not the single requests
+    deadline = t0 + args.time_budget
+    log("decoder trim, one request ...")
+    results["trim"] = bench_trim(eng, cfg, [(i, 1) for i in isls if 1 in batches], args.reps, rng, results, deadline)
     log("prefix-hit replay ...")
-    results["hit"] = bench_hit(eng, cfg, hit_isls, args.reps, rng)
+    results["hit"] = bench_hit(eng, cfg, hit_isls, args.reps, rng, deadline)
+    log("decoder trim, batches ...")
+    results["trim"] += bench_trim(eng, cfg, [(i, b) for b in batches if b != 1 for i in isls], args.reps, rng, results,
+                                  deadline)
     del eng
     if gpu:
         torch.cuda.empty_cache()
     sb.set_validation(True)
-    if n_drift:
-        log(f"drift over {n_drift} random prompts ...")
-        lo, hi = (2 * cfg.window + 1, 8 * cfg.window) if not gpu else (1024, 4096)
-        trials = [drift_trial(stack, rng, min_len=lo, max_len=hi, max_batched_tokens=min(chunk, 4096) if gpu else 256,
-                              backend=backend) for _ in range(n_drift)]
-        results["drift"] = {"trials": n_drift, "prompt_lens": [lo, hi], "summary": summarize(trials), "raw": trials}
     results["elapsed_s"] = time.perf_counter() - t0
     if gpu:
         results["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
