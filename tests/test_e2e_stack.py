@@ -49,7 +49,7 @@ def rand_prompt(rng, n, vocab=512):
 def comp_snapshot(eng: Engine, blocks):
     """Bytes of every KV-source layer's compressed entries in ``blocks``."""
     bs_c = eng.cache.bs_c
-    rows = torch.tensor([b * bs_c + i for b in blocks for i in range(bs_c)], dtype=torch.int64)
+    rows = torch.tensor([b * bs_c + i for b in blocks for i in range(bs_c)], dtype=torch.int64, device=eng.device)
     return [eng.cache.comp_rows(layer).index_select(0, rows).view(torch.int32).clone()
             for layer in range(eng.cfg.n_source)]
 
@@ -172,6 +172,20 @@ def test_decoder_side_runs_each_prefills_last_window(stack):
     assert info.replay_rows == 1 + 90 + W + 409
 
 
+def test_small_steps_below_the_threshold_keep_every_row(stack):
+    """Graph policy: a step under ``trim_threshold`` tokens (one a CUDA graph would run)
+    keeps the replay layers on its whole batch."""
+    rng = np.random.default_rng(12)
+    eng = Engine(stack, max_batched_tokens=300, decoder_trim="trim", trim_threshold=301)
+    eng.submit("a", rand_prompt(rng, 700))
+    infos = eng.run()
+    assert [i.num_tokens for i in infos] == [300, 300, 100]
+    assert [i.replay_rows for i in infos] == [300, 300, 100] and not any(i.trimmed for i in infos)
+    eng.trim_threshold = 300
+    eng.submit("b", rand_prompt(rng, 700))
+    assert [i.replay_rows for i in eng.run()] == [W, W, 100]
+
+
 def test_keep_all_rows_and_batch_mates_match_running_alone(stack):
     """Batching changes nothing beyond fp noise: each request, cold or hit, trimmed or keeping
     its rows, gives the hidden states it gives alone."""
@@ -269,3 +283,35 @@ def test_drift_over_random_prompts(stack, capsys):
     for k in ("hit_off", "cold_trim", "hit_trim"):
         assert s[k]["mean"] > 1e-4  # the clamp is real ...
         assert s[k]["max"] < 0.1  # ... and bounded
+
+
+@pytest.mark.gpu
+def test_e2e_on_gpu_with_the_selected_kernels():
+    """The same invariants at realistic attention widths (64 heads, latent 512, bf16) with
+    whatever ``select("cuda:0")`` picks (the Triton sparse_mla where it qualifies)."""
+    dev = torch.device("cuda:0")
+    cfg = StackConfig.h200(d_model=1024, d_ffn=2048, q_rank=512, n_layers=4, n_source=2, vocab=4096)
+    st = Stack(cfg, dev)
+    be = sb.select(dev)
+    rng = np.random.default_rng(1)
+    prompt = rand_prompt(rng, 3000, cfg.vocab)
+    forced = rand_prompt(rng, 3, cfg.vocab)
+    longer = prompt + rand_prompt(rng, 7, cfg.vocab)
+    bs = cfg.block_size
+    hidden = {}
+    for mode in ("trim", "clamp", "off"):
+        eng = Engine(st, backend=be, max_batched_tokens=1024, decoder_trim=mode, max_tokens=8192)
+        eng.submit("cold", prompt)
+        eng.run()
+        shared = eng.cache.main.lookup(eng.done["cold"].keys)[: (len(prompt) - 1) // bs]
+        before = comp_snapshot(eng, shared)
+        rec = ReadRecorder(eng)
+        req = eng.submit("hit", longer, max_new_tokens=3, forced_tokens=forced)
+        eng.run()
+        assert req.replay_start == len(shared) * bs - W
+        assert rec.violations == []
+        assert all(torch.equal(a, b) for a, b in zip(before, comp_snapshot(eng, shared)))
+        assert {n for r in rec.records for n in r.lens_of_decodes} == {W}
+        hidden[mode] = req.prefill_hidden
+    assert rel_diff(hidden["trim"], hidden["clamp"]) < 2e-2  # bf16, different GEMM shapes
+    assert rel_diff(hidden["trim"], hidden["off"]) < 0.2  # the clamp's drift, bounded
