@@ -238,7 +238,7 @@ def table(results):
         names = {"hit_off": "prefix hit (encoder replay)", "cold_trim": "decoder trim (cold)",
                  "hit_trim": "prefix hit + decoder trim", "hit_off_decode": "  decode steps after a hit",
                  "cold_trim_decode": "  decode steps, trim", "hit_trim_decode": "  decode steps, hit + trim",
-                 "trim_vs_clamp": "trim vs same clamp untrimmed"}
+                 "trim_vs_clamp": "trim vs same clamp untrimmed", "noise_floor": "noise floor (other chunking)"}
         for k, v in d.items():
             lines.append(f"{names.get(k, k):<34} {v['mean']:>10.2e} {v['max']:>10.2e}")
     return "\n".join(lines)
@@ -297,6 +297,8 @@ def main(argv=None):
     ap.add_argument("--hit-isl", default=None, help="ISLs of the prefix-hit TTFT test (default: --isl)")
     ap.add_argument("--drift", type=int, default=None, help="random prompts for the drift measure (default 8 GPU, 24 CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trim-threshold", type=int, default=0,
+                    help="steps under this many tokens keep every row (upstream: 1025, the CUDA-graph steps)")
     ap.add_argument("--time-budget", type=float, default=300.0,
                     help="seconds after start past which remaining timing points are skipped (and listed)")
     ap.add_argument("--plot-from", default=None, help="redraw the PNG from a results JSON and exit")
@@ -331,7 +333,7 @@ def main(argv=None):
         "device": torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu",
         "torch": torch.__version__, "config_name": cfg_name, "config": cfg.as_dict(),
         "variants": {k: list(v) for k, v in backend.variants.items()},
-        "max_batched_tokens": chunk, "isl": isls, "batch": batches, "reps": args.reps,
+        "max_batched_tokens": chunk, "trim_threshold": args.trim_threshold, "isl": isls, "batch": batches, "reps": args.reps,
         "replay_layers": list(sb.replay_layer_ids(cfg.n_layers, range(cfg.n_source))),
         "upstream": {k: {str(i): v for i, v in t.items()} for k, t in UPSTREAM.items()},
     }
@@ -361,7 +363,7 @@ def main(argv=None):
     sb.set_validation(False)  # value checks synchronise with the device: off on the timed path
     cap = max(isls + hit_isls) * max(batches + [2]) + 4 * chunk
     eng = Engine(stack, backend=backend, max_batched_tokens=chunk, decoder_trim="trim", max_tokens=cap,
-                 max_reqs=max(batches) + 8, poison=False, timing=True)
+                 max_reqs=max(batches) + 8, poison=False, timing=True, trim_threshold=args.trim_threshold)
     log("warm-up ...")
     for mode in ("off", "trim"):  # compile kernels for every shape class before timing
         eng.decoder_trim = mode

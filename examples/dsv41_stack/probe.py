@@ -176,7 +176,8 @@ def drift_trial(stack, rng: np.random.Generator, *, min_len: int, max_len: int, 
     """One random prompt; the final hidden state of its last prompt row (and of ``n_decode``
     decode steps on forced tokens) in five runs: cold and after a prefix hit, each with
     ``decoder_trim`` off and on, plus the trim's reference (``"clamp"``). Returns relative
-    differences against the cold run without trim (the unmodified model)."""
+    differences against the cold run without trim (the unmodified model), and
+    ``noise_floor``: the same unmodified run with another chunk size."""
     cfg = stack.cfg
     n = int(rng.integers(min_len, max_len + 1))
     prompt = rng.integers(0, cfg.vocab, n).tolist()
@@ -203,12 +204,16 @@ def drift_trial(stack, rng: np.random.Generator, *, min_len: int, max_len: int, 
         out[name] = rel_diff(req.prefill_hidden, base.prefill_hidden)
         out[name + "_decode"] = max(rel_diff(a, b) for a, b in zip(req.decode_hidden, base.decode_hidden))
     out["trim_vs_clamp"] = rel_diff(runs["cold_trim"].prefill_hidden, runs["cold_clamp"].prefill_hidden)
+    # noise floor: the unmodified model chunked differently (0 in fp32 on CPU; GEMM shapes in bf16)
+    kw["max_batched_tokens"] = max(1, max_batched_tokens // 2 + 37)
+    rechunked, _, _ = run_prompt(stack, prompt, decoder_trim="off", **kw)
+    out["noise_floor"] = rel_diff(rechunked.prefill_hidden, base.prefill_hidden)
     out["hit_trim_vs_hit_off"] = rel_diff(runs["hit_trim"].prefill_hidden, runs["hit_off"].prefill_hidden)
     return out
 
 
 def summarize(trials: list[dict], keys=("hit_off", "cold_trim", "hit_trim", "hit_off_decode", "cold_trim_decode",
-                                        "hit_trim_decode", "trim_vs_clamp")) -> dict:
+                                        "hit_trim_decode", "trim_vs_clamp", "noise_floor")) -> dict:
     out = {}
     for k in keys:
         v = np.array([t[k] for t in trials], dtype=np.float64)
