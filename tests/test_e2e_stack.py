@@ -20,8 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import swa_backends as sb  # noqa: E402
-from examples.dsv41_stack import MAIN, Engine, Stack, StackConfig  # noqa: E402
+# sb: the installed swa_backends, else this checkout loaded as that package
+from examples.dsv41_stack import MAIN, Engine, Stack, StackConfig, sb  # noqa: E402
 from examples.dsv41_stack.probe import ReadRecorder, drift_trial, rel_diff, run_prompt, summarize  # noqa: E402
 
 W = 128
@@ -283,6 +283,32 @@ def test_drift_over_random_prompts(stack, capsys):
     for k in ("hit_off", "cold_trim", "hit_trim"):
         assert s[k]["mean"] > 1e-4  # the clamp is real ...
         assert s[k]["max"] < 0.1  # ... and bounded
+
+
+def test_stack_through_the_triton_sparse_mla_interpreted():
+    """The whole stack with the portable Triton sparse_mla (interpreter on CPU, bf16, tiny):
+    same reads, same hidden states as the reference within bf16 rounding."""
+    from swa_backends.common.registry import all_variants  # after sb: resolves without an install too
+
+    if "triton" not in all_variants().get("sparse_mla", {}):
+        pytest.skip("no Triton sparse_mla variant declared in this checkout")
+    try:
+        tri = sb.select("cpu", prefer={"sparse_mla": "triton"})
+    except sb.SelectionError as e:
+        pytest.skip(f"Triton sparse_mla cannot run here: {e}")
+    cfg = StackConfig.small(dtype="bfloat16", n_layers=2, n_source=1, window=16, block_size=8, top_k=4)
+    st = Stack(cfg)
+    rng = np.random.default_rng(0)
+    prompt = rand_prompt(rng, 70)
+    got = {}
+    for name, be in (("triton", tri), ("reference", sb.select("cpu"))):
+        req, _, rec = run_prompt(st, prompt, warm=prompt, decoder_trim="trim", max_batched_tokens=24, forced=[1, 2, 3],
+                                 max_new_tokens=3, backend=be, recorder=True)
+        assert rec.violations == [] and req.replay_start == 48
+        got[name] = req
+    assert rel_diff(got["triton"].prefill_hidden, got["reference"].prefill_hidden) < 3e-2
+    for a, b in zip(got["triton"].decode_hidden, got["reference"].decode_hidden):
+        assert rel_diff(a, b) < 3e-2
 
 
 @pytest.mark.gpu
