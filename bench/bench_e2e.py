@@ -252,7 +252,7 @@ def plot(results, path):
     except ImportError as e:
         log(f"no PNG ({e}); redraw elsewhere with --plot-from")
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     batches = sorted({p["batch"] for p in results["trim"] if "skipped" not in p})
     for b in batches:
         pts = sorted((p for p in results["trim"] if p["batch"] == b and "skipped" not in p), key=lambda p: p["isl"])
@@ -278,7 +278,7 @@ def plot(results, path):
                  f"{c['n_heads']} heads, latent {c['d_latent']}, W {c['window']}\n{results['device']}", fontsize=9)
     ax.axhline(0, color="k", lw=0.5)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     log(f"wrote {path}")
