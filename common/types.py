@@ -117,6 +117,8 @@ class ReplayPlan:
     num_rows_padded: int
     window: int
     _device_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    #: per-device launch arguments a backend derives from the plan once (kernels' own use)
+    _launch_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_reqs(self) -> int:

@@ -37,3 +37,23 @@ def find_request(qsl_ptr, B, t, n_steps):
         lo = tl.where(active & right, mid + 1, lo)
         hi = tl.where(active & (~right), mid, hi)
     return lo
+
+
+@triton.jit
+def block_split(x, block_size, shift):
+    """``(x // block_size, x % block_size)`` for ``x >= 0`` (int32): shifts and a mask when
+    ``shift >= 0`` (``block_size == 1 << shift``, see :func:`pow2_shift`), else an integer
+    division. Per-element 64-bit divisions by a runtime divisor cost tens of instructions
+    each; this is a few."""
+    if shift >= 0:
+        q = x >> shift
+        r = x - (q << shift)
+    else:
+        q = x // block_size
+        r = x - q * block_size
+    return q, r
+
+
+def pow2_shift(block_size: int) -> int:
+    """``log2(block_size)`` when it is a power of two, else -1 (host side of :func:`block_split`)."""
+    return block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1

@@ -1,11 +1,28 @@
 """``gather_replay_batch`` (SPEC §3.2) in Triton: the decoder-side sub-batch in one launch.
 
-Program ``i`` owns sub-batch rows ``[i*BLOCK, (i+1)*BLOCK)`` and requests
-``[i*BLOCK, (i+1)*BLOCK)``. A row finds its request by binary search over the output
-``query_start_loc = query_start_loc - dropped_before`` (computed on the fly, never read
-back from memory another program writes), gathers its source row's position and every
-group's slot; rows past the plan's ``num_rows`` (graph padding) gather row 0 with PAD
-slots. A request writes its output ``query_start_loc`` entry and its ``kv_start``.
+Request programs, then padding programs, in one 1-D grid:
+
+* program ``b * S + s`` (``b < max(B, 1)``, ``s < S``) serves request ``b``. Its kept rows
+  are the output rows ``[qsl[b] - dropped[b], qsl[b+1] - dropped[b+1])`` (the sub-batch
+  ``query_start_loc``), each gathered from row ``o + dropped[b+1]``; the program takes
+  every ``S``-th block of ``BLOCK`` of them (usually its only block). It also writes the
+  request's output ``query_start_loc`` entry (and entry ``B`` for the last request) and
+  its ``kv_start``;
+* the padding programs write rows ``[n, n_pad)``: row 0, its position, every slot PAD.
+
+Global-memory round trips per program, all independent loads of a round issued together:
+one for the request's scalars (``qsl``, ``dropped``, ``trimmed``, ``seq_lens``,
+``replay_start``), one for its source rows' position and every group's slot (a
+``[GB, BLOCK]`` tile), then the stores. No search: a request program knows its rows from
+its own two boundaries. ``S`` (programs per request) comes from the plan's longest kept
+run, so a request that keeps thousands of rows (``keeps_rows``) is spread over several
+programs; any ``S`` gives the same result (the loop covers the rest), which keeps a CUDA
+graph captured with one plan correct when replayed with another of the same sizes.
+
+The result equals the reference's for the batch the plan was made from (``qsl`` the
+device copy of the plan's ``query_start_loc``, the op's contract): the sub-batch
+``query_start_loc`` is then ``[0, cumsum(kept)]``, so the searchsorted of the reference
+and the request ranges here assign every row to the same request.
 """
 
 from __future__ import annotations
@@ -14,54 +31,88 @@ import triton.language as tl
 
 from ..common.ops.gather_replay_batch import allocate_out
 from ..common.types import ReplayBatch
-from ._device import PAD, warm
-from ._launch import Kernel, contiguous, jit
+from ._device import PAD
+from ._launch import Kernel, jit
 
-BLOCK = 256
+BLOCK = 128  # rows per program and step
+GB = 8  # slot groups per load (more groups: further [GB, BLOCK] tiles)
+MAX_REQUEST_PROGRAMS = 4096  # bound on B * S (programs per request S >= 1)
 
 
 @jit
 def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
-                         B, G, n, n_pad, n_steps, W, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    # --- sub-batch rows
-    o = i
-    m = o < n_pad
-    real = o < n
-    lo = tl.zeros([BLOCK], tl.int32)
-    hi = tl.maximum(lo + B, tl.minimum(warm(qsl_ptr, B + 1), warm(drop_ptr, B + 1)))  # == B
-    for _ in range(n_steps):  # searchsorted(out_qsl[1:], o, right=True)
-        active = lo < hi
-        mid = (lo + hi) // 2
-        v = tl.load(qsl_ptr + 1 + mid, mask=active, other=0) - tl.load(drop_ptr + 1 + mid, mask=active, other=0)
-        right = v <= o
-        lo = tl.where(active & right, mid + 1, lo)
-        hi = tl.where(active & (~right), mid, hi)
-    req = tl.minimum(lo, tl.maximum(B - 1, 0))
-    has_req = real & (req < B)  # False everywhere when B == 0
-    d = tl.load(drop_ptr + req + 1, mask=has_req, other=0).to(tl.int64)
-    row = tl.where(has_req, o.to(tl.int64) + d, 0)
-    tl.store(rows_ptr + o, row, mask=m)
-    tl.store(opos_ptr + o, tl.load(pos_ptr + row, mask=m, other=0), mask=m)
-    o64 = o.to(tl.int64)
-    for g in range(G):
-        s = tl.load(slot_ptr + g * s_g + row * s_t, mask=real, other=PAD)
-        tl.store(oslot_ptr + g * n_pad + o64, s, mask=m)
-    # --- per-request outputs
-    b = i
-    mq = b <= B
-    tl.store(oqsl_ptr + b, tl.load(qsl_ptr + b, mask=mq, other=0) - tl.load(drop_ptr + b, mask=mq, other=0), mask=mq)
-    mb = b < B
-    R = tl.load(rs_ptr + b, mask=mb, other=0)
-    seq = tl.load(seq_ptr + b, mask=mb, other=0)
-    trimmed = tl.load(trim_ptr + b, mask=mb, other=0) != 0
-    kv = tl.where(trimmed, tl.maximum(R.to(tl.int64), seq.to(tl.int64) - W), R.to(tl.int64))
-    tl.store(kv_ptr + b, kv.to(tl.int32), mask=mb)
+                         B, G, n, n_pad, W, S, req_progs, BLOCK: tl.constexpr, GB: tl.constexpr):
+    pid = tl.program_id(0)
+    r = tl.arange(0, BLOCK)
+    g = tl.arange(0, GB)
+    if pid < req_progs:
+        b = pid // S
+        s = pid - b * S
+        has = b < B  # False only for the single program of an empty batch (b = 0 = B)
+        # round trip 1: the request's scalars (independent loads)
+        q0 = tl.load(qsl_ptr + b)
+        d0 = tl.load(drop_ptr + b)
+        q1 = tl.load(qsl_ptr + b + 1, mask=has, other=0)
+        d1 = tl.load(drop_ptr + b + 1, mask=has, other=0)
+        R = tl.load(rs_ptr + b, mask=has, other=0)
+        seq = tl.load(seq_ptr + b, mask=has, other=0)
+        trimmed = tl.load(trim_ptr + b, mask=has, other=0) != 0
+        start = q0 - d0
+        end = tl.where(has, q1 - d1, start)
+        if s == 0:
+            tl.store(oqsl_ptr + b, start)
+            tl.store(oqsl_ptr + B, end, mask=has & (b == B - 1))
+            kv = tl.where(trimmed, tl.maximum(R, seq - W), R)
+            tl.store(kv_ptr + b, kv, mask=has)
+        # round trip 2: positions and slots of the request's rows, a block at a time
+        for o0 in range(start + s * BLOCK, end, S * BLOCK):
+            o = o0 + r
+            m = o < end
+            row = (o + d1).to(tl.int64)
+            gm = (g[:, None] < G) & m[None, :]
+            p = tl.load(pos_ptr + row, mask=m, other=0)
+            sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
+            tl.store(rows_ptr + o, row, mask=m)
+            tl.store(opos_ptr + o, p, mask=m)
+            tl.store(oslot_ptr + g[:, None] * n_pad + o[None, :], sl, mask=gm)
+            for g0 in range(GB, G, GB):  # more than GB groups (rare)
+                gg = g0 + g
+                gm = (gg[:, None] < G) & m[None, :]
+                sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
+                tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], sl, mask=gm)
+    else:
+        # graph padding: rows [n, n_pad) gather row 0 with every slot PAD
+        o = n + (pid - req_progs) * BLOCK + r
+        m = o < n_pad
+        p0 = tl.load(pos_ptr + r * 0, mask=m, other=0)
+        tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
+        tl.store(opos_ptr + o, p0, mask=m)
+        for g0 in range(0, G, GB):
+            gg = g0 + g
+            gm = (gg[:, None] < G) & m[None, :]
+            tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64), mask=gm)
 
 
 _K = Kernel(_gather_replay_batch)
 _KEY = ()
+
+
+def plan_launch(plan, positions) -> tuple:
+    """``(dropped_before, trimmed, n, n_pad, S, req_progs, pad_progs)``: what a launch takes
+    from ``plan`` on ``positions``' device -- the plan's device tensors
+    (``plan.device_tensors``), its sizes, the programs per request ``S`` (from its longest
+    kept run), the request and padding program counts. Made once per plan and device."""
+    entry = plan._launch_cache.get(positions.get_device())
+    if entry is not None:
+        return entry
+    dropped, trimmed = plan.device_tensors(positions.device)
+    n, n_pad, B = plan.num_rows, plan.num_rows_padded, plan.num_reqs
+    longest = int(plan.kept.max()) if B else 0
+    S = max(1, min(-(-longest // BLOCK), MAX_REQUEST_PROGRAMS // max(B, 1)))
+    entry = (dropped, trimmed, n, n_pad, S, max(B, 1) * S, -(-(n_pad - n) // BLOCK))
+    plan._launch_cache[positions.get_device()] = entry
+    return entry
 
 
 def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
@@ -73,17 +124,29 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
     padding) gather row 0 with every slot PAD. One launch; no host synchronisation once the
     plan's device copy exists (``plan.device_tensors(device)``, made on first use).
     """
-    dev = positions.device
-    dropped, trimmed = plan.device_tensors(dev)
-    n, n_pad = plan.num_rows, plan.num_rows_padded
-    B = query_start_loc.shape[0] - 1
+    entry = plan._launch_cache.get(positions.get_device())
+    if entry is None:
+        entry = plan_launch(plan, positions)
+    dropped, trimmed, n, n_pad, S, req_progs, pad_progs = entry
     G = slot_mappings.shape[0]
     if out is None:
-        out = allocate_out(plan, G, dev)
+        out = allocate_out(plan, G, positions.device)
     rows, oqsl, opos, oslot, kv = out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"], out["kv_start"]
-    span = n_pad if n_pad > B + 1 else B + 1
-    _K(_KEY, ((span + BLOCK - 1) // BLOCK, 1, 1),
-       contiguous(query_start_loc), dropped, trimmed, contiguous(seq_lens), contiguous(replay_start),
-       contiguous(positions), slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1),
-       rows, oqsl, opos, oslot, kv, B, G, n, n_pad, B.bit_length(), W, BLOCK)
-    return ReplayBatch(rows, oqsl, opos, oslot, kv, n, n_pad)
+    s_g, s_t = slot_mappings.stride()
+    _K(_KEY, (req_progs + pad_progs, 1, 1),
+       query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(), dropped, trimmed,
+       seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
+       replay_start if replay_start.is_contiguous() else replay_start.contiguous(),
+       positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
+       rows, oqsl, opos, oslot, kv, plan.num_reqs, G, n, n_pad, W, S, req_progs, BLOCK, GB)
+    return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad)
+
+
+def _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) -> ReplayBatch:
+    """``ReplayBatch(...)`` without the frozen dataclass's per-field ``object.__setattr__``
+    (about a microsecond of host time per call); the same object."""
+    batch = object.__new__(ReplayBatch)
+    batch.__dict__.update(rows=rows, query_start_loc=oqsl, positions=opos, slot_mappings=oslot, kv_start=kv,
+                          num_rows=n, num_rows_padded=n_pad)
+    return batch
+

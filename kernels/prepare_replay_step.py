@@ -2,16 +2,19 @@
 
 Replaces four launches (``batch_replay_start``, ``pad_replayed_slots``,
 ``swa_indices_and_lens``, ``gather_replay_batch``) on the per-step host path. The 1-D grid
-is split into three roles, each program taking one:
+is split into roles, each program taking one:
 
-* token tiles ``[0, tok_tiles)``: each of ``BLOCK_T`` tokens finds its request (binary
+* token tiles ``[0, tok_tiles)`` (token blocks x column blocks): each of ``BLOCK_T`` tokens finds its request (binary
   search over ``query_start_loc``), computes its request's replay start itself
   (``R_per_request[idx_mapping[b]]`` if prefilling), pads its replayed cacheable slots and
-  writes its window indices row (loop over ``BLOCK_W`` columns) and length;
-* sub-batch tiles (with a plan): ``BLOCK`` sub-batch rows as in ``gather_replay_batch``;
-  a gathered slot is PAD where the padding above makes it PAD, computed from the same
-  condition rather than read back, so the result never depends on which program ran first;
-* request tiles: ``replay_start``, the sub-batch ``query_start_loc`` and ``kv_start``.
+  writes its window indices row and length (as in ``swa_indices_and_lens``: 32-bit
+  arithmetic, one block-table split per token, contiguous row stores);
+* with a plan, request programs (``S`` per request, as in ``gather_replay_batch``): the
+  request's ``replay_start``, sub-batch ``query_start_loc`` entry and ``kv_start``, and its
+  kept sub-batch rows; a gathered slot is PAD where the padding above makes it PAD,
+  computed from the same condition rather than read back, so the result never depends on
+  which program ran first; then padding programs for the graph-padded rows;
+* without a plan, request tiles of ``BLOCK_R`` requests: ``replay_start``.
 
 No program reads anything another program of the launch writes except the padded slots,
 whose final value both possible orders agree on. No host synchronisation.
@@ -23,13 +26,14 @@ import triton
 import triton.language as tl
 
 from ..common.ops.prepare_replay_step import PreparedStep, allocate_out
-from ..common.types import ReplayBatch
-from ._device import PAD, find_request, warm
+from ._device import PAD, block_split, find_request, pow2_shift
 from ._launch import Kernel, contiguous, jit
+from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
-BLOCK_T = 32
+BLOCK_T = 16
 BLOCK_W = 128
-BLOCK = 256
+BLOCK_R = 256  # requests per program without a plan
+KB = 8  # cacheable-group entries per load
 
 
 @triton.jit
@@ -42,99 +46,128 @@ def _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mask):
 
 
 @triton.jit
+def _cacheable(groups_ptr, n_groups, gg, KB: tl.constexpr):
+    """1 where slot group ``gg[i]`` is listed in ``cacheable_groups``, else 0 (int32)."""
+    k = tl.arange(0, KB)
+    hit = tl.zeros_like(gg)
+    for k0 in range(0, n_groups, KB):
+        grp = tl.load(groups_ptr + k0 + k, mask=k0 + k < n_groups, other=-1)
+        hit = hit | tl.max((grp[None, :] == gg[:, None]).to(tl.int32), axis=1)
+    return hit
+
+
+@triton.jit
 def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr, n_groups,
-                bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, B, T, width, n_steps, block_size, W, Wr,
-                DO_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Tokens ``[pid*BLOCK_T, ...)``: pad their replayed cacheable slots, write their
-    clamped window indices (a loop over column blocks) and lengths."""
-    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+                bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, B, T, width, n_steps, block_size, bs_shift,
+                W, Wr, col_blocks, DO_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+                KB: tl.constexpr):
+    """Tokens ``[tile*BLOCK_T, ...)``, columns ``[cb*BLOCK_W, ...)`` (``pid = tile *
+    col_blocks + cb``): their clamped window indices; the ``cb == 0`` program also pads the
+    tokens' replayed cacheable slots and writes their lengths. (One program per column block
+    rather than a loop over them: a loop gets software-pipelined into twice the registers.)"""
+    tile = pid // col_blocks
+    cb = pid - tile * col_blocks
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     m = t < T
     req = find_request(qsl_ptr, B, t, n_steps)
     ok = m & (req < B)
-    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, ok).to(tl.int64)
-    if DO_PAD:
+    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, ok)
+    seq = tl.load(seq_ptr + req, mask=ok, other=0)
+    end = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
+    t64 = t.to(tl.int64)
+    if DO_PAD and cb == 0:
         p = tl.load(pos_ptr + t, mask=ok, other=0)
-        replayed = ok & (R > 0) & (p >= R) & (p < R + Wr)
-        col_t = t.to(tl.int64) * s_t
-        for k in range(n_groups):
-            g = tl.load(groups_ptr + k).to(tl.int64)
-            tl.store(slot_ptr + g * s_g + col_t, tl.full([BLOCK_T], PAD, tl.int64), mask=replayed)
-    seq = tl.load(seq_ptr + req, mask=ok, other=0).to(tl.int64)
-    end = tl.load(qsl_ptr + req + 1, mask=ok, other=0).to(tl.int64)
-    pos = seq - end + t
+        R64 = R.to(tl.int64)
+        replayed = ok & (R64 > 0) & (p >= R64) & (p < R64 + Wr)
+        k = tl.arange(0, KB)
+        for k0 in range(0, n_groups, KB):
+            km = k0 + k < n_groups
+            grp = tl.load(groups_ptr + k0 + k, mask=km, other=0).to(tl.int64)
+            tl.store(slot_ptr + grp[:, None] * s_g + t64[None, :] * s_t, tl.full([KB, BLOCK_T], PAD, tl.int64),
+                     mask=km[:, None] & replayed[None, :])
+    pos = seq - (end - t)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)
-    tl.store(lens_ptr + t, lens.to(tl.int32), mask=m)
-    row = req.to(tl.int64) * bt_s0
-    t_off = t.to(tl.int64)[:, None] * swa_s0
-    for j0 in range(0, width, BLOCK_W):
-        j = j0 + tl.arange(0, BLOCK_W)
-        pj = lo[:, None] + j[None, :]
-        live = (j[None, :] < lens[:, None]) & ok[:, None]
-        col = tl.minimum(tl.maximum(pj // block_size, 0), n_cols - 1)
-        block = tl.load(bt_ptr + row[:, None] + col * bt_s1, mask=live, other=0).to(tl.int64)
-        slot = tl.where(live, block * block_size + pj % block_size, PAD).to(tl.int32)
-        tl.store(swa_ptr + t_off + j[None, :], slot, mask=m[:, None] & (j[None, :] < width))
+    if cb == 0:
+        tl.store(lens_ptr + t, lens, mask=m)
+    lo_col, lo_off = block_split(lo, block_size, bs_shift)
+    j = cb * BLOCK_W + tl.arange(0, BLOCK_W)
+    live = (j[None, :] < lens[:, None]) & ok[:, None]
+    nb, within = block_split(lo_off[:, None] + j[None, :], block_size, bs_shift)
+    col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)
+    block = tl.load(bt_ptr + req.to(tl.int64)[:, None] * bt_s0 + col.to(tl.int64) * bt_s1, mask=live, other=0)
+    slot = tl.where(live, block * block_size + within, PAD)
+    tl.store(swa_ptr + t64[:, None] * swa_s0 + j[None, :], slot, mask=m[:, None] & (j[None, :] < width))
 
 
 @triton.jit
-def _gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr, n_groups,
-                 drop_ptr, rows_ptr, opos_ptr, oslot_ptr, B, G, n, n_pad, n_steps, Wr,
-                 DO_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """Sub-batch rows ``[pid*BLOCK, ...)`` as in ``gather_replay_batch``, their slots
-    padded by the same condition the token role pads with."""
-    o = pid * BLOCK + tl.arange(0, BLOCK)
-    m = o < n_pad
-    real = o < n
-    lo = tl.zeros([BLOCK], tl.int32)
-    hi = tl.maximum(lo + B, tl.minimum(warm(qsl_ptr, B + 1), warm(drop_ptr, B + 1)))  # == B
-    for _ in range(n_steps):  # searchsorted((query_start_loc - dropped_before)[1:], o, right=True)
-        active = lo < hi
-        mid = (lo + hi) // 2
-        v = tl.load(qsl_ptr + 1 + mid, mask=active, other=0) - tl.load(drop_ptr + 1 + mid, mask=active, other=0)
-        right = v <= o
-        lo = tl.where(active & right, mid + 1, lo)
-        hi = tl.where(active & (~right), mid, hi)
-    req = tl.minimum(lo, tl.maximum(B - 1, 0))
-    has_req = real & (req < B)
-    d = tl.load(drop_ptr + req + 1, mask=has_req, other=0).to(tl.int64)
-    src = tl.where(has_req, o.to(tl.int64) + d, 0)
-    tl.store(rows_ptr + o, src, mask=m)
-    p = tl.load(pos_ptr + src, mask=m, other=0)
-    tl.store(opos_ptr + o, p, mask=m)
-    # the padding condition of token `src` (a row at or past query_start_loc[B] is never padded)
-    inside = has_req & (lo < B)
-    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, inside).to(tl.int64)
-    replayed = inside & (R > 0) & (p >= R) & (p < R + Wr)
-    o64 = o.to(tl.int64)
-    for g in range(G):
-        cacheable = tl.zeros([1], tl.int32)
+def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
+                         n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
+                         B, G, n_pad, W, Wr, S, DO_PAD: tl.constexpr, BLOCK: tl.constexpr, GB: tl.constexpr,
+                         KB: tl.constexpr):
+    """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry and
+    ``kv_start`` (the first of its ``S`` programs), and every ``S``-th block of its kept
+    rows, their slots padded by the same condition the token role pads with."""
+    r = tl.arange(0, BLOCK)
+    g = tl.arange(0, GB)
+    b = pid // S
+    s = pid - b * S
+    has = b < B
+    q0 = tl.load(qsl_ptr + b)
+    d0 = tl.load(drop_ptr + b)
+    q1 = tl.load(qsl_ptr + b + 1, mask=has, other=0)
+    d1 = tl.load(drop_ptr + b + 1, mask=has, other=0)
+    seq = tl.load(seq_ptr + b, mask=has, other=0)
+    trimmed = tl.load(trim_ptr + b, mask=has, other=0) != 0
+    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, has)
+    start = q0 - d0
+    end = tl.where(has, q1 - d1, start)
+    if s == 0:
+        tl.store(rs_out_ptr + b, R, mask=has)
+        tl.store(oqsl_ptr + b, start)
+        tl.store(oqsl_ptr + B, end, mask=has & (b == B - 1))
+        tl.store(kv_ptr + b, tl.where(trimmed, tl.maximum(R, seq - W), R), mask=has)
+    R64 = R.to(tl.int64)
+    cacheable = tl.zeros([GB], tl.int32)
+    if DO_PAD:
+        cacheable = _cacheable(groups_ptr, n_groups, g, KB)
+    for o0 in range(start + s * BLOCK, end, S * BLOCK):
+        o = o0 + r
+        m = o < end
+        row = (o + d1).to(tl.int64)
+        gm = (g[:, None] < G) & m[None, :]
+        p = tl.load(pos_ptr + row, mask=m, other=0)
+        sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
+        replayed = m & (R64 > 0) & (p >= R64) & (p < R64 + Wr)
         if DO_PAD:
-            for k in range(n_groups):
-                cacheable = cacheable | (tl.load(groups_ptr + k) == g).to(tl.int32)
-        s = tl.load(slot_ptr + g * s_g + src * s_t, mask=real, other=PAD)
-        s = tl.where(replayed & (cacheable != 0), PAD, s)
-        tl.store(oslot_ptr + g * n_pad + o64, s, mask=m)
+            sl = tl.where(replayed[None, :] & (cacheable[:, None] != 0), PAD, sl)
+        tl.store(rows_ptr + o, row, mask=m)
+        tl.store(opos_ptr + o, p, mask=m)
+        tl.store(oslot_ptr + g[:, None] * n_pad + o[None, :], sl, mask=gm)
+        for g0 in range(GB, G, GB):  # more than GB groups (rare)
+            gg = g0 + g
+            gm = (gg[:, None] < G) & m[None, :]
+            sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
+            if DO_PAD:
+                more = _cacheable(groups_ptr, n_groups, gg, KB)
+                sl = tl.where(replayed[None, :] & (more[:, None] != 0), PAD, sl)
+            tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], sl, mask=gm)
 
 
 @triton.jit
-def _request_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, rs_out_ptr, drop_ptr, trim_ptr, oqsl_ptr, kv_ptr,
-                  B, W, HAS_PLAN: tl.constexpr, BLOCK: tl.constexpr):
-    """Requests ``[pid*BLOCK, ...)``: ``replay_start`` and, with a plan, the sub-batch
-    ``query_start_loc`` and ``kv_start``."""
-    b = pid * BLOCK + tl.arange(0, BLOCK)
-    mb = b < B
-    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mb)
-    tl.store(rs_out_ptr + b, R, mask=mb)
-    if HAS_PLAN:
-        mq = b <= B
-        q_out = tl.load(qsl_ptr + b, mask=mq, other=0) - tl.load(drop_ptr + b, mask=mq, other=0)
-        tl.store(oqsl_ptr + b, q_out, mask=mq)
-        seq = tl.load(seq_ptr + b, mask=mb, other=0).to(tl.int64)
-        trimmed = tl.load(trim_ptr + b, mask=mb, other=0) != 0
-        R64 = R.to(tl.int64)
-        kv = tl.where(trimmed, tl.maximum(R64, seq - W), R64)
-        tl.store(kv_ptr + b, kv.to(tl.int32), mask=mb)
+def _padding_role(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK: tl.constexpr, GB: tl.constexpr):
+    """Graph padding rows ``[n, n_pad)``: row 0, its position, every slot PAD."""
+    r = tl.arange(0, BLOCK)
+    g = tl.arange(0, GB)
+    o = n + pid * BLOCK + r
+    m = o < n_pad
+    p0 = tl.load(pos_ptr + r * 0, mask=m, other=0)
+    tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
+    tl.store(opos_ptr + o, p0, mask=m)
+    for g0 in range(0, G, GB):
+        gg = g0 + g
+        gm = (gg[:, None] < G) & m[None, :]
+        tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64), mask=gm)
 
 
 @jit
@@ -142,22 +175,27 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
                          rs_out_ptr, swa_ptr, swa_s0, lens_ptr,
                          drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
-                         B, T, G, width, n, n_pad, n_steps, block_size, W, Wr, tok_tiles, gather_tiles,
-                         DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr):
+                         B, T, G, width, n, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
+                         req_progs,
+                         DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK_T: tl.constexpr,
+                         BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
+                         KB: tl.constexpr):
     pid = tl.program_id(0)
     if pid < tok_tiles:
         _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                     n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, B, T, width, n_steps,
-                    block_size, W, Wr, DO_PAD, BLOCK_T, BLOCK_W)
-    elif pid < tok_tiles + gather_tiles:
-        if HAS_PLAN:  # gather_tiles is 0 without a plan
-            _gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, pos_ptr, slot_ptr, s_g, s_t,
-                         groups_ptr, n_groups, drop_ptr, rows_ptr, opos_ptr, oslot_ptr, B, G, n, n_pad, n_steps, Wr,
-                         DO_PAD, BLOCK)
+                    block_size, bs_shift, W, Wr, col_blocks, DO_PAD, BLOCK_T, BLOCK_W, KB)
+    elif HAS_PLAN:
+        if pid < tok_tiles + req_progs:
+            _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
+                                 s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr,
+                                 opos_ptr, oslot_ptr, kv_ptr, B, G, n_pad, W, Wr, S, DO_PAD, BLOCK, GB, KB)
+        else:
+            _padding_role(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
     else:
-        _request_role(pid - tok_tiles - gather_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, rs_out_ptr,
-                      drop_ptr, trim_ptr, oqsl_ptr, kv_ptr, B, W, HAS_PLAN, BLOCK)
+        b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+        mb = b < B
+        tl.store(rs_out_ptr + b, _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mb), mask=mb)
 
 
 _K = Kernel(_prepare_replay_step)
@@ -173,35 +211,37 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     ``gather_replay_batch(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W)``
     on the padded slots -- all in one launch. Returns a :class:`PreparedStep`.
     """
-    dev = positions.device
     B = idx_mapping.shape[0]
     T = positions.shape[0]
     G = slot_mappings.shape[0]
     width = W if index_width is None else index_width
     if out is None:
-        out = allocate_out(B, T, width, dev, plan, G)
+        out = allocate_out(B, T, width, positions.device, plan, G)
     rs, swa, lens = out["replay_start"], out["swa_indices"], out["swa_lens"]
     n_groups = cacheable_groups.shape[0]
     do_pad = not (any_replay is False or Wr == 0 or n_groups == 0)
-    has_plan = plan is not None
-    tok_tiles = (T + BLOCK_T - 1) // BLOCK_T
-    if has_plan:
-        dropped, trimmed = plan.device_tensors(dev)
-        n, n_pad = plan.num_rows, plan.num_rows_padded
+    col_blocks = max(1, (width + BLOCK_W - 1) // BLOCK_W)
+    tok_tiles = (T + BLOCK_T - 1) // BLOCK_T * col_blocks
+    if plan is not None:
+        dropped, trimmed, n, n_pad, S, req_progs, pad_progs = plan_launch(plan, positions)
         rb = out["replay_batch"]
         rows, oqsl, opos, oslot, kv = (rb["rows"], rb["query_start_loc"], rb["positions"], rb["slot_mappings"],
                                        rb["kv_start"])
-        gather_tiles = (n_pad + BLOCK - 1) // BLOCK
+        grid = (tok_tiles + req_progs + pad_progs, 1, 1)
     else:
         dropped = trimmed = rows = oqsl = opos = oslot = kv = None
-        n = n_pad = gather_tiles = 0
-    grid = (tok_tiles + gather_tiles + (B + BLOCK) // BLOCK, 1, 1)
-    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, has_plan), grid,
+        n = n_pad = req_progs = 0
+        S = 1
+        grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
+    s_g, s_t = slot_mappings.stride()
+    bt_s0, bt_s1 = block_table.stride()
+    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None), grid,
        contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), contiguous(query_start_loc),
-       contiguous(seq_lens), contiguous(positions), slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1),
-       contiguous(cacheable_groups), n_groups, block_table, block_table.stride(0), block_table.stride(1),
-       block_table.shape[1], rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
-       B, T, G, width, n, n_pad, B.bit_length(), block_size, W, Wr, tok_tiles, gather_tiles,
-       do_pad, has_plan, BLOCK_T, BLOCK_W, BLOCK)
-    batch = ReplayBatch(rows, oqsl, opos, oslot, kv, n, n_pad) if has_plan else None
+       contiguous(seq_lens), contiguous(positions), slot_mappings, s_g, s_t,
+       contiguous(cacheable_groups), n_groups, block_table, bt_s0, bt_s1, block_table.shape[1],
+       rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
+       B, T, G, width, n, n_pad, B.bit_length(), block_size, pow2_shift(block_size), W, Wr, S, col_blocks, tok_tiles,
+       req_progs,
+       do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB)
+    batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     return PreparedStep(rs, slot_mappings, swa, lens, batch)

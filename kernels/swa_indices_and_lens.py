@@ -1,9 +1,16 @@
 """``swa_indices_and_lens`` (SPEC §2.4) in Triton: a [tokens x columns] tile per program.
 
-Each program finds its tokens' requests by binary search over ``query_start_loc``, applies
-the clamp ``lo(p) = max(p - W + 1, 0, R)`` and translates ``lo(p) + j`` through the block
-table; columns at or past ``lens`` (and invalid tokens' rows) are PAD. Every output
-element is written exactly once (poisoned ``out=`` buffers come back fully defined).
+Each program finds its ``BLOCK_T`` tokens' requests by binary search over
+``query_start_loc`` (one round trip to warm the array, then cache hits), applies the clamp
+``lo(p) = max(p - W + 1, 0, R)`` once per token, splits ``lo`` into a block-table column
+and an offset once per token, and then writes each token's row of ``BLOCK_W`` columns:
+column ``j`` is block-table column ``col(lo) + (off(lo) + j) // block_size`` (shifts and
+masks for a power-of-two block size, the common case; an integer division otherwise),
+looked up through the block table (a row's lanes hit the same few entries: cache
+broadcasts), and one contiguous store per row. 32-bit arithmetic throughout (positions
+and slots are int32); 64-bit only for the row offsets. Columns at or past ``lens`` (and
+invalid tokens' rows) are PAD. Every output element is written exactly once (poisoned
+``out=`` buffers come back fully defined).
 """
 
 from __future__ import annotations
@@ -13,16 +20,16 @@ import triton.language as tl
 
 from ..common.ops._batch import resolve_num_tokens
 from ..common.types import INDEX_DTYPE
-from ._device import PAD, find_request
+from ._device import PAD, block_split, find_request, pow2_shift
 from ._launch import Kernel, contiguous, jit
 
-BLOCK_T = 32
+BLOCK_T = 16
 BLOCK_W = 128
 
 
 @jit
 def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr,
-                          B, T, width, n_steps, block_size, W,
+                          B, T, width, n_steps, block_size, bs_shift, W,
                           HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
@@ -31,21 +38,21 @@ def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols
     ok = m & (req < B)
     if HAS_VALID:
         ok = ok & (tl.load(valid_ptr + t, mask=m, other=0) != 0)
-    seq = tl.load(seq_ptr + req, mask=ok, other=0).to(tl.int64)
-    end = tl.load(qsl_ptr + req + 1, mask=ok, other=0).to(tl.int64)
-    R = tl.load(rs_ptr + req, mask=ok, other=0).to(tl.int64)
-    pos = seq - end + t
+    seq = tl.load(seq_ptr + req, mask=ok, other=0)
+    end = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
+    R = tl.load(rs_ptr + req, mask=ok, other=0)
+    pos = seq - (end - t)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)
     if tl.program_id(1) == 0:
-        tl.store(lens_ptr + t, lens.to(tl.int32), mask=m)
-    p = lo[:, None] + j[None, :]
+        tl.store(lens_ptr + t, lens, mask=m)
+    lo_col, lo_off = block_split(lo, block_size, bs_shift)
     live = (j[None, :] < lens[:, None]) & ok[:, None]
-    col = tl.minimum(tl.maximum(p // block_size, 0), n_cols - 1)
+    nb, within = block_split(lo_off[:, None] + j[None, :], block_size, bs_shift)
+    col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)
     row = req.to(tl.int64) * bt_s0
-    block = tl.load(bt_ptr + row[:, None] + col * bt_s1, mask=live, other=0).to(tl.int64)
-    slot = block * block_size + p % block_size
-    out = tl.where(live, slot, PAD).to(tl.int32)
+    block = tl.load(bt_ptr + row[:, None] + col.to(tl.int64) * bt_s1, mask=live, other=0)
+    out = tl.where(live, block * block_size + within, PAD)
     tl.store(idx_ptr + t.to(tl.int64)[:, None] * idx_s0 + j[None, :], out, mask=m[:, None] & (j[None, :] < width))
 
 
@@ -76,5 +83,6 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     _K((has_valid,), grid,
        contiguous(query_start_loc), contiguous(seq_lens), contiguous(replay_start), block_table,
        block_table.stride(0), block_table.stride(1), block_table.shape[1], contiguous(valid) if has_valid else None,
-       indices, indices.stride(0), lens, B, T, width, B.bit_length(), block_size, W, has_valid, BLOCK_T, BLOCK_W)
+       indices, indices.stride(0), lens, B, T, width, B.bit_length(), block_size, pow2_shift(block_size), W,
+       has_valid, BLOCK_T, BLOCK_W)
     return out
