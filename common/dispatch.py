@@ -21,6 +21,8 @@ from .errors import SelectionError
 from .matrix import Matrix, Row, load_matrix
 from .ops import HOST_OPS, OPS
 from .registry import Variant, all_variants, load_attr, priority, variant
+from .validation import _env_default as _validation_default
+from .validation import _state as _validation_state
 from .validation import fail, validation_enabled
 
 
@@ -279,14 +281,17 @@ class Backend:
         device = self.device
         if len(chain) == 1 and not chain[0].per_call:
             only = chain[0]
-            cell: list = []
+            validate = spec.validate
+            impl = None
 
-            def call(*args, **kwargs):
-                if validation_enabled():
-                    spec.validate(*args, **kwargs)
-                if not cell:
-                    cell.append(only.load(device))
-                return cell[0](*args, **kwargs)
+            def call(*args, **kwargs):  # the hot path: a thread-local read, then the variant
+                nonlocal impl
+                enabled = getattr(_validation_state, "enabled", None)
+                if enabled or (enabled is None and _validation_default()):
+                    validate(*args, **kwargs)
+                if impl is None:
+                    impl = only.load(device)
+                return impl(*args, **kwargs)
         else:
             def call(*args, **kwargs):
                 if validation_enabled():

@@ -17,6 +17,14 @@ constexprs, which the pack's key contains. Pointers that a kernel wants speciali
 into the key. ``SWA_TRITON_CHECK_KEYS=1`` makes every launch also go through Triton's own
 path and asserts that both picked the same compiled kernel (a GPU test runs with it).
 
+On the shortcut, pointer arguments go to the launcher as integers (``tensor.data_ptr()``,
+in a small launch function generated per key from the signature, see
+:func:`fast_launcher`): the launcher then skips its per-pointer ``cuPointerGetAttribute``
+query, a driver call per tensor argument (a dozen per launch here). The first launch of a
+key (Triton's path) still checks every pointer; with validation off, a CPU tensor passed
+later is not caught (it is an invalid device address). ``SWA_TRITON_PTR_INTS=0`` (or
+:func:`set_pointer_ints`) passes the tensors instead.
+
 ``SWA_TRITON_FAST_LAUNCH=0`` turns the shortcut off (every launch through Triton's path).
 Under the interpreter (``TRITON_INTERPRET=1``) launches always take Triton's path. This
 module decorates no kernel (it may be imported before ``interpreter.setup``); the device
@@ -32,6 +40,7 @@ import triton
 
 FAST = os.environ.get("SWA_TRITON_FAST_LAUNCH", "1") != "0"
 CHECK_KEYS = os.environ.get("SWA_TRITON_CHECK_KEYS", "0") == "1"
+PTR_INTS = os.environ.get("SWA_TRITON_PTR_INTS", "1") != "0"
 
 #: Every (kernel name, key) launched in this process: warmup tests compare it before and
 #: after a serving-like call (on the interpreter, where nothing is compiled).
@@ -65,7 +74,7 @@ class Kernel:
     3-tuple, ``args`` every kernel parameter in order, constexprs included.
     """
 
-    __slots__ = ("fn", "name", "launches", "_fast", "_get_device", "_get_stream", "_runtime")
+    __slots__ = ("fn", "name", "launches", "_fast", "_get_device", "_get_stream", "_hooks")
 
     def __init__(self, fn, name: str | None = None):
         self.fn = fn
@@ -75,25 +84,33 @@ class Kernel:
         self._fast: dict = {}
         self._get_device = None
         self._get_stream = None
-        self._runtime = None
+        self._hooks = None
         KERNELS[self.name] = self
 
     def __call__(self, key: tuple, grid: tuple, *args) -> None:
         self.launches += 1
         if FAST and not CHECK_KEYS:
-            dev = self._get_device() if self._get_device is not None else None
-            entry = self._fast.get((dev, key))
-            if entry is not None:
-                run, function, packed, ck = entry
-                rt = self._runtime
-                enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-                stream = self._get_stream(dev)
-                if _empty(enter) and _empty(leave):
-                    run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None, *args)
-                else:
-                    meta = ck.launch_metadata(grid, stream, *args)
-                    run(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, leave, *args)
-                return
+            get_device = self._get_device
+            if get_device is not None:
+                dev = get_device()
+                entry = self._fast.get((dev, key))
+                if entry is not None:
+                    rt = self._hooks
+                    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+                    launch, ck = entry
+                    if (enter is None or not getattr(enter, "calls", True)) and \
+                            (leave is None or not getattr(leave, "calls", True)):
+                        if launch is not None:
+                            launch(grid[0], grid[1], grid[2], self._get_stream(dev), *args)
+                        else:
+                            ck.run(grid[0], grid[1], grid[2], self._get_stream(dev), ck.function, ck.packed_metadata,
+                                   None, None, None, *args)
+                    else:  # a profiler's hooks: give them Triton's launch metadata
+                        stream = self._get_stream(dev)
+                        meta = ck.launch_metadata(grid, stream, *args)
+                        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, leave,
+                               *args)
+                    return
         self._slow(key, grid, args)
 
     def _slow(self, key: tuple, grid: tuple, args: tuple) -> None:
@@ -101,29 +118,108 @@ class Kernel:
         LAUNCHED.add((self.name, key))
         if ck is None or not hasattr(ck, "packed_metadata"):  # the interpreter returns nothing to cache
             return
-        from triton.runtime import driver
-
         if self._get_device is None:
-            import triton.knobs as knobs
-
-            self._runtime = knobs.runtime
-            self._get_device = driver.active.get_current_device
-            self._get_stream = driver.active.get_current_stream
+            self._bind_runtime()
         dev = self._get_device()
         entry = self._fast.get((dev, key))
         if entry is None:
-            self._fast[(dev, key)] = (ck.run, ck.function, ck.packed_metadata, ck)
-        elif CHECK_KEYS and entry[3] is not ck:
+            names = [p.name for p in self.fn.params]
+            if _STUB is not None:  # host-time profiling: everything but the launcher call
+                ck = _Stubbed(ck, _STUB)
+            launch = fast_launcher(ck, names, args) if PTR_INTS and _pointers_follow_convention(names, args) else None
+            self._fast[(dev, key)] = (launch, ck)
+        elif CHECK_KEYS and entry[1] is not ck:
             raise AssertionError(
                 f"{self.name}: launch key {key} maps to two compiled kernels; the key misses a specialisation")
+
+    def _bind_runtime(self) -> None:
+        """Bind what the shortcut calls: the current device and stream getters Triton uses
+        (torch's C getter for the device once CUDA is up: ``torch.cuda.current_device``
+        also re-checks lazy initialisation) and Triton's runtime knobs (launch hooks)."""
+        import torch
+        import triton.knobs as knobs
+        from triton.runtime import driver
+
+        get_device = driver.active.get_current_device
+        if get_device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
+            get_device = torch._C._cuda_getDevice
+        self._hooks = knobs.runtime  # read per launch: a profiler may install hooks at any time
+        self._get_stream = driver.active.get_current_stream
+        self._get_device = get_device
 
     def compiled(self) -> int:
         """Number of compiled variants Triton holds for this kernel (all devices)."""
         return compiled_count(self.fn)
 
 
-def _empty(hook) -> bool:
-    return hook is None or (hasattr(hook, "calls") and not hook.calls)
+def set_pointer_ints(enabled: bool) -> bool:
+    """Pass pointers to the launcher as integers (default) or as tensors, for launches made
+    from now on: forgets every kernel's fast entries (the next launch of each key goes
+    through Triton's path once and makes a new one). Returns the previous setting."""
+    global PTR_INTS
+    previous, PTR_INTS = PTR_INTS, bool(enabled)
+    for k in KERNELS.values():
+        k._fast.clear()
+    return previous
+
+
+_STUB = None
+
+
+def set_launcher_stub(stub) -> None:
+    """Host-time profiling: from now on every shortcut launch calls ``stub`` (any callable,
+    e.g. ``lambda *a: None``) with the arguments it would give the compiled kernel's
+    launcher, instead of that launcher: the Python path of a launch, timed without the
+    launcher's argument parsing, pointer checks and the driver's launch (nothing runs on
+    the device). ``None`` restores real launches. Forgets every fast entry (as
+    :func:`set_pointer_ints`); the next launch of each key goes through Triton's path."""
+    global _STUB
+    _STUB = stub
+    for k in KERNELS.values():
+        k._fast.clear()
+
+
+class _Stubbed:
+    """A compiled kernel whose ``run`` is the profiling stub (see :func:`set_launcher_stub`)."""
+
+    def __init__(self, ck, stub):
+        self.run, self.function, self.packed_metadata, self.ck = stub, ck.function, ck.packed_metadata, ck
+
+    def launch_metadata(self, *args):
+        return self.ck.launch_metadata(*args)
+
+
+def fast_launcher(ck, names: list[str], first_args: tuple):
+    """``launch(gx, gy, gz, stream, *args)``: ``ck``'s launcher call with every pointer
+    argument passed as ``arg.data_ptr()`` and the launch metadata and hooks left out
+    (``None``), generated from the parameter ``names`` (pointers end in ``_ptr``).
+
+    ``first_args`` (the arguments of the key's first launch) fix which pointers may be
+    None: one that was None may be None again (it stays None), one that was a tensor must
+    be a tensor (the pack's keys carry every optional input's presence; a None there fails
+    loudly). One generated expression per argument: no per-call loop or type test."""
+    params = [f"a{i}" for i in range(len(names))]
+    items = [(f"None if {a} is None else {a}.data_ptr()" if arg is None else f"{a}.data_ptr()")
+             if name.endswith("_ptr") else a for a, name, arg in zip(params, names, first_args)]
+    src = (f"def make(run, function, packed):\n"
+           f"    def launch(gx, gy, gz, stream, {', '.join(params)}):\n"
+           f"        run(gx, gy, gz, stream, function, packed, None, None, None, {', '.join(items)})\n"
+           f"    return launch\n")
+    namespace: dict = {}
+    exec(compile(src, f"<fast_launcher {len(names)} args>", "exec"), namespace)  # noqa: S102
+    return namespace["make"](ck.run, ck.function, ck.packed_metadata)
+
+
+def _pointers_follow_convention(names: list[str], args: tuple) -> bool:
+    """Every tensor argument is a ``*_ptr`` parameter and every ``*_ptr`` argument is a
+    tensor or None (what :func:`fast_launcher`'s pointer conversion relies on)."""
+    import torch
+
+    for name, arg in zip(names, args):
+        is_ptr = name.endswith("_ptr")
+        if isinstance(arg, torch.Tensor) != is_ptr and not (is_ptr and arg is None):
+            return False
+    return len(names) == len(args)
 
 
 def compiled_count(fn) -> int:

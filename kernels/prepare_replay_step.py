@@ -22,6 +22,8 @@ whose final value both possible orders agree on. No host synchronisation.
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -211,19 +213,20 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     ``gather_replay_batch(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W)``
     on the padded slots -- all in one launch. Returns a :class:`PreparedStep`.
     """
-    B = idx_mapping.shape[0]
-    T = positions.shape[0]
-    G = slot_mappings.shape[0]
+    B, T, G = len(idx_mapping), len(positions), len(slot_mappings)
     width = W if index_width is None else index_width
     if out is None:
         out = allocate_out(B, T, width, positions.device, plan, G)
     rs, swa, lens = out["replay_start"], out["swa_indices"], out["swa_lens"]
-    n_groups = cacheable_groups.shape[0]
+    n_groups = len(cacheable_groups)
     do_pad = not (any_replay is False or Wr == 0 or n_groups == 0)
-    col_blocks = max(1, (width + BLOCK_W - 1) // BLOCK_W)
+    col_blocks = (width + BLOCK_W - 1) // BLOCK_W or 1
     tok_tiles = (T + BLOCK_T - 1) // BLOCK_T * col_blocks
     if plan is not None:
-        dropped, trimmed, n, n_pad, S, req_progs, pad_progs = plan_launch(plan, positions)
+        entry = plan._launch_cache.get(positions.get_device())
+        if entry is None:
+            entry = plan_launch(plan, positions)
+        dropped, trimmed, _, n, n_pad, S, req_progs, pad_progs, _ = entry
         rb = out["replay_batch"]
         rows, oqsl, opos, oslot, kv = (rb["rows"], rb["query_start_loc"], rb["positions"], rb["slot_mappings"],
                                        rb["kv_start"])
@@ -240,8 +243,10 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        contiguous(seq_lens), contiguous(positions), slot_mappings, s_g, s_t,
        contiguous(cacheable_groups), n_groups, block_table, bt_s0, bt_s1, block_table.shape[1],
        rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
-       B, T, G, width, n, n_pad, B.bit_length(), block_size, pow2_shift(block_size), W, Wr, S, col_blocks, tok_tiles,
-       req_progs,
-       do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB)
+       B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
+       tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     return PreparedStep(rs, slot_mappings, swa, lens, batch)
+
+
+_pow2_shift = functools.lru_cache(maxsize=64)(pow2_shift)

@@ -24,6 +24,8 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
 ROOT = Path(__file__).resolve().parents[1]
 if "swa_backends" not in sys.modules:
     try:
+        if os.environ.get("SWA_AOT_FROM_CHECKOUT") == "1":  # this checkout even if another one is installed
+            raise ImportError
         import swa_backends  # noqa: F401  (installed)
     except ImportError:
         spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",

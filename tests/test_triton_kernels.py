@@ -200,6 +200,51 @@ def test_gather_replay_batch_graph_padding_is_pad(tb):
     assert (got.slot_mappings[:, n:] == PAD).all() and (got.rows[n:] == 0).all()
 
 
+@pytest.mark.parametrize("op", ["swa_indices_and_lens", "prepare_replay_step", "combined_indices"])
+@pytest.mark.parametrize("block_size", [3, 24])
+def test_block_size_not_a_power_of_two(tb, op, block_size):
+    """The window kernels split positions into block-table column and offset with shifts
+    for power-of-two block sizes and an integer division otherwise: the second path too."""
+    rng = np.random.default_rng(block_size * 7 + len(op))
+    for _ in range(3):
+        b = random_batch(rng, block_size=block_size, W=int(rng.choice([8, 130])), max_q=150, max_reqs=5,
+                         long_prefill=op == "prepare_replay_step")
+        args, kwargs = case_for(op, rng, "cpu", batch=b)
+        _check(tb, op, args, kwargs)
+
+
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+def test_sub_batch_long_kept_runs_and_many_groups(tb, op):
+    """A request keeping more rows than one program step (``keeps_rows`` on a long prefill:
+    several programs per request) and more slot groups than one tile holds."""
+    from swa_backends.common.ops import plan_replay_batch
+
+    all_variants()[op]["triton"].load(tb.device)  # interpreter mode first, then the kernel module
+    from swa_backends.kernels.gather_replay_batch import BLOCK, GB
+
+    rng = np.random.default_rng(21)
+    split = False
+    for num_groups in (GB + 3, 2, GB + 1):
+        b = random_batch(rng, W=8, max_q=2 * BLOCK + 40, max_reqs=4, num_groups=num_groups, long_prefill=True)
+        long = np.flatnonzero(b.prefilling & (b.q > b.W))
+        keeps = np.zeros(b.B, bool)
+        keeps[long[1:]] = True
+        t = b.tensors("cpu")
+        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(rng.integers(1, 300)) + b.T)
+        if op == "gather_replay_batch":
+            args = (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"],
+                    t["slot_mappings"], b.W)
+            kwargs = {}
+        else:
+            args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+            kwargs["plan"] = plan
+        _check(tb, op, args, kwargs)
+        S = next(iter(plan._launch_cache.values()))[5]  # programs per request
+        assert S == max(1, -(-int(plan.kept.max()) // BLOCK))
+        split |= S > 1
+    assert split, "no case spread a request over several programs"
+
+
 def test_pad_replayed_slots_no_launch_without_replay(tb):
     from swa_backends.kernels import _launch
 
