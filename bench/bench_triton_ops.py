@@ -82,7 +82,8 @@ from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
 
 W, BS, G = 128, 64, 5
-SLEEP_CYCLES = 100_000  # ~50 us at 2 GHz: longer than the host needs to enqueue a call
+SLEEP_CYCLES = 400_000  # ~0.2 ms at 2 GHz: longer than the host needs to enqueue a call (or four)
+REFERENCE_LEAD_CYCLES = 4_000_000  # ~2 ms: the torch reference enqueues a dozen ops per call
 SMOKE = False  # --smoke: CPU interpreter, tiny sizes, host clocks (set by main)
 HIDDEN = 7168
 TOTAL_ROWS = 131072
@@ -112,12 +113,14 @@ def empty_kernel():
 _FLUSH: dict = {}
 
 
-def gpu_us(fn, *, flush: bool = True, calls: int = 200, warmup: int = 25) -> float:
+def gpu_us(fn, *, flush: bool = True, calls: int = 200, warmup: int = 25, lead_cycles: int | None = None) -> float:
     """Median device time of one call (us): events recorded right before and after each
     call. ``flush``: a 256 MB buffer is zeroed before each call (cold L2: do_bench's
-    method); else ``torch.cuda._sleep`` instead (warm L2). Either way the device is busy
-    while the host enqueues the events and the call, so host launch overhead is not
-    counted."""
+    method); else ``torch.cuda._sleep(SLEEP_CYCLES)`` instead (warm L2). Either way the
+    device is busy while the host enqueues the events and the call, so host launch
+    overhead is not counted -- as long as enqueueing takes less than the flush (~0.1 ms)
+    or the sleep; ``lead_cycles``: sleep that long before each call in both modes (for
+    host-heavy callables such as the torch reference)."""
     if SMOKE:
         return _host_median(fn, min(calls, 2))
     dev = torch.cuda.current_device()
@@ -132,8 +135,8 @@ def gpu_us(fn, *, flush: bool = True, calls: int = 200, warmup: int = 25) -> flo
     for i in range(calls):
         if flush:
             cache.zero_()
-        else:
-            torch.cuda._sleep(SLEEP_CYCLES)
+        if lead_cycles is not None or not flush:
+            torch.cuda._sleep(lead_cycles or SLEEP_CYCLES)
         starts[i].record()
         fn()
         ends[i].record()
@@ -142,7 +145,7 @@ def gpu_us(fn, *, flush: bool = True, calls: int = 200, warmup: int = 25) -> flo
 
 
 def gpu_pair(fn, **kw) -> dict:
-    """``{"gpu_us_flushed": ..., "gpu_us_warm": ...}`` of ``fn``."""
+    """``{"gpu_us_flushed": ..., "gpu_us_warm": ...}`` of ``fn`` (keywords: :func:`gpu_us`'s)."""
     return {"gpu_us_flushed": gpu_us(fn, flush=True, **kw), "gpu_us_warm": gpu_us(fn, flush=False, **kw)}
 
 
@@ -292,7 +295,8 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         _launch.FAST = False
         row["triton_host_us_triton_launch_path"] = host_us(fn)
         _launch.FAST = True
-        row.update({f"reference_{k}": v for k, v in gpu_pair(rfn, calls=50).items()})
+        row.update({f"reference_{k}": v for k, v in gpu_pair(rfn, calls=30, warmup=3,
+                                                             lead_cycles=REFERENCE_LEAD_CYCLES).items()})
         row["reference_host_us"] = host_us(rfn, calls=300)
         rows.append(row)
         if quick:

@@ -77,17 +77,51 @@ def test_launch_keys_are_complete(gb, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_fast_and_triton_launch_paths_agree(gb, monkeypatch):
+@pytest.mark.parametrize("ptr_ints", [True, False])
+def test_fast_and_triton_launch_paths_agree(gb, monkeypatch, ptr_ints):
+    """The shortcut (pointers as integers, the default, or as tensors) and Triton's own
+    launch path give the reference result, for every op, twice (the second call of a key
+    takes the shortcut)."""
     from swa_backends.kernels import _launch
 
-    rng = np.random.default_rng(23)
-    for op in KERNEL_OPS:
-        args, kwargs = case_for(op, rng, "cpu")
-        monkeypatch.setattr(_launch, "FAST", False)
-        slow, want = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
-        monkeypatch.setattr(_launch, "FAST", True)
-        fast, _ = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
-        assert mismatch(op, slow, want) is None and mismatch(op, fast, want) is None
+    previous = _launch.set_pointer_ints(ptr_ints)
+    try:
+        rng = np.random.default_rng(23)
+        for op in KERNEL_OPS:
+            args, kwargs = case_for(op, rng, "cpu")
+            monkeypatch.setattr(_launch, "FAST", False)
+            slow, want = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
+            monkeypatch.setattr(_launch, "FAST", True)
+            for _ in range(2):
+                fast, _ = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
+                assert mismatch(op, slow, want) is None and mismatch(op, fast, want) is None
+    finally:
+        _launch.set_pointer_ints(previous)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+def test_sub_batch_long_kept_runs_and_many_groups_on_gpu(gb, op):
+    """Requests keeping thousands of rows (several programs per request) and more slot
+    groups than one tile holds, on serving sizes."""
+    rng = np.random.default_rng(31)
+    dev = _dev(gb)
+    for i in range(6):
+        b = random_batch(rng, max_reqs=24, max_q=3000, W=128, block_size=64, num_groups=int(rng.choice([5, 11])),
+                         long_prefill=True)
+        long = np.flatnonzero(b.prefilling & (b.q > b.W))
+        keeps = np.zeros(b.B, bool)
+        keeps[long[1:]] = True
+        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(b.T) + 64)
+        t = b.tensors("cpu")
+        if op == "gather_replay_batch":
+            args, kwargs = (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"],
+                            t["slot_mappings"], b.W), {}
+        else:
+            args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+            kwargs["plan"] = plan
+        got, want = run_op(op, getattr(gb, op), args, kwargs, dev)
+        assert mismatch(op, got, want) is None, f"{op} case {i}"
 
 
 # --------------------------------------------------------------------------- graphs
