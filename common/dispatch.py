@@ -20,7 +20,7 @@ from .device import DeviceInfo, resolve_device
 from .errors import SelectionError
 from .matrix import Matrix, Row, load_matrix
 from .ops import HOST_OPS, OPS
-from .registry import Variant, all_variants, load_attr, priority, variant
+from .registry import Variant, all_variants, load_attr, platform_input_check, priority, variant
 from .validation import fail, validation_enabled
 
 
@@ -277,20 +277,30 @@ class Backend:
         spec = OPS[op]
         chain = self._chains[op]
         device = self.device
+        check_path = platform_input_check(device.platform, op)
+        if check_path is None:
+            validate = spec.validate
+        else:
+            platform_check = load_attr(check_path)
+
+            def validate(*args, **kwargs):
+                spec.validate(*args, **kwargs)
+                platform_check(device, *args, **kwargs)
+
         if len(chain) == 1 and not chain[0].per_call:
             only = chain[0]
             cell: list = []
 
             def call(*args, **kwargs):
                 if validation_enabled():
-                    spec.validate(*args, **kwargs)
+                    validate(*args, **kwargs)
                 if not cell:
                     cell.append(only.load(device))
                 return cell[0](*args, **kwargs)
         else:
             def call(*args, **kwargs):
                 if validation_enabled():
-                    spec.validate(*args, **kwargs)
+                    validate(*args, **kwargs)
                 return self._pick(op, args, kwargs).load(device)(*args, **kwargs)
 
         functools.update_wrapper(call, spec.reference)
