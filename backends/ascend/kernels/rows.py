@@ -40,7 +40,7 @@ def _zero_kernel(out_ptr, total, BLOCK: tl.constexpr):
     base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
     for start in range(0, total, step):
         e = base + start
-        tl.store(out_ptr + e, tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty), mask=e < total)
+        tl.store(out_ptr + e, 0, mask=e < total)  # the scalar is cast to the element type
 
 
 @triton.jit
