@@ -49,3 +49,19 @@ def test_wrong_platform_device_is_refused():
     with pytest.raises(ValueError, match="expected a cuda device"):
         with contract_doubles("rocm:gfx950"):
             pass
+
+
+@pytest.mark.parametrize("device, foreign", [
+    ("cuda:sm100", ("aiter", "torch_npu", "vllm_ascend")),
+    ("rocm:gfx950", ("vllm", "flashinfer", "torch_npu", "vllm_ascend")),
+    ("ascend:910b", ("vllm", "flashinfer", "aiter")),
+])
+def test_probes_never_import_another_platforms_vendor(device, foreign):
+    """Assessing one platform (every probe of its variants runs) imports nothing of another's."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, swa_backends as sb; sb.explain({device!r}); sb.capabilities({device!r}); "
+            f"bad = [m for m in sys.modules if m.split('.')[0] in {foreign!r}]; assert not bad, bad; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

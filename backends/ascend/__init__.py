@@ -35,7 +35,8 @@ VARIANTS: tuple = (
     Variant(
         op="sparse_mla", name="npu_sparse_flash_mla", impl=f"{_PKG}.npu_attention:sparse_mla", platforms=("ascend",),
         archs=("ascend910b", "ascend910_93", "ascend950"), dtypes=SERVED.dtypes, index_layout="plain",
-        graph_safe=True, clamps_window=True, requires=("vllm_ascend_sparse_flash_mla",),
+        # the op's task-split metadata is rebuilt per call; not shown to be capturable in an ACL graph
+        graph_safe=False, clamps_window=True, requires=("vllm_ascend_sparse_flash_mla",),
         input_check=f"{_PKG}.npu_attention:input_check",
         description="vllm-ascend torch.ops._C_ascend.npu_sparse_flash_mla, explicit-index SWA mode "
                     "(ori_sparse_indices + ori_topk_length, ori_mask_mode=0) fed the pack's clamped rows",

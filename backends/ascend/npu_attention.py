@@ -66,8 +66,8 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     rows, counts = compact_rows(indices, lens)
     ori_indices = rows.unsqueeze(1)  # TND [T, N2 = 1, K]
     topk_length = counts.unsqueeze(1)  # TND [T, N2 = 1]
-    cu_q = torch.tensor([0, T], dtype=torch.int32, device=dev)
-    cu_kv = torch.tensor([0, S], dtype=torch.int32, device=dev)
+    two = torch.arange(2, dtype=torch.int32, device=dev)  # built on the device: no host copy
+    cu_q, cu_kv = two * T, two * S
     sinks = sink if sink is not None else torch.full((H,), NO_SINK, dtype=torch.float32, device=dev)
     mode = dict(cmp_ratio=0, ori_mask_mode=0, cmp_mask_mode=0, ori_win_left=SERVED.window - 1, ori_win_right=0,
                 layout_q="TND", layout_kv="TND")
