@@ -135,9 +135,18 @@ def test_flashinfer_sm12x_gets_two_segments():
     with contract_doubles("cuda:sm120"), spy("flashinfer.mla", "trtllm_batch_decode_sparse_mla_dsv4", calls):
         flashinfer.sparse_mla_sm12x(*args, **kw)
     (vq, swa, ws, win), vkw = calls[0]
-    assert win.shape == (vq.shape[0], 1, 128) and vkw["extra_sparse_indices"].shape == (vq.shape[0], 1, 12)
-    assert torch.equal(vkw["swa_topk_lens"], lens.clamp(max=128))
-    assert torch.equal(vkw["extra_sparse_topk_lens"], (lens - 128).clamp(min=0))
+    idx = args[2]
+    T = vq.shape[0]
+    extra = vkw["extra_sparse_indices"]
+    assert win.shape == (T, 1, 128) and extra.shape == (T, 1, 12)
+    j = torch.arange(140)
+    keep = (j[None] < lens[:, None]) & (idx != -1)
+    for seg, n, cols in ((win[:, 0], vkw["swa_topk_lens"], slice(0, 128)),
+                         (extra[:, 0], vkw["extra_sparse_topk_lens"], slice(128, 140))):
+        for t in range(T):  # valid entries first (no PAD inside the active length), then PAD
+            kept = idx[t, cols][keep[t, cols]]
+            assert int(n[t]) == kept.numel() and torch.equal(seg[t, : n[t]], kept)
+            assert bool((seg[t, n[t]:] == -1).all())
     assert "sparse_topk_lens" not in vkw and vkw["kv_layout"] == "NHD"
 
 

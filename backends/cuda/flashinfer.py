@@ -20,11 +20,13 @@ segment (``sparse_indices`` + ``swa_topk_lens``) and the compressed segment
 
 Adaptation (the index matrix is the pack's *mixed* layout: 128 window columns then the top-k
 part padded to 4; both segments index the same ``kv``, passed as both pools):
-* each token is its own request (``cum_seq_lens_q = 0..T``, ``max_q_len = 1``) with
+* SM10x: each token is its own request (``cum_seq_lens_q = 0..T``, ``max_q_len = 1``) with
   ``seq_lens = 128``, so the whole window tile is eligible and the clamp comes only from the
-  indices: clamped rows carry PAD holes, which the kernel skips (FlashInfer documents padded
-  invalid entries; the encoder-replay PR relies on it for its clamped mixed rows) -- not
-  verified on SM100 hardware here;
+  indices: clamped rows carry PAD holes inside the tile, which the kernel must skip. vLLM's
+  own encoder-replay path relies on the same thing (its tile length ``min(p + 1, 128)`` covers
+  the PAD tail of every clamped row); not verified on SM100 hardware here;
+* SM12x: both segments are compacted (valid entries first) and their counts passed as
+  ``swa_topk_lens`` / ``extra_sparse_topk_lens``, so no PAD lies inside an active length;
 * entries at ``j >= lens`` are set to PAD and the active length raised to >= 128, so any
   ``lens`` (even < 128) keeps the reference meaning;
 * ``kv [S, 512]`` is viewed as S pages of one token (``[S, 1, 1, 512]``): a page split of a
@@ -38,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from ...common.types import PAD
-from ..adapters import lse_from_indices, pad_heads, zero_empty_rows
+from ..adapters import compact_rows, lse_from_indices, pad_heads, zero_empty_rows
 from .probes import find_flashinfer_dsv4
 
 HEADS = (8, 16, 32, 64, 128)
@@ -118,12 +120,15 @@ def sparse_mla_sm12x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     if fn is None:
         raise RuntimeError(why)
     qp, sp, masked, pool = _prepare(q, kv, indices, lens, sink)
-    win = masked[:, :SWA_COLUMNS].reshape(T, 1, SWA_COLUMNS).contiguous()
-    win_lens = torch.clamp(lens, max=SWA_COLUMNS).to(torch.int32)
+    # Each segment is compacted (valid entries first) and its count passed as its length, so
+    # no PAD lies inside an active length: nothing here relies on the kernel skipping -1.
+    full = torch.full_like(lens, masked.shape[1])
+    win, win_lens = compact_rows(masked[:, :SWA_COLUMNS], full)
+    win = win.reshape(T, 1, SWA_COLUMNS)
     extra = extra_lens = None
     if masked.shape[1] > SWA_COLUMNS:
-        extra = masked[:, SWA_COLUMNS:].reshape(T, 1, -1).contiguous()
-        extra_lens = torch.clamp(lens - SWA_COLUMNS, min=0).to(torch.int32)
+        extra, extra_lens = compact_rows(masked[:, SWA_COLUMNS:], full)
+        extra = extra.reshape(T, 1, -1)
     # NHD [pages, page_size=1, heads=1, 512]: the same view as HND for one-token pages.
     out = fn(qp, pool, workspace(q.device), win,
              compressed_kv_cache=pool if extra is not None else None,
