@@ -239,7 +239,46 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         return (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W), kw
     if op in ("gather_rows", "scatter_rows"):
         return rows_case(op, rng, dev, poison=poison)
+    if op == "prepare_replay_step":
+        return prepare_case(rng, dev, batch=batch, poison=poison)
     raise KeyError(op)
+
+
+def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False) -> Case:
+    """A step for ``prepare_replay_step``: per-request replay starts mapped so the batch rows
+    get ``batch.R``, a trimming plan half the time."""
+    from .ops.prepare_replay_step import out_shapes
+
+    with_plan = rng.random() < 0.5
+    b = batch if batch is not None else random_batch(rng, long_prefill=with_plan)
+    with_plan = with_plan and bool((b.prefilling & (b.q > b.W)).any())
+    t = b.tensors(dev)
+    n_req = b.B + int(rng.integers(0, 4))
+    idx = rng.permutation(n_req)[: b.B]
+    R_all = rng.integers(0, 500, n_req)
+    R_all[idx] = np.where(b.prefilling, b.R, rng.integers(0, 500, b.B))  # decode rows: ignored (not prefilling)
+    T = b.T + b.num_padded
+    width = b.W + int(rng.integers(0, 3))
+    plan = None
+    if with_plan:
+        keeps = rng.random(b.B) < 0.2
+        keeps[np.flatnonzero(b.prefilling & (b.q > b.W))[0]] = False
+        n = int(np.where(b.prefilling & ~keeps, np.minimum(b.q, b.W), b.q).sum())
+        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=None if rng.random() < 0.5 else n + int(rng.integers(0, 9)))
+    kw: dict = {"index_width": width, "plan": plan}
+    if rng.random() < 0.3:
+        kw["any_replay"] = bool((b.R > 0).any())
+    if poison:
+        def fill(spec):
+            if isinstance(spec, dict):
+                return {k: fill(v) for k, v in spec.items()}
+            return _poison(spec[0], spec[1], dev)
+
+        kw["out"] = fill(out_shapes(b.B, T, width, plan, b.num_groups))
+    args = (torch.tensor(R_all, dtype=INDEX_DTYPE if rng.random() < 0.5 else torch.int64, device=dev),
+            torch.tensor(idx, dtype=INDEX_DTYPE, device=dev), t["is_prefilling"], t["query_start_loc"], t["seq_lens"],
+            t["positions"], t["slot_mappings"], t["cacheable_groups"], t["block_table"], b.block_size, b.W, b.Wr)
+    return args, kw
 
 
 def sparse_mla_case(rng: np.random.Generator, dev, *, T: int | None = None, H: int | None = None, D: int | None = None,

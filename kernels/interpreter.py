@@ -11,11 +11,25 @@ when a Triton variant is chosen, after :func:`setup` has fixed the mode for the 
 
 The two cannot mix in one process: asking for the other mode after the first kernel
 module was imported raises ``RuntimeError`` (run CPU emulation in its own process).
+
+What interpret mode changes in the process, all of it only when a Triton variant is first
+loaded for a CPU device (``select("cpu", prefer="triton")`` then the first call):
+
+* ``os.environ["TRITON_INTERPRET"] = "1"``: Triton kernels decorated from then on (this
+  pack's and any other library's) are interpreted; child processes inherit the variable;
+* if ``triton`` was already imported before that (the variants' ``triton`` probe imports
+  it, and so may other libraries), the helpers of ``triton.language`` written in Triton
+  itself (``tl.sum``, ``tl.cumsum``, ``tl.zeros_like``, ``tl.cdiv``, ... and their
+  ``tensor`` methods) were decorated as compiled functions, which an interpreted kernel
+  cannot call. :func:`setup` rebinds each of them, in ``triton.language``'s modules and on
+  ``triton.language.tensor``, to an interpreted wrapper of the same Python function.
+  Kernels that other libraries decorated before the switch stay compiled.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from ..common.device import DeviceInfo
 
@@ -34,6 +48,8 @@ def setup(device: DeviceInfo) -> None:
     if _mode is None:
         if want == "interpret":
             os.environ["TRITON_INTERPRET"] = "1"
+            if "triton" in sys.modules:
+                _interpret_language_helpers()
         elif os.environ.get("TRITON_INTERPRET", "0") == "1":
             raise RuntimeError(
                 f"TRITON_INTERPRET=1 is set in this process but device {device} needs compiled Triton kernels; "
@@ -43,3 +59,25 @@ def setup(device: DeviceInfo) -> None:
         raise RuntimeError(
             f"Triton kernels are already loaded in {_mode} mode in this process; device {device} needs {want} mode. "
             "Triton fixes the mode when a kernel is decorated: use one process per mode.")
+
+
+def _interpret_language_helpers() -> int:
+    """Rebind the compiled ``@triton.jit`` helpers of ``triton.language`` (decorated when
+    ``triton`` was imported without ``TRITON_INTERPRET``) to interpreted wrappers of the same
+    Python functions; returns how many were rebound."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    owners = [m for name, m in list(sys.modules.items())
+              if m is not None and (name == "triton.language" or name.startswith("triton.language."))]
+    owners.append(tl.core.tensor)
+    swapped: dict[int, InterpretedFunction] = {}
+    for owner in owners:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, JITFunction):
+                new = swapped.get(id(value))
+                if new is None:
+                    new = swapped[id(value)] = InterpretedFunction(value.fn)
+                setattr(owner, name, new)
+    return len(swapped)

@@ -20,6 +20,7 @@ from . import (
     pad_replayed_slots,
     plain_indices,
     prefill_gather_lens,
+    prepare_replay_step,
     rows,
     sparse_mla,
     swa_indices_and_lens,
@@ -61,6 +62,7 @@ OPS: dict[str, OpSpec] = {
         _spec(gather_replay_batch),
         _spec(rows, "gather_rows", rows.validate_gather, rows.gather_rows),
         _spec(rows, "scatter_rows", rows.validate_scatter, rows.scatter_rows),
+        _spec(prepare_replay_step),
     )
 }
 

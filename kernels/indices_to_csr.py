@@ -1,0 +1,99 @@
+"""``indices_to_csr`` in Triton: padded index rows to CSR with every PAD dropped.
+
+Three launches, no host synchronisation: per-row counts into ``indptr[1:]``, one program
+scanning ``indptr`` in place (a running carry over blocks of 1024 rows), then the
+compaction (row ``t``'s kept entries at ``indptr[t] + rank``; every element of ``values``
+at or past ``indptr[T]`` is set to PAD by the program owning that position, so each
+element of ``values`` is written exactly once).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from ..common.types import INDEX_DTYPE
+from ._device import PAD
+from ._launch import Kernel, contiguous, jit
+
+BLOCK_T = 16
+BLOCK_K = 128
+SCAN_BLOCK = 4096
+
+
+@jit
+def _csr_counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    m = t < T
+    n = tl.load(lens_ptr + t, mask=m, other=0)
+    count = tl.zeros([BLOCK_T], tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        j = k0 + tl.arange(0, BLOCK_K)[None, :]
+        v = tl.load(idx_ptr + t.to(tl.int64)[:, None] * s0 + j * s1, mask=m[:, None] & (j < K), other=PAD)
+        keep = (j < n[:, None]) & (v != PAD)
+        count += tl.sum(keep.to(tl.int32), axis=1)
+    tl.store(indptr_ptr + 1 + t, count, mask=m)
+
+
+@jit
+def _csr_scan(indptr_ptr, T, BLOCK: tl.constexpr):
+    carry = tl.zeros([1], tl.int32)
+    tl.store(indptr_ptr + tl.arange(0, 1), carry)
+    for t0 in range(0, T, BLOCK):
+        t = t0 + tl.arange(0, BLOCK)
+        m = t < T
+        c = tl.load(indptr_ptr + 1 + t, mask=m, other=0)
+        s = tl.cumsum(c, axis=0) + carry
+        tl.store(indptr_ptr + 1 + t, s, mask=m)
+        carry += tl.sum(c, axis=0)
+
+
+@jit
+def _csr_compact(idx_ptr, s0, s1, lens_ptr, indptr_ptr, values_ptr, T, K,
+                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    m = t < T
+    n = tl.load(lens_ptr + t, mask=m, other=0)
+    dest = tl.load(indptr_ptr + t, mask=m, other=0).to(tl.int64)
+    total = tl.load(indptr_ptr + T).to(tl.int64)
+    t64 = t.to(tl.int64)[:, None]
+    for k0 in range(0, K, BLOCK_K):
+        j = k0 + tl.arange(0, BLOCK_K)[None, :]
+        inside = m[:, None] & (j < K)
+        v = tl.load(idx_ptr + t64 * s0 + j * s1, mask=inside, other=PAD)
+        keep = (j < n[:, None]) & (v != PAD) & inside
+        k32 = keep.to(tl.int32)
+        rank = tl.cumsum(k32, axis=1) - 1
+        tl.store(values_ptr + dest[:, None] + rank, v, mask=keep)
+        dest += tl.sum(k32, axis=1)
+        flat = t64 * K + j  # this program's own share of values[]: PAD past the kept total
+        tl.store(values_ptr + flat, tl.full([BLOCK_T, BLOCK_K], PAD, tl.int32), mask=inside & (flat >= total))
+
+
+_COUNTS = Kernel(_csr_counts)
+_SCAN = Kernel(_csr_scan)
+_COMPACT = Kernel(_csr_compact)
+_KEY = ()
+
+
+def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indptr int32 [T+1], values int32 [T*K])``: row ``t``'s kept entries (``j < lens[t]``
+    and not PAD, in order) are ``values[indptr[t]:indptr[t+1]]``. ``values`` has the fixed
+    upper-bound size ``T*K`` (graph-safe); entries from ``indptr[T]`` on are PAD.
+    Three launches (counts, scan, compaction), no host synchronisation.
+    """
+    T, K = indices.shape
+    dev = indices.device
+    if out is None:
+        out = (torch.empty(T + 1, dtype=INDEX_DTYPE, device=dev), torch.empty(T * K, dtype=INDEX_DTYPE, device=dev))
+    indptr, values = out
+    if T == 0 or K == 0:
+        indptr.zero_()
+        return out
+    lens = contiguous(lens)
+    grid = ((T + BLOCK_T - 1) // BLOCK_T, 1, 1)
+    s0, s1 = indices.stride(0), indices.stride(1)
+    _COUNTS(_KEY, grid, indices, s0, s1, lens, indptr, T, K, BLOCK_T, BLOCK_K)
+    _SCAN(_KEY, (1, 1, 1), indptr, T, SCAN_BLOCK)
+    _COMPACT(_KEY, grid, indices, s0, s1, lens, indptr, values, T, K, BLOCK_T, BLOCK_K)
+    return out
