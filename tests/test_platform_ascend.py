@@ -241,3 +241,23 @@ def test_contract_doubles_restore_everything():
         assert isinstance(sys.modules["torch_npu"], types.ModuleType)
     assert {m: sys.modules.get(m) for m in names} == before
     assert "triton_ascend" not in registry._PROBE_OVERRIDES
+
+
+@pytest.mark.skipif(registry.probe("triton") is not None, reason=f"{registry.probe('triton')}")
+def test_triton_ascend_kernels_compile_offline():
+    """Triton's real compiler on every specialisation the random cases launch (the
+    interpreter runs only the Python): tests/aot_compile_ascend.py, in its own process."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).with_name("aot_compile_ascend.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(script), "cuda:90", "hip:gfx942"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].startswith("compiled ")
+    for target in ("cuda:90", "hip:gfx942"):
+        for kernel in ("_gather_kernel", "_zero_kernel", "_scatter_kernel", "_swa_kernel", "_pad_kernel"):
+            assert any(line.startswith(f"{target} {kernel} ") for line in lines), (target, kernel)
