@@ -15,10 +15,16 @@ from .common.errors import MatrixError, SelectionError
 from .common.matrix import load_matrix
 from .common.ops import (
     OPS,
+    PCPPartition,
     admit_prefix_hit,
     agree_across_dp,
     allocate_replay_batch_out,
     mark_prefix_replay,
+    pcp_gather_columns,
+    pcp_pad_own_block,
+    pcp_pad_replayed_slots,
+    pcp_partition,
+    pcp_restore_tokens,
     plan_replay_batch,
     replay_block_is_live,
     replay_layer_ids,
@@ -30,7 +36,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PAD", "OPS", "Admission", "Backend", "Capabilities", "DeviceInfo", "Explanation", "MatrixError",
-    "ReplayBatch", "ReplayMetadata", "ReplayPlan", "SelectionError", "ServingConfig", "SideDecision",
+    "PCPPartition", "pcp_gather_columns", "pcp_pad_own_block", "pcp_pad_replayed_slots", "pcp_partition",
+    "pcp_restore_tokens", "ReplayBatch", "ReplayMetadata", "ReplayPlan", "SelectionError", "ServingConfig", "SideDecision",
     "admit_prefix_hit", "agree_across_dp", "allocate_replay_batch_out", "capabilities", "current_device",
     "explain", "fake_device", "load_matrix", "mark_prefix_replay", "parse_device", "plan_replay_batch",
     "reference_backend", "replay_block_is_live", "replay_layer_ids", "select", "set_validation", "validation",

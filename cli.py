@@ -2,6 +2,7 @@
 
     swa-backends info  [--device D] [--prefer V] [--config k=v ...] [--all] [--emulate] [--json]
     swa-backends check [--device D] [--prefer V] [--cases N] [--seed S] [--json]
+    swa-backends matrix [--rows ID,..] [--ops OP,..] [--cases N] [--seed S] [--out DIR] [--json]
 
 ``--device`` names a real device (``cpu``, ``cuda:0``, ``npu:0``) or a fake one
 (``rocm:gfx942``, ``rocm:gfx950``, ``ascend:910b``, ``ascend:910_93``, ``cuda:sm90``...).
@@ -45,6 +46,21 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", parents=[common], help="run every op here against the reference on random batches")
     check.add_argument("--cases", type=int, default=20, help="random cases per op (default 20)")
     check.add_argument("--seed", type=int, default=0)
+    matrix = sub.add_parser("matrix", help="conformance of every variant of every matrix.yaml row: real device or emulated")
+    matrix.add_argument("--rows", default=None, help="comma-separated row ids (default: every row)")
+    matrix.add_argument("--ops", default=None, help="comma-separated op names (default: every op)")
+    matrix.add_argument("--cases", type=int, default=3, help="random cases per op and variant (default 3)")
+    matrix.add_argument("--seed", type=int, default=0)
+    matrix.add_argument("--matrix", default=None, metavar="PATH", help="a matrix YAML file instead of the shipped one")
+    matrix.add_argument("--out", default=None, metavar="DIR", help="write matrix_report.json and matrix_report.md here")
+    matrix.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    matrix.add_argument("--progress", dest="progress", action="store_true", default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal)")
+    matrix.add_argument("--no-progress", dest="progress", action="store_false")
+    matrix.add_argument("--in-process", action="store_true",
+                        help="run emulated jobs in this process even when an accelerator is present")
+    matrix.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    matrix.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -140,10 +156,33 @@ def _check(args) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _split(value: str | None) -> list[str] | None:
+    return None if value is None else [x.strip() for x in value.split(",") if x.strip()]
+
+
+def _matrix(args) -> int:
+    from . import matrix_runner
+
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    if args.worker:
+        return matrix_runner.run_worker(args.worker, args.worker_out, progress=progress)
+    report = matrix_runner.run_matrix(matrix=args.matrix, rows=_split(args.rows), ops=_split(args.ops),
+                                      cases=args.cases, seed=args.seed, progress=progress,
+                                      in_process=True if args.in_process else None)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.text())
+    if args.out:
+        paths = report.write(args.out)
+        (sys.stderr if args.json else sys.stdout).write("reports: " + ", ".join(paths) + "\n")
+    return report.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"info": _info, "check": _check}[args.command](args)
+        return {"info": _info, "check": _check, "matrix": _matrix}[args.command](args)
     except (ValueError, SelectionError, MatrixError) as exc:
         sys.stderr.write(f"swa-backends: error: {str(exc).splitlines()[0]}\n")
         for extra in str(exc).splitlines()[1:]:

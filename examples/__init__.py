@@ -1,0 +1,1 @@
+"""Worked examples built on the pack (not part of the installed package)."""

@@ -1,0 +1,16 @@
+"""A small DeepSeek-V4.1-shaped attention stack that runs both replay sides through the pack.
+
+``Stack`` (weights and per-layer math), ``PagedKV`` (two KV groups with block tables and a
+prefix cache), ``Engine`` (admission with ``admit_prefix_hit``, chunked prefill, decode,
+encoder- and decoder-side replay through ``swa_backends.select(device)``), and ``probe``
+(instrumented reads and drift measures). Not part of the installed package: tests and
+``bench/bench_e2e.py`` put the repository root on ``sys.path``.
+"""
+
+from ._pack import sb
+from .cache import MAIN, SWA, PagedKV
+from .engine import TRIM_MODES, AttnContext, Engine, Request, StepInfo
+from .model import Stack, StackConfig
+
+__all__ = ["MAIN", "SWA", "TRIM_MODES", "AttnContext", "Engine", "PagedKV", "Request", "Stack", "StackConfig",
+           "StepInfo", "sb"]
