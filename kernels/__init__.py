@@ -44,3 +44,24 @@ VARIANTS += tuple(
             description=f"portable Triton kernel ({what})", **_TRITON_COMMON)
     for op, (impl, safe, what) in _METADATA_KERNELS.items()
 )
+
+# --- sparse_mla (issue 4): heads as the MMA M dimension, one gather per KV tile ---------
+import torch  # noqa: E402
+
+VARIANTS += (
+    Variant(
+        op="sparse_mla",
+        name="triton",
+        impl="swa_backends.kernels.sparse_mla:sparse_mla",
+        platforms=("cuda", "rocm"),
+        emulated_on=("cpu",),
+        dtypes=(torch.bfloat16, torch.float16),
+        index_layout="plain",
+        clamps_window=True,
+        requires=("triton",),
+        setup="swa_backends.kernels.interpreter:setup",
+        warmup="swa_backends.kernels.sparse_mla:warmup",
+        description="portable Triton sparse-MLA forward (plain layout: PAD anywhere skipped; fp32 softmax; "
+                    "split-K decode)",
+    ),
+)

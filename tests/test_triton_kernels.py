@@ -287,7 +287,7 @@ def test_bad_input_raises_before_any_launch(tb):
 def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
     tb = select("cpu", prefer="triton")
     ran = tb.warmup(W=8, block_size=16, num_groups=3, hidden_sizes=(40,), top_k=16, compress_ratios=(4, 16))
-    assert ran == ["swa_backends.kernels.warmup:warmup"]
+    assert "swa_backends.kernels.warmup:warmup" in ran  # (sparse_mla's own hook runs too: nothing on a CPU)
     from swa_backends.kernels import _launch
 
     launched = {name for name, _ in _launch.LAUNCHED}

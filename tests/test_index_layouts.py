@@ -1,0 +1,261 @@
+"""Layout converters (common/layouts.py): every index builder feeds a plain consumer.
+
+Checked three ways: entry by entry against a per-token Python statement of the layout,
+attention over the converted rows equal to attention over the original layout (torch
+reference), and round trips (plain -> CSR -> plain).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swa_backends import OPS, PAD, validation
+from swa_backends.common.conformance import POISON_INT, random_batch
+from swa_backends.common.layouts import (
+    combined_to_plain,
+    combined_workspace_rows,
+    compact_indices,
+    csr_to_plain,
+    mixed_to_plain,
+)
+
+I32 = torch.int32
+ATTN = OPS["sparse_mla"].reference
+
+
+def _rows(rng, T, K, S, pad=0.3):
+    idx = torch.tensor(rng.integers(0, S, size=(T, K)), dtype=I32)
+    idx[torch.tensor(rng.random((T, K)) < pad)] = PAD
+    lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=I32)
+    return idx, lens
+
+
+def _readable(idx, lens, t):
+    return [int(v) for v in idx[t, : int(lens[t])] if int(v) != PAD]
+
+
+def _attn(kv, idx, lens, seed=0, H=3, sink=True):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(idx.shape[0], H, kv.shape[1], generator=g)
+    kw = {"sink": torch.randn(H, generator=g)} if sink else {}
+    return ATTN(q, kv, idx, lens, 1.0 / math.sqrt(kv.shape[1]), kv.shape[1], **kw)
+
+
+def _same_attention(a, b):
+    (oa, la), (ob, lb) = a, b
+    assert torch.allclose(oa, ob, atol=1e-5, rtol=1e-5)
+    assert torch.equal(torch.isneginf(la), torch.isneginf(lb))
+    fin = torch.isfinite(la)
+    assert torch.allclose(la[fin], lb[fin], atol=1e-5)
+
+
+def _poison_pair(T, K):
+    return torch.full((T, K), POISON_INT, dtype=I32), torch.full((T,), POISON_INT, dtype=I32)
+
+
+# ---------------------------------------------------------------------------------------
+# compaction and CSR
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_compact_and_csr_round_trip(seed):
+    rng = np.random.default_rng(seed)
+    T, K, S = int(rng.integers(0, 12)), int(rng.integers(1, 40)), 60
+    idx, lens = _rows(rng, T, K, S)
+    c_idx, c_lens = compact_indices(idx, lens, out=_poison_pair(T, K))
+    for t in range(T):
+        keep = _readable(idx, lens, t)
+        assert c_lens[t] == len(keep)
+        assert c_idx[t].tolist() == keep + [PAD] * (K - len(keep))
+    indptr, values = OPS["indices_to_csr"].reference(idx, lens)
+    p_idx, p_lens = csr_to_plain(indptr, values, K, out=_poison_pair(T, K))
+    assert torch.equal(p_idx, c_idx) and torch.equal(p_lens, c_lens)
+    if T:
+        kv = torch.randn(S, 16, generator=torch.Generator().manual_seed(seed % 1000))
+        _same_attention(_attn(kv, idx, lens), _attn(kv, c_idx, c_lens))
+
+
+def test_csr_validation():
+    indptr = torch.tensor([0, 2, 5], dtype=I32)
+    values = torch.tensor([3, 4, 5, 6, 7, PAD], dtype=I32)
+    idx, lens = csr_to_plain(indptr, values, 4)
+    assert idx.tolist() == [[3, 4, PAD, PAD], [5, 6, 7, PAD]] and lens.tolist() == [2, 3]
+    with pytest.raises(ValueError, match="width"):
+        csr_to_plain(indptr, values, 2)
+    with pytest.raises(ValueError, match=r"indptr.*0"):
+        csr_to_plain(torch.tensor([1, 2], dtype=I32), values, 4)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        csr_to_plain(torch.tensor([0, 3, 2], dtype=I32), values, 4)
+    with pytest.raises(ValueError, match="values.numel"):
+        csr_to_plain(torch.tensor([0, 7], dtype=I32), values, 8)
+    with pytest.raises(ValueError, match="values"):
+        csr_to_plain(indptr, torch.tensor([3, -5, 5, 6, 7], dtype=I32), 4)
+    with pytest.raises(ValueError, match="indptr"):
+        csr_to_plain(indptr.long(), values, 4)
+    with validation(False):  # the hot path skips value checks, still converts
+        assert torch.equal(csr_to_plain(indptr, values, 4)[0], idx)
+
+
+# ---------------------------------------------------------------------------------------
+# mixed (FlashInfer-style): PAD holes inside the active length
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), compact=st.booleans())
+def test_mixed_to_plain(seed, compact):
+    rng = np.random.default_rng(seed)
+    b = random_batch(rng)
+    t = b.tensors("cpu")
+    T = b.T
+    swa, _ = OPS["swa_indices_and_lens"].reference(t["query_start_loc"], t["seq_lens"], t["block_table"],
+                                                  b.block_size, b.W, t["replay_start"], num_tokens=T)
+    Ktop = int(rng.choice([0, 3, 8]))
+    topk = torch.tensor(rng.integers(-1, 500, size=(T, Ktop)), dtype=I32)
+    tl = torch.tensor(rng.integers(0, Ktop + 1, size=T), dtype=I32)
+    idx, lens = OPS["mixed_indices"].reference(swa, topk, tl)
+    K = idx.shape[1]
+    wo, to = int(rng.integers(0, 50)), int(rng.integers(0, 50))
+    got_i, got_l = mixed_to_plain(idx, lens, b.W, window_offset=wo, topk_offset=to, compact=compact,
+                                  out=_poison_pair(T, K))
+    for tok in range(T):
+        want = [v + (wo if j < b.W else to) for j, v in enumerate(idx[tok, : int(lens[tok])].tolist()) if v != PAD]
+        if compact:
+            assert got_l[tok] == len(want)
+            assert got_i[tok].tolist() == want + [PAD] * (K - len(want))
+        else:
+            assert got_l[tok] == lens[tok]
+            assert [v for v in got_i[tok, : int(lens[tok])].tolist() if v != PAD] == want
+            assert (got_i[tok, int(lens[tok]):] == PAD).all()
+    if T:
+        # no offsets: the plain consumer reads the mixed rows as they are
+        plain_i, plain_l = mixed_to_plain(idx, lens, b.W, compact=compact)
+        S = int(max(int(idx.max()), 0)) + 1
+        kv = torch.randn(S, 16, generator=torch.Generator().manual_seed(seed % 1000))
+        _same_attention(_attn(kv, idx, lens), _attn(kv, plain_i, plain_l))
+
+
+def test_mixed_validation():
+    idx = torch.tensor([[1, PAD, 2, 3]], dtype=I32)
+    lens = torch.tensor([4], dtype=I32)
+    assert mixed_to_plain(idx, lens, 2)[0].tolist() == [[1, 2, 3, PAD]]
+    with pytest.raises(ValueError, match="swa_width"):
+        mixed_to_plain(idx, lens, 5)
+    with pytest.raises(ValueError, match="lens"):
+        mixed_to_plain(idx, torch.tensor([5], dtype=I32), 2)
+    with pytest.raises(ValueError, match="topk_offset"):
+        mixed_to_plain(idx, lens, 2, topk_offset=-1)
+    with pytest.raises(ValueError, match="offset"):
+        mixed_to_plain(idx, lens, 2, topk_offset=2**31 - 2)
+    with pytest.raises(ValueError, match="out"):
+        mixed_to_plain(idx, lens, 2, out=(torch.zeros(1, 3, dtype=I32), torch.zeros(1, dtype=I32)))
+
+
+# ---------------------------------------------------------------------------------------
+# combined (FlashMLA-style workspace)
+# ---------------------------------------------------------------------------------------
+
+
+def _combined_case(seed):
+    rng = np.random.default_rng(seed)
+    b = random_batch(rng)
+    t = b.tensors("cpu")
+    T, B, bs = b.T, b.B, b.block_size
+    ratio = int(rng.choice([r for r in (0, 1, 2, 4) if r == 0 or bs % r == 0]))
+    top_k = int(rng.choice([0, 4, 16]))
+    N = int(rng.integers(1, 40))
+    gl = OPS["prefill_gather_lens"].reference(t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W)
+    M = N + max(1, int(gl.max()) if B else 1) + int(rng.integers(0, 4))
+    # realistic top-k: compressed entries already closed at the token's position, some outside the slab
+    pos = t["positions"][:T]
+    written = (pos + 1) // ratio if ratio else torch.zeros_like(pos)
+    raw = torch.tensor(rng.integers(0, 10**6, size=(T, top_k + 2)), dtype=torch.int64)
+    topk = raw % written.clamp(min=1)[:, None]
+    u = torch.tensor(rng.random((T, top_k + 2)))
+    topk = torch.where(u < 0.15, N + raw % 5, topk)  # outside the slab: the builder makes it PAD
+    topk = torch.where(u > 0.9, PAD, topk).to(I32)
+    idx, lens = OPS["combined_indices"].reference(topk, t["query_start_loc"], t["seq_lens"], t["replay_start"],
+                                                 b.W, ratio, top_k, M, N)
+    S_swa = int(b.block_table.max()) * bs + bs if B else 1
+    bs_c = bs // ratio if ratio else 1
+    ncols = int(math.ceil(max(int(b.seq.max()) if B else 1, 1) / max(ratio, 1) / bs_c)) + 1
+    cbt = torch.tensor(rng.permutation(B * ncols + 3)[: B * ncols].reshape(B, ncols), dtype=I32)
+    S_cmp = (int(cbt.max()) + 1) * bs_c if B else 1
+    return dict(b=b, t=t, ratio=ratio, top_k=top_k, N=N, M=M, topk=topk, idx=idx, lens=lens, S_swa=S_swa,
+                cbt=cbt, bs_c=bs_c, S=S_swa + S_cmp)
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_combined_to_plain(seed):
+    c = _combined_case(seed)
+    b, t, T = c["b"], c["t"], c["b"].T
+    ws = combined_workspace_rows(t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W, c["M"], c["N"],
+                                 t["block_table"], b.block_size, compressed_block_table=c["cbt"], ratio=c["ratio"],
+                                 window_base=0, compressed_base=c["S_swa"],
+                                 out=torch.full((b.B * c["M"],), POISON_INT, dtype=I32))
+    K = c["idx"].shape[1]
+    plain_i, plain_l = combined_to_plain(c["idx"], c["lens"], ws, out=_poison_pair(T, K))
+    assert torch.equal(plain_l, c["lens"])
+    # window part = the clamped SWA slots (swa_indices_and_lens), top-k part = compressed slots
+    swa, swa_len = OPS["swa_indices_and_lens"].reference(t["query_start_loc"], t["seq_lens"], t["block_table"],
+                                                        b.block_size, b.W, t["replay_start"], num_tokens=T)
+    req = np.repeat(np.arange(b.B), b.q)
+    for tok in range(T):
+        n_win = int(swa_len[tok])
+        n_top = int(c["lens"][tok]) - n_win
+        assert plain_i[tok, n_top: n_top + n_win].tolist() == swa[tok, :n_win].tolist()
+        for j in range(n_top):
+            v = int(c["topk"][tok, j])
+            want = PAD
+            if 0 <= v < c["N"] and v < int(b.seq[req[tok]]) // c["ratio"]:
+                blk = int(c["cbt"][req[tok], v // c["bs_c"]])
+                want = c["S_swa"] + blk * c["bs_c"] + v % c["bs_c"]
+            assert int(plain_i[tok, j]) == want, (tok, j, v)
+        assert (plain_i[tok, int(c["lens"][tok]):] == PAD).all()
+    if T:
+        # attention over the materialised workspace == attention over the cache via plain rows
+        kv = torch.randn(c["S"], 16, generator=torch.Generator().manual_seed(seed % 1000))
+        # (rows holding nothing get finite garbage: no valid entry may read them)
+        workspace = torch.where((ws >= 0)[:, None], kv[ws.clamp(min=0).long()], 1e4)
+        _same_attention(_attn(workspace, c["idx"], c["lens"]), _attn(kv, plain_i, plain_l))
+
+
+def test_combined_validation():
+    c = _combined_case(3)
+    b, t = c["b"], c["t"]
+    args = (t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W, c["M"], c["N"], t["block_table"], b.block_size)
+    with pytest.raises(ValueError, match="compressed_block_table"):
+        combined_workspace_rows(*args, ratio=2 if b.block_size % 2 == 0 else 1)
+    with pytest.raises(ValueError, match="slab_stride"):
+        combined_workspace_rows(*args[:4], c["N"], c["N"], *args[6:])
+    ws = combined_workspace_rows(*args)
+    with pytest.raises(ValueError, match="indices"):
+        combined_to_plain(c["idx"].clamp(min=0) + len(ws), c["lens"].clamp(min=1), ws)
+    with pytest.raises(ValueError, match="workspace_rows"):
+        combined_to_plain(c["idx"], c["lens"], ws.float())
+
+
+def test_combined_small_worked_example():
+    """One replaying request (R 4, W 4, block 4, identity table): q 3 at positions 8..10."""
+    qsl = torch.tensor([0, 3], dtype=I32)
+    seq = torch.tensor([11], dtype=I32)
+    R = torch.tensor([4], dtype=I32)
+    table = torch.tensor([[5, 6, 7]], dtype=I32)  # positions 0..11 -> slots 20..31
+    ws = combined_workspace_rows(qsl, seq, R, 4, 10, 2, table, 4)
+    # gather_len = q + min(max(prefix - R, 0), W - 1) = 3 + 3 -> positions 5..10 at columns 2..7
+    assert ws.tolist() == [PAD, PAD, 25, 26, 27, 28, 29, 30, PAD, PAD]
+    topk = torch.zeros(3, 0, dtype=I32)
+    idx, lens = OPS["combined_indices"].reference(topk, qsl, seq, R, 4, 0, 0, 10, 2)
+    plain, plens = combined_to_plain(idx, lens, ws)
+    # p 8 reads 5..8, p 9 reads 6..9, p 10 reads 7..10 (all >= R 4)
+    assert plens.tolist() == [4, 4, 4]
+    assert plain[:, :4].tolist() == [[25, 26, 27, 28], [26, 27, 28, 29], [27, 28, 29, 30]]

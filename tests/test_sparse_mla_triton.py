@@ -1,0 +1,243 @@
+"""The Triton sparse-MLA kernel against the torch reference.
+
+On a CPU-only host the kernel runs in Triton's interpreter (small odd shapes, kept fast);
+on a CUDA/ROCm host the same tests run the compiled kernel. Real-shape GPU tests live in
+``test_sparse_mla_gpu.py`` (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swa_backends import OPS, PAD, SelectionError, select, validation
+from swa_backends.common.conformance import mismatch, sparse_mla_case
+from swa_backends.common.device import resolve_device
+from swa_backends.common.registry import variant
+
+REF = OPS["sparse_mla"].reference
+I32 = torch.int32
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture(scope="module")
+def backend():
+    try:
+        return select("cpu" if not ON_GPU else None, prefer={"sparse_mla": "triton"})
+    except SelectionError as exc:  # e.g. triton not installed: the variant's own reasons
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def kmod(backend):
+    """The kernel module, imported the way dispatch imports it (interpreter set up first)."""
+    variant("sparse_mla", "triton").load(resolve_device(backend.device))
+    return importlib.import_module("swa_backends.kernels.sparse_mla")
+
+
+def _poison_empty(real):
+    """torch.empty that fills every buffer with NaN / -7: unwritten outputs show."""
+
+    def empty(*shape, dtype=None, device=None):
+        t = real(*shape, dtype=dtype, device=device)
+        return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+    return empty
+
+
+def _check(got, args, kw):
+    want = REF(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args],
+               **{k: v.cpu() for k, v in kw.items()})
+    why = mismatch("sparse_mla", got, want)
+    assert why is None, why
+    out, lse = got
+    assert out.dtype == args[0].dtype and lse.dtype == torch.float32
+
+
+def _to(args, kw):
+    return tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args), {k: v.to(DEV) for k, v in kw.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# random data (never zeros), through dispatch
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=20)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_cases_match_reference(backend, seed):
+    args, kw = _to(*sparse_mla_case(np.random.default_rng(seed), "cpu"))
+    assert backend.variant_for("sparse_mla", *args, **kw) == "triton"
+    _check(backend.sparse_mla(*args, **kw), args, kw)
+
+
+# ---------------------------------------------------------------------------------------
+# every PAD pattern in one batch, for each dtype, sink and launch shape
+# ---------------------------------------------------------------------------------------
+
+
+def _pad_batch(dtype, with_sink, *, H=3, D=48, d_v=32, K=37, S=211, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(9, H, D, generator=g).to(dtype)
+    kv = torch.randn(S, D, generator=g).to(dtype)
+    idx = torch.randint(0, S, (9, K), generator=g, dtype=I32)
+    lens = torch.full((9,), K, dtype=I32)
+    idx[1, ::3] = PAD  # PAD inside the active length (the mixed layout's holes)
+    idx[2, :] = PAD  # all PAD, lens = K
+    lens[3] = 0  # lens 0 (real indices behind it must be ignored)
+    lens[4] = K // 2  # valid-looking indices past the length must be ignored
+    idx[5, :-1] = PAD  # only the very last entry valid
+    idx[6, 0] = PAD  # PAD first, rest valid
+    lens[7] = 1  # one entry
+    idx[8, 16:32] = PAD  # a whole 16-wide tile of PAD inside the length
+    sink = torch.randn(H, generator=g) if with_sink else None
+    return (q, kv, idx, lens, 1.0 / math.sqrt(D), d_v), ({"sink": sink} if with_sink else {})
+
+
+LAUNCHES = {
+    "default": None,
+    "split3": dict(block_h=16, block_n=16, num_stages=1, splits=3),
+    "dvsplit": dict(block_h=16, block_n=16, dv_split=2, splits=1),
+    "skip": dict(block_h=16, block_n=16, skip_empty=True, splits=1),
+    "split_s": dict(block_h=16, block_n=32, split_s=True, splits=2),
+    "dvsplit_splitk": dict(block_h=16, block_n=16, dv_split=2, splits=2),
+}
+
+
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+@pytest.mark.parametrize("with_sink", [False, True], ids=["nosink", "sink"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_pad_patterns(kmod, dtype, with_sink, launch):
+    args, kw = _to(*_pad_batch(dtype, with_sink))
+    cfg = None if LAUNCHES[launch] is None else kmod.Config(**LAUNCHES[launch])
+    out, lse = kmod.launch(*args, **kw, config=cfg)
+    _check((out, lse), args, kw)
+    # rows with nothing valid: zeros and lse = -inf exactly
+    for t in (2, 3):
+        assert torch.isneginf(lse[t]).all()
+        assert (out[t] == 0).all()
+    assert torch.isfinite(lse[[0, 1, 4, 5, 6, 7, 8]]).all()
+
+
+# ---------------------------------------------------------------------------------------
+# poisoned outputs: every element of out / lse (and of the split partials) is written
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launch", ["default", "split3", "dvsplit", "split_s"])
+def test_poisoned_outputs(kmod, monkeypatch, launch):
+    monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
+    args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=3))
+    cfg = None if LAUNCHES[launch] is None else kmod.Config(**LAUNCHES[launch])
+    _check(kmod.launch(*args, **kw, config=cfg), args, kw)
+
+
+# ---------------------------------------------------------------------------------------
+# odd shapes and layouts
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T,H,D,d_v,K", [
+    (1, 1, 16, 16, 1),
+    (4, 5, 24, 24, 19),  # D not a power of two
+    (3, 7, 64, 16, 70),  # d_v < D, K crosses tiles
+    (2, 8, 32, 32, 65),
+    (6, 2, 48, 48, 129),
+])
+def test_odd_shapes(backend, T, H, D, d_v, K):
+    args, kw = _to(*sparse_mla_case(np.random.default_rng(T * 1000 + K), "cpu", T=T, H=H, D=D, d_v=d_v, K=K))
+    _check(backend.sparse_mla(*args, **kw), args, kw)
+
+
+def test_strided_inputs(backend):
+    """q heads and kv rows with padded strides (a slice of a wider buffer) are read in place."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(4, 3, 40, generator=g).to(torch.bfloat16)[:, :, :32]
+    kv = torch.randn(100, 48, generator=g).to(torch.bfloat16)[:, :32]
+    idx = torch.randint(0, 100, (4, 20), generator=g, dtype=I32)
+    lens = torch.tensor([20, 7, 0, 13], dtype=I32)
+    args, kw = _to((q, kv, idx, lens, 0.2, 32), {})
+    _check(backend.sparse_mla(*args, **kw), args, kw)
+
+
+def test_large_logits_stay_finite(backend):
+    """Scores of a few hundred: the online softmax must rescale, not overflow."""
+    args, kw = sparse_mla_case(np.random.default_rng(11), "cpu", T=5, H=4, D=32, d_v=32, K=50, dtype=torch.float16)
+    q = args[0] * 12
+    args, kw = _to((q, *args[1:4], 1.0, 32), {"sink": torch.full((4,), 40.0)})
+    out, lse = backend.sparse_mla(*args, **kw)
+    assert torch.isfinite(out).all()
+    _check((out, lse), args, kw)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2")
+@pytest.mark.parametrize("sink_value", [float("-inf"), -300.0, 300.0])
+def test_extreme_sinks(backend, sink_value):
+    args, kw = _to(*_pad_batch(torch.float16, False, seed=7))
+    kw = {"sink": torch.full((args[0].shape[1],), sink_value, device=DEV)}
+    _check(backend.sparse_mla(*args, **kw), args, kw)
+
+
+def test_empty_shapes(backend):
+    q = torch.randn(0, 2, 16).to(torch.bfloat16)
+    kv = torch.randn(5, 16).to(torch.bfloat16)
+    args, kw = _to((q, kv, torch.zeros(0, 4, dtype=I32), torch.zeros(0, dtype=I32), 0.25, 16), {})
+    out, lse = backend.sparse_mla(*args, **kw)
+    assert out.shape == (0, 2, 16) and lse.shape == (0, 2)
+    q = torch.randn(3, 2, 16).to(torch.bfloat16)
+    args, kw = _to((q, kv, torch.zeros(3, 0, dtype=I32), torch.zeros(3, dtype=I32), 0.25, 16), {})
+    out, lse = backend.sparse_mla(*args, **kw)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+# ---------------------------------------------------------------------------------------
+# dispatch and validation
+# ---------------------------------------------------------------------------------------
+
+
+def test_dispatch_falls_back_for_fp32(backend):
+    args, kw = _to(*sparse_mla_case(np.random.default_rng(2), "cpu", T=3, dtype=torch.bfloat16))
+    assert backend.variant_for("sparse_mla", *args, **kw) == "triton"
+    f32 = (args[0].float(), args[1].float(), *args[2:])
+    assert backend.variant_for("sparse_mla", *f32, **kw) == "reference"
+
+
+def test_bad_input_raises_before_launch(backend):
+    args, _ = _to(*sparse_mla_case(np.random.default_rng(4), "cpu", T=3, K=8, S=20))
+    bad = args[2].clone()
+    bad[0, 0] = 20  # == S: out of range
+    with pytest.raises(ValueError, match="indices"):
+        backend.sparse_mla(args[0], args[1], bad, *args[3:])
+    with pytest.raises(ValueError, match="d_v"):
+        backend.sparse_mla(*args[:5], args[0].shape[2] + 1)
+    with validation(False):  # the hot path skips validation and still computes
+        _check(backend.sparse_mla(*args), args, {})
+
+
+def test_config_table_and_env(kmod, monkeypatch):
+    dev = torch.device("cuda")
+    cfg = kmod.pick_config(16384, 64, 512, 512, 640, dev)
+    assert cfg.block_h == 64
+    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "block_n=32,num_stages=3,splits=auto,skip_empty=1,split_s=0")
+    env = kmod.pick_config(16384, 64, 512, 512, 640, dev)
+    assert (env.block_n, env.num_stages, env.splits, env.skip_empty, env.split_s) == (32, 3, None, True, False)
+    assert env.block_h == cfg.block_h  # unnamed fields keep the table's values
+    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "bogus=1")
+    with pytest.raises(ValueError, match="SWA_SPARSE_MLA_CONFIG"):
+        kmod.pick_config(1, 1, 16, 16, 1, dev)
+
+
+def test_resolve_splits_only_when_grid_is_small(kmod):
+    dev = torch.device("cpu")  # 4 "SMs" off-GPU
+    big = kmod.resolve(kmod.Config(), 4096, 64, 512, 512, 640, dev)
+    assert big["splits"] == 1 and big["same_tile"]
+    small = kmod.resolve(kmod.Config(block_n=64), 1, 64, 512, 512, 640, dev)
+    assert small["splits"] > 1 and small["chunk"] % 64 == 0
+    assert small["splits"] * small["chunk"] >= 640 > (small["splits"] - 1) * small["chunk"]
