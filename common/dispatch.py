@@ -252,6 +252,11 @@ class Backend:
             setattr(self, op, self._make(op))
         for name, fn in HOST_OPS.items():
             setattr(self, name, fn)
+        # PCP helpers run this backend's own batch_replay_start / pad_replayed_slots
+        from .ops.pcp_pad_replayed_slots import pcp_pad_own_block, pcp_pad_replayed_slots
+
+        self.pcp_pad_replayed_slots = functools.partial(pcp_pad_replayed_slots, backend=self)
+        self.pcp_pad_own_block = functools.partial(pcp_pad_own_block, backend=self)
 
     def __repr__(self) -> str:
         return f"Backend({self.device}, " + ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items()) + ")"
