@@ -20,7 +20,7 @@ from .device import DeviceInfo, resolve_device
 from .errors import SelectionError
 from .matrix import Matrix, Row, load_matrix
 from .ops import HOST_OPS, OPS
-from .registry import Variant, all_variants, load_attr, priority, variant
+from .registry import Variant, all_variants, load_attr, platform_input_check, priority, variant
 from .validation import _env_default as _validation_default
 from .validation import _state as _validation_state
 from .validation import fail, validation_enabled
@@ -254,6 +254,11 @@ class Backend:
             setattr(self, op, self._make(op))
         for name, fn in HOST_OPS.items():
             setattr(self, name, fn)
+        # PCP helpers run this backend's own batch_replay_start / pad_replayed_slots
+        from .ops.pcp_pad_replayed_slots import pcp_pad_own_block, pcp_pad_replayed_slots
+
+        self.pcp_pad_replayed_slots = functools.partial(pcp_pad_replayed_slots, backend=self)
+        self.pcp_pad_own_block = functools.partial(pcp_pad_own_block, backend=self)
 
     def __repr__(self) -> str:
         return f"Backend({self.device}, " + ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items()) + ")"
@@ -279,9 +284,18 @@ class Backend:
         spec = OPS[op]
         chain = self._chains[op]
         device = self.device
+        check_path = platform_input_check(device.platform, op)
+        if check_path is None:
+            validate = spec.validate
+        else:
+            platform_check = load_attr(check_path)
+
+            def validate(*args, **kwargs):
+                spec.validate(*args, **kwargs)
+                platform_check(device, *args, **kwargs)
+
         if len(chain) == 1 and not chain[0].per_call:
             only = chain[0]
-            validate = spec.validate
             impl = None
 
             def call(*args, **kwargs):  # the hot path: a thread-local read, then the variant
@@ -295,7 +309,7 @@ class Backend:
         else:
             def call(*args, **kwargs):
                 if validation_enabled():
-                    spec.validate(*args, **kwargs)
+                    validate(*args, **kwargs)
                 return self._pick(op, args, kwargs).load(device)(*args, **kwargs)
 
         functools.update_wrapper(call, spec.reference)
