@@ -130,7 +130,7 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
     if entry is None:
         entry = plan_launch(plan, positions)
     dropped, trimmed, B, n, n_pad, S, req_progs, _, grid = entry
-    G = len(slot_mappings)
+    G = slot_mappings.shape[0]
     if out is None:
         out = allocate_out(plan, G, positions.device)
     rows, oqsl, opos, oslot, kv = out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"], out["kv_start"]

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..common.ops.prepare_replay_step import PreparedStep, allocate_out
 from ._device import PAD, block_split, find_request, pow2_shift
-from ._launch import Kernel, contiguous, jit
+from ._launch import Kernel, jit
 from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
 BLOCK_T = 16
@@ -213,12 +213,12 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     ``gather_replay_batch(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W)``
     on the padded slots -- all in one launch. Returns a :class:`PreparedStep`.
     """
-    B, T, G = len(idx_mapping), len(positions), len(slot_mappings)
+    B, T, G = idx_mapping.shape[0], positions.shape[0], slot_mappings.shape[0]
     width = W if index_width is None else index_width
     if out is None:
         out = allocate_out(B, T, width, positions.device, plan, G)
     rs, swa, lens = out["replay_start"], out["swa_indices"], out["swa_lens"]
-    n_groups = len(cacheable_groups)
+    n_groups = cacheable_groups.shape[0]
     do_pad = not (any_replay is False or Wr == 0 or n_groups == 0)
     col_blocks = (width + BLOCK_W - 1) // BLOCK_W or 1
     tok_tiles = (T + BLOCK_T - 1) // BLOCK_T * col_blocks
@@ -239,9 +239,13 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     s_g, s_t = slot_mappings.stride()
     bt_s0, bt_s1 = block_table.stride()
     _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None), grid,
-       contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), contiguous(query_start_loc),
-       contiguous(seq_lens), contiguous(positions), slot_mappings, s_g, s_t,
-       contiguous(cacheable_groups), n_groups, block_table, bt_s0, bt_s1, block_table.shape[1],
+       R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
+       idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
+       is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
+       query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(),
+       seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
+       positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
+       cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups, block_table, bt_s0, bt_s1, block_table.shape[1],
        rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
        tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB)
