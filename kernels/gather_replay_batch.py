@@ -75,12 +75,12 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
             sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
             tl.store(rows_ptr + o, row, mask=m)
             tl.store(opos_ptr + o, p, mask=m)
-            tl.store(oslot_ptr + g[:, None] * n_pad + o[None, :], sl, mask=gm)
+            tl.store(oslot_ptr + g[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
             for g0 in range(GB, G, GB):  # more than GB groups (rare)
                 gg = g0 + g
                 gm = (gg[:, None] < G) & m[None, :]
                 sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
-                tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], sl, mask=gm)
+                tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
     else:
         # graph padding: rows [n, n_pad) gather row 0 with every slot PAD
         o = n + (pid - req_progs) * BLOCK + r
@@ -91,7 +91,8 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
         for g0 in range(0, G, GB):
             gg = g0 + g
             gm = (gg[:, None] < G) & m[None, :]
-            tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64), mask=gm)
+            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
+                     mask=gm)
 
 
 _K = Kernel(_gather_replay_batch)
@@ -133,7 +134,8 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
     G = slot_mappings.shape[0]
     if out is None:
         out = allocate_out(plan, G, positions.device)
-    rows, oqsl, opos, oslot, kv = out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"], out["kv_start"]
+    rows, oqsl, opos, oslot, kv = (out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"],
+                                   out["kv_start"])
     s_g, s_t = slot_mappings.stride()
     _K(_KEY, grid,
        query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(), dropped, trimmed,

@@ -145,7 +145,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
             sl = tl.where(replayed[None, :] & (cacheable[:, None] != 0), PAD, sl)
         tl.store(rows_ptr + o, row, mask=m)
         tl.store(opos_ptr + o, p, mask=m)
-        tl.store(oslot_ptr + g[:, None] * n_pad + o[None, :], sl, mask=gm)
+        tl.store(oslot_ptr + g[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
         for g0 in range(GB, G, GB):  # more than GB groups (rare)
             gg = g0 + g
             gm = (gg[:, None] < G) & m[None, :]
@@ -153,7 +153,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
             if DO_PAD:
                 more = _cacheable(groups_ptr, n_groups, gg, KB)
                 sl = tl.where(replayed[None, :] & (more[:, None] != 0), PAD, sl)
-            tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], sl, mask=gm)
+            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
 
 
 @triton.jit
@@ -169,7 +169,8 @@ def _padding_role(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOC
     for g0 in range(0, G, GB):
         gg = g0 + g
         gm = (gg[:, None] < G) & m[None, :]
-        tl.store(oslot_ptr + gg[:, None] * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64), mask=gm)
+        tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
+                 mask=gm)
 
 
 @jit
@@ -245,7 +246,8 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(),
        seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
-       cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups, block_table, bt_s0, bt_s1, block_table.shape[1],
+       cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
+       block_table, bt_s0, bt_s1, block_table.shape[1],
        rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
        tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB)
