@@ -12,6 +12,7 @@ from .common.config import ServingConfig
 from .common.device import DeviceInfo, current_device, fake_device, parse_device
 from .common.dispatch import Backend, Capabilities, Explanation, SideDecision, capabilities, explain, reference_backend, select
 from .common.errors import MatrixError, SelectionError
+from .common.layouts import combined_to_plain, combined_workspace_rows, compact_indices, csr_to_plain, mixed_to_plain
 from .common.matrix import load_matrix
 from .common.ops import (
     OPS,
@@ -41,5 +42,6 @@ __all__ = [
     "admit_prefix_hit", "agree_across_dp", "allocate_replay_batch_out", "capabilities", "current_device",
     "explain", "fake_device", "load_matrix", "mark_prefix_replay", "parse_device", "plan_replay_batch",
     "reference_backend", "replay_block_is_live", "replay_layer_ids", "select", "set_validation", "validation",
-    "validation_enabled",
+    "validation_enabled", "combined_to_plain", "combined_workspace_rows", "compact_indices", "csr_to_plain",
+    "mixed_to_plain",
 ]

@@ -1,11 +1,14 @@
 """``swa-backends`` / ``python -m swa_backends``: the pack's report on this machine.
 
-    swa-backends info  [--device D] [--prefer V] [--config k=v ...] [--all] [--json]
+    swa-backends info  [--device D] [--prefer V] [--config k=v ...] [--all] [--emulate] [--json]
     swa-backends check [--device D] [--prefer V] [--cases N] [--seed S] [--json]
     swa-backends matrix [--rows ID,..] [--ops OP,..] [--cases N] [--seed S] [--out DIR] [--json]
 
 ``--device`` names a real device (``cpu``, ``cuda:0``, ``npu:0``) or a fake one
 (``rocm:gfx942``, ``rocm:gfx950``, ``ascend:910b``, ``ascend:910_93``, ``cuda:sm90``...).
+``info --emulate`` installs the device platform's contract doubles first
+(``backends/<platform>/emulation.py``): the report then shows what a deployment *with* the
+vendor packages would pick -- labelled as emulated, never as a measurement.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                       help="a ServingConfig field (pcp=4, graph_mode=none, lora=true, ...); repeatable")
     info.add_argument("--all", action="store_true", help="every variant of every op with its reasons")
+    info.add_argument("--emulate", action="store_true",
+                      help="install the platform's vendor contract doubles: show what a deployment with the vendor "
+                           "packages would pick (emulated, not measured)")
     check = sub.add_parser("check", parents=[common], help="run every op here against the reference on random batches")
     check.add_argument("--cases", type=int, default=20, help="random cases per op (default 20)")
     check.add_argument("--seed", type=int, default=0)
@@ -64,9 +70,15 @@ def _side(name: str, d) -> list[str]:
     return lines
 
 
-def format_explanation(e: Explanation, *, full: bool = False) -> str:
+EMULATED_NOTE = ("vendor packages replaced by contract doubles (backends/{platform}/emulation.py), their probes "
+                 "forced available: what a deployment with them would pick, not a measurement")
+
+
+def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = False) -> str:
     caps = e.capabilities
     lines = [f"device:        {e.device}", f"matrix row:    {caps.row or '(none)'}"]
+    if emulated:
+        lines.append("emulated:      " + EMULATED_NOTE.format(platform=e.device.platform))
     if caps.fallback:
         lines.append(f"fallback:      {caps.fallback}")
     for problem in e.device.problems:
@@ -92,13 +104,32 @@ def format_explanation(e: Explanation, *, full: bool = False) -> str:
     return "\n".join(lines)
 
 
+def emulated(device):
+    """The context that installs ``device``'s platform contract doubles (pinned to it)."""
+    import importlib
+
+    if device.platform == "cpu":
+        raise ValueError(f"--emulate: device={device.platform}: expected a cuda, rocm or ascend device "
+                         "(the CPU has no vendor package to emulate)")
+    return importlib.import_module(f"swa_backends.backends.{device.platform}.emulation").contract_doubles(device)
+
+
 def _info(args) -> int:
     config = ServingConfig.from_strings(args.config)
-    e = explain(args.device, config=config, prefer=args.prefer)
-    if args.json:
-        print(json.dumps(e.as_dict(), indent=2, default=str))
+    info = resolve_device(args.device)
+    if args.emulate:
+        with emulated(info):
+            e = explain(info, config=config, prefer=args.prefer)
     else:
-        print(format_explanation(e, full=args.all))
+        e = explain(info, config=config, prefer=args.prefer)
+    if args.json:
+        data = e.as_dict()
+        data["emulated"] = bool(args.emulate)
+        if args.emulate:
+            data["emulated_note"] = EMULATED_NOTE.format(platform=info.platform)
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(format_explanation(e, full=args.all, emulated=args.emulate))
     return 0
 
 

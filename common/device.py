@@ -192,7 +192,8 @@ def _probe_npu(index: int | None = None) -> DeviceInfo | str:
     except Exception as exc:  # CANN missing (libhccl.so) and friends
         return f"import torch_npu failed: {type(exc).__name__}: {exc}"
     try:
-        if not torch.npu.is_available():  # type: ignore[attr-defined]
+        # torch_npu.npu is the module torch.npu aliases once torch_npu is imported.
+        if not torch_npu.npu.is_available():
             return "torch_npu imported but no NPU is available"
         soc = int(torch_npu.npu.get_soc_version())
     except Exception as exc:

@@ -20,7 +20,7 @@ from .device import DeviceInfo, resolve_device
 from .errors import SelectionError
 from .matrix import Matrix, Row, load_matrix
 from .ops import HOST_OPS, OPS
-from .registry import Variant, all_variants, load_attr, priority, variant
+from .registry import Variant, all_variants, load_attr, platform_input_check, priority, variant
 from .validation import fail, validation_enabled
 
 
@@ -252,6 +252,11 @@ class Backend:
             setattr(self, op, self._make(op))
         for name, fn in HOST_OPS.items():
             setattr(self, name, fn)
+        # PCP helpers run this backend's own batch_replay_start / pad_replayed_slots
+        from .ops.pcp_pad_replayed_slots import pcp_pad_own_block, pcp_pad_replayed_slots
+
+        self.pcp_pad_replayed_slots = functools.partial(pcp_pad_replayed_slots, backend=self)
+        self.pcp_pad_own_block = functools.partial(pcp_pad_own_block, backend=self)
 
     def __repr__(self) -> str:
         return f"Backend({self.device}, " + ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items()) + ")"
@@ -277,20 +282,30 @@ class Backend:
         spec = OPS[op]
         chain = self._chains[op]
         device = self.device
+        check_path = platform_input_check(device.platform, op)
+        if check_path is None:
+            validate = spec.validate
+        else:
+            platform_check = load_attr(check_path)
+
+            def validate(*args, **kwargs):
+                spec.validate(*args, **kwargs)
+                platform_check(device, *args, **kwargs)
+
         if len(chain) == 1 and not chain[0].per_call:
             only = chain[0]
             cell: list = []
 
             def call(*args, **kwargs):
                 if validation_enabled():
-                    spec.validate(*args, **kwargs)
+                    validate(*args, **kwargs)
                 if not cell:
                     cell.append(only.load(device))
                 return cell[0](*args, **kwargs)
         else:
             def call(*args, **kwargs):
                 if validation_enabled():
-                    spec.validate(*args, **kwargs)
+                    validate(*args, **kwargs)
                 return self._pick(op, args, kwargs).load(device)(*args, **kwargs)
 
         functools.update_wrapper(call, spec.reference)

@@ -112,8 +112,11 @@ class Variant:
     the implementation is imported; ``input_check``: ``"module:attr"`` returning per-call
     reasons (e.g. "fewer than 1024 queries"), making dispatch fall through to the next
     variant; ``emulated_on``: platforms where it runs emulated (Triton's interpreter on a
-    CPU), allowed only when asked for by name (``prefer``); ``warmup``: ``"module:attr"``
-    called by ``Backend.warmup()`` to compile what the serving path launches.
+    CPU), allowed only when asked for by name (``prefer``); ``emulated_requires``: the
+    probes checked instead of ``requires`` when it runs emulated (None: ``requires``; e.g.
+    Triton kernels for triton-ascend need triton-ascend on an NPU but only Triton's
+    interpreter on a CPU); ``warmup``: ``"module:attr"`` called by ``Backend.warmup()`` to
+    compile what the serving path launches.
     """
 
     op: str
@@ -131,6 +134,7 @@ class Variant:
     setup: str | None = None
     input_check: str | None = None
     emulated_on: tuple[str, ...] = ()
+    emulated_requires: tuple[str, ...] | None = None
     warmup: str | None = None
     description: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -167,7 +171,10 @@ class Variant:
         reasons = self.declared_reasons(device)
         if reasons or not probes:
             return reasons
-        for req in self.requires:
+        requires = self.requires
+        if device.platform in self.emulated_on and self.emulated_requires is not None:
+            requires = self.emulated_requires
+        for req in requires:
             why = probe(req)
             if why:
                 reasons.append(why)
@@ -246,6 +253,15 @@ def priority(platform: str, op: str) -> tuple[str, ...]:
     module = importlib.import_module(BACKEND_MODULES[platform])
     table = module.PRIORITY
     return tuple(table.get(op, table["*"]))
+
+
+def platform_input_check(platform: str, op: str) -> str | None:
+    """The platform backend's own input check for ``op`` (``INPUT_CHECKS``), if any: a
+    ``"module:attr"`` called as ``check(device, *args, **kwargs)`` that raises ``ValueError``
+    for inputs valid in general but not on this platform/arch (e.g. the FP8 flavour a ROCm
+    arch stores). Runs with the op's validation, before any variant is called."""
+    module = importlib.import_module(BACKEND_MODULES[platform])
+    return getattr(module, "INPUT_CHECKS", {}).get(op)
 
 
 def variant(op: str, name: str) -> Variant | None:

@@ -23,7 +23,11 @@ loaded for a CPU device (``select("cpu", prefer="triton")`` then the first call)
   ``tensor`` methods) were decorated as compiled functions, which an interpreted kernel
   cannot call. :func:`setup` rebinds each of them, in ``triton.language``'s modules and on
   ``triton.language.tensor``, to an interpreted wrapper of the same Python function.
-  Kernels that other libraries decorated before the switch stay compiled.
+  Kernels that other libraries decorated before the switch stay compiled;
+* on Triton releases whose interpreter turns a scalar argument into a Python int with
+  ``int(array)`` (3.6 does; NumPy 2.4+ rejects that for the 1-element arrays it holds, so a
+  loop bounded by a runtime argument fails), :func:`setup` wraps the interpreter's tensor
+  patch so ``__index__`` reads the single element (what Triton 3.9 does itself).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def setup(device: DeviceInfo) -> None:
             os.environ["TRITON_INTERPRET"] = "1"
             if "triton" in sys.modules:
                 _interpret_language_helpers()
+            _scalar_index_compat()
         elif os.environ.get("TRITON_INTERPRET", "0") == "1":
             raise RuntimeError(
                 f"TRITON_INTERPRET=1 is set in this process but device {device} needs compiled Triton kernels; "
@@ -81,3 +86,35 @@ def _interpret_language_helpers() -> int:
                     new = swapped[id(value)] = InterpretedFunction(value.fn)
                 setattr(owner, name, new)
     return len(swapped)
+
+
+def _scalar_index_compat() -> bool:
+    """Make the interpreter's ``tensor.__index__`` accept 1-element arrays on Triton
+    releases that call ``int(self.handle.data)`` (Triton 3.6 + NumPy >= 2.4 raise
+    "only 0-dimensional arrays can be converted to Python scalars" for
+    ``range(runtime_int_argument)``). Returns whether the interpreter was wrapped."""
+    import inspect
+
+    import triton.runtime.interpreter as interp
+
+    original = getattr(interp, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_swa_scalar_index", False):
+        return False
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        return False
+    if "int(self.handle.data)" not in source:  # newer Triton squeezes the array itself
+        return False
+
+    def _index(self):
+        data = self.handle.data
+        return int(data.reshape(-1)[0]) if getattr(data, "size", 0) == 1 else int(data)
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", _index)
+
+    patched._swa_scalar_index = True
+    interp._patch_lang_tensor = patched
+    return True

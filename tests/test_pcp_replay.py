@@ -349,3 +349,11 @@ def test_pcp_property_through_the_triton_variant_in_the_interpreter():
                              "-k", "test_gathered_mapping_equals_single_process_pad"], {"SWA_PCP_PREFER": "triton"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "1 passed" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_backend_binds_pcp_helpers_to_itself():
+    import swa_backends as sb
+
+    be = sb.select("cpu")
+    assert be.pcp_pad_replayed_slots.keywords == {"backend": be}
+    assert be.pcp_pad_own_block.keywords == {"backend": be}

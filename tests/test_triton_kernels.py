@@ -308,3 +308,37 @@ def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
             _check(tb, op, args, kwargs)
     new = set(_launch.LAUNCHED) - after_warmup
     assert not new, f"serving-like calls launched specialisations warmup missed: {new}"
+
+
+def test_scalar_index_compat_wraps_only_old_interpreters(monkeypatch):
+    """Triton 3.6's interpreter did ``int(self.handle.data)`` (NumPy >= 2.4 rejects it for
+    the 1-element arrays scalars are held in); the shim wraps exactly that version."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    from swa_backends.kernels import interpreter
+
+    def old_patch(tensor, scope):  # the shape of Triton 3.6's function
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    class Scope:
+        def set_attr(self, obj, name, value):
+            setattr(obj, name, value)
+
+    class Handle:
+        data = np.array([7])
+
+    class Tensor:
+        handle = Handle()
+
+    monkeypatch.setattr(interp, "_patch_lang_tensor", old_patch)
+    assert interpreter._scalar_index_compat() is True
+    interp._patch_lang_tensor(Tensor, Scope())
+    assert list(range(Tensor())) == list(range(7))
+    assert interpreter._scalar_index_compat() is False  # idempotent
+
+    def new_patch(tensor, scope):
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    monkeypatch.setattr(interp, "_patch_lang_tensor", new_patch)
+    assert interpreter._scalar_index_compat() is False

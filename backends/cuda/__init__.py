@@ -1,8 +1,56 @@
-"""CUDA backend: declarations and dispatch priority (vendor variants: issue 5)."""
+"""CUDA backend: declarations and dispatch priority.
+
+``sparse_mla`` vendor variants (imported only when chosen and first called):
+
+* ``flashmla`` -- vLLM's bundled FlashMLA sparse prefill (SM90 and the SM100 family, bf16,
+  D_qk 512/576, d_v 512, <= 128 heads), fed the combined-compatible plain layout (width a
+  multiple of 128) with ``lens`` as ``topk_length``;
+* ``flashinfer`` -- FlashInfer's DSv4 sparse-MLA decode on SM100/SM103 and
+  ``flashinfer_sm12x`` on SM120/SM121, fed the mixed layout (128 window columns + top-k).
+
+Everything else -- and ``sparse_mla`` on SM80/SM89, and on SM90 without vLLM's FlashMLA --
+runs the pack's portable Triton kernels ("triton", declared in ``swa_backends.kernels``),
+then the torch reference. Arch gating is data: ``archs`` and the capability range.
+"""
 
 from __future__ import annotations
 
-VARIANTS: tuple = ()
+import torch
+
+from ...common.registry import Variant
+from . import probes  # noqa: F401  (registers the probes; imports no vendor package)
+
+_PKG = "swa_backends.backends.cuda"
+
+VARIANTS: tuple = (
+    Variant(
+        op="sparse_mla", name="flashmla", impl=f"{_PKG}.flashmla:sparse_mla", platforms=("cuda",),
+        archs=("sm90", "sm100", "sm103"), min_capability=(9, 0), max_capability=(10, 3),
+        dtypes=(torch.bfloat16,), index_layout="combined", graph_safe=True, clamps_window=True,
+        requires=("vllm_flashmla",), input_check=f"{_PKG}.flashmla:input_check",
+        description="vLLM's bundled FlashMLA sparse prefill (flash_mla_sparse_fwd): SM90a / SM100f, bf16, "
+                    "h_q padded to 64/128, index width rounded up to 128 with PAD, lens as topk_length",
+    ),
+    Variant(
+        op="sparse_mla", name="flashinfer", impl=f"{_PKG}.flashinfer:sparse_mla_sm10x", platforms=("cuda",),
+        archs=("sm100", "sm103"), min_capability=(10, 0), max_capability=(10, 3),
+        dtypes=(torch.bfloat16,), index_layout="mixed", graph_safe=True, clamps_window=True,
+        requires=("flashinfer_dsv4",), input_check=f"{_PKG}.flashinfer:input_check",
+        description="FlashInfer trtllm_batch_decode_sparse_mla_dsv4 (TRTLLM-GEN, SM100/SM103) on the mixed layout; "
+                    "LSE recomputed by the wrapper (the kernel returns none)",
+    ),
+    Variant(
+        op="sparse_mla", name="flashinfer_sm12x", impl=f"{_PKG}.flashinfer:sparse_mla_sm12x", platforms=("cuda",),
+        archs=("sm120", "sm121"), min_capability=(12, 0), max_capability=(12, 1),
+        dtypes=(torch.bfloat16,), index_layout="mixed", graph_safe=True, clamps_window=True,
+        requires=("flashinfer_dsv4_sm12x",), input_check=f"{_PKG}.flashinfer:input_check",
+        description="FlashInfer trtllm_batch_decode_sparse_mla_dsv4 (sparse backend, SM120/SM121): window and "
+                    "top-k segments of the mixed layout; LSE recomputed by the wrapper",
+    ),
+)
 
 # First variant with no reasons wins; names not declared for an op are skipped.
-PRIORITY = {"*": ("triton", "reference")}
+PRIORITY = {
+    "sparse_mla": ("flashmla", "flashinfer", "flashinfer_sm12x", "triton", "reference"),
+    "*": ("triton", "reference"),
+}

@@ -1,0 +1,95 @@
+"""``gather_rows`` / ``scatter_rows`` for triton-ascend: flat grid-stride copies.
+
+Each program walks ``BLOCK``-element chunks of the flattened ``[n, C]`` output (gather) or
+input (scatter) with a stride of ``programs * BLOCK``; the row of an element is
+``e // C``. Any dtype: 1-byte types without a Triton pointer type (bool, FP8) move as uint8.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import grid
+
+BLOCK = 1024
+_BYTE_TYPES = (torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+@triton.jit
+def _gather_kernel(x_ptr, rows_ptr, out_ptr, total, C, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
+    for start in range(0, total, step):
+        e = base + start
+        m = e < total
+        r = e // C
+        src = tl.load(rows_ptr + r, mask=m, other=0).to(tl.int64)  # int64: src * C can pass 2**31
+        v = tl.load(x_ptr + src * C + (e - r * C), mask=m)
+        tl.store(out_ptr + e, v, mask=m)
+
+
+@triton.jit
+def _zero_kernel(out_ptr, total, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
+    for start in range(0, total, step):
+        e = base + start
+        tl.store(out_ptr + e, 0, mask=e < total)  # the scalar is cast to the element type
+
+
+@triton.jit
+def _scatter_kernel(y_ptr, rows_ptr, out_ptr, total, C, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
+    for start in range(0, total, step):
+        e = base + start
+        m = e < total
+        r = e // C
+        dst = tl.load(rows_ptr + r, mask=m, other=0).to(tl.int64)
+        v = tl.load(y_ptr + e, mask=m)
+        tl.store(out_ptr + dst * C + (e - r * C), v, mask=m)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.dtype in _BYTE_TYPES else t
+
+
+def gather_rows(x, rows, *, out=None):
+    """``out[i] = x[rows[i]]`` (the reference's semantics)."""
+    n = rows.shape[0]
+    C = math.prod(x.shape[1:])
+    if out is None:
+        out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    total = n * C
+    if total == 0:
+        return out
+    dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    _gather_kernel[grid(total, BLOCK, x.device)](_flat(x), rows.contiguous(), _flat(dst), total, C, BLOCK=BLOCK)
+    if dst is not out:
+        out.copy_(dst)
+    return out
+
+
+def scatter_rows(y, rows, num_rows, *, out=None):
+    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]`` (the reference's semantics)."""
+    if out is None:
+        out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+    C = math.prod(y.shape[1:])
+    dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    flat = _flat(dst)
+    if num_rows * C:
+        _zero_kernel[grid(num_rows * C, BLOCK, y.device)](flat, num_rows * C, BLOCK=BLOCK)
+    total = rows.shape[0] * C
+    if total:
+        _scatter_kernel[grid(total, BLOCK, y.device)](_flat(y), rows.contiguous(), flat, total, C, BLOCK=BLOCK)
+    if dst is not out:
+        out.copy_(dst)
+    return out

@@ -1,0 +1,74 @@
+"""``swa_indices_and_lens`` for triton-ascend: tokens in a grid-stride loop, one clamped
+window row per token (binary search for its request, then ``BLOCK_W`` columns at a time)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ....common.ops._batch import resolve_num_tokens
+from ....common.types import INDEX_DTYPE
+from ._launch import core_count, search_steps
+from ._search import request_of
+
+MAX_BLOCK_W = 256
+
+
+@triton.jit
+def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx_ptr, lens_ptr,
+                T, B, block_size, W, width,
+                HAS_VALID: tl.constexpr, STEPS: tl.constexpr, BLOCK_W: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_W)
+    for t_ in range(pid, T, nprog):
+        t = pid * 0 + t_  # a tensor in both compiled and interpreted mode
+        b = request_of(qsl_ptr, t, B, STEPS)
+        ok = b < B
+        if HAS_VALID:  # constexpr switch: the caller's extra mask of padded tokens
+            ok = ok & (tl.load(valid_ptr + t).to(tl.int1))
+        start = tl.load(qsl_ptr + b, mask=ok, other=0)
+        end = tl.load(qsl_ptr + b + 1, mask=ok, other=0)
+        seq = tl.load(seq_ptr + b, mask=ok, other=0)
+        R = tl.load(r_ptr + b, mask=ok, other=0)
+        pos = seq - (end - start) + (t - start)
+        lo = tl.maximum(tl.maximum(pos - W + 1, 0), R)  # the clamp contract
+        n = tl.where(ok, pos - lo + 1, 0)
+        tl.store(lens_ptr + t, n)
+        row = table_ptr + b.to(tl.int64) * table_stride
+        out = idx_ptr + t.to(tl.int64) * width
+        for j0 in range(0, width, BLOCK_W):
+            j = j0 + cols
+            live = j < n
+            p = (lo + j).to(tl.int64)
+            blk = tl.load(row + p // block_size, mask=live, other=0).to(tl.int64)
+            slot = blk * block_size + p % block_size
+            tl.store(out + j, tl.where(live, slot, -1).to(tl.int32), mask=j < width)
+
+
+def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
+                         index_width=None, valid=None, num_tokens=None, out=None):
+    """The reference's ``(indices, lens)``; T as the reference resolves it."""
+    T = resolve_num_tokens(query_start_loc, num_tokens, valid)
+    width = W if index_width is None else index_width
+    dev = query_start_loc.device
+    if out is None:
+        out = (torch.empty((T, width), dtype=INDEX_DTYPE, device=dev), torch.empty((T,), dtype=INDEX_DTYPE, device=dev))
+    idx, lens = out
+    if T == 0:
+        return out
+    B = query_start_loc.shape[0] - 1
+    table = block_table if block_table.numel() else torch.zeros((1, 1), dtype=INDEX_DTYPE, device=dev)
+    table = table.contiguous()
+    dst_idx = idx if idx.is_contiguous() else torch.empty_like(idx, memory_format=torch.contiguous_format)
+    block_w = min(MAX_BLOCK_W, triton.next_power_of_2(max(width, 1)))
+    programs = max(1, min(core_count(str(dev)), T))
+    _swa_kernel[(programs,)](
+        query_start_loc, seq_lens, replay_start, table, table.stride(0),
+        valid if valid is not None else query_start_loc, dst_idx, lens,
+        T, B, block_size, W, width,
+        HAS_VALID=valid is not None, STEPS=search_steps(B), BLOCK_W=block_w)
+    if dst_idx is not idx:
+        idx.copy_(dst_idx)
+    return out

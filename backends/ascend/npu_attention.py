@@ -1,0 +1,82 @@
+"""``sparse_mla`` through vllm-ascend's ``torch.ops._C_ascend.npu_sparse_flash_mla``.
+
+Vendor calls (vllm-ascend custom ops; the CANN ops-transformer SparseFlashMla op)::
+
+    metadata = npu_sparse_flash_mla_metadata(num_heads_q, num_heads_kv, head_dim, *, cu_seqlens_q,
+        cu_seqlens_ori_kv, ori_topk_length, batch_size, max_seqlen_q, max_seqlen_ori_kv, ori_topk,
+        cmp_topk, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right,
+        layout_q, layout_kv, has_ori_kv, has_cmp_kv) -> int32 [1024]
+    out, lse = npu_sparse_flash_mla(q, *, ori_kv, ori_sparse_indices, ori_topk_length,
+        cu_seqlens_q, cu_seqlens_ori_kv, sinks, metadata, softmax_scale, cmp_ratio,
+        ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv,
+        topk_value_mode=1, return_softmax_lse=True)
+
+Why explicit indices: the op's SWA band mask (``ori_mask_mode=4``, ``ori_win_left=W-1``)
+computes the causal window itself and has no replay start, so it would read below ``R``.
+The wrapper passes the pack's clamped rows instead, in the op's explicit-index SWA mode
+(``ori_mask_mode=0``, the mode vllm-ascend uses for DSpark's non-causal drafts), so the clamp
+lives entirely in the indices like on every other platform.
+
+Adaptation, exactly the reference semantics:
+* TND layout, one batch: ``q [T, H, 512]``, ``ori_kv = kv`` viewed ``[S, 1, 512]``
+  (``cu_seqlens_ori_kv = [0, S]``), so an index is a row of ``kv``;
+* each row is compacted to "valid entries first, PAD after" on the device and its count
+  passed as ``ori_topk_length [T, 1]`` (the op reads ``indices[t, :length]``);
+* ``sinks`` is required by the op: without a sink the wrapper passes ``-1e30`` (exp
+  underflows to exactly 0 in fp32, no -inf arithmetic in the kernel);
+* the op's output has all D = 512 value columns (shared K/V): the first ``d_v`` are returned;
+  ``lse`` (``[1, T, H]``, natural log, sink excluded) becomes ``[T, H]``; tokens with
+  nothing to read get zeros and ``lse = -inf`` whatever the op wrote.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..adapters import compact_rows, zero_empty_rows
+from .constraints import SERVED
+from .probes import op_namespace
+
+NO_SINK = -1e30
+DTYPES = SERVED.dtypes
+
+
+def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
+    why = []
+    if q.shape[2] != SERVED.head_dim:
+        why.append(f"npu_sparse_flash_mla needs head dim {SERVED.head_dim}, got {q.shape[2]}")
+    heads = SERVED.head_reason(q.shape[1])
+    if heads:
+        why.append(heads)
+    if indices.shape[1] == 0:
+        why.append("npu_sparse_flash_mla rejects an empty ori_sparse_indices (index width 0)")
+    return why
+
+
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
+    """The reference's ``(out, lse)`` computed by ``npu_sparse_flash_mla``."""
+    T, H, D = q.shape
+    if T == 0:
+        return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+    ns, why = op_namespace()
+    if ns is None:
+        raise RuntimeError(why)
+    dev = q.device
+    S, K = kv.shape[0], indices.shape[1]
+    rows, counts = compact_rows(indices, lens)
+    ori_indices = rows.unsqueeze(1)  # TND [T, N2 = 1, K]
+    topk_length = counts.unsqueeze(1)  # TND [T, N2 = 1]
+    two = torch.arange(2, dtype=torch.int32, device=dev)  # built on the device: no host copy
+    cu_q, cu_kv = two * T, two * S
+    sinks = sink if sink is not None else torch.full((H,), NO_SINK, dtype=torch.float32, device=dev)
+    mode = dict(cmp_ratio=0, ori_mask_mode=0, cmp_mask_mode=0, ori_win_left=SERVED.window - 1, ori_win_right=0,
+                layout_q="TND", layout_kv="TND")
+    metadata = ns.npu_sparse_flash_mla_metadata(
+        H, 1, D, cu_seqlens_q=cu_q, cu_seqlens_ori_kv=cu_kv, ori_topk_length=topk_length, batch_size=1,
+        max_seqlen_q=T, max_seqlen_ori_kv=S, ori_topk=K, cmp_topk=0, has_ori_kv=True, has_cmp_kv=False, **mode)
+    out, lse = ns.npu_sparse_flash_mla(
+        q.contiguous(), ori_kv=kv.view(S, 1, D), ori_sparse_indices=ori_indices, ori_topk_length=topk_length,
+        cu_seqlens_q=cu_q, cu_seqlens_ori_kv=cu_kv, sinks=sinks.contiguous(), metadata=metadata,
+        softmax_scale=float(sm_scale), topk_value_mode=1, return_softmax_lse=True, **mode)
+    out, lse = zero_empty_rows(out[..., :d_v], lse.reshape(T, H), indices, lens)
+    return out.contiguous(), lse.contiguous()

@@ -1,0 +1,113 @@
+"""`swa-backends info` for the platform devices, plain and ``--emulate``: the variant per
+op, the verified status, and the encoder/decoder decision with reasons, each checked against
+matrix.yaml and the API."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+
+import pytest
+
+import swa_backends as sb
+from swa_backends.cli import main
+
+DEVICES = ["rocm:gfx942", "rocm:gfx950", "ascend:910b", "ascend:910_93", "cuda:sm90", "cuda:sm100", "cuda:sm89"]
+# what a deployment with the vendor packages runs for sparse_mla first (None: no vendor kernel there)
+VENDOR_FIRST = {"rocm:gfx942": None, "rocm:gfx950": "aiter_opus", "ascend:910b": "npu_sparse_flash_mla",
+                "ascend:910_93": "npu_sparse_flash_mla", "cuda:sm90": "flashmla", "cuda:sm100": "flashmla",
+                "cuda:sm89": None}
+# the reason each vendor variant gives on this machine, where the vendor package is absent
+ABSENT = {"flashmla": "vLLM is not installed", "flashinfer": "FlashInfer (flashinfer-python): module flashinfer is "
+          "not installed", "aiter_opus": "AMD AITER is not installed", "npu_sparse_flash_mla": "torch_npu"}
+
+
+def _table(out: str) -> dict[str, list[tuple[str, str]]]:
+    """``{op: [(variant, verified), ...]}`` from the printed variant table."""
+    lines = out.split("\n\n", 1)[1].splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == ["op", "variant", "verified", "graph-safe", "layout"]
+    table: dict[str, list] = {}
+    op = None
+    for line in lines[1:]:
+        if not line.strip() or line.startswith("every variant"):
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        if not line.startswith(" "):
+            op, cells = cells[0], cells[1:]
+        name = re.sub(r" \((per-call|else)\)$", "", cells[0])
+        table.setdefault(op, []).append((name, cells[1]))
+    return table
+
+
+def _run(device, emulate, capsys, *extra):
+    args = ["info", "--device", device, *(["--emulate"] if emulate else []), *extra]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    dev = sb.parse_device(device)
+    if emulate:
+        with importlib.import_module(f"swa_backends.backends.{dev.platform}.emulation").contract_doubles(dev):
+            e = sb.explain(dev)
+    else:
+        e = sb.explain(dev)
+    return out, e, sb.load_matrix().row_for(dev)
+
+
+@pytest.mark.parametrize("emulate", [False, True], ids=["real", "emulated"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_info_matches_matrix_and_api(device, emulate, capsys):
+    out, e, row = _run(device, emulate, capsys)
+    caps = e.capabilities
+    assert f"matrix row:    {row.id}\n" in out
+    assert ("emulated:      vendor packages replaced by contract doubles" in out) == emulate
+    for side, label in (("encoder_replay", "encoder replay"), ("decoder_replay", "decoder replay")):
+        decision = getattr(caps, side)
+        assert f"{label}: {'ON' if decision.enabled else 'OFF'}\n" in out
+        for line in (decision.notes if decision.enabled else decision.reasons):
+            assert f"    - {line}\n" in out
+    # the row's own gate text is printed (as a note when on, as a reason when off)
+    assert f"[matrix:{row.id}] {row.gates['encoder_replay'].text}" in out
+    table = _table(out)
+    assert set(table) == set(sb.OPS)
+    for op, printed in table.items():
+        assert tuple(n for n, _ in printed) == e.chosen[op]
+        for name, verified in printed:
+            assert name in row.allowed(op)
+            assert verified == row.status(name)
+    first = table["sparse_mla"][0][0]
+    vendor = VENDOR_FIRST[device]
+    if emulate and vendor:
+        assert first == vendor and row.status(vendor) == "emulated"
+    else:
+        assert first not in ("flashmla", "flashinfer", "flashinfer_sm12x", "aiter_opus", "npu_sparse_flash_mla")
+
+
+@pytest.mark.parametrize("device", ["rocm:gfx950", "ascend:910b", "cuda:sm90", "cuda:sm100"])
+def test_info_all_shows_why_the_vendor_kernel_is_not_used_here(device, capsys):
+    out, e, row = _run(device, False, capsys, "--all")
+    lines = [line for line in out.splitlines() if line.startswith("  sparse_mla ")]
+    for name in row.allowed("sparse_mla"):
+        if name in ABSENT:
+            line = next(line for line in lines if line.split()[1] == name)
+            assert "rejected" in line and ABSENT[name] in line, line
+
+
+def test_info_emulate_json_is_labelled(capsys):
+    assert main(["info", "--device", "rocm:gfx950", "--emulate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["emulated"] is True and "not a measurement" in data["emulated_note"]
+    assert data["chosen"]["sparse_mla"][0] == "aiter_opus"
+    assert main(["info", "--device", "rocm:gfx950", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["emulated"] is False
+
+
+def test_info_emulate_on_cpu_is_an_error(capsys):
+    assert main(["info", "--device", "cpu", "--emulate"]) == 2
+    assert "--emulate: device=cpu" in capsys.readouterr().err
+
+
+def test_emulate_leaves_no_trace(capsys):
+    before = sb.explain("cuda:sm100").chosen
+    assert main(["info", "--device", "cuda:sm100", "--emulate"]) == 0
+    capsys.readouterr()
+    assert sb.explain("cuda:sm100").chosen == before
