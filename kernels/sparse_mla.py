@@ -548,9 +548,13 @@ def _fit(config: Config, args: tuple, fit: bool) -> Config:
     T, H, D = q.shape
     K = indices.shape[1]
     queue = [config]
+    tried: set = set()
     failures: list[str] = []
     while queue:
         cfg = queue.pop(0)
+        if cfg in tried:
+            continue
+        tried.add(cfg)
         r = resolve(cfg, T, H, D, d_v, K, q.device)
         if _COMPILE_FIRST:  # compile without launching: an error here is the compiler's
             try:
@@ -559,7 +563,7 @@ def _fit(config: Config, args: tuple, fit: bool) -> Config:
                 if not fit:
                     raise
                 failures.append(f"{cfg.short()} does not compile with Triton {triton.__version__} ({_reason(exc)})")
-                queue = [c for c in _fallbacks(cfg, _platform(q.device), D, H) if c not in queue] + queue
+                queue = [c for c in _fallbacks(cfg, _platform(q.device), D, H) if c not in tried] + queue
                 continue
         try:
             _run(*args, r)

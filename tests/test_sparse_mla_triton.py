@@ -284,6 +284,20 @@ def test_config_that_does_not_compile_falls_back_once(kmod, monkeypatch):
         kmod.launch(*args, **kw, config=cfg.replace(block_n=16), fit=False)
 
 
+def test_nothing_compiles_raises_with_every_reason(kmod, monkeypatch):
+    """Fallbacks that fail too are each tried once (no loop), then one error lists them."""
+    def run(*a, warmup=False):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(kmod, "_run", run)
+    monkeypatch.setattr(kmod, "_COMPILE_FIRST", True)
+    monkeypatch.setattr(kmod, "_FITTED", {})
+    args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=5))
+    with pytest.raises(RuntimeError, match=r"no launch config works.*h16n32w8s2k1x does not compile.*"
+                                           r"h64n32w4s1k1 does not compile"):
+        kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=32, split_s=True, splits=1))
+
+
 def test_resolve_splits_only_when_grid_is_small(kmod):
     dev = torch.device("cpu")  # 4 "SMs" off-GPU
     big = kmod.resolve(kmod.Config(), 4096, 64, 512, 512, 640, dev)
