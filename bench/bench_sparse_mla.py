@@ -1,21 +1,24 @@
 #!/usr/bin/env python
 """One-run H200 benchmark of the Triton sparse-MLA kernel (issue 4).
 
-    python bench/bench_sparse_mla.py --out $OUT          # ~4-6 minutes on one H200
+    . bench/gpu_env.sh && python3 bench/bench_sparse_mla.py --out $OUT    # ~2-5 minutes on one H200
 
-Does, in this order, in one process:
+Does, in this order, in one process, each measurement in its own try (a config that does
+not compile or fit is a recorded result, never the end of the run):
 
-1. correctness of every swept config against the torch reference at the real shapes
-   (D_qk = d_v = 512, H 64 / 128, K 640 / 1152, PAD inside and past the length, sink);
-2. a sweep of launch configs (BLOCK_H, BLOCK_N, num_warps, num_stages, d_v split,
-   split-K, all-PAD-tile skipping) at T 16K, K 640, H 64 and 128;
-3. the TFLOP/s table, 2*T*H*K*(D_qk + d_v) / time, at T 4K / 16K x H 64 / 128 x K 640 /
-   1152 with random valid indices into a 1M-row cache, for the swept best config and the
-   shipped default, next to the torch-native baseline (gather + two batched matmuls, fp32
-   softmax) measured in the same run, with a correctness spot check of each row;
+1. the torch-native baseline (gather + two batched matmuls, fp32 softmax) at T 4K / 16K x
+   H 64 / 128 x K 640 / 1152, random valid indices into a 1M-row cache, first and alone,
+   so nothing Triton does can lose it;
+2. per swept config (``kernels.sparse_mla.SWEEP``): what Triton compiled (registers,
+   spills, shared memory), correctness against the torch reference at the real shapes
+   (D_qk = d_v = 512, PAD inside and past the length, sink), time at T 16K, K 640, H 64 / 128;
+3. the TFLOP/s table, 2*T*H*K*(D_qk + d_v) / time, over the same cells as 1 for the swept
+   best config and the shipped default, with a correctness spot check of each cell;
 4. decode (T 1 / 32 / 256): latency per call (CUDA-graph replay and eager) and the
-   bandwidth achieved over the KV bytes read, for several split-K settings;
-5. raw JSON to ``--out`` (a directory gets ``bench_sparse_mla.json``), the short table last.
+   bandwidth achieved over the KV bytes read, for split-K settings and decode tile sizes;
+5. raw JSON to ``--out`` (a directory gets ``bench_sparse_mla.json``), the short table last
+   with a suggested ``TUNED`` row per head count. ``--budget`` (default 300 s) bounds the
+   run: the sweep stops at 45% of it, the table at 75%, decode at 92%.
 
 Run from the repository root with or without the package installed: the script loads
 the package from this checkout. ``--config name=value,...`` (repeatable) replaces the
@@ -62,6 +65,7 @@ from swa_backends.common.device import current_device  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.kernels import interpreter  # noqa: E402
 
+
 REF = OPS["sparse_mla"].reference
 D = DV = 512
 S_CACHE = 1 << 20  # rows of the latent cache: 1M x 512 bf16 = 1 GiB, mostly missing L2
@@ -71,11 +75,11 @@ S_CACHE = 1 << 20  # rows of the latent cache: 1M x 512 bf16 = 1 GiB, mostly mis
 PLANS = {
     "h200": dict(D=512, S=S_CACHE, sweep=[(16384, 64, 640), (16384, 128, 640)], check_T=512, check_K=1152,
                  spot=128, table_H=(64, 128), table_T=(4096, 16384), table_K=(640, 1152),
-                 decode_H=(64, 128), decode_T=(1, 32, 256), decode_K=640, decode_splits=("auto", 1, 2, 4, 8, 16),
-                 reps=3),
+                 decode_H=(64, 128), decode_T=(1, 32, 256), decode_K=640, decode_splits=("auto", 1, 2, 4, 10),
+                 decode_configs=(dict(block_n=32), dict(block_n=32, split_s=True, num_stages=5)), reps=5),
     "tiny": dict(D=32, S=3000, sweep=[(3, 16, 40), (3, 32, 40)], check_T=9, check_K=70, spot=4,
                  table_H=(16,), table_T=(3,), table_K=(40, 70), decode_H=(16,), decode_T=(1, 3), decode_K=40,
-                 decode_splits=("auto", 1, 3), reps=1),
+                 decode_splits=("auto", 1, 3), decode_configs=(dict(block_n=16, split_s=True),), reps=1),
 }
 
 
@@ -243,7 +247,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="directory (gets bench_sparse_mla.json) or .json path")
     ap.add_argument("--config", action="append", default=None,
                     help="a config to sweep, name=value,... (repeatable; replaces the built-in sweep)")
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds; later sections shrink to fit")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds; later sections shrink to fit")
     ap.add_argument("--quick", action="store_true", help="the first 4 sweep configs only")
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
                     help="h200 (default on a GPU) or tiny (default without one: interpreter, plumbing only)")
@@ -271,9 +275,10 @@ def main() -> int:
             "device": torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter: plumbing only, no numbers)",
             "sms": torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else None,
             "default_config_env": os.environ.get("SWA_SPARSE_MLA_CONFIG"), "plan": plan,
-            "flops": "2*T*H*K*(D_qk+d_v)", "D_qk": D, "d_v": DV,
+            "flops": "2*T*H*K*(D_qk+d_v)", "D_qk": D, "d_v": DV, "budget_s": args.budget,
         },
-        "correctness": [], "sweep": [], "best": {}, "table": [], "decode": [], "errors": [],
+        "correctness": [], "sweep": [], "best": {}, "baseline": [], "table": [], "decode": [], "errors": [],
+        "sections_s": {},
     }
 
     def elapsed():
@@ -282,6 +287,16 @@ def main() -> int:
     def save():
         result["meta"]["elapsed_s"] = round(elapsed(), 1)
         out_path.write_text(json.dumps(result, indent=1, default=str))
+
+    def err(where: str, exc: BaseException) -> str:
+        """Record a failure (traceback in errors[]) and return its one-line reason."""
+        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1][:240]}"
+        result["errors"].append({"where": where, "why": why, "traceback": traceback.format_exc()[-2000:]})
+        return why
+
+    def section(name: str, t0: float):
+        result["sections_s"][name] = round(time.time() - t0, 1)
+        save()
 
     configs = args.config or (K.SWEEP[:4] if args.quick else list(K.SWEEP))
     configs = [K.parse_config(c, K.Config()) for c in configs]
@@ -292,7 +307,37 @@ def main() -> int:
     # one shared cache (1M rows on the GPU); inputs are sliced from it per shape
     g_kv = torch.randn(plan["S"], D, device=dev, dtype=torch.float32).to(torch.bfloat16)
 
-    # ---- 1 + 2: correctness and sweep per config -------------------------------------
+    # ---- 1: torch baseline, alone (nothing Triton can fail takes it down) -------------
+    t0 = time.time()
+    for H in plan["table_H"]:
+        q_all, _, idx_all, _, sink = make_inputs(max(plan["table_T"]), H, max(plan["table_K"]), kv=g_kv, sink=True,
+                                                 seed=7 + H, dev=dev)
+        for T in plan["table_T"]:
+            for Kw in plan["table_K"]:
+                q, idx = q_all[:T], idx_all[:T, :Kw].contiguous()
+                lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
+                row = {"T": T, "H": H, "K": Kw}
+                try:
+                    if T == plan["table_T"][0] and Kw == plan["table_K"][0]:  # the baseline's own check, once per H
+                        n = plan["spot"]
+                        bw, brel = check(torch_baseline(q[:n], g_kv, idx[:n], lens[:n], scale, DV, sink),
+                                         q, g_kv, idx, lens, sink, n=n)
+                        result["correctness"].append({"what": "torch baseline", "H": H, "config": "torch",
+                                                      "ok": bw is None, "rel_err": brel, "why": bw})
+                    ms = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=min(2, plan["reps"]))
+                    row.update(torch_ms=ms, torch_tflops=tflops(T, H, Kw, ms))
+                except Exception as exc:
+                    row["error"] = err(f"torch baseline T={T} H={H} K={Kw}", exc)
+                result["baseline"].append(row)
+                log(f"torch T={T} H={H} K={Kw}: {row.get('torch_tflops', float('nan')):.1f} TFLOP/s "
+                    f"{row.get('torch_ms', float('nan')):.2f} ms {row.get('error', '')}")
+                if on_gpu:
+                    torch.cuda.empty_cache()
+        del q_all, idx_all
+    section("baseline", t0)
+
+    # ---- 2: correctness and sweep per config, each config on its own ------------------
+    t0 = time.time()
     for T, H, Kw in plan["sweep"]:
         # every timed call carries a sink (DeepSeek-V4.1 has one), so a config compiles once
         q, kv, idx, lens, sink = make_inputs(T, H, Kw, kv=g_kv, sink=True, seed=H, dev=dev)
@@ -308,35 +353,44 @@ def main() -> int:
                 result["sweep"].append(row)
                 continue
             try:
-                t0 = time.time()
+                t1 = time.time()
+                if on_gpu:  # what Triton made of it: registers, spills, shared memory
+                    try:
+                        row["compiled"] = K.compiled_info(q, kv, idx, lens, scale, DV, sink, config=cfg)
+                    except Exception as exc:
+                        row["compiled"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 got = K.launch(cq, ckv, cidx, clens, scale, DV, csink, config=cfg, fit=False)
                 _sync()
-                row["compile_s"] = round(time.time() - t0, 1)
+                row["compile_s"] = round(time.time() - t1, 1)
                 why, rel = check(got, cq, ckv, cidx, clens, csink)
                 result["correctness"].append({"what": f"sweep config, PAD patterns + sink, K {plan['check_K']}",
                                               "H": H, "config": cfg.short(), "ok": why is None, "rel_err": rel,
                                               "why": why})
                 if why is not None:
                     row["status"] = f"wrong: {why}"
-                    result["sweep"].append(row)
-                    continue
-                ms = timed(lambda: K.launch(q, kv, idx, lens, scale, DV, sink, config=cfg, fit=False),
-                           reps=plan["reps"])
-                row.update(status="ok", ms=ms, tflops=tflops(T, H, Kw, ms))
-                if best is None or ms < best[1]:
-                    best = (cfg, ms)
-            except Exception as exc:  # a config that does not fit is a result, not a crash
-                row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                else:
+                    ms = timed(lambda: K.launch(q, kv, idx, lens, scale, DV, sink, config=cfg, fit=False),
+                               reps=plan["reps"])
+                    row.update(status="ok", ms=ms, tflops=tflops(T, H, Kw, ms))
+                    if best is None or ms < best[1]:
+                        best = (cfg, ms)
+            except Exception as exc:  # a config that does not compile or fit is a result, not a crash
+                row["status"] = "error: " + err(f"sweep {cfg.short()} H={H}", exc)
             result["sweep"].append(row)
+            c = row.get("compiled") or {}
             log(f"sweep T={T} H={H} K={Kw} {cfg.short():>22}: {row.get('status')} "
-                f"{row.get('ms', float('nan')):.3f} ms {row.get('tflops', float('nan')):.1f} TFLOP/s")
+                f"{row.get('ms', float('nan')):.3f} ms {row.get('tflops', float('nan')):.1f} TFLOP/s "
+                f"(regs {c.get('n_regs')}, spills {c.get('n_spills')}, smem {c.get('shared')})")
             save()
         result["best"][str(H)] = {"config": best[0].short(), "fields": dict(best[0].__dict__), "ms": best[1]} if best else None
         del q, idx, lens
     best_cfg = {H: (K.Config(**result["best"][str(H)]["fields"]) if result["best"].get(str(H)) else default[H])
                 for H in heads}
+    section("sweep", t0)
 
-    # ---- 3: TFLOP/s table with the same-run torch baseline ---------------------------
+    # ---- 3: TFLOP/s table: best and default config, each cell on its own ---------------
+    t0 = time.time()
+    base = {(r["T"], r["H"], r["K"]): r for r in result["baseline"]}
     for H in plan["table_H"]:
         q_all, _, idx_all, _, sink = make_inputs(max(plan["table_T"]), H, max(plan["table_K"]), kv=g_kv, sink=True,
                                                  seed=7 + H, dev=dev)
@@ -346,29 +400,29 @@ def main() -> int:
                 idx = idx_all[:T, :Kw].contiguous()
                 lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
                 row = {"T": T, "H": H, "K": Kw, "best_config": best_cfg[H].short(), "default_config": default[H].short()}
-                n = plan["spot"]
-                try:
-                    out = K.launch(q, g_kv, idx, lens, scale, DV, sink, config=best_cfg[H])
-                    why, rel = check(out, q, g_kv, idx, lens, sink, n=n)
-                    row.update(correct=why is None, rel_err=rel, why=why)
-                    del out
-                    ms = timed(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=best_cfg[H]),
-                               reps=plan["reps"])
-                    row.update(triton_ms=ms, triton_tflops=tflops(T, H, Kw, ms))
-                    if default[H] != best_cfg[H]:
-                        ms_d = timed(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=default[H]),
-                                     reps=plan["reps"])
-                        row.update(default_ms=ms_d, default_tflops=tflops(T, H, Kw, ms_d))
-                    if T == plan["table_T"][0] and Kw == plan["table_K"][0]:  # the baseline itself, once per H
-                        bw, brel = check(torch_baseline(q[:n], g_kv, idx[:n], lens[:n], scale, DV, sink),
-                                         q, g_kv, idx, lens, sink, n=n)
-                        result["correctness"].append({"what": "torch baseline", "H": H, "config": "torch",
-                                                      "ok": bw is None, "rel_err": brel, "why": bw})
-                    ms_t = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=min(2, plan["reps"]))
-                    row.update(torch_ms=ms_t, torch_tflops=tflops(T, H, Kw, ms_t), speedup=ms_t / ms)
-                except Exception as exc:
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    result["errors"].append(traceback.format_exc()[-2000:])
+                if elapsed() > 0.75 * args.budget:
+                    row["error"] = "skipped (time budget)"
+                else:
+                    for name, cfg in (("triton", best_cfg[H]), ("default", default[H])):
+                        if name == "default" and cfg == best_cfg[H]:
+                            continue
+                        try:
+                            out = K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg)
+                            why, rel = check(out, q, g_kv, idx, lens, sink, n=plan["spot"])
+                            del out
+                            ms = timed(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg),
+                                       reps=plan["reps"])
+                            row.update({f"{name}_ms": ms, f"{name}_tflops": tflops(T, H, Kw, ms),
+                                        f"{name}_correct": why is None, f"{name}_rel_err": rel})
+                            if name == "triton":
+                                row.update(correct=why is None, rel_err=rel, why=why)
+                        except Exception as exc:
+                            row[f"{name}_error"] = err(f"table {name} {cfg.short()} T={T} H={H} K={Kw}", exc)
+                b = base.get((T, H, Kw), {})
+                if "torch_ms" in b:
+                    row.update(torch_ms=b["torch_ms"], torch_tflops=b["torch_tflops"])
+                    if "triton_ms" in row:
+                        row["speedup"] = b["torch_ms"] / row["triton_ms"]
                 result["table"].append(row)
                 log(f"table T={T} H={H} K={Kw}: triton {row.get('triton_tflops', float('nan')):.1f} TFLOP/s, "
                     f"torch {row.get('torch_tflops', float('nan')):.1f}, x{row.get('speedup', float('nan')):.2f}")
@@ -376,8 +430,10 @@ def main() -> int:
                 if on_gpu:
                     torch.cuda.empty_cache()
         del q_all, idx_all
+    section("table", t0)
 
     # ---- 4: decode latency and bandwidth ---------------------------------------------
+    t0 = time.time()
     Kw = plan["decode_K"]
     for H in plan["decode_H"]:
         for T in plan["decode_T"]:
@@ -385,11 +441,17 @@ def main() -> int:
             kv_bytes = T * Kw * D * 2
             io_bytes = kv_bytes + q.numel() * 2 + T * H * DV * 2 + idx.numel() * 4
             row = {"T": T, "H": H, "K": Kw, "kv_bytes": kv_bytes, "variants": []}
-            for sp in plan["decode_splits"]:
+            cands = [(best_cfg[H], sp) for sp in plan["decode_splits"]]
+            cands += [(default[H].replace(**kw), "auto") for kw in plan["decode_configs"]]
+            for base_cfg, sp in cands:
                 if elapsed() > 0.92 * args.budget:
                     break
-                cfg = best_cfg[H].replace(splits=None if sp == "auto" else sp)
-                r = K.resolve(cfg, T, H, D, DV, Kw, tdev)
+                cfg = base_cfg.replace(splits=None if sp == "auto" else sp)
+                try:
+                    r = K.resolve(cfg, T, H, D, DV, Kw, tdev)
+                except Exception as exc:
+                    row["variants"].append({"splits": sp, "config": cfg.short(), "error": err("decode resolve", exc)})
+                    continue
                 v = {"splits": sp, "resolved_splits": r["splits"], "config": cfg.short()}
                 try:
                     fn = lambda: K.launch(q, kv, idx, lens, scale, DV, sink, config=cfg)  # noqa: E731
@@ -399,13 +461,13 @@ def main() -> int:
                     v.update(graph_us=us, eager_us=eager_us(fn, calls=50 if on_gpu else 2),
                              kv_GBps=kv_bytes / (us * 1e-6) / 1e9, io_GBps=io_bytes / (us * 1e-6) / 1e9)
                 except Exception as exc:
-                    v["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    result["errors"].append(traceback.format_exc()[-2000:])
+                    v["error"] = err(f"decode {cfg.short()} T={T} H={H}", exc)
                 row["variants"].append(v)
             ok = [v for v in row["variants"] if "graph_us" in v and v.get("correct")]
             if ok:
                 b = min(ok, key=lambda v: v["graph_us"])
-                row.update(best_splits=b["splits"], best_graph_us=b["graph_us"], best_kv_GBps=b["kv_GBps"])
+                row.update(best_splits=b["splits"], best_config=b["config"], best_graph_us=b["graph_us"],
+                           best_kv_GBps=b["kv_GBps"])
                 auto = next((v for v in ok if v["splits"] == "auto"), None)
                 if auto:
                     row.update(auto_graph_us=auto["graph_us"], auto_resolved_splits=auto["resolved_splits"])
@@ -413,12 +475,13 @@ def main() -> int:
                 tb = lambda: torch_baseline(q, kv, idx, lens, scale, DV, sink)  # noqa: E731
                 row["torch_graph_us"] = graph_us(tb, calls=5)
             except Exception as exc:
-                row["torch_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                row["torch_error"] = err(f"decode torch T={T} H={H}", exc)
             result["decode"].append(row)
             log(f"decode T={T} H={H}: best {row.get('best_graph_us', float('nan')):.1f} us "
-                f"(splits {row.get('best_splits')}), {row.get('best_kv_GBps', float('nan')):.0f} GB/s of KV; "
+                f"({row.get('best_config')}), {row.get('best_kv_GBps', float('nan')):.0f} GB/s of KV; "
                 f"torch {row.get('torch_graph_us', float('nan')):.1f} us")
             save()
+    section("decode", t0)
 
     save()
     print_summary(result)
@@ -429,31 +492,38 @@ def main() -> int:
 
 def print_summary(result: dict) -> None:
     plan = result["meta"]["plan"]
-    log(f"\n== sweep (T, H, K) in {plan['sweep']} ==")
+    nan = float("nan")
+    log(f"\n== sweep (T, H, K) in {plan['sweep']} (triton {result['meta']['triton']}) ==")
     for r in result["sweep"]:
-        log(f"  H={r['H']:<4} {r['config']:>24}  {r.get('status', '')[:40]:<40} "
-            f"{r.get('tflops', float('nan')):7.1f} TFLOP/s")
+        c = r.get("compiled") or {}
+        log(f"  H={r['H']:<4} {r['config']:>18}  {r.get('status', '')[:44]:<44} {r.get('tflops', nan):7.1f} TFLOP/s"
+            f"  regs {c.get('n_regs')} spills {c.get('n_spills')} smem {c.get('shared')}")
     log("best: " + ", ".join(f"H={h}: {b['config'] if b else None}" for h, b in result["best"].items()))
     for h, b in result["best"].items():
         if b:
             fields = ", ".join(f"{k}={v!r}" for k, v in b["fields"].items() if k != "splits")
-            log(f"  TUNED row for H={h}: Config({fields})")
+            log(f"  suggested TUNED row for H={h}: Config({fields})")
     log(f"\n== prefill TFLOP/s (2*T*H*K*(D_qk+d_v)/time), D {plan['D']}, {plan['S']}-row cache, "
         "random valid indices, sink; torch = gather + 2 bmm, fp32 softmax ==")
-    log(f"  {'T':>6} {'H':>4} {'K':>5} | {'triton':>8} {'ms':>8} | {'default':>8} | {'torch':>7} | {'x':>5} | ok")
+    log(f"  {'T':>6} {'H':>4} {'K':>5} | {'best':>7} {'ms':>8} | {'default':>7} | {'torch':>6} | {'x':>5} | ok")
     for r in result["table"]:
-        log(f"  {r['T']:>6} {r['H']:>4} {r['K']:>5} | {r.get('triton_tflops', float('nan')):8.1f} "
-            f"{r.get('triton_ms', float('nan')):8.3f} | {r.get('default_tflops', r.get('triton_tflops', float('nan'))):8.1f} | "
-            f"{r.get('torch_tflops', float('nan')):7.1f} | {r.get('speedup', float('nan')):5.2f} | {r.get('correct')}")
+        log(f"  {r['T']:>6} {r['H']:>4} {r['K']:>5} | {r.get('triton_tflops', nan):7.1f} "
+            f"{r.get('triton_ms', nan):8.3f} | {r.get('default_tflops', r.get('triton_tflops', nan)):7.1f} | "
+            f"{r.get('torch_tflops', nan):6.1f} | {r.get('speedup', nan):5.2f} | {r.get('correct')}"
+            + (f"  {r.get('triton_error') or r.get('default_error') or r.get('error') or ''}"[:80]))
     log(f"\n== decode (K {plan['decode_K']}, sink): latency per call (CUDA-graph replay), KV bytes read / latency ==")
-    log(f"  {'T':>4} {'H':>4} | {'best us':>8} {'splits':>6} {'KV GB/s':>8} | {'auto us':>8} | {'torch us':>9}")
+    log(f"  {'T':>4} {'H':>4} | {'best us':>8} {'config':>14} {'splits':>6} {'KV GB/s':>8} | {'auto us':>8} | "
+        f"{'torch us':>9}")
     for r in result["decode"]:
-        log(f"  {r['T']:>4} {r['H']:>4} | {r.get('best_graph_us', float('nan')):8.1f} {str(r.get('best_splits')):>6} "
-            f"{r.get('best_kv_GBps', float('nan')):8.0f} | {r.get('auto_graph_us', float('nan')):8.1f} | "
-            f"{r.get('torch_graph_us', float('nan')):9.1f}")
+        log(f"  {r['T']:>4} {r['H']:>4} | {r.get('best_graph_us', nan):8.1f} {str(r.get('best_config')):>14} "
+            f"{str(r.get('best_splits')):>6} {r.get('best_kv_GBps', nan):8.0f} | {r.get('auto_graph_us', nan):8.1f} | "
+            f"{r.get('torch_graph_us', nan):9.1f}")
     bad = [c for c in result["correctness"] if not c["ok"]]
-    log(f"\ncorrectness: {len(result['correctness']) - len(bad)}/{len(result['correctness'])} configs ok"
+    log(f"\ncorrectness: {len(result['correctness']) - len(bad)}/{len(result['correctness'])} checks ok"
         + (f"; WRONG: {[(c['H'], c['config']) for c in bad]}" if bad else ""))
+    if result["errors"]:
+        log(f"errors: {len(result['errors'])} (first: {result['errors'][0]['where']}: {result['errors'][0]['why']})")
+    log(f"sections (s): {result['sections_s']}, total {result['meta'].get('elapsed_s')} s")
 
 
 if __name__ == "__main__":

@@ -23,13 +23,21 @@ Design (why it is shaped like this):
 * 8 warps = two warpgroups over 64 heads: ``P V`` splits ``d_v`` between them, and with
   ``SPLIT_S`` so does ``Q K^T`` (each computes half of the tile's columns and they swap P
   through shared memory, as FlashMLA does). Without it Triton's flash-attention layout
-  rule has both warpgroups compute the whole S (see ``_tile``).
+  rule has both warpgroups compute the whole S (see ``_attend``).
+* Shared memory holds Q (64 KB at 64 heads x 512) and the KV tiles, one program per SM.
+  Triton issues a tile's cp.async gather after the previous tile's math, so a gather
+  overlaps math only with >= 3 tile buffers (``BLOCK_N`` 32 with 5 or 7 stages); with two
+  64-row buffers more stages only load the index tile earlier (offline TTGIR, Triton 3.6).
 * The loop stops at the token's length, so tiles past ``lens`` cost nothing; PAD rows
   inside the length are masked loads (no memory traffic) and ``-inf`` scores.
   ``SKIP_EMPTY`` additionally branches around tiles that hold no valid index at all.
-* Decode (few tokens): ``splits`` programs share one token's index list; each writes an
-  fp32 partial (normalised output and base-2 lse) and a small combine kernel merges them
-  and adds the sink, so 1..256 tokens still fill the GPU's SMs.
+* Decode (few tokens): ``splits`` programs share one token's index list (as many as fill
+  the SMs in one wave, at most ``MAX_SPLITS``); each writes an fp32 partial (normalised
+  output and base-2 lse) and a combine kernel, one program per (token, head, d_v block),
+  merges all of a block's splits in one load and adds the sink.
+* A config this Triton cannot compile (Triton 3.6 failed a pass on configs 3.9 compiled,
+  H200 run 1) falls back to a known-good one for the shape, with one warning: see
+  :func:`launch`.
 
 The clamp never enters: it lives in ``indices``/``lens`` built by the pack's index builders.
 Launch configs come from :data:`TUNED` (keyed by shape, filled from H200 sweeps of
@@ -41,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +61,14 @@ LOG2E = 1.4426950408889634
 # interpreter multiplies bf16 dot operands as raw integers, so interpreted runs feed tl.dot
 # fp32 copies (P still rounded to the input dtype first, as on the GPU).
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# The launcher compiles a config (Triton's warmup, no launch) before its first launch, so a
+# compiler failure is told apart from a launch failure; the interpreter compiles nothing.
+_COMPILE_FIRST = not _INTERPRET
 LN2 = 0.6931471805599453
+# Split-K: at most this many splits of one token's index list (one compiled combine kernel
+# reads them all in a single masked load), combined in d_v blocks of this width.
+MAX_SPLITS = 32
+COMBINE_BLOCK_DV = 128
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,60 +91,79 @@ def _sum_fn(a, b):
 
 
 @triton.jit
-def _softmax_step(s, valid, m_i, qk_scale):
-    """Online-softmax step of one tile: (new running max, rescale of the old sums, P)."""
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
-    # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, tl.exp2(m_i - m_shift), tl.exp2(s - m_shift[:, None])
+def _gather(KV, idx, valid, offs_c, ncols, stride_kv, EVEN: tl.constexpr):
+    """Rows ``idx`` of the cache, columns ``offs_c``: ``[BLOCK_N, len(offs_c)]``. Invalid rows
+    are masked (no memory traffic) and read as 0; row offsets in int64."""
+    rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kv
+    if EVEN:
+        x = tl.load(KV + rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
+    else:
+        x = tl.load(KV + rows[:, None] + offs_c[None, :], mask=valid[:, None] & (offs_c[None, :] < ncols), other=0.0)
+    return x
 
 
 @triton.jit
-def _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale, m_i, l_i, acc,
-          SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, DOT_F32: tl.constexpr,
-          SPLIT_S: tl.constexpr):
-    """One KV tile: gather its rows once, S = Q K^T, online softmax, acc += P V."""
-    rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kv
-    if EVEN_D:
-        k = tl.load(KV + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-    else:
-        k = tl.load(KV + rows[:, None] + offs_d[None, :], mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
+def _softmax_step(s, m_i):
+    """Online-softmax step of one (scaled, masked, base-2) score tile:
+    (new running max, rescale of the old sums, P in fp32, row sums of P)."""
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
+    # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_shift[:, None])
+    return m_new, tl.exp2(m_i - m_shift), p, tl.reduce(p, 1, _sum_fn)
+
+
+@triton.jit
+def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale, gate, DOT_F32: tl.constexpr, SPLIT_S: tl.constexpr):
+    """S = Q K^T of one gathered tile, online softmax, acc += P V (P rounded to V's dtype)."""
     if DOT_F32:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
     else:
         s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     if SPLIT_S:
-        # Triton gives a dot whose result feeds another dot (S -> P -> P V) all warps along
-        # M; with 64 heads and 8 warps both warpgroups then compute the whole S (1.5x the
-        # MMA work of the tile). Producing P inside a branch (always taken: qk_scale > 0 is
-        # validated) hides the P V dot from that heuristic, so S is split along N across
-        # the warpgroups and P is exchanged through shared memory (FlashMLA's layout).
-        if qk_scale > 0.0:
-            m_new, alpha, p = _softmax_step(s, valid, m_i, qk_scale)
-        else:
-            m_new, alpha, p = _softmax_step(s, valid, m_i, -qk_scale)
+        # Triton lays a dot whose result feeds another dot (S -> P -> P V) with all warps
+        # along M: with 64 heads and 8 warps both warpgroups then compute the whole S (1.5x
+        # the tile's MMA work, 2x its Q K^T shared-memory reads). The softmax inside a branch
+        # (always taken: gate >= 0) hides the P V dot from that rule (MLIR's forward slice
+        # stops at the branch's yield), so S is split along N across the warpgroups and P
+        # goes through shared memory to both (FlashMLA's layout). S itself stays outside
+        # the branch: Triton 3.6's pipeliner fails on a dot result used only inside it.
+        m_new = m_i
+        alpha = tl.full([q.shape[0]], 1.0, tl.float32)
+        l_add = tl.full([q.shape[0]], 0.0, tl.float32)
+        p = tl.full([q.shape[0], k.shape[0]], 0.0, v.dtype)
+        if gate >= 0:
+            m_new, alpha, p32, l_add = _softmax_step(s, m_i)
+            p = p32.to(v.dtype)
     else:
-        m_new, alpha, p = _softmax_step(s, valid, m_i, qk_scale)
-    l_i = l_i * alpha + tl.reduce(p, 1, _sum_fn)
-    if SAME_TILE:
-        v = k  # V = the first d_v columns of the K tile, already gathered
-    else:
-        if EVEN_DV:
-            v = tl.load(KV + rows[:, None] + offs_v[None, :], mask=valid[:, None], other=0.0)
-        else:
-            v = tl.load(KV + rows[:, None] + offs_v[None, :], mask=valid[:, None] & v_ok[None, :], other=0.0)
+        m_new, alpha, p32, l_add = _softmax_step(s, m_i)
+        p = p32.to(v.dtype)
+    l_i = l_i * alpha + l_add
     if DOT_F32:
-        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))  # P rounded as on the GPU
+        pv = tl.dot(p.to(tl.float32), v.to(tl.float32))
     else:
-        pv = tl.dot(p.to(v.dtype), v)
+        pv = tl.dot(p, v)
     acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
 
 
-# NUM_HB / NUM_DVB only decompose the program id: not specialised, so H 64 and H 128 share
-# one compiled kernel.
-@triton.jit(do_not_specialize=["NUM_HB", "NUM_DVB"])
+@triton.jit
+def _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale, m_i, l_i, acc, gate,
+          SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, DOT_F32: tl.constexpr,
+          SPLIT_S: tl.constexpr):
+    """One KV tile: gather its rows once (V = the same rows' first d_v columns), attend."""
+    k = _gather(KV, idx, valid, offs_d, D, stride_kv, EVEN_D)
+    if SAME_TILE:
+        v = k  # V = the first d_v columns of the K tile, already gathered
+    else:
+        v = _gather(KV, idx, valid, offs_v, DV, stride_kv, EVEN_DV)
+    return _attend(q, k, v, valid, m_i, l_i, acc, qk_scale, gate, DOT_F32, SPLIT_S)
+
+
+# NUM_HB / NUM_DVB only decompose the program id and the split strides (T x H (x d_v)) only
+# offset whole partials: not specialised, so H 64 and H 128, and every T, share one kernel.
+@triton.jit(do_not_specialize=["NUM_HB", "NUM_DVB", "stride_ps", "stride_ls"])
 def _sparse_mla_fwd(
     Q, KV, IDX, LENS, SINK, OUT, LSE,
     H, D, DV, CHUNK, NUM_HB, NUM_DVB,
@@ -176,11 +211,11 @@ def _sparse_mla_fwd(
         valid = idx >= 0  # PAD (-1) inside the length and everything past it
         if SKIP_EMPTY:
             if tl.reduce(valid.to(tl.int32), 0, _max_fn) > 0:
-                m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale,
-                                      m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
+                m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
+                                      m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
         else:
-            m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, v_ok, D, stride_kv, qk_scale,
-                                  m_i, l_i, acc, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
+            m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
+                                  m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
 
     has = l_i > 0.0
     if PARTIAL:
@@ -208,49 +243,45 @@ def _sparse_mla_fwd(
             tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
 
 
-@triton.jit
+# the split count and the split strides vary with T and K: not specialised (one kernel)
+@triton.jit(do_not_specialize=["SPLITS", "stride_ps", "stride_lps"])
 def _sparse_mla_combine(
     O_PART, LSE_PART, SINK, OUT, LSE,
     H, DV, SPLITS,
     stride_ps, stride_pt, stride_ph, stride_lps, stride_lpt,
     stride_ot, stride_oh, stride_lt,
-    BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
-    """Merge the splits of one (token, head block): weights 2^(lse2_s - max)."""
-    t = tl.program_id(0).to(tl.int64)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = offs_h < H
-    offs_v = tl.arange(0, BLOCK_DV)
-    mask = h_ok[:, None] & (offs_v[None, :] < DV)
+    """Merge the splits of one (token, head, d_v block): weights 2^(lse2_s - max).
 
-    # pointers advance split by split (64-bit pointer arithmetic, no int32 products)
-    lse_ptrs = LSE_PART + t * stride_lpt + offs_h
-    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for _ in range(0, SPLITS):
-        m = tl.maximum(m, tl.load(lse_ptrs, mask=h_ok, other=float("-inf")))
-        lse_ptrs += stride_lps
+    Every split of the block is read in one masked ``[MAX_SPLITS, BLOCK_DV]`` load (one
+    memory round trip, not one per split), and the grid has a program per (token, head,
+    d_v block) so a single decode token still spreads over the SMs. ``MAX_SPLITS`` is one
+    constant, so any split count reuses one compiled kernel."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, MAX_SPLITS)
+    offs_v = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    s_ok = offs_s < SPLITS
+    lse2 = tl.load(LSE_PART + offs_s.to(tl.int64) * stride_lps + t * stride_lpt + h, mask=s_ok,
+                   other=float("-inf"))
+    o = tl.load(O_PART + offs_s[:, None].to(tl.int64) * stride_ps + t * stride_pt + h * stride_ph + offs_v[None, :],
+                mask=s_ok[:, None] & (offs_v[None, :] < DV), other=0.0)
+    m = tl.reduce(lse2, 0, _max_fn)
     m_shift = tl.where(m == float("-inf"), 0.0, m)
-    lse_ptrs = LSE_PART + t * stride_lpt + offs_h
-    o_ptrs = O_PART + t * stride_pt + offs_h[:, None].to(tl.int64) * stride_ph + offs_v[None, :]
-    total = tl.full([BLOCK_H], 0.0, dtype=tl.float32)
-    acc = tl.full([BLOCK_H, BLOCK_DV], 0.0, dtype=tl.float32)
-    for _ in range(0, SPLITS):
-        w = tl.exp2(tl.load(lse_ptrs, mask=h_ok, other=float("-inf")) - m_shift)
-        total += w
-        acc += w[:, None] * tl.load(o_ptrs, mask=mask, other=0.0)
-        lse_ptrs += stride_lps
-        o_ptrs += stride_ps
+    w = tl.exp2(lse2 - m_shift)  # 0 for empty and masked splits
+    total = tl.reduce(w, 0, _sum_fn)
+    acc = tl.reduce(w[:, None] * o, 0, _sum_fn)
     has = total > 0.0
     if HAS_SINK:
-        sink2 = tl.load(SINK + offs_h, mask=h_ok, other=0.0) * 1.4426950408889634
+        sink2 = tl.load(SINK + h) * 1.4426950408889634
         denom = tl.where(has, total + tl.exp2(sink2 - m_shift), 1.0)
     else:
         denom = tl.where(has, total, 1.0)
-    out = acc / denom[:, None]
-    lse = tl.where(has, (m + tl.log2(tl.where(has, total, 1.0))) * 0.6931471805599453, float("-inf"))
-    tl.store(OUT + t * stride_ot + offs_h[:, None].to(tl.int64) * stride_oh + offs_v[None, :],
-             out.to(OUT.dtype.element_ty), mask=mask)
-    tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
+    tl.store(OUT + t * stride_ot + h * stride_oh + offs_v, (acc / denom).to(OUT.dtype.element_ty), mask=offs_v < DV)
+    if tl.program_id(2) == 0:
+        lse = tl.where(has, (m + tl.log2(tl.where(has, total, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + t * stride_lt + h, lse)
 
 
 # ---------------------------------------------------------------------------------------
@@ -296,17 +327,14 @@ class Config:
 
 
 # Launch configs keyed by (platform, D_qk bucket, heads bucket); the first matching row
-# wins. Values for cuda/512 are the design's starting point, chosen from sm_90a builds
-# (Triton 3.9, ptxas 13.0) before any H200 run: 64 heads x 64 rows, 8 warps, 2 stages
-# (Q 64 KB + 2 x 64 KB KV tiles = 205 KB of shared memory, 128 accumulator registers a
-# thread); split_s halves the Q K^T MMA instructions of the loop (68 -> 36 HGMMA) and
-# removes the register spills (22 -> 0 local loads a tile). Refine from the H200 sweep.
+# wins. cuda/512 rows: H200, Triton 3.6, 2026-11-29 (bench/results/2026-11-29-h200/): 64 heads
+# x 64 rows, 8 warps, 2 stages = 209-233 TFLOP/s (Q 64 KB + 2 x 64 KB KV tiles = 197 KB of
+# shared memory, one program per SM). Refine from the next sweep (bench/notes_sparse_mla.md
+# has the candidates and what each is predicted to gain).
 TUNED: tuple[tuple[str, int, int, Config], ...] = (
     # platform, max D_qk, max heads, config
     ("cuda", 512, 16, Config(block_h=16, block_n=64, num_warps=4, num_stages=2)),
     ("cuda", 512, 32, Config(block_h=32, block_n=64, num_warps=8, num_stages=2)),  # 4 warps spill (sm_90a)
-    # H200, Triton 3.6 (2026-11-29, bench/results/): 209-233 TFLOP/s at D 512; split_s configs fail
-    # to compile there (TritonGPUPipeline pass), so they stay out of the default.
     ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2)),
     # ROCm: gfx942 has 64 KB of LDS per CU, so smaller tiles and one stage (not measured)
     ("rocm", 512, 1 << 30, Config(block_h=32, block_n=32, num_warps=8, num_stages=1)),
@@ -315,20 +343,26 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 )
 
 # What bench/bench_sparse_mla.py sweeps on the H200 (and tests/test_sparse_mla_gpu.py
-# checks for correctness): tile shapes, pipeline depth, d_v split, all-PAD-tile skipping.
+# checks for correctness); every entry compiles offline for sm_90a with Triton 3.6 and 3.9
+# (tests/test_sparse_mla_compile.py). Two levers, since 64 heads x 512 fp32 accumulators
+# fill half the register file and Q + KV tiles the shared memory of one program per SM:
+# * split_s: S computed once per tile, split across the two warpgroups (Q K^T HGMMAs of a
+#   64-row tile 64 -> 32 per warpgroup, its shared-memory reads 384 -> 192 KB);
+# * look-ahead: Triton issues a tile's gather after the previous tile's math, so only with
+#   >= 3 KV buffers (BLOCK_N 32 at 5 / 7 stages: 3 / 4 buffers) is a gather in flight while
+#   a tile computes; with 2 (BLOCK_N 64) extra stages only move the index load ahead.
+# Predictions per entry: bench/notes_sparse_mla.md. Run-1 numbers (T 16K, H 64, K 640).
 SWEEP: tuple[str, ...] = (
-    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1",  # the default
-    "block_h=64,block_n=64,num_warps=8,num_stages=2",            # S computed by both warpgroups
+    "block_h=64,block_n=64,num_warps=8,num_stages=2",              # the default: 209 TFLOP/s (run 1)
+    "block_h=64,block_n=64,num_warps=8,num_stages=3",              # index tile one step ahead
+    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1",    # S split across warpgroups
     "block_h=64,block_n=64,num_warps=8,num_stages=3,split_s=1",
-    "block_h=64,block_n=32,num_warps=8,num_stages=3,split_s=1",
-    "block_h=64,block_n=32,num_warps=8,num_stages=3",
-    "block_h=64,block_n=32,num_warps=8,num_stages=5,split_s=1",  # 3 KV tiles in flight
-    "block_h=64,block_n=16,num_warps=8,num_stages=5,split_s=1",
-    "block_h=64,block_n=16,num_warps=8,num_stages=7,split_s=1",  # 4 KV tiles in flight
-    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1,skip_empty=1",
-    "block_h=64,block_n=32,num_warps=8,num_stages=3,split_s=1,dv_split=2",
-    "block_h=128,block_n=16,num_warps=8,num_stages=3,dv_split=2",  # 128 heads share one gather
-    "block_h=128,block_n=32,num_warps=8,num_stages=2,dv_split=2",
+    "block_h=64,block_n=32,num_warps=8,num_stages=3",              # no look-ahead: 156 (run 1), the anchor
+    "block_h=64,block_n=32,num_warps=8,num_stages=5",              # 3 KV buffers, 2 tiles ahead
+    "block_h=64,block_n=32,num_warps=8,num_stages=7",              # 4 KV buffers, 3 tiles ahead
+    "block_h=64,block_n=32,num_warps=8,num_stages=5,split_s=1",
+    "block_h=64,block_n=32,num_warps=8,num_stages=7,split_s=1",
+    "block_h=64,block_n=16,num_warps=4,num_stages=3,dv_split=2",   # two programs per SM (model check)
 )
 
 _ENV = "SWA_SPARSE_MLA_CONFIG"
@@ -397,13 +431,15 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     tiles = triton.cdiv(max(K, 1), block_n)
     programs = T * num_hb * num_dvb
     if cfg.splits is None:
+        # split the index list only when the grid would leave SMs idle, and only as far as
+        # one wave: a program holds ~200 KB of shared memory (one per SM), so programs x
+        # splits past the SM count run in a second wave (H200, T 32 x H 64: 5 splits 45.8 us,
+        # 4 splits 33.6 us)
         sms = _num_sms(device)
-        # split the index list only when the grid would leave SMs idle, and keep each
-        # split at >= 2 tiles so the combine stays cheap next to the gathers
-        splits = 1 if programs >= sms else min(triton.cdiv(2 * sms, max(programs, 1)), max(1, tiles // 2))
+        splits = 1 if programs >= sms else max(1, sms // max(programs, 1))
     else:
         splits = cfg.splits
-    splits = max(1, min(splits, tiles))
+    splits = max(1, min(splits, tiles, MAX_SPLITS))
     chunk = triton.cdiv(tiles, splits) * block_n
     splits = triton.cdiv(max(K, 1), chunk)
     return dict(block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv,
@@ -425,8 +461,10 @@ _empty = torch.empty
 # registers): the launcher then retries smaller configs, see _shrink.
 _RESOURCE_ERRORS = tuple(getattr(triton.runtime.errors, n) for n in ("OutOfResources", "PTXASError")
                          if hasattr(triton.runtime.errors, n))
-# (requested config, shape key) -> the config that launched; filled on first use.
+# (requested config, shape key) -> the config that compiled and launched; filled on first use.
 _FITTED: dict = {}
+# Fallback messages already warned about (each once per process).
+_WARNED: set = set()
 
 
 def _shrink(cfg: Config) -> Config | None:
@@ -442,11 +480,33 @@ def _shrink(cfg: Config) -> Config | None:
     return None
 
 
+def _fallbacks(cfg: Config, platform: str, D: int, H: int) -> list[Config]:
+    """What to try when ``cfg`` does not compile with this Triton: the table's config for
+    the shape, then the same tiles without the optional features (split_s, skip_empty),
+    then the plainest small config. Each keeps the requested ``splits``."""
+    plain = Config(block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
+                   num_stages=min(cfg.num_stages, 2), dv_split=cfg.dv_split)
+    out = []
+    for c in (table_config(platform, D, H), plain, Config(block_h=64, block_n=32, num_warps=4, num_stages=1)):
+        c = c.replace(splits=cfg.splits)
+        if c != cfg and c not in out:
+            out.append(c)
+    return out
+
+
+def _reason(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:200] if lines else ''}"
+
+
 def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None, fit: bool = True):
     """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps).
 
-    ``fit``: when the config does not fit the device (shared memory, registers), retry
-    with smaller ones (remembered per shape); ``fit=False`` raises instead (sweeps).
+    ``fit``: when the config does not compile with this Triton (a compiler pass failing on
+    it, e.g. Triton 3.6 on configs Triton 3.9 compiles), fall back to a known-good config
+    for the shape, warning once with the reason; when it does not fit the device (shared
+    memory, registers), retry with smaller ones. Either is remembered per shape, so it
+    costs one extra compile per process. ``fit=False`` raises instead (sweeps).
     """
     T, H, D = q.shape
     K = indices.shape[1]
@@ -469,22 +529,64 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         indices = indices.contiguous()
     lens = lens.contiguous()
     sink = sink.contiguous() if sink is not None else None
-    key = (config, q.device, q.dtype, H, D, d_v, sink is not None)
-    cfg = _FITTED.get(key, config)
-    while True:
-        try:
-            _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, resolve(cfg, T, H, D, d_v, K, q.device))
-            break
-        except _RESOURCE_ERRORS:
-            smaller = _shrink(cfg) if fit else None
-            if smaller is None:
-                raise
-            cfg = smaller
-    _FITTED[key] = cfg
+    args = (q, kv, indices, lens, sm_scale, d_v, sink, out, lse)
+    # split-K (partial kernel + combine) and one pass are separate compiles: separate keys
+    r = resolve(config, T, H, D, d_v, K, q.device)
+    key = (config, q.device, q.dtype, H, D, d_v, sink is not None, r["splits"] > 1)
+    cfg = _FITTED.get(key)
+    if cfg is not None:
+        _run(*args, r if cfg == config else resolve(cfg, T, H, D, d_v, K, q.device))
+        return out, lse
+    _FITTED[key] = _fit(config, args, fit)
     return out, lse
 
 
-def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
+def _fit(config: Config, args: tuple, fit: bool) -> Config:
+    """Run ``config`` (first use of a shape key), falling back as :func:`launch` says;
+    returns the config that ran."""
+    q, indices, d_v = args[0], args[2], args[5]
+    T, H, D = q.shape
+    K = indices.shape[1]
+    queue = [config]
+    tried: set = set()
+    failures: list[str] = []
+    while queue:
+        cfg = queue.pop(0)
+        if cfg in tried:
+            continue
+        tried.add(cfg)
+        r = resolve(cfg, T, H, D, d_v, K, q.device)
+        if _COMPILE_FIRST:  # compile without launching: an error here is the compiler's
+            try:
+                _run(*args, r, warmup=True)
+            except Exception as exc:
+                if not fit:
+                    raise
+                failures.append(f"{cfg.short()} does not compile with Triton {triton.__version__} ({_reason(exc)})")
+                queue = [c for c in _fallbacks(cfg, _platform(q.device), D, H) if c not in tried] + queue
+                continue
+        try:
+            _run(*args, r)
+        except _RESOURCE_ERRORS as exc:
+            smaller = _shrink(cfg) if fit else None
+            if smaller is None:
+                raise
+            failures.append(f"{cfg.short()} does not fit the device ({_reason(exc)})")
+            queue.insert(0, smaller)
+            continue
+        if failures:
+            msg = (f"sparse_mla: launch config {config.short()} replaced by {cfg.short()} for H={H}, D_qk={D}, "
+                   f"d_v={d_v}, {q.dtype}: " + "; ".join(failures))
+            if msg not in _WARNED:
+                _WARNED.add(msg)
+                warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        return cfg
+    raise RuntimeError(f"sparse_mla: no launch config works for H={H}, D_qk={D}, d_v={d_v}: " + "; ".join(failures))
+
+
+def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: bool = False) -> list:
+    """Launch (or with ``warmup``, only compile) the kernels of one resolved config;
+    returns what was compiled (warmup: Triton's compiled kernels, forward kernel first)."""
     T, H, D = q.shape
     has_sink = sink is not None
     sink_arg = sink if has_sink else lse  # never read without HAS_SINK
@@ -495,30 +597,56 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict) -> None:
                 SPLIT_S=r["split_s"],
                 num_warps=r["num_warps"], num_stages=r["num_stages"])
     qk_scale = float(sm_scale) * LOG2E
+
+    compiled = []
+
+    def go(kernel, grid, *a, **kw):
+        if warmup:
+            compiled.append(kernel.warmup(*a, grid=grid, **kw))
+        else:
+            kernel[grid](*a, **kw)
+
     if r["splits"] == 1:
-        _sparse_mla_fwd[grid](
-            q, kv, indices, lens, sink_arg, out, lse,
-            H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
-            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-            out.stride(0), out.stride(1), lse.stride(0), 0, 0,
-            qk_scale, PARTIAL=False, **meta)
-        return
+        go(_sparse_mla_fwd, grid,
+           q, kv, indices, lens, sink_arg, out, lse,
+           H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
+           q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+           out.stride(0), out.stride(1), lse.stride(0), 0, 0,
+           qk_scale, PARTIAL=False, **meta)
+        return compiled
     S = r["splits"]
     o_part = _empty(S, T, H, d_v, dtype=torch.float32, device=q.device)
     l_part = _empty(S, T, H, dtype=torch.float32, device=q.device)
-    _sparse_mla_fwd[grid](
-        q, kv, indices, lens, sink_arg, o_part, l_part,
-        H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        o_part.stride(1), o_part.stride(2), l_part.stride(1), o_part.stride(0), l_part.stride(0),
-        qk_scale, PARTIAL=True, **meta)
-    block_hc = max(1, min(_pow2(H), max(1, 8192 // _pow2(d_v))))
-    _sparse_mla_combine[(T, triton.cdiv(H, block_hc))](
-        o_part, l_part, sink_arg, out, lse,
-        H, d_v, S,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        BLOCK_H=block_hc, BLOCK_DV=_pow2(d_v), HAS_SINK=has_sink, num_warps=4)
+    go(_sparse_mla_fwd, grid,
+       q, kv, indices, lens, sink_arg, o_part, l_part,
+       H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
+       q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+       o_part.stride(1), o_part.stride(2), l_part.stride(1), o_part.stride(0), l_part.stride(0),
+       qk_scale, PARTIAL=True, **meta)
+    block_dvc = min(_pow2(d_v), COMBINE_BLOCK_DV)
+    go(_sparse_mla_combine, (T, H, triton.cdiv(d_v, block_dvc)),
+       o_part, l_part, sink_arg, out, lse,
+       H, d_v, S,
+       o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
+       out.stride(0), out.stride(1), lse.stride(0),
+       MAX_SPLITS=MAX_SPLITS, BLOCK_DV=block_dvc, HAS_SINK=has_sink, num_warps=4)
+    return compiled
+
+
+def compiled_info(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config) -> dict:
+    """What Triton made of ``config`` for these inputs (compiles, launches nothing):
+    registers, spills and shared memory of the forward kernel (GPU only: the counts come
+    from loading the kernel)."""
+    T, H, D = q.shape
+    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    r = resolve(config, T, H, D, d_v, indices.shape[1], q.device)
+    k = _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r, warmup=True)[0]
+    if hasattr(k, "result"):  # a future (async compile)
+        k = k.result()
+    k._init_handles()
+    return dict(n_regs=getattr(k, "n_regs", None), n_spills=getattr(k, "n_spills", None),
+                shared=k.metadata.shared, num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages)
 
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.Tensor, torch.Tensor]:

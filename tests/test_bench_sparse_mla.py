@@ -29,5 +29,9 @@ def test_bench_smoke(tmp_path):
     assert result["meta"]["plan"]["D"] == 32  # the tiny plan: every section ran on the interpreter
     assert {r["status"] for r in result["sweep"]} == {"ok"}
     assert result["table"] and all(r["correct"] for r in result["table"])
+    # the torch baseline is measured on its own, before any Triton config, for every cell
+    assert result["baseline"] and all("torch_ms" in r for r in result["baseline"])
+    assert all("torch_ms" in r and "speedup" in r for r in result["table"])
+    assert not result["errors"]
     assert all(v.get("correct") for r in result["decode"] for v in r["variants"])
     assert result["meta"]["kernel_sha256_16"] != "unknown"

@@ -89,6 +89,7 @@ def test_all_valid_long_rows(backend, cache):
 
 
 def test_swept_configs_are_correct(kmod, cache):
+    """Every swept config compiles with this Triton (fit=False: no silent fallback) and is right."""
     for H in (64, 128):
         args, kw = _case(cache, 200, H, 640, torch.bfloat16, sink=True, seed=H)
         for text in kmod.SWEEP:
@@ -96,8 +97,17 @@ def test_swept_configs_are_correct(kmod, cache):
             if cfg.block_h > H:
                 continue
             for splits in (None, 3):  # T 200 > SMs: None is no split
-                got = kmod.launch(*args, **kw, config=cfg.replace(splits=splits))
+                got = kmod.launch(*args, **kw, config=cfg.replace(splits=splits), fit=False)
                 _check(got, args, kw)
+
+
+@pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
+def test_shipped_configs_need_no_fallback(kmod, cache, H):
+    """The table's config for each head count compiles and fits as it is (prefill and split-K)."""
+    cfg = kmod.pick_config(300, H, D, D, 640, torch.device("cuda"))
+    for T in (300, 2):
+        args, kw = _case(cache, T, H, 640, torch.bfloat16, sink=True, seed=H + T)
+        _check(kmod.launch(*args, **kw, config=cfg, fit=False), args, kw)
 
 
 def test_cuda_graph_capture(backend, cache):

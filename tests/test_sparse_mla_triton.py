@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -156,6 +157,21 @@ def test_odd_shapes(backend, T, H, D, d_v, K):
     _check(backend.sparse_mla(*args, **kw), args, kw)
 
 
+def test_split_k_up_to_the_combine_limit(kmod, monkeypatch):
+    """More splits than MAX_SPLITS are clipped to it; the combine reads every split (poisoned
+    partials would show) and empty splits (all PAD, or past the length) weigh nothing."""
+    monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
+    K = 16 * kmod.MAX_SPLITS
+    args, kw = _to(*sparse_mla_case(np.random.default_rng(21), "cpu", T=3, H=4, D=16, d_v=16, K=K))
+    idx, lens = args[2].clone(), args[3].clone()
+    idx[0, : K // 2] = PAD  # the first half of token 0's splits read nothing
+    lens[1] = 16 * 3 + 5  # token 1: 4 splits with something, the rest past its length
+    args = (args[0], args[1], idx, lens, *args[4:])
+    r = kmod.resolve(kmod.Config(block_h=16, block_n=16, splits=1000), 3, 4, 16, 16, K, torch.device("cpu"))
+    assert r["splits"] == kmod.MAX_SPLITS
+    _check(kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=16, num_stages=1, splits=1000)), args, kw)
+
+
 def test_strided_inputs(backend):
     """q heads and kv rows with padded strides (a slice of a wider buffer) are read in place."""
     g = torch.Generator().manual_seed(5)
@@ -232,6 +248,54 @@ def test_config_table_and_env(kmod, monkeypatch):
     monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "bogus=1")
     with pytest.raises(ValueError, match="SWA_SPARSE_MLA_CONFIG"):
         kmod.pick_config(1, 1, 16, 16, 1, dev)
+
+
+def test_config_that_does_not_compile_falls_back_once(kmod, monkeypatch):
+    """A config this Triton cannot compile (Triton 3.6 failed a pass on configs 3.9
+    compiled: H200 run 1) is replaced by a known-good one for the shape, with one warning
+    naming the reason, and remembered per shape; sweeps (``fit=False``) get the error."""
+    real_run = kmod._run
+    compiles = []
+
+    def run(*a, warmup=False):  # the compiler rejects split_s; everything else runs for real
+        r = a[-1]
+        if warmup:
+            compiles.append(r["split_s"])
+            if r["split_s"]:
+                raise RuntimeError("PassManager::run failed")
+            return []
+        return real_run(*a)
+
+    monkeypatch.setattr(kmod, "_run", run)
+    monkeypatch.setattr(kmod, "_COMPILE_FIRST", True)
+    monkeypatch.setattr(kmod, "_FITTED", {})
+    monkeypatch.setattr(kmod, "_WARNED", set())
+    args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=5))
+    cfg = kmod.Config(block_h=16, block_n=32, split_s=True, splits=1)
+    with pytest.warns(RuntimeWarning, match=r"h16n32w8s2k1x does not compile with Triton .*PassManager::run failed"):
+        got = kmod.launch(*args, **kw, config=cfg)
+    _check(got, args, kw)
+    assert compiles == [True, False]  # the requested config, then the first fallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remembered: no second warning, no second compile
+        _check(kmod.launch(*args, **kw, config=cfg), args, kw)
+    assert compiles == [True, False]
+    with pytest.raises(RuntimeError, match="PassManager"):
+        kmod.launch(*args, **kw, config=cfg.replace(block_n=16), fit=False)
+
+
+def test_nothing_compiles_raises_with_every_reason(kmod, monkeypatch):
+    """Fallbacks that fail too are each tried once (no loop), then one error lists them."""
+    def run(*a, warmup=False):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(kmod, "_run", run)
+    monkeypatch.setattr(kmod, "_COMPILE_FIRST", True)
+    monkeypatch.setattr(kmod, "_FITTED", {})
+    args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=5))
+    with pytest.raises(RuntimeError, match=r"no launch config works.*h16n32w8s2k1x does not compile.*"
+                                           r"h64n32w4s1k1 does not compile"):
+        kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=32, split_s=True, splits=1))
 
 
 def test_resolve_splits_only_when_grid_is_small(kmod):
