@@ -335,7 +335,10 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
     # platform, max D_qk, max heads, config
     ("cuda", 512, 16, Config(block_h=16, block_n=64, num_warps=4, num_stages=2)),
     ("cuda", 512, 32, Config(block_h=32, block_n=64, num_warps=8, num_stages=2)),  # 4 warps spill (sm_90a)
-    ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2)),
+    # H200, Triton 3.6 (2026-11-29, bench/results/2026-11-29-h200/bench_sparse_mla.run4.json):
+    # split_s 231-248 TFLOP/s at T 16K / K 640 vs 201-213 without; 32-row tiles with deeper
+    # pipelines 151-197 (the look-ahead did not pay).
+    ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # ROCm: gfx942 has 64 KB of LDS per CU, so smaller tiles and one stage (not measured)
     ("rocm", 512, 1 << 30, Config(block_h=32, block_n=32, num_warps=8, num_stages=1)),
     # anything else (small D, the CPU interpreter): modest tiles
