@@ -1,7 +1,7 @@
 """The Python interpreters whose Triton the offline-compile tests run: this one, plus any
-named in ``SWA_EXTRA_TRITON_PYTHONS`` (``os.pathsep``-separated; default
-``/work/venv36/bin/python``, a venv with Triton 3.6, the version on the H200 bench
-machine). Interpreters that do not exist are skipped, so CI (one Triton) runs one case."""
+named in ``SWA_EXTRA_TRITON_PYTHONS`` (``os.pathsep``-separated; e.g. the python of a venv
+with ``triton==3.6.0``, the version on the H200 bench machine). Interpreters that do not
+exist are skipped, so CI (one Triton, variable unset) runs one case."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-DEFAULT_EXTRA = "/work/venv36/bin/python"
+DEFAULT_EXTRA = ""
 
 
 def pythons() -> list[str]:
