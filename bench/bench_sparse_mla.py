@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -45,16 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_pack():
-    """Import this checkout as ``swa_backends`` whatever its directory is called."""
-    if "swa_backends" in sys.modules:
-        return sys.modules["swa_backends"]
-    spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["swa_backends"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from _pack import load_pack as _load_pack  # noqa: E402  (one loader for every bench script)
 
 
 import torch  # noqa: E402

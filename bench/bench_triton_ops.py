@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib.util
 import json
 import math
 import platform
@@ -54,17 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _import_pack():
-    """``import swa_backends`` from this checkout whatever its directory is called (the
-    repository root is the package), unless an installed one is already importable."""
-    if "swa_backends" in sys.modules:
-        return sys.modules["swa_backends"]
-    spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["swa_backends"] = module
-    spec.loader.exec_module(module)
-    return module
+from _pack import load_pack as _import_pack  # noqa: E402  (one loader for every bench script)
 
 
 swa_backends = _import_pack()

@@ -9,7 +9,6 @@ failing variant. Extra arguments go to ``swa-backends matrix`` (e.g. ``--cases 5
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -17,21 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _import_pack():
-    """``import swa_backends`` from this checkout whatever its directory is called, unless an
-    installed one is already importable."""
-    try:
-        import swa_backends
-
-        return swa_backends
-    except ImportError:
-        pass
-    spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["swa_backends"] = module
-    spec.loader.exec_module(module)
-    return module
+from _pack import load_pack as _import_pack  # noqa: E402  (one loader for every bench script)
 
 
 def main(argv: list[str]) -> int:

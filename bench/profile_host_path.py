@@ -20,7 +20,6 @@ machine inflate wall-clock medians, not this.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -29,21 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _import_pack():
-    if "swa_backends" in sys.modules:
-        return sys.modules["swa_backends"]
-    try:
-        import swa_backends  # noqa: F401  (installed)
-
-        return sys.modules["swa_backends"]
-    except ImportError:
-        pass
-    spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["swa_backends"] = module
-    spec.loader.exec_module(module)
-    return module
+from _pack import load_pack as _import_pack  # noqa: E402  (one loader for every bench script)
 
 
 swa_backends = _import_pack()
