@@ -62,6 +62,13 @@ def lse_from_indices(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, l
     return lse
 
 
+def no_tokens(q: torch.Tensor, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ``(out, lse)`` for a call with no query token (vendor kernels reject
+    an empty batch, so the wrappers never launch one)."""
+    T, H, _ = q.shape
+    return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+
+
 def zero_empty_rows(out: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor,
                     lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The pack's convention for a token with no valid index, whatever the vendor wrote

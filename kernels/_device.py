@@ -57,3 +57,21 @@ def block_split(x, block_size, shift):
 def pow2_shift(block_size: int) -> int:
     """``log2(block_size)`` when it is a power of two, else -1 (host side of :func:`block_split`)."""
     return block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
+
+
+@triton.jit
+def write_graph_padding(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK: tl.constexpr, GB: tl.constexpr):
+    """Graph padding of the decoder sub-batch, block ``pid`` of rows ``[n, n_pad)``: row 0,
+    its position, every slot PAD (``gather_replay_batch`` and the fused prepare)."""
+    r = tl.arange(0, BLOCK)
+    g = tl.arange(0, GB)
+    o = n + pid * BLOCK + r
+    m = o < n_pad
+    p0 = tl.load(pos_ptr + r * 0, mask=m, other=0)
+    tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
+    tl.store(opos_ptr + o, p0, mask=m)
+    for g0 in range(0, G, GB):
+        gg = g0 + g
+        gm = (gg[:, None] < G) & m[None, :]
+        tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
+                 mask=gm)

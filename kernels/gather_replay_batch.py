@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ..common.ops.gather_replay_batch import allocate_out
 from ..common.types import ReplayBatch
-from ._device import PAD
+from ._device import PAD, write_graph_padding
 from ._launch import Kernel, jit
 
 BLOCK = 128  # rows per program and step
@@ -82,18 +82,7 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
                 sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
                 tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
     else:
-        # graph padding: rows [n, n_pad) gather row 0 with every slot PAD
-        o = n + (pid - req_progs) * BLOCK + r
-        m = o < n_pad
-        p0 = tl.load(pos_ptr + r * 0, mask=m, other=0)
-        tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
-        tl.store(opos_ptr + o, p0, mask=m)
-        for g0 in range(0, G, GB):
-            gg = g0 + g
-            gm = (gg[:, None] < G) & m[None, :]
-            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
-                     mask=gm)
-
+        write_graph_padding(pid - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
 
 _K = Kernel(_gather_replay_batch)
 _KEY = ()

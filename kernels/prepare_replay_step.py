@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..common.ops.prepare_replay_step import PreparedStep, allocate_out
-from ._device import PAD, block_split, find_request, pow2_shift
+from ._device import PAD, block_split, find_request, pow2_shift, write_graph_padding
 from ._launch import Kernel, jit
 from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
@@ -156,23 +156,6 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
             tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
 
 
-@triton.jit
-def _padding_role(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK: tl.constexpr, GB: tl.constexpr):
-    """Graph padding rows ``[n, n_pad)``: row 0, its position, every slot PAD."""
-    r = tl.arange(0, BLOCK)
-    g = tl.arange(0, GB)
-    o = n + pid * BLOCK + r
-    m = o < n_pad
-    p0 = tl.load(pos_ptr + r * 0, mask=m, other=0)
-    tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
-    tl.store(opos_ptr + o, p0, mask=m)
-    for g0 in range(0, G, GB):
-        gg = g0 + g
-        gm = (gg[:, None] < G) & m[None, :]
-        tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
-                 mask=gm)
-
-
 @jit
 def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
@@ -194,7 +177,7 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
                                  s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr,
                                  opos_ptr, oslot_ptr, kv_ptr, B, G, n_pad, W, Wr, S, DO_PAD, BLOCK, GB, KB)
         else:
-            _padding_role(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
+            write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
     else:
         b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         mb = b < B

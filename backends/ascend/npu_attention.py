@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from ..adapters import compact_rows, zero_empty_rows
+from ..adapters import compact_rows, no_tokens, zero_empty_rows
 from .constraints import SERVED
 from .probes import op_namespace
 
@@ -57,7 +57,7 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     """The reference's ``(out, lse)`` computed by ``npu_sparse_flash_mla``."""
     T, H, D = q.shape
     if T == 0:
-        return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+        return no_tokens(q, d_v)
     ns, why = op_namespace()
     if ns is None:
         raise RuntimeError(why)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from ...common.types import PAD
-from ..adapters import compact_rows, lse_from_indices, pad_heads, zero_empty_rows
+from ..adapters import compact_rows, lse_from_indices, no_tokens, pad_heads, zero_empty_rows
 from .probes import find_flashinfer_dsv4
 
 HEADS = (8, 16, 32, 64, 128)
@@ -96,7 +96,7 @@ def sparse_mla_sm10x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     """SM100/SM103 (TRTLLM-GEN): the reference's ``(out, lse)``."""
     T, H, _ = q.shape
     if T == 0:
-        return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+        return no_tokens(q, d_v)
     fn, why = find_flashinfer_dsv4()
     if fn is None:
         raise RuntimeError(why)
@@ -115,7 +115,7 @@ def sparse_mla_sm12x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     """SM120/SM121 (FlashInfer's sparse backend): the reference's ``(out, lse)``."""
     T, H, _ = q.shape
     if T == 0:
-        return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+        return no_tokens(q, d_v)
     fn, why = find_flashinfer_dsv4()
     if fn is None:
         raise RuntimeError(why)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..adapters import pad_heads, round_up, zero_empty_rows
+from ..adapters import no_tokens, pad_heads, round_up, zero_empty_rows
 from ...common.types import PAD
 from .probes import find_flashmla
 
@@ -54,7 +54,7 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     """The reference's ``(out, lse)`` computed by FlashMLA's sparse prefill kernel."""
     T, H, D = q.shape
     if T == 0:
-        return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+        return no_tokens(q, d_v)
     mod, why = find_flashmla()
     if mod is None:
         raise RuntimeError(why)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ...common.ops.indices_to_csr import reference as indices_to_csr
-from ..adapters import lse_from_indices, zero_empty_rows
+from ..adapters import lse_from_indices, no_tokens, zero_empty_rows
 from .probes import find_opus
 
 HEAD_DIM = 512
@@ -51,7 +51,7 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     """The reference's ``(out, lse)`` computed by AITER's ``pa_sparse_prefill_opus``."""
     T, H, D = q.shape
     if T == 0:
-        return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+        return no_tokens(q, d_v)
     fn, why = find_opus()
     if fn is None:
         raise RuntimeError(why)
