@@ -241,7 +241,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the first 4 sweep configs only")
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
                     help="h200 (default on a GPU) or tiny (default without one: interpreter, plumbing only)")
+    ap.add_argument("--gluon", action="store_true",
+                    help="the Gluon kernel's configs beside the shipped tl config and torch (see gluon_main); "
+                         "with --quick only T 16K / K 640")
     args = ap.parse_args()
+    if args.gluon:
+        return gluon_main(args)
 
     out_path = Path(args.out)
     if out_path.suffix != ".json":
@@ -478,6 +483,140 @@ def main() -> int:
     log(f"raw results: {out_path}")
     ok = all(c["ok"] for c in result["correctness"]) and not result["errors"]
     return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------------------
+# --gluon: the Gluon (Hopper) kernel beside the shipped tl config and the torch baseline
+# ---------------------------------------------------------------------------------------
+
+GLUON_CELLS = [(T, H, Kw) for H in (64, 128) for T in (4096, 16384) for Kw in (640, 1152)]
+GLUON_QUICK = [(16384, 64, 640), (16384, 128, 640)]
+
+
+def gluon_main(args) -> int:
+    """Per cell (T, H, K): the torch baseline, the shipped tl config (explicit, so never the
+    Gluon path), every ``sparse_mla_gluon.SWEEP`` config and the default path (whatever
+    :func:`sparse_mla` dispatches to). Each Gluon config is first checked against the
+    reference on PAD patterns + sink (wrong -> not timed); all timings carry a sink."""
+    global D, DV
+    out_path = Path(args.out)
+    if out_path.suffix != ".json":
+        out_path.mkdir(parents=True, exist_ok=True)
+        out_path = out_path / "bench_sparse_mla_gluon.json"
+    t_start = time.time()
+    if not torch.cuda.is_available():
+        log("--gluon needs a CUDA GPU (Gluon kernels do not run in the interpreter)")
+        out_path.write_text(json.dumps({"error": "no GPU"}))
+        return 1
+    D = DV = 512
+    interpreter.setup(current_device())
+    from swa_backends.kernels import sparse_mla as K
+
+    G = K._gluon_module()
+    dev, tdev = "cuda", torch.device("cuda")
+    scale = 1.0 / math.sqrt(D)
+    result: dict = {
+        "meta": {"argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": git_commit(),
+                 "kernel_sha256_16": file_sha(ROOT / "kernels" / "sparse_mla_gluon.py"),
+                 "torch": torch.__version__, "triton": __import__("triton").__version__,
+                 "device": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+                 "flops": "2*T*H*K*(D_qk+d_v)", "gluon": G if isinstance(G, str) else "available"},
+        "compiled": [], "correctness": [], "cells": [], "errors": [],
+    }
+
+    def save():
+        result["meta"]["elapsed_s"] = round(time.time() - t_start, 1)
+        out_path.write_text(json.dumps(result, indent=1, default=str))
+
+    def err(where, exc):
+        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1][:240]}"
+        result["errors"].append({"where": where, "why": why, "traceback": traceback.format_exc()[-2000:]})
+        return why
+
+    log(f"device {result['meta']['device']}, torch {torch.__version__}, triton {result['meta']['triton']}, "
+        f"gluon: {result['meta']['gluon']}")
+    if isinstance(G, str):
+        save()
+        return 1
+    gcfgs = list(G.SWEEP)
+    g_kv = torch.randn(S_CACHE, D, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    bad: set = set()
+    # compile + correctness per config and head count (PAD patterns, sink, poisoned outputs)
+    for H in (64, 128):
+        cq, ckv, cidx, clens, csink = make_inputs(512, H, 1152, pads=True, sink=True, seed=100 + H, kv=g_kv, dev=dev)
+        for cfg in gcfgs:
+            row = {"H": H, "config": cfg.short()}
+            try:
+                row.update(K.gluon_compiled_info(cq, ckv, cidx, clens, scale, DV, csink, config=cfg))
+                out = torch.full((512, H, DV), float("nan"), dtype=torch.bfloat16, device=dev)
+                lse = torch.full((512, H), float("nan"), dtype=torch.float32, device=dev)
+                G.launch(cq, ckv, cidx, clens, scale, DV, csink, out, lse, config=cfg)
+                why, rel = check((out, lse), cq, ckv, cidx, clens, csink)
+                nan = bool(torch.isnan(out).any() or torch.isnan(lse).any())
+                ok = why is None and rel <= 1e-2 and not nan
+                result["correctness"].append({"H": H, "config": cfg.short(), "ok": ok, "rel_err": rel, "why": why,
+                                              "nan": nan})
+                if not ok:
+                    bad.add((H, cfg))
+            except Exception as exc:
+                row["error"] = err(f"gluon compile/check {cfg.short()} H={H}", exc)
+                bad.add((H, cfg))
+            result["compiled"].append(row)
+            log(f"gluon {cfg.short()} H={H}: regs {row.get('n_regs')} spills {row.get('n_spills')} "
+                f"smem {row.get('shared')} correct {(H, cfg) not in bad} {row.get('error', '')}")
+            save()
+        del cq, cidx, clens
+    cells = GLUON_QUICK if args.quick else GLUON_CELLS
+    for T, H, Kw in cells:
+        q, _, idx, _, sink = make_inputs(T, H, Kw, kv=g_kv, sink=True, seed=7 + H, dev=dev)
+        lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
+        row = {"T": T, "H": H, "K": Kw, "dispatch": K.dispatch_info(q, g_kv, idx, DV)}
+        try:
+            ms = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=2)
+            row.update(torch_ms=ms, torch_tflops=tflops(T, H, Kw, ms))
+        except Exception as exc:
+            row["torch_error"] = err(f"torch T={T} H={H} K={Kw}", exc)
+        tl_cfg = K.pick_config(T, H, D, DV, Kw, tdev)
+        runs = [("tl " + tl_cfg.short(), lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=tl_cfg)),
+                ("default path", lambda: K.sparse_mla(q, g_kv, idx, lens, scale, DV, sink=sink))]
+        for cfg in gcfgs:
+            if (H, cfg) in bad:
+                continue
+            out = torch.empty(T, H, DV, dtype=torch.bfloat16, device=dev)
+            lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+            runs.append((cfg.short(), lambda cfg=cfg, out=out, lse=lse:
+                         G.launch(q, g_kv, idx, lens, scale, DV, sink, out, lse, config=cfg)))
+        row["runs"] = {}
+        for name, fn in runs:
+            try:
+                ms = timed(fn, reps=5)
+                row["runs"][name] = {"ms": ms, "tflops": tflops(T, H, Kw, ms)}
+            except Exception as exc:
+                row["runs"][name] = {"error": err(f"{name} T={T} H={H} K={Kw}", exc)}
+        result["cells"].append(row)
+        log(f"T={T} H={H} K={Kw}: torch {row.get('torch_tflops', float('nan')):.1f} | " + " | ".join(
+            f"{n} {r.get('tflops', float('nan')):.1f}" for n, r in row["runs"].items()) + " TFLOP/s")
+        save()
+        del q, idx, lens
+        torch.cuda.empty_cache()
+    save()
+    nan = float("nan")
+    names = ["tl " + K.pick_config(16384, 64, D, DV, 640, tdev).short(), "default path"] + [c.short() for c in gcfgs]
+    log(f"\n== Gluon vs tl vs torch, TFLOP/s = 2*T*H*K*(D_qk+d_v)/time, 1M-row cache, random valid indices, sink ==")
+    log(f"  {'T':>6} {'H':>4} {'K':>5} | {'torch':>6} | " + " | ".join(f"{n[:14]:>14}" for n in names)
+        + " | best/torch")
+    for r in result["cells"]:
+        vals = [r["runs"].get(n, {}).get("tflops", nan) for n in names]
+        if r["H"] == 128:  # tl config name differs per head count
+            vals[0] = next((v.get("tflops", nan) for n, v in r["runs"].items() if n.startswith("tl ")), nan)
+        best = max((v for v in vals if v == v), default=nan)
+        log(f"  {r['T']:>6} {r['H']:>4} {r['K']:>5} | {r.get('torch_tflops', nan):6.1f} | "
+            + " | ".join(f"{v:14.1f}" for v in vals) + f" | {best / r.get('torch_tflops', nan):.2f}x")
+    okc = [c for c in result["correctness"] if c["ok"]]
+    log(f"correctness: {len(okc)}/{len(result['correctness'])} ok; errors: {len(result['errors'])}"
+        + (f" (first: {result['errors'][0]['where']}: {result['errors'][0]['why']})" if result["errors"] else ""))
+    log(f"raw results: {out_path} ({result['meta']['elapsed_s']} s)")
+    return 0 if len(okc) == len(result["correctness"]) and not result["errors"] else 1
 
 
 def print_summary(result: dict) -> None:

@@ -522,6 +522,9 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         lse.fill_(float("-inf"))
         return out, lse
     if config is None:
+        g = _gluon_for(q, kv, indices, d_v)
+        if g is not None and _run_gluon(g, q, kv, indices, lens, sm_scale, d_v, sink, out, lse):
+            return out, lse
         config = pick_config(T, H, D, d_v, K, q.device)
     # the kernel reads q rows, kv rows and index rows with unit inner stride
     if q.stride(2) != 1:
@@ -542,6 +545,90 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         return out, lse
     _FITTED[key] = _fit(config, args, fit)
     return out, lse
+
+
+# ---------------------------------------------------------------------------------------
+# the Gluon (Hopper) kernel: the default where it applies (kernels/sparse_mla_gluon.py)
+# ---------------------------------------------------------------------------------------
+
+_GLUON_ENV = "SWA_SPARSE_MLA_GLUON"
+# (device, dtype, H, D, d_v, config) -> None (compiled and ran) or the reason it failed
+_GLUON_FAILED: dict = {}
+_GLUON_MODULE: list = []  # [module or the import failure's reason], filled on first use
+
+
+def _gluon_module():
+    """:mod:`.sparse_mla_gluon`, or a string saying why it cannot be imported. Imported
+    only here, on a CUDA device, never under the interpreter."""
+    if not _GLUON_MODULE:
+        if _INTERPRET:
+            _GLUON_MODULE.append("TRITON_INTERPRET=1: Gluon kernels do not run in the interpreter")
+        else:
+            try:
+                from . import sparse_mla_gluon
+                _GLUON_MODULE.append(sparse_mla_gluon)
+            except Exception as exc:  # no triton.experimental.gluon, or an older API
+                _GLUON_MODULE.append(f"Triton {triton.__version__} has no usable Gluon ({_reason(exc)})")
+    return _GLUON_MODULE[0]
+
+
+def gluon_choice(q, kv, indices, d_v) -> tuple:
+    """``(module, GluonConfig, None)`` when this call runs the Gluon kernel, else
+    ``(None, None, why)`` with the reason it runs the ``tl`` kernel. No device work."""
+    env = os.environ.get(_GLUON_ENV)
+    if env is not None and env.strip().lower() in ("0", "off", "false", "no"):
+        return None, None, f"{_GLUON_ENV}={env}"
+    if q.device.type != "cuda":
+        return None, None, f"device {q.device} is not CUDA"
+    G = _gluon_module()
+    if isinstance(G, str):
+        return None, None, G
+    cfg = G.parse_env(env)
+    cfg = G.DEFAULT if cfg is True else cfg
+    why = G.unsupported(q, kv, indices, d_v, cfg=cfg)
+    if why is None:
+        failed = _GLUON_FAILED.get((q.device, q.dtype, q.shape[1], q.shape[2], d_v, cfg))
+        if failed:
+            return None, None, failed
+        return G, cfg, None
+    return None, None, why
+
+
+def _gluon_for(q, kv, indices, d_v):
+    G, cfg, _ = gluon_choice(q, kv, indices, d_v)
+    return (G, cfg) if G is not None else None
+
+
+def _run_gluon(g, q, kv, indices, lens, sm_scale, d_v, sink, out, lse) -> bool:
+    """Launch the Gluon kernel; on its first use per shape key compile it first, and when
+    that fails warn once, remember, and return False (the caller runs the tl kernel)."""
+    G, cfg = g
+    key = (q.device, q.dtype, q.shape[1], q.shape[2], d_v, cfg)
+    args = (q, kv, indices, lens.contiguous(), sm_scale, d_v, sink.contiguous() if sink is not None else None,
+            out, lse)
+    if key not in _GLUON_FAILED:
+        try:
+            G.launch(*args, config=cfg, warmup=True)
+        except Exception as exc:
+            msg = (f"sparse_mla: the Gluon kernel ({cfg.short()}) does not compile with Triton {triton.__version__} "
+                   f"for H={q.shape[1]}, {q.dtype}; using the tl kernel ({_reason(exc)})")
+            _GLUON_FAILED[key] = msg
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+            return False
+        _GLUON_FAILED[key] = None
+    G.launch(*args, config=cfg)
+    return True
+
+
+def dispatch_info(q, kv, indices, d_v) -> dict:
+    """Which kernel the default path (:func:`sparse_mla`) runs for these inputs and why:
+    ``{"kernel": "gluon" | "tl", "config": ..., "why": ...}``."""
+    G, cfg, why = gluon_choice(q, kv, indices, d_v)
+    if G is not None:
+        return {"kernel": "gluon", "config": cfg.short(), "why": "CUDA sm90, bf16/fp16, D_qk = d_v = 512, "
+                "H >= 64, programs >= SMs"}
+    T, H, D = q.shape
+    return {"kernel": "tl", "config": pick_config(T, H, D, d_v, indices.shape[1], q.device).short(), "why": why}
 
 
 def _fit(config: Config, args: tuple, fit: bool) -> Config:
@@ -648,8 +735,28 @@ def compiled_info(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Con
     if hasattr(k, "result"):  # a future (async compile)
         k = k.result()
     k._init_handles()
-    return dict(n_regs=getattr(k, "n_regs", None), n_spills=getattr(k, "n_spills", None),
-                shared=k.metadata.shared, num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages)
+    return dict(kernel="tl", n_regs=getattr(k, "n_regs", None), n_spills=getattr(k, "n_spills", None),
+                shared=k.metadata.shared, num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages,
+                why="explicit tl config")
+
+
+def gluon_compiled_info(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config=None) -> dict:
+    """:func:`compiled_info` for the Gluon kernel (``config``: a ``GluonConfig``, default
+    the shipped one); ``why`` says why it would not take this call (None: it would)."""
+    G = _gluon_module()
+    if isinstance(G, str):
+        return dict(kernel="gluon", error=G)
+    config = config or G.DEFAULT
+    T, H, D = q.shape
+    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    k = G.launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, config=config, warmup=True)
+    if hasattr(k, "result"):
+        k = k.result()
+    k._init_handles()
+    return dict(kernel="gluon", config=config.short(), n_regs=getattr(k, "n_regs", None),
+                n_spills=getattr(k, "n_spills", None), shared=k.metadata.shared, num_warps=k.metadata.num_warps,
+                why=G.unsupported(q, kv, indices, d_v, cfg=config))
 
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,150 @@
+"""Compile the Gluon sparse-MLA kernel for sm_90a on a machine without the GPU
+(``python tests/aot_compile_sparse_mla_gluon.py [--report] [--dump DIR]``).
+
+Runs the real launcher (``kernels.sparse_mla_gluon.launch(..., warmup=True)``) on CPU
+tensors with the kernel's ``warmup`` replaced by an offline ``triton.compile`` of a
+``GluonASTSource`` (Triton's own binder and specialisation), for every config of
+``SWEEP`` with and without a sink. One line per compiled kernel with its shared memory;
+``--report`` adds registers, spills, HGMMA shapes, LDGSTS and barrier counts (the same
+reading of ptxas and the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR`` writes the
+TTGIR, PTX and SASS of each. Fails when a config does not compile, needs more than the
+H200's 227 KB of shared memory, or spills. Exit 0 with ``SKIP:`` when this Triton has no
+Gluon Hopper API. Own process: compiled mode.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    sys.exit("aot_compile_sparse_mla_gluon: TRITON_INTERPRET=1 is set; Gluon kernels compile only")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "swa_backends" not in sys.modules:
+    try:
+        import swa_backends  # noqa: F401  (installed)
+    except ImportError:
+        spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["swa_backends"] = module
+        spec.loader.exec_module(module)
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import make_backend  # noqa: E402
+from triton.compiler import compile as triton_compile  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+SMEM_LIMIT = 232448
+
+
+def _report(k) -> tuple[str, int]:
+    from aot_compile_sparse_mla import sass_report
+
+    line = sass_report(k)
+    spill = line.split("spill=")[1].split()[0]
+    stores = int(spill.split("/")[0]) if "/" in spill else -1
+    return line, stores
+
+
+def _sass(k) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    cuobjdump = Path(get_ptxas(90).path).parent / "cuobjdump"
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+
+
+def main(argv: list[str]) -> int:
+    report = "--report" in argv
+    dump = Path(argv[argv.index("--dump") + 1]) if "--dump" in argv else None
+    try:
+        G = importlib.import_module("swa_backends.kernels.sparse_mla_gluon")
+    except ImportError as exc:
+        print(f"SKIP: no Gluon in this Triton ({exc})")
+        return 0
+    reason = G.api_reason()
+    if reason:
+        print(f"SKIP: {reason}")
+        return 0
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    fn = G._sparse_mla_gluon_fwd
+    failures: list[str] = []
+    count = 0
+
+    def compile_offline(cfg, sink_on, args, kwargs):
+        nonlocal count
+        backend = make_backend(target)
+        kwargs = dict(kwargs, debug=False)
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+        t0 = time.time()
+        k = triton_compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        count += 1
+        shared = k.metadata.shared
+        label = f"{cfg.short()}{' sink' if sink_on else ''}"
+        extra = ""
+        if report:
+            extra, stores = _report(k)
+            extra = " " + extra
+            if stores != 0:
+                failures.append(f"{label}: spills ({extra.strip()})")
+        fits = shared <= SMEM_LIMIT
+        if not fits:
+            failures.append(f"{label}: {shared} B of shared memory > {SMEM_LIMIT}")
+        print(f"cuda:90 _sparse_mla_gluon_fwd [{label}] smem={shared} {'fits' if fits else 'DOES NOT FIT'} "
+              f"{time.time() - t0:.1f}s{extra}", flush=True)
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            stem = dump / label.replace(" ", "_")
+            for ext in ("ttgir", "ptx"):
+                Path(f"{stem}.{ext}").write_text(k.asm[ext])
+            Path(f"{stem}.sass").write_text(_sass(k))
+        return k
+
+    configs = list(G.SWEEP)
+    if G.DEFAULT not in configs:
+        configs.insert(0, G.DEFAULT)
+    for cfg in configs:
+        for sink_on in (False, True):
+            H, T = 128, 2
+            q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
+            kv = torch.zeros(64, 512, dtype=torch.bfloat16)
+            idx = torch.zeros(T, 640, dtype=torch.int32)
+            lens = torch.full((T,), 640, dtype=torch.int32)
+            out = torch.empty(T, H, 512, dtype=torch.bfloat16)
+            lse = torch.empty(T, H, dtype=torch.float32)
+            sink = torch.zeros(H) if sink_on else None
+            saved = fn.warmup
+            fn.warmup = (lambda *a, grid, cfg=cfg, sink_on=sink_on, **kw:  # noqa: E731
+                         compile_offline(cfg, sink_on, a, kw))
+            try:
+                G.launch(q, kv, idx, lens, 0.04, 512, sink, out, lse, config=cfg, warmup=True)
+            except Exception as exc:  # a compile error is the finding
+                msg = str(exc).strip().splitlines()
+                failures.append(f"{cfg.short()}{' sink' if sink_on else ''}: {type(exc).__name__}: "
+                                f"{' | '.join(msg[-6:])[:1500] if msg else ''}")
+                print(f"cuda:90 [{cfg.short()}] FAILED: {failures[-1]}", flush=True)
+            finally:
+                fn.warmup = saved
+    for f in failures:
+        print("FAIL", f, file=sys.stderr)
+    print(f"compiled {count}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
