@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +59,6 @@ _wait_group = _async_copy.wait_group
 _fence_async_shared = _hopper.fence_async_shared
 _wgmma = _hopper.warpgroup_mma
 _wgmma_wait = _hopper.warpgroup_mma_wait
-_wgmma_init = _hopper.warpgroup_mma_init
 # CTA barrier (bar.sync): 3.6 gl.thread_barrier, 3.9 gl.barrier
 _barrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 
@@ -93,7 +93,7 @@ def _sparse_mla_gluon_fwd(
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
     qk_scale,
     BLOCK_H: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-    HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+    HAS_SINK: gl.constexpr, LAZY: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups")
     gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
@@ -148,18 +148,16 @@ def _sparse_mla_gluon_fwd(
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_row)
     l_acc = gl.zeros([BLOCK_H, BN], gl.float32, layout=s_layout)
-    # P V is left in flight across iterations: acc is a wgmma accumulator (token) in the loop
-    acc = _wgmma_init(gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout))
+    acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BN], gl.float32, layout=s_layout)
 
     for i in range(n_tiles):
         buf = i % NBUF
         # tile i's index entries in S's column layout (L1/L2-hot: read for the gather)
         valid_s = _load_idx(idx_row, i, length, BN, s_col) >= 0
-        # retire P V(i-1) (this warpgroup), wait for tile i's rows (this thread's copies),
-        # make them visible to wgmma, then the CTA barrier: tile i is in shared memory and
-        # both warpgroups are done with tile i-1's buffer
-        acc = _wgmma_wait(0, deps=(acc,))
+        # wait for tile i's rows (this thread's copies), make them visible to wgmma, then
+        # the CTA barrier: tile i is in shared memory, and both warpgroups are past P V(i-1)
+        # (synchronous), so tile i-1's buffer is free
         _wait_group(NBUF - 2)
         _fence_async_shared()
         _barrier()
@@ -173,19 +171,37 @@ def _sparse_mla_gluon_fwd(
         s = _wgmma_wait(0, deps=(s,))
         s = gl.where(gl.expand_dims(valid_s, 0), s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_shift)
-        p = gl.exp2(s - gl.expand_dims(m_shift, 1))
-        l_acc = l_acc * gl.expand_dims(alpha, 1) + p
-        m_i = m_new
+        if LAZY > 0:
+            # keep the old reference max while no row's max grew by more than LAZY (log2
+            # units: P <= 2^LAZY, exact in fp32 / bf16 range); then acc needs no rescale.
+            # One CTA-wide decision so the branch is uniform.
+            grow = gl.max(gl.where(m_new > m_i + LAZY, 1, 0), axis=0)
+            if grow > 0:
+                m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_shift)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+                l_acc = l_acc * gl.expand_dims(alpha, 1)
+                m_i = m_new
+            m_shift = gl.where(m_i == float("-inf"), 0.0, m_i)
+            p = gl.exp2(s - gl.expand_dims(m_shift, 1))
+            l_acc = l_acc + p
+        else:
+            # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_shift)
+            p = gl.exp2(s - gl.expand_dims(m_shift, 1))
+            l_acc = l_acc * gl.expand_dims(alpha, 1) + p
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
         p_smem.store(p.to(dtype))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
         _fence_async_shared()
         _barrier()
+        # P V synchronous: an accumulator left in flight across the loop's back edge makes
+        # ptxas serialise every wgmma of the kernel (C7515: the loop's entry defines the
+        # accumulator registers with plain moves), offline ptxas 3.6 / 3.9
         acc = _wgmma(p_smem, kv_buf, acc, is_async=True)
+        acc = _wgmma_wait(0, deps=(acc,))
 
-    acc = _wgmma_wait(0, deps=(acc,))
     _wait_group(0)  # the look-ahead past the last tile (masked, nothing read)
 
     l_i = gl.sum(l_acc, axis=1)
@@ -219,26 +235,30 @@ def _sparse_mla_gluon_fwd(
 @dataclass(frozen=True)
 class GluonConfig:
     """``block_n``: KV rows per tile (S's N; each warpgroup computes half); ``nbuf``: KV
-    tile buffers in shared memory (``nbuf - 1`` gathers in flight while a tile computes).
-    Shared memory: Q 64 KB + nbuf x block_n KB + P, at most 227 KB."""
+    tile buffers in shared memory (``nbuf - 1`` gathers in flight while a tile computes);
+    ``lazy``: rescale the accumulator only when a row's max grew by more than this (log2
+    units; 0 = every tile, as the tl kernel does). Shared memory: Q 64 KB + nbuf x
+    block_n KB + P, at most 227 KB."""
 
     block_n: int = 32
     nbuf: int = 4
+    lazy: int = 8
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
-        return f"gluon-n{self.block_n}b{self.nbuf}"
+        return f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
 
 
-DEFAULT = GluonConfig(block_n=32, nbuf=4)
+DEFAULT = GluonConfig(block_n=32, nbuf=4, lazy=8)
 # What bench/bench_sparse_mla.py --gluon measures (and the GPU tests run); each compiles
 # offline for sm_90a with Triton 3.6 and 3.9 (tests/test_sparse_mla_gluon_compile.py).
 SWEEP: tuple[GluonConfig, ...] = (
-    GluonConfig(block_n=32, nbuf=4),  # 3 tiles (96 KB) in flight while one computes
-    GluonConfig(block_n=32, nbuf=3),  # 2 tiles in flight
-    GluonConfig(block_n=64, nbuf=2),  # 1 tile (64 KB) in flight, N 32 per warpgroup in Q K^T
+    GluonConfig(block_n=32, nbuf=4),           # 3 tiles (96 KB) in flight while one computes
+    GluonConfig(block_n=32, nbuf=4, lazy=0),   # the same, acc rescaled every tile (128 FMUL a thread)
+    GluonConfig(block_n=32, nbuf=3),           # 2 tiles in flight
+    GluonConfig(block_n=64, nbuf=2, lazy=0),   # 1 tile (64 KB) in flight, N 32 per warpgroup (lazy spills here)
 )
 
 BLOCK_H = 64
@@ -256,7 +276,6 @@ def api_reason() -> str | None:
     """Why this Triton cannot build the kernel (None: it can)."""
     missing = [n for n, ok in (("warpgroup_mma", hasattr(_hopper, "warpgroup_mma")),
                                 ("warpgroup_mma_wait", hasattr(_hopper, "warpgroup_mma_wait")),
-                                ("warpgroup_mma_init", hasattr(_hopper, "warpgroup_mma_init")),
                                 ("fence_async_shared", hasattr(_hopper, "fence_async_shared")),
                                 ("async_copy.commit_group", hasattr(_async_copy, "commit_group")),
                                 ("async_copy.wait_group", hasattr(_async_copy, "wait_group")),
@@ -266,21 +285,20 @@ def api_reason() -> str | None:
     return None
 
 
-def parse_env(text: str | None) -> GluonConfig | None | bool:
+def parse_env(text: str | None) -> GluonConfig | bool:
     """``SWA_SPARSE_MLA_GLUON``: unset/"1"/"auto" -> True (default on where supported),
-    "0"/"off" -> False, "n32b4" -> that config."""
+    "0"/"off" -> False, "n32b4" / "gluon-n32b4l0" -> that config (``l``: lazy threshold)."""
     if text is None or text.strip().lower() in ("", "1", "on", "auto", "true", "yes"):
         return True
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
-    if t.startswith("gluon-"):
-        t = t[len("gluon-"):]
-    if t.startswith("n") and "b" in t:
-        n, _, b = t[1:].partition("b")
-        if n.isdigit() and b.isdigit():
-            return GluonConfig(block_n=int(n), nbuf=int(b))
-    raise ValueError(f"{ENV}={text!r}: expected 0, 1 or a config like n32b4 (block_n 32, 4 buffers)")
+    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?", t)
+    if m:
+        return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
+                           lazy=int(m.group(3)) if m.group(3) is not None else DEFAULT.lazy)
+    raise ValueError(f"{ENV}={text!r}: expected 0, 1 or a config like n32b4 (block_n 32, 4 buffers) or n32b4l0 "
+                     "(no lazy rescale)")
 
 
 def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: int, *,
@@ -302,7 +320,7 @@ def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: i
         return f"D_qk={D}, d_v={d_v}: the Gluon kernel takes D_qk = d_v = {HEAD_DIM}"
     if H < BLOCK_H:
         return f"H={H} < {BLOCK_H}: one 64-head wgmma block would be mostly padding"
-    if cfg.block_n not in (32, 64) or cfg.nbuf < 2 or shared_bytes(cfg, D) + 4096 > SMEM_LIMIT:
+    if cfg.block_n not in (32, 64) or cfg.nbuf < 2 or not 0 <= cfg.lazy <= 16 or shared_bytes(cfg, D) + 4096 > SMEM_LIMIT:
         return f"config {cfg.short()} does not fit (block_n 32/64, nbuf >= 2, {shared_bytes(cfg, D)} B of shared memory)"
     programs = T * triton.cdiv(H, BLOCK_H)
     sms = num_sms if num_sms is not None else torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -324,7 +342,8 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             H, num_hb,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * LOG2E)
-    meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink, num_warps=8)
+    meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
+                LAZY=config.lazy, num_warps=8)
     grid = (T * num_hb,)
     if warmup:
         return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)

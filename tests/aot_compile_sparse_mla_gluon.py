@@ -55,6 +55,18 @@ def _report(k) -> tuple[str, int]:
     return line, stores
 
 
+def _ptxas_notes(k) -> str:
+    """ptxas -v's performance notes (C7515: wgmma serialised) for the kernel's PTX."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        ptx = Path(d) / "k.ptx"
+        ptx.write_text(k.asm["ptx"])
+        v = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(Path(d) / "o.cubin")],
+                           capture_output=True, text=True).stderr
+    return " ".join(ln.split("info    :")[-1].strip()[:60] for ln in v.splitlines() if "Performance Loss" in ln)
+
+
 def _sass(k) -> str:
     from triton.backends.nvidia.compiler import get_ptxas
 
@@ -102,6 +114,12 @@ def main(argv: list[str]) -> int:
             extra = " " + extra
             if stores != 0:
                 failures.append(f"{label}: spills ({extra.strip()})")
+            sass = _sass(k)
+            depbar = sass.count("WARPGROUP.DEPBAR")
+            notes = _ptxas_notes(k)
+            extra += f" wgmma_waits={depbar}" + (f" PTXAS: {notes}" if notes else "")
+            if notes:  # e.g. C7515: every wgmma of the kernel waits for the previous one
+                failures.append(f"{label}: ptxas {notes}")
         fits = shared <= SMEM_LIMIT
         if not fits:
             failures.append(f"{label}: {shared} B of shared memory > {SMEM_LIMIT}")

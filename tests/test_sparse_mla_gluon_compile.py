@@ -38,6 +38,8 @@ def test_gluon_kernel_compiles_offline_for_sm90(python):
     kernels = [ln for ln in lines if ln.startswith("cuda:90 _sparse_mla_gluon_fwd")]
     for ln in kernels:
         assert "spill=0/0" in ln and "HGMMA.64x256x16" in ln and "fits" in ln, ln
+        # two wgmma waits (S, then P V) and no ptxas serialisation of the wgmma chains
+        assert "wgmma_waits=2" in ln and "PTXAS" not in ln, ln
     default = next(ln for ln in kernels if ln.split("[")[1].startswith("gluon-n32b4]"))
     # 4 KV buffers, the loop waits with 2 cp.async groups (tiles) still in flight
     assert "kv_buffers=4" in default and "loop_wait_num=2" in default, default
@@ -112,10 +114,10 @@ def test_parse_env():
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("from swa_backends.kernels import sparse_mla_gluon as G\n"
-            "print(G.parse_env(None), G.parse_env('0'), G.parse_env('n64b2'), G.parse_env('gluon-n32b3'))\n"
+            "print(G.parse_env(None), G.parse_env('0'), G.parse_env('n64b2l0'), G.parse_env('gluon-n32b3'))\n"
             "try:\n    G.parse_env('fast')\nexcept ValueError as e:\n    print('ValueError', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.strip().splitlines()[-2:]
-    assert first == ("True False GluonConfig(block_n=64, nbuf=2) GluonConfig(block_n=32, nbuf=3)")
+    assert first == ("True False GluonConfig(block_n=64, nbuf=2, lazy=0) GluonConfig(block_n=32, nbuf=3, lazy=8)")
     assert second.startswith("ValueError SWA_SPARSE_MLA_GLUON='fast'")
