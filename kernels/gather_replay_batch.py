@@ -27,8 +27,6 @@ and the request ranges here assign every row to the same request.
 
 from __future__ import annotations
 
-import os
-
 import triton.language as tl
 
 from ..common.ops.gather_replay_batch import allocate_out
@@ -86,75 +84,8 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
     else:
         write_graph_padding(pid - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
 
-
-
-@jit
-def _gather_replay_batch_scan(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
-                              rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
-                              B, G, T, n, n_pad, W, scan_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
-                              BB: tl.constexpr):
-    pid = tl.program_id(0)
-    r = tl.arange(0, BLOCK)
-    g = tl.arange(0, GB)
-    if pid < scan_progs:
-        # one round of independent loads: this block's source rows (position, every slot
-        # group: speculative, most rows are dropped), the whole boundary array and the
-        # per-request outputs' inputs of requests [pid*BLOCK, pid*BLOCK + BLOCK)
-        src = pid * BLOCK + r
-        m = src < T
-        src64 = src.to(tl.int64)
-        gm = (g[:, None] < G) & m[None, :]
-        p = tl.load(pos_ptr + src64, mask=m, other=0)
-        sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + src64[None, :] * s_t, mask=gm, other=PAD)
-        k = tl.arange(0, BB)
-        qk = tl.load(qsl_ptr + k, mask=k <= B, other=0)  # qsl[0..B]: boundaries, and in L1
-        dk = tl.load(drop_ptr + k, mask=k <= B, other=0)  # for the lookups below
-        b_out = src  # the per-request outputs this program writes: entries [pid*BLOCK, +BLOCK)
-        om = b_out <= B
-        q_o = tl.load(qsl_ptr + b_out, mask=om, other=0)
-        d_o = tl.load(drop_ptr + b_out, mask=om, other=0)
-        rm = b_out < B
-        R = tl.load(rs_ptr + b_out, mask=rm, other=0)
-        seq = tl.load(seq_ptr + b_out, mask=rm, other=0)
-        trimmed = tl.load(trim_ptr + b_out, mask=rm, other=0) != 0
-        tl.store(oqsl_ptr + b_out, q_o - d_o, mask=om)
-        tl.store(kv_ptr + b_out, tl.where(trimmed, tl.maximum(R, seq - W), R), mask=rm)
-        # request of each source row, without a search: the boundaries inside this block,
-        # counted per row offset (a histogram) and summed up to each row (req = number of
-        # boundaries qsl[k] <= row, boundaries at or below the block start in bin 0)
-        c = tl.maximum(qk - pid * BLOCK, 0)
-        hist = tl.histogram(c, BLOCK, mask=(k >= 1) & (k <= B) & (c < BLOCK))
-        req = tl.cumsum(hist, 0) + tl.minimum(tl.min(dk, axis=0), 0)  # dk >= 0: keeps its load
-        live = m & (req < B)
-        # L1 hits (the arrays were just loaded): the row's request's first output row and
-        # its dropped count
-        q0 = tl.load(qsl_ptr + req, mask=live, other=0)
-        d0 = tl.load(drop_ptr + req, mask=live, other=0)
-        d1 = tl.load(drop_ptr + req + 1, mask=live, other=0)
-        o = src - d1
-        kept = live & (o >= q0 - d0)
-        tl.store(rows_ptr + o, src64, mask=kept)
-        tl.store(opos_ptr + o, p, mask=kept)
-        km = (g[:, None] < G) & kept[None, :]
-        tl.store(oslot_ptr + g[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=km)
-        for g0 in range(GB, G, GB):  # more than GB groups (rare): a further dependent load
-            gg = g0 + g
-            km = (gg[:, None] < G) & kept[None, :]
-            sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + src64[None, :] * s_t, mask=km, other=PAD)
-            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=km)
-    else:
-        write_graph_padding(pid - scan_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
-
-
 _K = Kernel(_gather_replay_batch)
-_K_SCAN = Kernel(_gather_replay_batch_scan)
 _KEY = ()
-_SCAN_KEY = ("scan",)
-#: boundaries the scan kernel loads at once (its batches have at most BB - 1 requests)
-SCAN_BB = 1024
-#: the scan kernel reads every source row's position and slots (speculatively: one memory
-#: round trip instead of two); used while that is at most this many int64 elements
-SCAN_MAX_ELEMS = int(os.environ.get("SWA_GATHER_SCAN_ELEMS", str(192 * 1024)))
 
 
 def plan_launch(plan, positions) -> tuple:
@@ -176,68 +107,31 @@ def plan_launch(plan, positions) -> tuple:
     return entry
 
 
-#: "auto" (the rule in :func:`scan_mode`), "scan" or "request": which kernel
-#: :func:`gather_replay_batch` launches (benchmarks compare both; any gives the same result)
-MODE = os.environ.get("SWA_GATHER_MODE", "auto")
-
-
-def scan_mode(B: int, T: int, G: int) -> bool:
-    """Whether the scan kernel serves a batch of ``B`` requests, ``T`` tokens and ``G``
-    slot groups: it needs one memory round trip where the request kernel needs two, but
-    reads every token's position and slots, so it is used for small steps (at most
-    :data:`SCAN_MAX_ELEMS` int64 values read) of fewer than :data:`SCAN_BB` requests."""
-    if MODE != "auto":
-        return MODE == "scan" and B < SCAN_BB
-    return B < SCAN_BB and T * (G + 1) <= SCAN_MAX_ELEMS
-
-
-def _plan_entry(plan, positions, G: int) -> tuple:
-    """``(scan, dropped, trimmed, B, n, n_pad, tail, grid)``, cached per plan, device, token
-    count and group count; ``tail`` the kernel's trailing size arguments."""
-    T = positions.shape[0]
-    key = (positions.get_device(), T, G)
-    dropped, trimmed, B, n, n_pad, S, req_progs, pad_progs, grid = plan_launch(plan, positions)
-    if scan_mode(B, T, G):
-        scan_progs = max(-(-T // BLOCK), -(-(B + 1) // BLOCK))
-        entry = (True, dropped, trimmed, B, n, n_pad, (T, n, n_pad), scan_progs, (scan_progs + pad_progs, 1, 1))
-    else:
-        entry = (False, dropped, trimmed, B, n, n_pad, (n, n_pad), (S, req_progs), grid)
-    plan._launch_cache[key] = entry
-    return entry
-
-
 def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
                         out=None) -> ReplayBatch:
     """Request ``i`` keeps its last ``kept_i`` rows before its end ``query_start_loc[i+1]``
     (the *device* copy); they land at ``end - dropped_before[i+1]``. Returns ``rows``,
     ``query_start_loc``, ``positions``, ``slot_mappings`` and ``kv_start`` (``max(R,
     seq_len - W)`` for trimmed requests, ``R`` otherwise). Rows past ``num_rows`` (graph
-    padding) gather row 0 with every slot PAD. One launch of the scan or the request
-    kernel (:func:`scan_mode`); no host synchronisation once the plan's device copy exists
-    (``plan.device_tensors(device)``, made on first use).
+    padding) gather row 0 with every slot PAD. One launch; no host synchronisation once the
+    plan's device copy exists (``plan.device_tensors(device)``, made on first use).
     """
-    G = slot_mappings.shape[0]
-    entry = plan._launch_cache.get((positions.get_device(), positions.shape[0], G))
+    entry = plan._launch_cache.get(positions.get_device())
     if entry is None:
-        entry = _plan_entry(plan, positions, G)
-    scan, dropped, trimmed, B, n, n_pad, sizes, progs, grid = entry
+        entry = plan_launch(plan, positions)
+    dropped, trimmed, B, n, n_pad, S, req_progs, _, grid = entry
+    G = slot_mappings.shape[0]
     if out is None:
         out = allocate_out(plan, G, positions.device)
     rows, oqsl, opos, oslot, kv = (out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"],
                                    out["kv_start"])
     s_g, s_t = slot_mappings.stride()
-    qsl = query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous()
-    seq = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
-    rs = replay_start if replay_start.is_contiguous() else replay_start.contiguous()
-    pos = positions if positions.is_contiguous() else positions.contiguous()
-    if scan:
-        T, n, n_pad = sizes
-        _K_SCAN(_SCAN_KEY, grid, qsl, dropped, trimmed, seq, rs, pos, slot_mappings, s_g, s_t,
-                rows, oqsl, opos, oslot, kv, B, G, T, n, n_pad, W, progs, BLOCK, GB, SCAN_BB)
-    else:
-        S, req_progs = progs
-        _K(_KEY, grid, qsl, dropped, trimmed, seq, rs, pos, slot_mappings, s_g, s_t,
-           rows, oqsl, opos, oslot, kv, B, G, n, n_pad, W, S, req_progs, BLOCK, GB)
+    _K(_KEY, grid,
+       query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(), dropped, trimmed,
+       seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
+       replay_start if replay_start.is_contiguous() else replay_start.contiguous(),
+       positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
+       rows, oqsl, opos, oslot, kv, B, G, n, n_pad, W, S, req_progs, BLOCK, GB)
     return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad)
 
 

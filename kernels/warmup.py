@@ -8,8 +8,7 @@ small synthetic serving step -- replaying prefills (``R > 0``, padded slots, cla
 windows), a decode, a cold prefill longer than ``W`` (so the decoder sub-batch trims) with
 graph padding -- once for every specialisation the op's launcher can pick: the optional
 inputs (``valid``, top-k), the index dtypes, the compression ratios, the hidden sizes and
-dtypes of the row copies, the fused step with and without padding and plan, and the
-decoder sub-batch in both of its kernels (a step short enough to scan, one too long).
+dtypes of the row copies, and the fused step with and without padding and plan.
 
 The specialisation keys never depend on sizes (token and request counts, strides, W are
 runtime arguments that Triton is told not to specialise on), so after this a serving step
@@ -82,16 +81,7 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
     run("plain_indices", swa, lens, topk, topk_lens)
     run("indices_to_csr", swa, lens)
     plan = backend.plan_replay_batch(s.qsl_host, s.prefilling_host, np.zeros(s.B, bool), W, pad_to=s.n_kept + 3)
-    run("gather_replay_batch", plan, s.qsl, s.seq, s.R, s.positions, s.slots, W)  # a small step: scan kernel
-    if "gather_replay_batch" in ops:  # the same step in a batch too long to scan: the request kernel
-        from .gather_replay_batch import SCAN_MAX_ELEMS
-
-        long_T = SCAN_MAX_ELEMS // (num_groups + 1) + 1
-        positions = torch.zeros(long_T, dtype=SLOT_DTYPE, device=dev)
-        positions[: s.T_pad] = s.positions
-        slots = torch.full((num_groups, long_T), PAD, dtype=SLOT_DTYPE, device=dev)
-        slots[:, : s.T_pad] = s.slots
-        run("gather_replay_batch", plan, s.qsl, s.seq, s.R, positions, slots, W)
+    run("gather_replay_batch", plan, s.qsl, s.seq, s.R, s.positions, s.slots, W)
     for hidden in hidden_sizes:
         for dtype in hidden_dtypes:
             x = torch.ones(s.T, hidden, dtype=dtype, device=dev)

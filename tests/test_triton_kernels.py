@@ -184,45 +184,6 @@ def test_pad_replayed_slots_writes_only_replayed_cacheable_slots(tb):
         assert (got[changed] == PAD).all()
 
 
-@pytest.mark.parametrize("mode", ["scan", "request"])
-def test_gather_replay_batch_both_kernels(tb, mode, monkeypatch):
-    """``gather_replay_batch`` has two kernels (one memory round trip reading every source
-    row, or two reading only the kept rows; ``scan_mode`` picks): each alone, forced, on
-    random serving batches (poisoned outputs half the time), odd batches and batches
-    whose boundaries straddle the scan kernel's 128-row blocks many times."""
-    all_variants()["gather_replay_batch"]["triton"].load(tb.device)
-    from swa_backends.kernels import gather_replay_batch as grb
-
-    monkeypatch.setattr(grb, "MODE", mode)
-    launches = (grb._K_SCAN if mode == "scan" else grb._K)
-
-    @settings(max_examples=25)
-    @given(seed=st.integers(0, 2**32 - 1))
-    def run(seed):
-        rng = np.random.default_rng(seed)
-        W = int(rng.choice([1, 5, 128]))
-        kw = dict(long_prefill=True, W=W, max_reqs=int(rng.integers(1, 60)),
-                  max_q=int(rng.integers(2 * W + 2, 2 * W + 300)), num_groups=int(rng.choice([1, 5, 11])))
-        batch = random_batch(rng, **kw)
-        if not (batch.prefilling & (batch.q > batch.W)).any():
-            return  # nothing trims: no plan to gather with
-        before = launches.launches
-        args, kwargs = case_for("gather_replay_batch", rng, "cpu", batch=batch)
-        _check(tb, "gather_replay_batch", args, kwargs)
-        assert launches.launches == before + 1
-
-    run()
-
-
-def test_gather_replay_batch_scan_rule(tb):
-    all_variants()["gather_replay_batch"]["triton"].load(tb.device)
-    from swa_backends.kernels import gather_replay_batch as grb
-
-    assert grb.scan_mode(1, 1024, 5) and grb.scan_mode(256, 16624, 5)
-    assert not grb.scan_mode(160, 131200, 5)  # reading every token would cost more than a round trip
-    assert not grb.scan_mode(grb.SCAN_BB, 2000, 1)  # more boundaries than one load holds
-
-
 def test_gather_replay_batch_graph_padding_is_pad(tb):
     rng = np.random.default_rng(5)
     from swa_backends.common.ops import plan_replay_batch
