@@ -86,6 +86,31 @@ def _empty_body(x_ptr, n, BLOCK: tl.constexpr):
 _EMPTY = []
 
 
+def _cal_one_body(src_ptr, dst_ptr, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    off = tl.program_id(0) * BLOCK + r
+    tl.store(dst_ptr + off, tl.load(src_ptr + off))
+
+
+def _cal_two_body(idx_ptr, src_ptr, dst_ptr, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    pid = tl.program_id(0)
+    start = tl.load(idx_ptr + pid)  # the second load's address depends on this one
+    tl.store(dst_ptr + pid * BLOCK + r, tl.load(src_ptr + start + r))
+
+
+_CAL = {}
+
+
+def calibration_kernels():
+    """Two Triton kernels bracketing ``gather_replay_batch``'s floor: one memory round
+    trip (load, store) and two dependent ones (load an offset, load from it, store)."""
+    if not _CAL:
+        _CAL["one"] = triton.jit(_cal_one_body)
+        _CAL["two"] = triton.jit(_cal_two_body)
+    return _CAL
+
+
 def empty_kernel():
     """The empty Triton kernel, decorated on first use (after the backend fixed Triton's
     mode: compiled on a GPU, interpreted under --smoke)."""
@@ -260,6 +285,23 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     kernel = empty_kernel()
     empty = lambda: kernel[(1,)](empty_x, 1, BLOCK=16)  # noqa: E731
     results["empty_triton_launch"] = {**gpu_pair(empty), "graph_us": graph_us(empty), "host_us": host_us(empty)}
+    # the same empty kernel through the pack's launch shortcut: the host floor of every op
+    pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
+    pack_fn = lambda: pack_empty((), (1, 1, 1), empty_x, 1, 16)  # noqa: E731
+    results["empty_pack_launch"] = {"host_us": host_us(pack_fn)}
+    _launch.set_direct_launch(False)
+    results["empty_pack_launch"]["host_us_launcher_object"] = host_us(pack_fn)
+    _launch.set_direct_launch(True)
+    if not SMOKE:
+        cal = calibration_kernels()
+        src = torch.arange(160 * 128, dtype=torch.int64, device=dev)
+        dst = torch.empty_like(src)
+        idx = torch.arange(160, dtype=torch.int32, device=dev) * 128
+        results["calibration"] = {
+            f"{kind}_{progs}": gpu_pair(
+                (lambda k=kind, g=progs: cal["one"][(g,)](src, dst, BLOCK=128)) if kind == "one_trip" else
+                (lambda k=kind, g=progs: cal["two"][(g,)](idx, src, dst, BLOCK=128)))
+            for kind in ("one_trip", "two_trips") for progs in (1, 160)}
     rows = []
     for name, (p, q, d) in STEPS.items():
         s = Step(p, q, d, dev, rng)
@@ -278,6 +320,9 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         _launch.set_pointer_ints(False)
         row["triton_host_us_tensor_ptrs"] = host_us(fn)
         _launch.set_pointer_ints(True)
+        _launch.set_direct_launch(False)
+        row["triton_host_us_launcher_object"] = host_us(fn)
+        _launch.set_direct_launch(True)
         _launch.set_launcher_stub(_no_launch)
         row["triton_host_us_python_only"] = host_us(fn)
         _launch.set_launcher_stub(None)
@@ -428,18 +473,26 @@ def print_table(res) -> None:
     e = res["empty_triton_launch"]
     print(f"\nempty Triton kernel: GPU {e['gpu_us_flushed']:.2f} us L2-flushed / {e['gpu_us_warm']:.2f} us L2-warm "
           f"(graph {e['graph_us']:.2f}), host {e['host_us']:.2f} us")
+    pe = res["empty_pack_launch"]
+    print(f"the same through the pack's shortcut: host {pe['host_us']:.2f} us (C launch called directly), "
+          f"{pe['host_us_launcher_object']:.2f} us (through Triton's launcher object)")
+    for key, v in res.get("calibration", {}).items():
+        print(f"  calibration {key:>14}: GPU {v['gpu_us_flushed']:.2f} us flushed / {v['gpu_us_warm']:.2f} us warm")
     print("\ngather_replay_batch (targets: GPU <= 4.5 us, judged on the L2-flushed median as the issue's empty-kernel "
           "figure; host <= 10 us)")
-    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h tens':>6} "
-          f"{'h py':>5} {'h no-out':>8} {'h jit':>6} {'ref GPU fl':>10} {'ref host':>8}")
+    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h obj':>6} "
+          f"{'h tens':>6} {'h py':>5} {'h no-out':>8} {'h jit':>6} {'ref GPU fl':>10} {'ref host':>8}")
     for r in res["gather_replay_batch"]:
-        print(f"{r['step']:>12} {r['rows']:>5} {r['triton_gpu_us_flushed']:>7.2f} {r['triton_gpu_us_warm']:>8.2f} "
-              f"{r['triton_graph_us']:>6.2f} {r['triton_host_us']:>6.2f} {r['triton_host_us_tensor_ptrs']:>6.2f} "
+        print(f"{r['step']:>12} {r['rows']:>5} {r['triton_gpu_us_flushed']:>7.2f} "
+              f"{r['triton_gpu_us_warm']:>8.2f} {r['triton_graph_us']:>6.2f} "
+              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_launcher_object']:>6.2f} "
+              f"{r['triton_host_us_tensor_ptrs']:>6.2f} "
               f"{r['triton_host_us_python_only']:>5.2f} {r['triton_host_us_no_out']:>8.2f} "
               f"{r['triton_host_us_triton_launch_path']:>6.2f} {r['reference_gpu_us_flushed']:>10.1f} "
               f"{r['reference_host_us']:>8.1f}")
     print("  (us; GPU fl/warm: L2 flushed/warm medians; graph: per call in a CUDA graph; host: per call as shipped; "
-          "h tens: tensors as pointers; h py: Python path only, launcher stubbed; h jit: Triton's launch path)")
+          "h obj: through Triton's launcher object; h tens: tensors as pointers; h py: Python path only, launcher "
+          "stubbed; h jit: Triton's launch path)")
     print("\nprepare_replay_step (one launch) vs its four ops (us, GPU L2-flushed / warm, host)")
     for r in res["prepare_replay_step"]:
         print(f"{r['step']:>12}: fused {r['fused_gpu_us_flushed']:.2f} / {r['fused_gpu_us_warm']:.2f}, host "

@@ -25,6 +25,12 @@ key (Triton's path) still checks every pointer; with validation off, a CPU tenso
 later is not caught (it is an invalid device address). ``SWA_TRITON_PTR_INTS=0`` (or
 :func:`set_pointer_ints`) passes the tensors instead.
 
+The generated function calls the C ``launch`` function inside Triton's ``CudaLauncher``
+directly, skipping that object's Python ``__call__`` (it only allocates scratch buffers the
+pack's kernels do not ask for), where :func:`direct_call` recognises the launcher's layout
+(Triton 3.6 and 3.9, tested against Triton's own ``__call__``);
+``SWA_TRITON_DIRECT_LAUNCH=0`` (or :func:`set_direct_launch`) goes through the object.
+
 ``SWA_TRITON_FAST_LAUNCH=0`` turns the shortcut off (every launch through Triton's path).
 Under the interpreter (``TRITON_INTERPRET=1``) launches always take Triton's path. This
 module decorates no kernel (it may be imported before ``interpreter.setup``); the device
@@ -163,6 +169,17 @@ def set_pointer_ints(enabled: bool) -> bool:
     return previous
 
 
+def set_direct_launch(enabled: bool) -> bool:
+    """Call the C launch function directly (default, see :func:`direct_call`) or through
+    Triton's launcher object, for launches made from now on (forgets every fast entry, as
+    :func:`set_pointer_ints`). Returns the previous setting."""
+    global DIRECT
+    previous, DIRECT = DIRECT, bool(enabled)
+    for k in KERNELS.values():
+        k._fast.clear()
+    return previous
+
+
 _STUB = None
 
 
@@ -201,13 +218,66 @@ def fast_launcher(ck, names: list[str], first_args: tuple):
     params = [f"a{i}" for i in range(len(names))]
     items = [(f"None if {a} is None else {a}.data_ptr()" if arg is None else f"{a}.data_ptr()")
              if name.endswith("_ptr") else a for a, name, arg in zip(params, names, first_args)]
-    src = (f"def make(run, function, packed):\n"
+    direct = direct_call(ck.run) if DIRECT else None
+    if direct is None:  # through the launcher object (Triton's wrapper around its C launch)
+        body = f"run(gx, gy, gz, stream, function, packed, None, None, None, {', '.join(items)})"
+        target = ck.run
+    elif direct[0] == "varargs":  # Triton 3.6: launch(grid, stream, function, coop, pdl, scratch x2, meta..., *args)
+        body = (f"run(gx, gy, gz, stream, function, {direct[2]!r}, {direct[3]!r}, None, None, packed, None, None, "
+                f"None, {', '.join(items)})")
+        target = direct[1]
+    else:  # Triton 3.9: launch(grid, stream, function, coop, pdl, meta..., scratch x2, annotations, signature, args)
+        body = (f"run(gx, gy, gz, stream, function, {direct[2]!r}, {direct[3]!r}, packed, None, None, None, None, "
+                f"None, annotations, signature, ({', '.join(items)},))")
+        target = direct[1]
+    src = (f"def make(run, function, packed, annotations, signature):\n"
            f"    def launch(gx, gy, gz, stream, {', '.join(params)}):\n"
-           f"        run(gx, gy, gz, stream, function, packed, None, None, None, {', '.join(items)})\n"
+           f"        {body}\n"
            f"    return launch\n")
     namespace: dict = {}
     exec(compile(src, f"<fast_launcher {len(names)} args>", "exec"), namespace)  # noqa: S102
-    return namespace["make"](ck.run, ck.function, ck.packed_metadata)
+    annotations, signature = (direct[4], direct[5]) if direct is not None and direct[0] == "tuple" else (None, None)
+    return namespace["make"](target, ck.function, ck.packed_metadata, annotations, signature)
+
+
+#: Call the C function inside Triton's CUDA launcher object directly (see :func:`direct_call`).
+DIRECT = os.environ.get("SWA_TRITON_DIRECT_LAUNCH", "1") != "0"
+
+
+def direct_call(run):
+    """How to call the C launch function inside ``run`` (a compiled kernel's launcher)
+    without its Python ``__call__``, or None where that is not known to be equivalent.
+
+    Triton's ``CudaLauncher.__call__`` (3.6 and 3.9) allocates the global and profile
+    scratch buffers when the kernel asks for them, adds the GSan arguments when that
+    sanitizer is on, and passes everything on to its C ``launch``. The pack's kernels ask
+    for no scratch, so the wrapper only costs time on the host-bound path. Returned:
+    ``("varargs", launch, coop, pdl)`` for Triton 3.6's layout (kernel arguments as
+    trailing positionals, the scratch pointers before the metadata) or ``("tuple",
+    launch, coop, pdl, arg_annotations, kernel_signature)`` for 3.9's (kernel arguments as
+    one tuple after the annotations). Anything else (another backend's launcher, scratch,
+    GSan, an unknown layout): None, and the launch goes through ``run(...)`` as before.
+    ``tests/test_triton_launch.py`` checks both layouts against Triton's own ``__call__``."""
+    cls = type(run)
+    if cls.__name__ != "CudaLauncher" or cls.__module__ != "triton.backends.nvidia.driver":
+        return None
+    try:
+        if run.global_scratch_size or run.profile_scratch_size or getattr(run, "gsan_enabled", False):
+            return None
+        launch, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+    except AttributeError:
+        return None
+    code = cls.__call__.__code__
+    params = code.co_varnames[:code.co_argcount]
+    if params == ("self", "gridX", "gridY", "gridZ", "stream", "function") and code.co_flags & 0x04:
+        if hasattr(run, "arg_annotations"):
+            return None  # a layout between the two known ones
+        return ("varargs", launch, coop, pdl)
+    if params[:10] == ("self", "gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata",
+                       "launch_metadata", "launch_enter_hook", "launch_exit_hook") and \
+            hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
+        return ("tuple", launch, coop, pdl, run.arg_annotations, run.kernel_signature)
+    return None
 
 
 def _pointers_follow_convention(names: list[str], args: tuple) -> bool:

@@ -183,3 +183,54 @@ def test_bench_triton_ops_smoke(tmp_path):
     for key in ("swa_indices_and_lens_64k", "pad_replayed_slots_64k", "prepare_replay_step_64k"):
         assert res[key]["triton_us_flushed"] > 0 and res[key]["triton_us_warm"] > 0
     assert "gather_replay_batch" in proc.stdout and "L2-flushed" in proc.stdout
+
+
+def _fake_cuda_launcher(drv, record, **overrides):
+    """A real ``CudaLauncher`` object of this Triton without its compiled module: its C
+    ``launch`` records what it gets. Attributes of both known layouts (3.6 and 3.9)."""
+    launcher = object.__new__(drv.CudaLauncher)
+    fields = dict(launch=lambda *a: record.append(a), num_ctas=1, global_scratch_size=0, global_scratch_align=1,
+                  profile_scratch_size=0, profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=False)
+    code = drv.CudaLauncher.__call__.__code__
+    if "kernel_metadata" in code.co_varnames[:code.co_argcount]:  # 3.9's layout
+        fields.update(arg_annotations=("annotations",), kernel_signature=b"signature", gsan_enabled=False)
+    fields.update(overrides)
+    for k, v in fields.items():
+        setattr(launcher, k, v)
+    return launcher
+
+
+def test_direct_launch_hands_the_c_launcher_what_tritons_wrapper_does(monkeypatch):
+    """The shortcut's direct call of the C ``launch`` (skipping ``CudaLauncher.__call__``)
+    passes exactly the arguments Triton's own ``__call__`` passes, for this Triton's
+    layout (run with every Triton the machine has: 3.6 and 3.9 differ)."""
+    import triton
+    from swa_backends.kernels import _launch
+
+    drv = pytest.importorskip("triton.backends.nvidia.driver")
+    monkeypatch.setattr(triton.runtime.driver, "_active", SimpleNamespace())  # no GPU driver needed
+    record = []
+    launcher = _fake_cuda_launcher(drv, record)
+    assert _launch.direct_call(launcher) is not None, "this Triton's CudaLauncher layout is not recognised"
+    ck = SimpleNamespace(run=launcher, function=4321, packed_metadata=(4, 1, 0))
+    a, b = torch.arange(3), torch.arange(5)
+    names = ["x_ptr", "n", "y_ptr", "opt_ptr", "m"]
+    fast = _launch.fast_launcher(ck, names, (a, 7, b, None, -2))
+    fast(3, 1, 1, 999, a, 7, b, None, -2)
+    drv.CudaLauncher.__call__(launcher, 3, 1, 1, 999, 4321, (4, 1, 0), None, None, None,
+                              a.data_ptr(), 7, b.data_ptr(), None, -2)
+    assert len(record) == 2 and record[0] == record[1], record
+
+
+def test_direct_launch_falls_back_where_the_wrapper_does_work(monkeypatch):
+    from swa_backends.kernels import _launch
+
+    drv = pytest.importorskip("triton.backends.nvidia.driver")
+    assert _launch.direct_call(_fake_cuda_launcher(drv, [], global_scratch_size=128)) is None
+    assert _launch.direct_call(_fake_cuda_launcher(drv, [], profile_scratch_size=64)) is None
+    assert _launch.direct_call(FakeCompiled()) is None  # not Triton's CUDA launcher: the object is called
+    ck = FakeCompiled()
+    fast = _launch.fast_launcher(ck, ["x_ptr", "n"], (torch.arange(2), 1))
+    t = torch.arange(4)
+    fast(1, 1, 1, 5, t, 3)
+    assert ck.calls == [(1, 1, 1, 5, ck.function, ck.packed_metadata, None, None, None, t.data_ptr(), 3)]
