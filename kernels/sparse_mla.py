@@ -39,6 +39,13 @@ Design (why it is shaped like this):
   H200 run 1) falls back to a known-good one for the shape, with one warning: see
   :func:`launch`.
 
+* On CUDA sm90 the default path (no explicit ``config``) runs the Gluon kernel of
+  :mod:`.sparse_mla_gluon` instead where it applies (bf16/fp16, ``D_qk = d_v = 512``,
+  ``H >= 64``, at least as many programs as SMs): there the gathers run ahead of the math.
+  :func:`dispatch_info` says which kernel a call gets and why; ``SWA_SPARSE_MLA_GLUON=0``
+  turns it off, ``SWA_SPARSE_MLA_GLUON=n32b3``-style picks its config. A Gluon compile
+  failure falls back to this kernel with one warning.
+
 The clamp never enters: it lives in ``indices``/``lens`` built by the pack's index builders.
 Launch configs come from :data:`TUNED` (keyed by shape, filled from H200 sweeps of
 ``bench/bench_sparse_mla.py``); ``SWA_SPARSE_MLA_CONFIG`` overrides them for sweeps.
@@ -503,7 +510,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None, fit: bool = True):
-    """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps).
+    """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps); with
+    ``config=None`` the Gluon kernel where :func:`gluon_choice` allows it, else the table's.
 
     ``fit``: when the config does not compile with this Triton (a compiler pass failing on
     it, e.g. Triton 3.6 on configs Triton 3.9 compiles), fall back to a known-good config
