@@ -93,7 +93,7 @@ def _sparse_mla_gluon_fwd(
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
     qk_scale,
     BLOCK_H: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-    HAS_SINK: gl.constexpr, LAZY: gl.constexpr, num_warps: gl.constexpr,
+    HAS_SINK: gl.constexpr, LAZY: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups")
     gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
@@ -122,7 +122,8 @@ def _sparse_mla_gluon_fwd(
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D], q_sl)
     kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BN, D], kv_sl)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BN], p_sl)
+    if P_SMEM:
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BN], p_sl)
 
     # program -> (token, head block), head block fastest: a token's programs run side by
     # side and the second reads the rows from L2
@@ -159,7 +160,13 @@ def _sparse_mla_gluon_fwd(
         # the CTA barrier: tile i is in shared memory, and both warpgroups are past P V(i-1)
         # (synchronous), so tile i-1's buffer is free
         _wait_group(NBUF - 2)
-        _fence_async_shared()
+        if NBUF == 2:
+            # nothing else in flight: the proxy fence (cp.async writes -> wgmma reads) is free
+            _fence_async_shared()
+        # With gathers still in flight the fence is left out: fence.proxy.async compiles to
+        # MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S and the MEMBAR waits for them (H200: every
+        # 32-row config stalled); Triton 3.6's own pipeliner feeds wgmma from cp.async with
+        # wait + barrier only, as here (Triton 3.9 inserts the fence itself).
         _barrier()
         # gather tile i + NBUF - 1 into the buffer tile i-1 used
         _issue_gather(KV, kv_smem.index((i + NBUF - 1) % NBUF), idx_next, stride_kv, offs_d)
@@ -193,13 +200,22 @@ def _sparse_mla_gluon_fwd(
             l_acc = l_acc * gl.expand_dims(alpha, 1) + p
             m_i = m_new
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
-        p_smem.store(p.to(dtype))
-        _fence_async_shared()
-        _barrier()
         # P V synchronous: an accumulator left in flight across the loop's back edge makes
         # ptxas serialise every wgmma of the kernel (C7515: the loop's entry defines the
         # accumulator registers with plain moves), offline ptxas 3.6 / 3.9
-        acc = _wgmma(p_smem, kv_buf, acc, is_async=True)
+        if P_SMEM:
+            # P through an NVMMA shared buffer (A operand from shared memory): needs the proxy
+            # fence, whose MEMBAR waits for the gathers in flight
+            p_smem.store(p.to(dtype))
+            _fence_async_shared()
+            _barrier()
+            acc = _wgmma(p_smem, kv_buf, acc, is_async=True)
+        else:
+            # P as the register A operand: both warpgroups need all of P's columns, the
+            # layout conversion exchanges the halves through shared memory with plain
+            # stores/loads and a barrier (no proxy fence)
+            p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _wgmma(p_op, kv_buf, acc, is_async=True)
         acc = _wgmma_wait(0, deps=(acc,))
 
     _wait_group(0)  # the look-ahead past the last tile (masked, nothing read)
@@ -240,25 +256,32 @@ class GluonConfig:
     units; 0 = every tile, as the tl kernel does). Shared memory: Q 64 KB + nbuf x
     block_n KB + P, at most 227 KB."""
 
-    block_n: int = 32
-    nbuf: int = 4
-    lazy: int = 8
+    block_n: int = 64
+    nbuf: int = 2
+    lazy: int = 0
+    p_smem: bool = False
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
-        return f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
+        return (f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
+                + ("s" if self.p_smem else ""))
 
 
-DEFAULT = GluonConfig(block_n=32, nbuf=4, lazy=8)
+# H200 (Triton 3.6, T 16K, K 640, lead's runs of aec955c / bf470ee): n64b2l0 (P through shared
+# memory) 305 / 318 TFLOP/s at H 64 / 128, the n32 configs 214-246, the tl kernel 236-258.
+DEFAULT = GluonConfig(block_n=64, nbuf=2, lazy=0)
 # What bench/bench_sparse_mla.py --gluon measures (and the GPU tests run); each compiles
 # offline for sm_90a with Triton 3.6 and 3.9 (tests/test_sparse_mla_gluon_compile.py).
+# "s": P through an NVMMA shared buffer (+ fence.proxy.async, whose MEMBAR.ALL.CTA waits for
+# the gathers in flight); default: P as the register A operand of P V.
 SWEEP: tuple[GluonConfig, ...] = (
-    GluonConfig(block_n=32, nbuf=4),           # 3 tiles (96 KB) in flight while one computes
-    GluonConfig(block_n=32, nbuf=4, lazy=0),   # the same, acc rescaled every tile (128 FMUL a thread)
-    GluonConfig(block_n=32, nbuf=3),           # 2 tiles in flight
-    GluonConfig(block_n=64, nbuf=2, lazy=0),   # 1 tile (64 KB) in flight, N 32 per warpgroup (lazy spills here)
+    GluonConfig(block_n=64, nbuf=2, lazy=0),                # default
+    GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=True),   # bf470ee's best (305 / 318)
+    GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight, now without MEMBARs
+    GluonConfig(block_n=32, nbuf=3, lazy=0),
+    GluonConfig(block_n=32, nbuf=4, lazy=8),
 )
 
 BLOCK_H = 64
@@ -269,7 +292,7 @@ ENV = "SWA_SPARSE_MLA_GLUON"  # "0": never use the Gluon kernel; "n32b4"-style: 
 
 def shared_bytes(cfg: GluonConfig, D: int = HEAD_DIM, itemsize: int = 2) -> int:
     """Shared memory the kernel allocates explicitly (the compiler adds reduction scratch)."""
-    return (BLOCK_H * D + cfg.nbuf * cfg.block_n * D + BLOCK_H * cfg.block_n) * itemsize
+    return (BLOCK_H * D + cfg.nbuf * cfg.block_n * D + BLOCK_H * cfg.block_n) * itemsize  # P: buffer or exchange
 
 
 def api_reason() -> str | None:
@@ -287,16 +310,17 @@ def api_reason() -> str | None:
 
 def parse_env(text: str | None) -> GluonConfig | bool:
     """``SWA_SPARSE_MLA_GLUON``: unset/"1"/"auto" -> True (default on where supported),
-    "0"/"off" -> False, "n32b4" / "gluon-n32b4l0" -> that config (``l``: lazy threshold)."""
+    "0"/"off" -> False, "n64b2l0" / "gluon-n32b4" -> that config (``l``: lazy threshold,
+    8 when absent; a trailing ``s``: P through shared memory)."""
     if text is None or text.strip().lower() in ("", "1", "on", "auto", "true", "yes"):
         return True
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
-    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?", t)
+    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)", t)
     if m:
         return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
-                           lazy=int(m.group(3)) if m.group(3) is not None else DEFAULT.lazy)
+                           lazy=int(m.group(3)) if m.group(3) is not None else 8, p_smem=bool(m.group(4)))
     raise ValueError(f"{ENV}={text!r}: expected 0, 1 or a config like n32b4 (block_n 32, 4 buffers) or n32b4l0 "
                      "(no lazy rescale)")
 
@@ -343,7 +367,7 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * LOG2E)
     meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
-                LAZY=config.lazy, num_warps=8)
+                LAZY=config.lazy, P_SMEM=config.p_smem, num_warps=8)
     grid = (T * num_hb,)
     if warmup:
         return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)

@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
             sass = _sass(k)
             depbar = sass.count("WARPGROUP.DEPBAR")
             notes = _ptxas_notes(k)
-            extra += f" wgmma_waits={depbar}" + (f" PTXAS: {notes}" if notes else "")
+            extra += (f" wgmma_waits={depbar} MEMBAR={sass.count('MEMBAR')}" + (f" PTXAS: {notes}" if notes else ""))
             if notes:  # e.g. C7515: every wgmma of the kernel waits for the previous one
                 failures.append(f"{label}: ptxas {notes}")
         fits = shared <= SMEM_LIMIT

@@ -107,7 +107,7 @@ def test_default_config(gmod, cache, H, K):
         _check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
 
 
-@pytest.mark.parametrize("cfg", ["n32b4", "n32b4l0", "n32b3", "n64b2l0"])
+@pytest.mark.parametrize("cfg", ["n64b2l0", "n64b2l0s", "n32b4l0", "n32b3l0", "n32b4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_swept_configs(gmod, cache, cfg, dtype):
     c = gmod.parse_env(cfg)
@@ -167,8 +167,8 @@ def test_dispatch_keeps_tl_with_reasons(kmod, gmod, cache, monkeypatch):
     monkeypatch.setenv("SWA_SPARSE_MLA_GLUON", "0")
     info = kmod.dispatch_info(q, kv, idx, D)
     assert info["kernel"] == "tl" and "SWA_SPARSE_MLA_GLUON" in info["why"]
-    monkeypatch.setenv("SWA_SPARSE_MLA_GLUON", "n64b2l0")
-    assert kmod.dispatch_info(q, kv, idx, D)["config"] == "gluon-n64b2l0"
+    monkeypatch.setenv("SWA_SPARSE_MLA_GLUON", "n32b4l0")
+    assert kmod.dispatch_info(q, kv, idx, D)["config"] == "gluon-n32b4l0"
 
 
 def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch):
