@@ -93,7 +93,8 @@ def _sparse_mla_gluon_fwd(
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
     qk_scale,
     BLOCK_H: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-    HAS_SINK: gl.constexpr, LAZY: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
+    HAS_SINK: gl.constexpr, LAZY: gl.constexpr, P_SMEM: gl.constexpr, SPLIT_S: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups")
     gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
@@ -106,9 +107,12 @@ def _sparse_mla_gluon_fwd(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     row_layout: gl.constexpr = gl.SliceLayout(1, ld_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, ld_layout)
-    # S [64, BN]: warpgroup w computes columns [w*BN/2, (w+1)*BN/2)
+    # S [64, BN]: with SPLIT_S warpgroup w computes columns [w*BN/2, (w+1)*BN/2) (the row
+    # max and P are then exchanged across the warpgroups through shared memory); without,
+    # the layout's second warpgroup column is a replica: both compute all of S (1/3 more
+    # Q K^T shared-memory reads), and softmax and P stay in registers (no barrier)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, BN // 2, 16])
+                                                       instr_shape=[16, BN // 2 if SPLIT_S else BN, 16])
     # acc [64, DV]: warpgroup w owns columns [w*DV/2, (w+1)*DV/2)
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, DV // 2, 16])
@@ -260,13 +264,14 @@ class GluonConfig:
     nbuf: int = 2
     lazy: int = 0
     p_smem: bool = False
+    split_s: bool = True
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
         return (f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
-                + ("s" if self.p_smem else ""))
+                + ("s" if self.p_smem else "") + ("" if self.split_s else "d"))
 
 
 # H200 (Triton 3.6, T 16K, K 640, lead's runs of aec955c / bf470ee): n64b2l0 (P through shared
@@ -282,6 +287,8 @@ SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight, now without MEMBARs
     GluonConfig(block_n=32, nbuf=3, lazy=0),
     GluonConfig(block_n=32, nbuf=4, lazy=8),
+    GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: no softmax barriers
+    GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False),
 )
 
 BLOCK_H = 64
@@ -311,16 +318,18 @@ def api_reason() -> str | None:
 def parse_env(text: str | None) -> GluonConfig | bool:
     """``SWA_SPARSE_MLA_GLUON``: unset/"1"/"auto" -> True (default on where supported),
     "0"/"off" -> False, "n64b2l0" / "gluon-n32b4" -> that config (``l``: lazy threshold,
-    8 when absent; a trailing ``s``: P through shared memory)."""
+    8 when absent; then ``s``: P through shared memory; ``d``: S duplicated in both
+    warpgroups instead of split)."""
     if text is None or text.strip().lower() in ("", "1", "on", "auto", "true", "yes"):
         return True
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
-    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)", t)
+    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)", t)
     if m:
         return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
-                           lazy=int(m.group(3)) if m.group(3) is not None else 8, p_smem=bool(m.group(4)))
+                           lazy=int(m.group(3)) if m.group(3) is not None else 8, p_smem=bool(m.group(4)),
+                           split_s=not m.group(5))
     raise ValueError(f"{ENV}={text!r}: expected 0, 1 or a config like n32b4 (block_n 32, 4 buffers) or n32b4l0 "
                      "(no lazy rescale)")
 
@@ -367,7 +376,7 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * LOG2E)
     meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
-                LAZY=config.lazy, P_SMEM=config.p_smem, num_warps=8)
+                LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s, num_warps=8)
     grid = (T * num_hb,)
     if warmup:
         return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)
