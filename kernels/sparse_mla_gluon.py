@@ -94,12 +94,13 @@ def _sparse_mla_gluon_fwd(
     qk_scale,
     BLOCK_H: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
     HAS_SINK: gl.constexpr, LAZY: gl.constexpr, P_SMEM: gl.constexpr, SPLIT_S: gl.constexpr,
-    num_warps: gl.constexpr,
+    PIPE: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups")
     gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
     gl.static_assert(NBUF >= 2, "at least two KV buffers")
     gl.static_assert(DV == D, "V is the whole K tile")
+    gl.static_assert(not PIPE or (NBUF >= 3 and LAZY == 0 and not P_SMEM), "PIPE: >= 3 buffers, eager rescale, P in registers")
     dtype: gl.constexpr = Q.dtype.element_ty
 
     # layouts ------------------------------------------------------------------------
@@ -156,7 +157,39 @@ def _sparse_mla_gluon_fwd(
     acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BN], gl.float32, layout=s_layout)
 
-    for i in range(n_tiles):
+    if PIPE:
+        # Q K^T(i+1) runs on the tensor cores while this warpgroup does softmax(i) (FlashAttention-3's
+        # intra-warpgroup overlap); one tile fewer in flight (tile i's buffer is busy until P V(i)).
+        # Tile 0's S first:
+        _wait_group(NBUF - 2)
+        _barrier()
+        s_cur = _wgmma(q_smem, kv_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_cur = _wgmma_wait(0, deps=(s_cur,))
+        valid_s = _load_idx(idx_row, 0, length, BN, s_col) >= 0
+        s_cur = gl.where(gl.expand_dims(valid_s, 0), s_cur * qk_scale, float("-inf"))
+        for i in range(n_tiles):
+            valid_s = _load_idx(idx_row, i + 1, length, BN, s_col) >= 0
+            # committed: tiles up to i+NBUF-2; tile i+1 must have landed
+            _wait_group(NBUF - 3)
+            _barrier()  # tile i+1 visible; both warpgroups past P V(i-1): tile i-1's buffer is free
+            _issue_gather(KV, kv_smem.index((i + NBUF - 1) % NBUF), idx_next, stride_kv, offs_d)
+            _commit_group()
+            idx_next = _load_idx(idx_row, i + NBUF, length, BN, row_layout)
+            # S(i+1), also past the last tile (a fully masked gather: zeros, never used)
+            s_next = _wgmma(q_smem, kv_smem.index((i + 1) % NBUF).permute((1, 0)), s_zero, use_acc=False,
+                            is_async=True)
+            m_new = gl.maximum(m_i, gl.max(s_cur, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_shift)
+            p = gl.exp2(s_cur - gl.expand_dims(m_shift, 1))
+            l_acc = l_acc * gl.expand_dims(alpha, 1) + p
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+            p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _wgmma(p_op, kv_smem.index(i % NBUF), acc, is_async=True)
+            s_next, acc = _wgmma_wait(0, deps=(s_next, acc))
+            s_cur = gl.where(gl.expand_dims(valid_s, 0), s_next * qk_scale, float("-inf"))
+    for i in range(0 if PIPE else n_tiles):
         buf = i % NBUF
         # tile i's index entries in S's column layout (L1/L2-hot: read for the gather)
         valid_s = _load_idx(idx_row, i, length, BN, s_col) >= 0
@@ -265,13 +298,14 @@ class GluonConfig:
     lazy: int = 0
     p_smem: bool = False
     split_s: bool = True
+    pipe: bool = False
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
         return (f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
-                + ("s" if self.p_smem else "") + ("" if self.split_s else "d"))
+                + ("s" if self.p_smem else "") + ("" if self.split_s else "d") + ("p" if self.pipe else ""))
 
 
 # H200 (Triton 3.6, T 16K, K 640, lead's runs of aec955c / bf470ee): n64b2l0 (P through shared
@@ -289,6 +323,9 @@ SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=32, nbuf=4, lazy=8),
     GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: no softmax barriers
     GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False),
+    # + Q K^T(i+1) issued before softmax(i) (FlashAttention-3 overlap), 2 / 1 tiles in flight
+    GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),
+    GluonConfig(block_n=32, nbuf=3, lazy=0, split_s=False, pipe=True),
 )
 
 BLOCK_H = 64
@@ -325,11 +362,11 @@ def parse_env(text: str | None) -> GluonConfig | bool:
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
-    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)", t)
+    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)(p?)", t)
     if m:
         return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
                            lazy=int(m.group(3)) if m.group(3) is not None else 8, p_smem=bool(m.group(4)),
-                           split_s=not m.group(5))
+                           split_s=not m.group(5), pipe=bool(m.group(6)))
     raise ValueError(f"{ENV}={text!r}: expected 0, 1 or a config like n32b4 (block_n 32, 4 buffers) or n32b4l0 "
                      "(no lazy rescale)")
 
@@ -353,7 +390,8 @@ def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: i
         return f"D_qk={D}, d_v={d_v}: the Gluon kernel takes D_qk = d_v = {HEAD_DIM}"
     if H < BLOCK_H:
         return f"H={H} < {BLOCK_H}: one 64-head wgmma block would be mostly padding"
-    if cfg.block_n not in (32, 64) or cfg.nbuf < 2 or not 0 <= cfg.lazy <= 16 or shared_bytes(cfg, D) + 4096 > SMEM_LIMIT:
+    if (cfg.pipe and (cfg.nbuf < 3 or cfg.lazy or cfg.p_smem)) or cfg.block_n not in (32, 64) or cfg.nbuf < 2 \
+            or not 0 <= cfg.lazy <= 16 or shared_bytes(cfg, D) + 4096 > SMEM_LIMIT:
         return f"config {cfg.short()} does not fit (block_n 32/64, nbuf >= 2, {shared_bytes(cfg, D)} B of shared memory)"
     programs = T * triton.cdiv(H, BLOCK_H)
     sms = num_sms if num_sms is not None else torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -376,7 +414,8 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * LOG2E)
     meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
-                LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s, num_warps=8)
+                LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s,
+                PIPE=config.pipe, num_warps=8)
     grid = (T * num_hb,)
     if warmup:
         return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)

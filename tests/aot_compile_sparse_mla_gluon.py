@@ -8,7 +8,8 @@ tensors with the kernel's ``warmup`` replaced by an offline ``triton.compile`` o
 ``--report`` adds registers, spills, HGMMA shapes, LDGSTS and barrier counts (the same
 reading of ptxas and the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR`` writes the
 TTGIR, PTX and SASS of each. Fails when a config does not compile, needs more than the
-H200's 227 KB of shared memory, or spills. Exit 0 with ``SKIP:`` when this Triton has no
+H200's 227 KB of shared memory, or spills (any config with Triton 3.6, the H200's; the
+default with any Triton). Exit 0 with ``SKIP:`` when this Triton has no
 Gluon Hopper API. Own process: compiled mode.
 """
 
@@ -38,6 +39,7 @@ if "swa_backends" not in sys.modules:
         spec.loader.exec_module(module)
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import make_backend  # noqa: E402
 from triton.compiler import compile as triton_compile  # noqa: E402
@@ -112,7 +114,8 @@ def main(argv: list[str]) -> int:
         if report:
             extra, stores = _report(k)
             extra = " " + extra
-            if stores != 0:
+            # spills fail the H200's Triton (3.6) for every config, other Tritons for the default
+            if stores != 0 and (triton.__version__.startswith("3.6") or cfg == G.DEFAULT):
                 failures.append(f"{label}: spills ({extra.strip()})")
             sass = _sass(k)
             depbar = sass.count("WARPGROUP.DEPBAR")
