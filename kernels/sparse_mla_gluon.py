@@ -316,17 +316,14 @@ DEFAULT = GluonConfig(block_n=64, nbuf=2, lazy=0)
 # "s": P through an NVMMA shared buffer (+ fence.proxy.async, whose MEMBAR.ALL.CTA waits for
 # the gathers in flight); default: P as the register A operand of P V.
 SWEEP: tuple[GluonConfig, ...] = (
-    GluonConfig(block_n=64, nbuf=2, lazy=0),                # default
-    GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=True),   # bf470ee's best (305 / 318)
-    GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight, now without MEMBARs
-    GluonConfig(block_n=32, nbuf=3, lazy=0),
-    GluonConfig(block_n=32, nbuf=4, lazy=8),
-    GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: no softmax barriers
-    GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False),
-    # + Q K^T(i+1) issued before softmax(i) (FlashAttention-3 overlap), 2 / 1 tiles in flight
-    GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),
-    GluonConfig(block_n=32, nbuf=3, lazy=0, split_s=False, pipe=True),
+    GluonConfig(block_n=64, nbuf=2, lazy=0),                # default (H200 runs 9-16: 300-306 / 306-318)
+    GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=True),   # P through shared memory: within noise of the default
+    GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight: 224-251
+    GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: 276-283
+    GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),  # Q K^T(i+1) before softmax(i): 237-246
 )
+# Measured and dropped from the sweep (bench/results/2026-11-29-h200, runs 8-16): n32b3l0, n32b4 (lazy 8),
+# n32b4l0d, n32b3l0dp: each at or below the 32-row configs above.
 
 BLOCK_H = 64
 HEAD_DIM = 512
