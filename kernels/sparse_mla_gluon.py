@@ -86,6 +86,20 @@ def _load_idx(idx_row, tile, length, BN: gl.constexpr, layout: gl.constexpr):
     return gl.load(idx_row + cols, mask=cols < length, other=-1)
 
 
+@gluon.jit
+def _softmax_rescale(s, m_i, m_new, l_acc, acc, o_row: gl.constexpr):
+    """Online-softmax step of one scaled, masked, base-2 score tile ``s`` whose running max
+    moves from ``m_i`` to ``m_new``: ``(P, l_acc, acc)`` with the row sums and the accumulator
+    rescaled to the new max. A row with nothing valid yet keeps m = -inf: it is shifted by 0,
+    so exp2 gives 0, not NaN."""
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_shift)
+    p = gl.exp2(s - gl.expand_dims(m_shift, 1))
+    l_acc = l_acc * gl.expand_dims(alpha, 1) + p
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+    return p, l_acc, acc
+
+
 @gluon.jit(do_not_specialize=["NUM_HB"])
 def _sparse_mla_gluon_fwd(
     Q, KV, IDX, LENS, SINK, OUT, LSE,
@@ -179,12 +193,8 @@ def _sparse_mla_gluon_fwd(
             s_next = _wgmma(q_smem, kv_smem.index((i + 1) % NBUF).permute((1, 0)), s_zero, use_acc=False,
                             is_async=True)
             m_new = gl.maximum(m_i, gl.max(s_cur, axis=1))
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_shift)
-            p = gl.exp2(s_cur - gl.expand_dims(m_shift, 1))
-            l_acc = l_acc * gl.expand_dims(alpha, 1) + p
+            p, l_acc, acc = _softmax_rescale(s_cur, m_i, m_new, l_acc, acc, o_row)
             m_i = m_new
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
             p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
             acc = _wgmma(p_op, kv_smem.index(i % NBUF), acc, is_async=True)
             s_next, acc = _wgmma_wait(0, deps=(s_next, acc))
@@ -230,13 +240,8 @@ def _sparse_mla_gluon_fwd(
             p = gl.exp2(s - gl.expand_dims(m_shift, 1))
             l_acc = l_acc + p
         else:
-            # a row with nothing valid yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_shift)
-            p = gl.exp2(s - gl.expand_dims(m_shift, 1))
-            l_acc = l_acc * gl.expand_dims(alpha, 1) + p
+            p, l_acc, acc = _softmax_rescale(s, m_i, m_new, l_acc, acc, o_row)
             m_i = m_new
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
         # P V synchronous: an accumulator left in flight across the loop's back edge makes
         # ptxas serialise every wgmma of the kernel (C7515: the loop's entry defines the
         # accumulator registers with plain moves), offline ptxas 3.6 / 3.9

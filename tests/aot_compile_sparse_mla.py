@@ -32,15 +32,10 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
     sys.exit("aot_compile_sparse_mla: TRITON_INTERPRET=1 is set; kernels must be decorated in compiled mode")
 
 ROOT = Path(__file__).resolve().parents[1]
-if "swa_backends" not in sys.modules:
-    try:
-        import swa_backends  # noqa: F401  (installed)
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("swa_backends", ROOT / "__init__.py",
-                                                      submodule_search_locations=[str(ROOT)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["swa_backends"] = module
-        spec.loader.exec_module(module)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _aot_pack import load_pack  # noqa: E402
+
+load_pack()
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

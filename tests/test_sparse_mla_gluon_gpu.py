@@ -10,21 +10,18 @@ kernel, and why.
 from __future__ import annotations
 
 import importlib
-import math
 
 import pytest
 import torch
 
-from swa_backends import OPS, select
-from swa_backends.common.conformance import mismatch
+from swa_backends import select
 from swa_backends.common.device import current_device
 from swa_backends.common.registry import variant
 
+from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
+
 pytestmark = pytest.mark.gpu
 
-REF = OPS["sparse_mla"].reference
-D = 512
-S = 200_000
 
 
 def _sm90() -> bool:
@@ -48,46 +45,10 @@ def gmod(kmod):
     return G
 
 
-@pytest.fixture(scope="module")
-def cache():
-    g = torch.Generator(device="cuda").manual_seed(0)
-    return torch.randn(S, D, generator=g, device="cuda")
-
-
-def _case(cache, T, H, K, dtype, sink, seed, pads=True):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(T, H, D, generator=g, device="cuda").to(dtype)
-    kv = cache.to(dtype)
-    idx = torch.randint(0, S, (T, K), generator=g, device="cuda", dtype=torch.int32)
-    lens = torch.full((T,), K, dtype=torch.int32, device="cuda")
-    if pads:
-        idx = torch.where(torch.rand(T, K, generator=g, device="cuda") < 0.15, -1, idx)
-        lens = torch.randint(0, K + 1, (T,), generator=g, device="cuda", dtype=torch.int32)
-        lens[::5] = K
-        lens[2::9] = 0  # nothing to read: zeros, lse -inf
-        lens[6::13] = 1
-        lens[7::13] = 33  # one row into the second 32-row tile
-        idx[3::7] = -1  # all PAD inside the length
-        if K > 160:
-            idx[4::11, 16:160] = -1  # whole tiles of PAD inside the length (64- and 32-row)
-    kw = {"sink": torch.randn(H, generator=g, device="cuda")} if sink else {}
-    return (q, kv, idx, lens, 1.0 / math.sqrt(D), D), kw
-
-
 def _poisoned(T, H, dtype):
     out = torch.full((T, H, D), float("nan"), dtype=dtype, device="cuda")
     lse = torch.full((T, H), float("nan"), dtype=torch.float32, device="cuda")
     return out, lse
-
-
-def _check(got, args, kw):
-    assert not torch.isnan(got[0]).any() and not torch.isnan(got[1]).any()
-    want = REF(*args, **kw)
-    why = mismatch("sparse_mla", got, want)
-    assert why is None, why
-    o, w = got[0].float(), want[0].float()
-    rel = float((o - w).norm() / w.norm().clamp_min(1e-6))
-    assert rel <= 1e-2, rel
 
 
 def _gluon(G, cfg, args, kw):
@@ -103,8 +64,8 @@ def _gluon(G, cfg, args, kw):
 @pytest.mark.parametrize("K", [640, 1152, 128, 77])
 def test_default_config(gmod, cache, H, K):
     for sink in (False, True):
-        args, kw = _case(cache, 301, H, K, torch.bfloat16, sink=sink, seed=H * 7 + K + sink)
-        _check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
+        args, kw = case(cache, 301, H, K, torch.bfloat16, sink=sink, seed=H * 7 + K + sink)
+        check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
 
 
 @pytest.mark.parametrize("cfg", ["n64b2l0", "n64b2l0s", "n32b4l0", "n32b3l0", "n32b4", "n64b2l0d", "n32b4l0d", "n32b4l0dp", "n32b3l0dp"])
@@ -112,27 +73,27 @@ def test_default_config(gmod, cache, H, K):
 def test_swept_configs(gmod, cache, cfg, dtype):
     c = gmod.parse_env(cfg)
     for H in (64, 128):
-        args, kw = _case(cache, 257, H, 640, dtype, sink=True, seed=H + len(cfg))
-        _check(_gluon(gmod, c, args, kw), args, kw)
+        args, kw = case(cache, 257, H, 640, dtype, sink=True, seed=H + len(cfg))
+        check(_gluon(gmod, c, args, kw), args, kw)
 
 
 def test_every_sweep_entry_runs(gmod, cache):
-    args, kw = _case(cache, 133, 64, 640, torch.bfloat16, sink=True, seed=3)
+    args, kw = case(cache, 133, 64, 640, torch.bfloat16, sink=True, seed=3)
     for cfg in gmod.SWEEP:
-        _check(_gluon(gmod, cfg, args, kw), args, kw)
+        check(_gluon(gmod, cfg, args, kw), args, kw)
 
 
 def test_all_valid_long_rows(gmod, cache):
-    args, kw = _case(cache, 517, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
-    _check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
+    args, kw = case(cache, 517, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
+    check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
 
 
 def test_large_scores_and_all_empty(gmod, cache):
     """Scores far from 0 (the online max moves a lot) and a batch where nothing is valid."""
-    args, kw = _case(cache, 200, 64, 640, torch.bfloat16, sink=True, seed=5)
+    args, kw = case(cache, 200, 64, 640, torch.bfloat16, sink=True, seed=5)
     q = args[0] * 8
     args = (q,) + args[1:]
-    _check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
+    check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
     empty = (args[0], args[1], torch.full_like(args[2], -1), args[3], args[4], args[5])
     out, lse = _gluon(gmod, gmod.DEFAULT, empty, kw)
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
@@ -141,19 +102,19 @@ def test_large_scores_and_all_empty(gmod, cache):
 def test_dispatch_takes_gluon_for_prefill(kmod, gmod, cache, monkeypatch):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
     backend = select(prefer={"sparse_mla": "triton"})
-    args, kw = _case(cache, 300, 64, 640, torch.bfloat16, sink=True, seed=11)
+    args, kw = case(cache, 300, 64, 640, torch.bfloat16, sink=True, seed=11)
     info = kmod.dispatch_info(args[0], args[1], args[2], D)
     assert info["kernel"] == "gluon", info
     calls = []
     real = gmod.launch
     monkeypatch.setattr(gmod, "launch", lambda *a, **k: calls.append(k.get("warmup", False)) or real(*a, **k))
-    _check(backend.sparse_mla(*args, **kw), args, kw)
+    check(backend.sparse_mla(*args, **kw), args, kw)
     assert False in calls  # a real launch of the Gluon kernel
 
 
 def test_dispatch_keeps_tl_with_reasons(kmod, gmod, cache, monkeypatch):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
-    args, _ = _case(cache, 300, 64, 640, torch.bfloat16, sink=False, seed=12)
+    args, _ = case(cache, 300, 64, 640, torch.bfloat16, sink=False, seed=12)
     q, kv, idx = args[0], args[1], args[2]
     cases = {
         "decode-sized": (q[:4], kv, idx[:4], D),
@@ -174,21 +135,14 @@ def test_dispatch_keeps_tl_with_reasons(kmod, gmod, cache, monkeypatch):
 def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
     backend = select(prefer={"sparse_mla": "triton"})
-    args, kw = _case(cache, 264, 64, 640, torch.bfloat16, sink=True, seed=9)
+    args, kw = case(cache, 264, 64, 640, torch.bfloat16, sink=True, seed=9)
     assert kmod.dispatch_info(args[0], args[1], args[2], D)["kernel"] == "gluon"
     want = backend.sparse_mla(*args, **kw)
-    g = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        backend.sparse_mla(*args, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(g):
-        got = backend.sparse_mla(*args, **kw)
+    g, got = capture(lambda: backend.sparse_mla(*args, **kw))
     args[0].mul_(0.5)
     g.replay()
     torch.cuda.synchronize()
-    _check(got, args, kw)
+    check(got, args, kw)
     assert not torch.equal(got[0], want[0])
 
 
@@ -200,6 +154,6 @@ def test_warmup_compiles_the_gluon_kernel(kmod, gmod, cache, monkeypatch):
     before = sum(len(c[0]) for c in fn.device_caches.values())
     assert before >= 1
     for T, K in ((300, 128), (2048, 640)):
-        args, kw = _case(cache, T, 64, K, torch.bfloat16, sink=True, seed=T)
+        args, kw = case(cache, T, 64, K, torch.bfloat16, sink=True, seed=T)
         backend.sparse_mla(*args, **kw)
     assert sum(len(c[0]) for c in fn.device_caches.values()) == before

@@ -10,21 +10,18 @@ against the fp32 torch reference; every swept launch config; CUDA-graph capture.
 from __future__ import annotations
 
 import importlib
-import math
 
 import pytest
 import torch
 
-from swa_backends import OPS, select
-from swa_backends.common.conformance import mismatch
+from swa_backends import select
 from swa_backends.common.device import current_device
 from swa_backends.common.registry import variant
 
+from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
+
 pytestmark = pytest.mark.gpu
 
-REF = OPS["sparse_mla"].reference
-D = 512
-S = 200_000
 
 
 @pytest.fixture(scope="module")
@@ -38,67 +35,38 @@ def kmod(backend):
     return importlib.import_module("swa_backends.kernels.sparse_mla")
 
 
-@pytest.fixture(scope="module")
-def cache():
-    g = torch.Generator(device="cuda").manual_seed(0)
-    return torch.randn(S, D, generator=g, device="cuda")
-
-
-def _case(cache, T, H, K, dtype, sink, seed, pads=True):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(T, H, D, generator=g, device="cuda").to(dtype)
-    kv = cache.to(dtype)
-    idx = torch.randint(0, S, (T, K), generator=g, device="cuda", dtype=torch.int32)
-    lens = torch.full((T,), K, dtype=torch.int32, device="cuda")
-    if pads:
-        idx = torch.where(torch.rand(T, K, generator=g, device="cuda") < 0.15, -1, idx)
-        lens = torch.randint(0, K + 1, (T,), generator=g, device="cuda", dtype=torch.int32)
-        lens[::5] = K
-        lens[2::9] = 0
-        idx[3::7] = -1
-        if K > 80:
-            idx[4::11, 16:80] = -1  # a whole tile of PAD inside the length
-    kw = {"sink": torch.randn(H, generator=g, device="cuda")} if sink else {}
-    return (q, kv, idx, lens, 1.0 / math.sqrt(D), D), kw
-
-
-def _check(got, args, kw):
-    why = mismatch("sparse_mla", got, REF(*args, **kw))
-    assert why is None, why
-
-
 @pytest.mark.parametrize("K", [128, 640, 1152])
 @pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
 def test_real_shapes(backend, cache, H, K):
-    args, kw = _case(cache, 300, H, K, torch.bfloat16, sink=(H + K) % 2 == 0, seed=H * 7 + K)
+    args, kw = case(cache, 300, H, K, torch.bfloat16, sink=(H + K) % 2 == 0, seed=H * 7 + K)
     assert backend.variant_for("sparse_mla", *args, **kw) == "triton"
-    _check(backend.sparse_mla(*args, **kw), args, kw)
+    check(backend.sparse_mla(*args, **kw), args, kw)
 
 
 @pytest.mark.parametrize("T", [1, 7, 64, 256])
 @pytest.mark.parametrize("H", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_decode_split_k(backend, cache, T, H, dtype):
-    args, kw = _case(cache, T, H, 640, dtype, sink=True, seed=T + H)
-    _check(backend.sparse_mla(*args, **kw), args, kw)
+    args, kw = case(cache, T, H, 640, dtype, sink=True, seed=T + H)
+    check(backend.sparse_mla(*args, **kw), args, kw)
 
 
 def test_all_valid_long_rows(backend, cache):
-    args, kw = _case(cache, 1024, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
-    _check(backend.sparse_mla(*args, **kw), args, kw)
+    args, kw = case(cache, 1024, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
+    check(backend.sparse_mla(*args, **kw), args, kw)
 
 
 def test_swept_configs_are_correct(kmod, cache):
     """Every swept config compiles with this Triton (fit=False: no silent fallback) and is right."""
     for H in (64, 128):
-        args, kw = _case(cache, 200, H, 640, torch.bfloat16, sink=True, seed=H)
+        args, kw = case(cache, 200, H, 640, torch.bfloat16, sink=True, seed=H)
         for text in kmod.SWEEP:
             cfg = kmod.parse_config(text, kmod.Config())
             if cfg.block_h > H:
                 continue
             for splits in (None, 3):  # T 200 > SMs: None is no split
                 got = kmod.launch(*args, **kw, config=cfg.replace(splits=splits), fit=False)
-                _check(got, args, kw)
+                check(got, args, kw)
 
 
 @pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
@@ -106,25 +74,18 @@ def test_shipped_configs_need_no_fallback(kmod, cache, H):
     """The table's config for each head count compiles and fits as it is (prefill and split-K)."""
     cfg = kmod.pick_config(300, H, D, D, 640, torch.device("cuda"))
     for T in (300, 2):
-        args, kw = _case(cache, T, H, 640, torch.bfloat16, sink=True, seed=H + T)
-        _check(kmod.launch(*args, **kw, config=cfg, fit=False), args, kw)
+        args, kw = case(cache, T, H, 640, torch.bfloat16, sink=True, seed=H + T)
+        check(kmod.launch(*args, **kw, config=cfg, fit=False), args, kw)
 
 
 def test_cuda_graph_capture(backend, cache):
-    args, kw = _case(cache, 32, 64, 640, torch.bfloat16, sink=True, seed=9)
+    args, kw = case(cache, 32, 64, 640, torch.bfloat16, sink=True, seed=9)
     want = backend.sparse_mla(*args, **kw)  # compiles (and validates) outside the capture
-    g = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        backend.sparse_mla(*args, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(g):
-        got = backend.sparse_mla(*args, **kw)
+    g, got = capture(lambda: backend.sparse_mla(*args, **kw))
     args[0].mul_(0.5)  # new data in the same buffers
     g.replay()
     torch.cuda.synchronize()
-    _check(got, args, kw)
+    check(got, args, kw)
     assert not torch.equal(got[0], want[0])
 
 
@@ -137,6 +98,6 @@ def test_warmup_compiles_what_serving_launches(backend, kmod, cache):
     assert ran == ["sparse_mla"]
     before = (_compiled(kmod._sparse_mla_fwd), _compiled(kmod._sparse_mla_combine))
     for T, K in ((1, 640), (5, 1152), (300, 128), (2048, 640)):  # decode (split-K) and prefill steps
-        args, kw = _case(cache, T, 64, K, torch.bfloat16, sink=True, seed=T)
+        args, kw = case(cache, T, 64, K, torch.bfloat16, sink=True, seed=T)
         backend.sparse_mla(*args, **kw)
     assert (_compiled(kmod._sparse_mla_fwd), _compiled(kmod._sparse_mla_combine)) == before
