@@ -108,7 +108,7 @@ def _sparse_mla_gluon_fwd(
     qk_scale,
     BLOCK_H: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
     HAS_SINK: gl.constexpr, LAZY: gl.constexpr, P_SMEM: gl.constexpr, SPLIT_S: gl.constexpr,
-    PIPE: gl.constexpr, QK_FIRST: gl.constexpr, num_warps: gl.constexpr,
+    PIPE: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 8, "two warpgroups")
     gl.static_assert(BLOCK_H == 64, "one wgmma M block of heads")
@@ -215,20 +215,13 @@ def _sparse_mla_gluon_fwd(
         # 32-row config stalled); Triton 3.6's own pipeliner feeds wgmma from cp.async with
         # wait + barrier only, as here (Triton 3.9 inserts the fence itself).
         _barrier()
+        # gather tile i + NBUF - 1 into the buffer tile i-1 used
+        _issue_gather(KV, kv_smem.index((i + NBUF - 1) % NBUF), idx_next, stride_kv, offs_d)
+        _commit_group()
+        idx_next = _load_idx(idx_row, i + NBUF, length, BN, row_layout)
+
         kv_buf = kv_smem.index(buf)
-        if QK_FIRST:
-            # Q K^T(i) on the tensor cores while this thread issues the next gather (into the
-            # buffer tile i-1 used, which Q K^T(i) does not read)
-            s = _wgmma(q_smem, kv_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            _issue_gather(KV, kv_smem.index((i + NBUF - 1) % NBUF), idx_next, stride_kv, offs_d)
-            _commit_group()
-            idx_next = _load_idx(idx_row, i + NBUF, length, BN, row_layout)
-        else:
-            # gather tile i + NBUF - 1 into the buffer tile i-1 used
-            _issue_gather(KV, kv_smem.index((i + NBUF - 1) % NBUF), idx_next, stride_kv, offs_d)
-            _commit_group()
-            idx_next = _load_idx(idx_row, i + NBUF, length, BN, row_layout)
-            s = _wgmma(q_smem, kv_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = _wgmma(q_smem, kv_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = _wgmma_wait(0, deps=(s,))
         s = gl.where(gl.expand_dims(valid_s, 0), s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -311,15 +304,13 @@ class GluonConfig:
     p_smem: bool = False
     split_s: bool = True
     pipe: bool = False
-    qk_first: bool = False
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
         return (f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
-                + ("s" if self.p_smem else "") + ("" if self.split_s else "d") + ("p" if self.pipe else "")
-                + ("q" if self.qk_first else ""))
+                + ("s" if self.p_smem else "") + ("" if self.split_s else "d") + ("p" if self.pipe else ""))
 
 
 # H200 (Triton 3.6, T 16K, K 640, lead's runs of aec955c / bf470ee): n64b2l0 (P through shared
@@ -332,7 +323,6 @@ DEFAULT = GluonConfig(block_n=64, nbuf=2, lazy=0)
 SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=64, nbuf=2, lazy=0),                # default (H200 runs 9-16: 300-306 / 306-318)
     GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=True),   # P through shared memory: within noise of the default
-    GluonConfig(block_n=64, nbuf=2, lazy=0, qk_first=True),  # Q K^T(i) issued before the next tile's gather
     GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight: 224-251
     GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: 276-283
     GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),  # Q K^T(i+1) before softmax(i): 237-246
@@ -368,18 +358,17 @@ def parse_env(text: str | None) -> GluonConfig | bool:
     """``SWA_SPARSE_MLA_GLUON``: unset/"1"/"auto" -> True (default on where supported),
     "0"/"off" -> False, "n64b2l0" / "gluon-n32b4" -> that config (``l``: lazy threshold,
     8 when absent; then ``s``: P through shared memory; ``d``: S duplicated in both
-    warpgroups instead of split; ``p``: Q K^T of the next tile before the softmax; ``q``:
-    Q K^T issued before the next tile's gather)."""
+    warpgroups instead of split)."""
     if text is None or text.strip().lower() in ("", "1", "on", "auto", "true", "yes"):
         return True
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
-    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)(p?)(q?)", t)
+    m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)(p?)", t)
     if m:
         return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
                            lazy=int(m.group(3)) if m.group(3) is not None else 8, p_smem=bool(m.group(4)),
-                           split_s=not m.group(5), pipe=bool(m.group(6)), qk_first=bool(m.group(7)))
+                           split_s=not m.group(5), pipe=bool(m.group(6)))
     raise ValueError(f"{ENV}={text!r}: expected 0, 1 or a config like n32b4 (block_n 32, 4 buffers) or n32b4l0 "
                      "(no lazy rescale)")
 
@@ -428,7 +417,7 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             float(sm_scale) * LOG2E)
     meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
                 LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s,
-                PIPE=config.pipe, QK_FIRST=config.qk_first, num_warps=8)
+                PIPE=config.pipe, num_warps=8)
     grid = (T * num_hb,)
     if warmup:
         return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)

@@ -134,13 +134,12 @@ def test_parse_env():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("from swa_backends.kernels import sparse_mla_gluon as G\n"
             "print(G.parse_env(None), G.parse_env('0'), G.parse_env('n64b2l0'), G.parse_env('gluon-n32b3'))\n"
-            "print(G.parse_env('n64b2l0d').short(), G.parse_env('n32b4l0dp').pipe, G.parse_env('n64b2l0q').qk_first)\n"
+            "print(G.parse_env('n64b2l0d').short(), G.parse_env('n32b4l0dp').pipe)\n"
             "try:\n    G.parse_env('fast')\nexcept ValueError as e:\n    print('ValueError', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     first, third, second = out.stdout.strip().splitlines()[-3:]
-    assert third == "gluon-n64b2l0d True True"
-    assert first == ("True False GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=False, split_s=True, pipe=False, "
-                     "qk_first=False) GluonConfig(block_n=32, nbuf=3, lazy=8, p_smem=False, split_s=True, pipe=False, "
-                     "qk_first=False)")
+    assert third == "gluon-n64b2l0d True"
+    assert first == ("True False GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=False, split_s=True, pipe=False) "
+                     "GluonConfig(block_n=32, nbuf=3, lazy=8, p_smem=False, split_s=True, pipe=False)")
     assert second.startswith("ValueError SWA_SPARSE_MLA_GLUON='fast'")
