@@ -1,7 +1,7 @@
 """Experiment (not shipped): L2 prefetch distance in the Gluon kernel. Run on the H200 from the repo root."""
 import sys, math, json, os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch
 import bench_sparse_mla as B  # loads the pack from this checkout
 import gluon_pf as g

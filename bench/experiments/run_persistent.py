@@ -1,7 +1,7 @@
 """Experiment (not shipped): persistent Gluon kernel vs the one-item-per-program kernel. H200, repo root."""
 import sys, math, json, os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch
 import bench_sparse_mla as B
 import gluon_p as g
