@@ -259,5 +259,5 @@ def test_triton_ascend_kernels_compile_offline():
     lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("compiled ")
     for target in ("cuda:90", "hip:gfx942"):
-        for kernel in ("_gather_kernel", "_zero_kernel", "_scatter_kernel", "_swa_kernel", "_pad_kernel"):
+        for kernel in ("_move_kernel[gather]", "_zero_kernel", "_move_kernel[scatter]", "_swa_kernel", "_pad_kernel"):
             assert any(line.startswith(f"{target} {kernel} ") for line in lines), (target, kernel)

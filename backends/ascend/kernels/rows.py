@@ -20,7 +20,10 @@ _BYTE_TYPES = (torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_
 
 
 @triton.jit
-def _gather_kernel(x_ptr, rows_ptr, out_ptr, total, C, BLOCK: tl.constexpr):
+def _move_kernel(src_ptr, rows_ptr, out_ptr, total, C, SCATTER: tl.constexpr, BLOCK: tl.constexpr):
+    """Element ``e`` of the row-major ``[len(rows), C]`` side: gather ``out[e] =
+    src[rows[r], c]`` or scatter ``out[rows[r], c] = src[e]`` (``r, c = divmod(e, C)``);
+    a grid-stride loop over int64 element offsets."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
@@ -28,9 +31,11 @@ def _gather_kernel(x_ptr, rows_ptr, out_ptr, total, C, BLOCK: tl.constexpr):
         e = base + start
         m = e < total
         r = e // C
-        src = tl.load(rows_ptr + r, mask=m, other=0).to(tl.int64)  # int64: src * C can pass 2**31
-        v = tl.load(x_ptr + src * C + (e - r * C), mask=m)
-        tl.store(out_ptr + e, v, mask=m)
+        row = tl.load(rows_ptr + r, mask=m, other=0).to(tl.int64)  # int64: row * C can pass 2**31
+        if SCATTER:
+            tl.store(out_ptr + row * C + (e - r * C), tl.load(src_ptr + e, mask=m), mask=m)
+        else:
+            tl.store(out_ptr + e, tl.load(src_ptr + row * C + (e - r * C), mask=m), mask=m)
 
 
 @triton.jit
@@ -41,20 +46,6 @@ def _zero_kernel(out_ptr, total, BLOCK: tl.constexpr):
     for start in range(0, total, step):
         e = base + start
         tl.store(out_ptr + e, 0, mask=e < total)  # the scalar is cast to the element type
-
-
-@triton.jit
-def _scatter_kernel(y_ptr, rows_ptr, out_ptr, total, C, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
-    base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
-    for start in range(0, total, step):
-        e = base + start
-        m = e < total
-        r = e // C
-        dst = tl.load(rows_ptr + r, mask=m, other=0).to(tl.int64)
-        v = tl.load(y_ptr + e, mask=m)
-        tl.store(out_ptr + dst * C + (e - r * C), v, mask=m)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +63,8 @@ def gather_rows(x, rows, *, out=None):
     if total == 0:
         return out
     dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    _gather_kernel[grid(total, BLOCK, x.device)](_flat(x), rows.contiguous(), _flat(dst), total, C, BLOCK=BLOCK)
+    _move_kernel[grid(total, BLOCK, x.device)](_flat(x), rows.contiguous(), _flat(dst), total, C, SCATTER=False,
+                                               BLOCK=BLOCK)
     if dst is not out:
         out.copy_(dst)
     return out
@@ -89,7 +81,8 @@ def scatter_rows(y, rows, num_rows, *, out=None):
         _zero_kernel[grid(num_rows * C, BLOCK, y.device)](flat, num_rows * C, BLOCK=BLOCK)
     total = rows.shape[0] * C
     if total:
-        _scatter_kernel[grid(total, BLOCK, y.device)](_flat(y), rows.contiguous(), flat, total, C, BLOCK=BLOCK)
+        _move_kernel[grid(total, BLOCK, y.device)](_flat(y), rows.contiguous(), flat, total, C, SCATTER=True,
+                                                   BLOCK=BLOCK)
     if dst is not out:
         out.copy_(dst)
     return out
