@@ -37,6 +37,7 @@ launcher on a CUDA device (never under the interpreter: Gluon does not interpret
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -341,6 +342,7 @@ def shared_bytes(cfg: GluonConfig, D: int = HEAD_DIM, itemsize: int = 2) -> int:
     return (BLOCK_H * D + cfg.nbuf * cfg.block_n * D + BLOCK_H * cfg.block_n) * itemsize  # P: buffer or exchange
 
 
+@functools.lru_cache(maxsize=None)
 def api_reason() -> str | None:
     """Why this Triton cannot build the kernel (None: it can)."""
     missing = [n for n, ok in (("warpgroup_mma", hasattr(_hopper, "warpgroup_mma")),
@@ -373,13 +375,21 @@ def parse_env(text: str | None) -> GluonConfig | bool:
                      "(no lazy rescale)")
 
 
+@functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[tuple[int, int], int]:
+    """``(compute capability, SM count)`` of CUDA device ``index``, read once per process
+    (:func:`unsupported` runs on every ``sparse_mla`` call)."""
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor), props.multi_processor_count
+
+
 def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: int, *,
                 cfg: GluonConfig = DEFAULT, num_sms: int | None = None) -> str | None:
     """Why the Gluon kernel does not take this call (None: it does). Checks the shape,
     dtype and device only: no device work, graph-safe."""
     if q.device.type != "cuda" or getattr(torch.version, "hip", None):
         return f"device {q.device} is not CUDA"
-    cap = torch.cuda.get_device_capability(q.device)
+    cap, device_sms = _device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())
     if cap[0] != 9:
         return f"compute capability {cap[0]}.{cap[1]} is not sm90 (Hopper wgmma)"
     reason = api_reason()
@@ -396,7 +406,7 @@ def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: i
             or not 0 <= cfg.lazy <= 16 or shared_bytes(cfg, D) + 4096 > SMEM_LIMIT:
         return f"config {cfg.short()} does not fit (block_n 32/64, nbuf >= 2, {shared_bytes(cfg, D)} B of shared memory)"
     programs = T * triton.cdiv(H, BLOCK_H)
-    sms = num_sms if num_sms is not None else torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = num_sms if num_sms is not None else device_sms
     if programs < sms:
         return f"{programs} programs < {sms} SMs: decode-sized, the tl kernel's split-K fills the GPU"
     if q.stride(2) != 1 or kv.stride(1) != 1 or indices.stride(1) != 1:
