@@ -305,11 +305,14 @@ class GluonConfig:
     p_smem: bool = False
     split_s: bool = True
     pipe: bool = False
+    ws: bool = False  # the warp-specialised kernel (kernels/sparse_mla_gluon_ws.py; other fields unused)
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
+        if self.ws:
+            return "gluon-ws"
         return (f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
                 + ("s" if self.p_smem else "") + ("" if self.split_s else "d") + ("p" if self.pipe else ""))
 
@@ -327,7 +330,9 @@ SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight: 224-251
     GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: 276-283
     GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),  # Q K^T(i+1) before softmax(i): 237-246
+    GluonConfig(ws=True),  # warp-specialised: producer + two consumers on alternate tiles
 )
+WS = GluonConfig(ws=True)
 # Measured and dropped from the sweep (bench/results/2026-11-29-h200, runs 8-16): n32b3l0, n32b4 (lazy 8),
 # n32b4l0d, n32b3l0dp: each at or below the 32-row configs above.
 
@@ -366,6 +371,8 @@ def parse_env(text: str | None) -> GluonConfig | bool:
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
+    if t in ("ws", "gluon-ws"):
+        return WS
     m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)(p?)", t)
     if m:
         return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
@@ -402,7 +409,11 @@ def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: i
         return f"D_qk={D}, d_v={d_v}: the Gluon kernel takes D_qk = d_v = {HEAD_DIM}"
     if H < BLOCK_H:
         return f"H={H} < {BLOCK_H}: one 64-head wgmma block would be mostly padding"
-    if (cfg.pipe and (cfg.nbuf < 3 or cfg.lazy or cfg.p_smem)) or cfg.block_n not in (32, 64) or cfg.nbuf < 2 \
+    if cfg.ws:
+        ws = _ws_module()
+        if isinstance(ws, str):
+            return ws
+    elif (cfg.pipe and (cfg.nbuf < 3 or cfg.lazy or cfg.p_smem)) or cfg.block_n not in (32, 64) or cfg.nbuf < 2 \
             or not 0 <= cfg.lazy <= 16 or shared_bytes(cfg, D) + 4096 > SMEM_LIMIT:
         return f"config {cfg.short()} does not fit (block_n 32/64, nbuf >= 2, {shared_bytes(cfg, D)} B of shared memory)"
     programs = T * triton.cdiv(H, BLOCK_H)
@@ -418,6 +429,8 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
            warmup: bool = False):
     """Run (or with ``warmup`` only compile, returning the compiled kernel) the Gluon kernel
     into ``out``/``lse``. The caller checked :func:`unsupported` (and validated the inputs)."""
+    if config.ws:
+        return _ws_module().launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, warmup=warmup)
     T, H, D = q.shape
     num_hb = triton.cdiv(H, BLOCK_H)
     has_sink = sink is not None
@@ -433,6 +446,21 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
         return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)
     _sparse_mla_gluon_fwd[grid](*args, **meta)
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _ws_module():
+    """:mod:`.sparse_mla_gluon_ws`, or why this Triton cannot build it (imported on first use)."""
+    try:
+        from . import sparse_mla_gluon_ws
+    except Exception as exc:  # an older Gluon without warp_specialize / mbarrier
+        return f"Triton {triton.__version__}: no warp-specialised Gluon ({type(exc).__name__}: {exc})"
+    return sparse_mla_gluon_ws.api_reason() or sparse_mla_gluon_ws
+
+
+def kernel_for(cfg: GluonConfig):
+    """The JIT function ``launch`` runs for ``cfg`` (offline-compile scripts patch its warmup)."""
+    return _ws_module()._sparse_mla_gluon_ws_fwd if cfg.ws else _sparse_mla_gluon_fwd
 
 
 def config_from_env() -> GluonConfig | None | bool:

@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     target = GPUTarget("cuda", 90, 32)
-    fn = G._sparse_mla_gluon_fwd
+    fn = G._sparse_mla_gluon_fwd  # per config: G.kernel_for(cfg)
     failures: list[str] = []
     count = 0
 
@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
             out = torch.empty(T, H, 512, dtype=torch.bfloat16)
             lse = torch.empty(T, H, dtype=torch.float32)
             sink = torch.zeros(H) if sink_on else None
+            fn = G.kernel_for(cfg)
             saved = fn.warmup
             fn.warmup = (lambda *a, grid, cfg=cfg, sink_on=sink_on, **kw:  # noqa: E731
                          compile_offline(cfg, sink_on, a, kw))

@@ -1,0 +1,327 @@
+"""Warp-specialised Gluon (Hopper) forward kernel for ``sparse_mla`` (SPEC §2.7): config ``ws``.
+
+Same op, arguments and results as :mod:`.sparse_mla_gluon` (one program per (token, 64-head
+block), plain index layout, ``D_qk = d_v = 512``). What differs is the schedule: three
+warpgroups that each run their own code and meet at mbarriers, instead of two warpgroups in
+lockstep at CTA barriers.
+
+* **producer** (4 warps, few registers): loads Q once, then per *pair* of 64-row KV tiles
+  ``(2j, 2j+1)`` gathers tile ``2j`` into buffer 0 and ``2j+1`` into buffer 1 with cp.async
+  (PAD rows and rows past ``lens`` zero-filled, no traffic). Every buffer is split into its
+  left and right 256 columns (``lo``/``hi``), each with its own *ready* and *free* barrier,
+  so a half is refilled as soon as its last reader is done with it.
+* **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` for tile ``2j`` (all
+  64 columns: wgmma N = 64) and **consumer 1** ``S_B`` for tile ``2j+1``, concurrently.
+  Consumer 0 publishes its row max ``m_A``; consumer 1 takes ``m_B = max(m_A, rowmax S_B)``
+  and publishes it; both end the pair relative to ``m_B``.
+* consumer ``w`` owns ``acc[:, 256w : 256w+256]`` (fp32, registers). ``P V`` per pair:
+  first with its own P (registers) and its own tile's half ``w``, then with the other
+  consumer's P (through shared memory, rescaled to ``m_B`` by consumer 0) and the other
+  tile's half ``w``.
+* buffer halves and who frees them: tile A ``lo`` (consumer 0, after its first P V), tile B
+  ``hi`` (consumer 1, after its first P V) early; tile A ``hi`` (consumer 1) and tile B
+  ``lo`` (consumer 0) after the second P V. The producer refills in that order, and
+  consumer 0 starts ``Q K^T`` with the ``lo`` half, consumer 1 with ``hi``: the next pair's
+  gather overlaps this pair's second P V.
+
+The row sums are kept per consumer and added once at the end. Scope: as
+:func:`.sparse_mla_gluon.unsupported`, plus a Triton whose Gluon has ``warp_specialize``
+and mbarriers (3.6 and 3.9 both do). Imported lazily, never under the interpreter.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper as _hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+_cp_async = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
+_cp_arrive = _async_copy.mbarrier_arrive
+_fence_async_shared = _hopper.fence_async_shared
+_wgmma = _hopper.warpgroup_mma
+_wgmma_wait = _hopper.warpgroup_mma_wait
+_barrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
+
+BLOCK_H = gl.constexpr(64)
+BN = gl.constexpr(64)  # KV rows per tile
+HALF = gl.constexpr(256)  # columns per buffer half
+CHUNK = gl.constexpr(64)  # columns per cp.async call (keeps the producer's address registers few)
+PRODUCER_WARPS = gl.constexpr(4)
+# registers per thread: consumer 1 and the producer (the default partition, consumer 0,
+# gets what is left of MAXNREG x 12 warps: 3 x 168 - 232 - 40 = 232)
+WORKER_REGS = (232, 40)
+MAXNREG = 168
+
+# barrier slots
+_READY = gl.constexpr(0)  # + 2 * buffer + half: 4 (cp.async arrivals of the producer's 128 threads)
+_FREE = gl.constexpr(4)  # + 2 * buffer + half: 4 (one arrival: the half's last reader)
+_QBAR = gl.constexpr(8)  # Q landed (producer's cp.async arrivals)
+_MBAR = gl.constexpr(9)  # + w: consumer w's row max published
+_PBAR = gl.constexpr(11)  # + w: consumer w's P in shared memory
+_LBAR = gl.constexpr(13)  # + w: consumer w's row sums in shared memory
+_NBAR = gl.constexpr(16)
+
+
+@gluon.jit
+def _valid_cols(idx_row, tile, length, layout: gl.constexpr):
+    """Validity of tile ``tile``'s 64 index entries (PAD and past ``length``: False)."""
+    cols = tile * 64 + gl.arange(0, 64, layout=layout)
+    idx = gl.load(idx_row + cols, mask=cols < length, other=-1)
+    return idx >= 0
+
+
+@gluon.jit
+def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+             stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1)."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 64, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
+    FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
+    OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
+    OTHER: gl.constexpr = 2 * (1 - W)
+
+    idx_row = IDX + t * stride_it
+    n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_row)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=s_row)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_H, 64], gl.float32, layout=s_layout)
+    mbarrier.wait(bars.index(_QBAR), 0)
+
+    for j in range(n_pairs):
+        ph = j & 1
+        # S = Q K^T over this consumer's tile, the half freed first, then the other
+        mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
+        _fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        s = _wgmma(q_smem.index(FIRST), kv_smem.index(OWN + FIRST).permute((1, 0)), s_zero, use_acc=False,
+                   is_async=True)
+        mbarrier.wait(bars.index(_READY + OWN + 1 - FIRST), ph)
+        _fence_async_shared()
+        s = _wgmma(q_smem.index(1 - FIRST), kv_smem.index(OWN + 1 - FIRST).permute((1, 0)), s, is_async=True)
+        valid = _valid_cols(idx_row, 2 * j + W, length, s_col)  # L2-hot (the producer read it), under the wgmma
+        s = _wgmma_wait(0, deps=(s,))
+        s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
+        row_max = gl.max(s, axis=1)
+        if W == 0:
+            m_new = gl.maximum(m_i, row_max)  # m_A
+            ml_smem[0].store(m_new)
+            _barrier()
+            mbarrier.arrive(bars.index(_MBAR + 0), count=1)
+        else:
+            mbarrier.wait(bars.index(_MBAR + 0), ph)
+            m_new = gl.maximum(ml_smem[0].load(s_row), row_max)  # m_B = max(m_A, rowmax S_B)
+            ml_smem[1].store(m_new)
+            _barrier()
+            mbarrier.arrive(bars.index(_MBAR + 1), count=1)
+        # online softmax against m_new (a row with nothing valid yet keeps -inf: shift by 0)
+        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_shift)
+        p = gl.exp2(s - gl.expand_dims(m_shift, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+        # P V with this consumer's own P and its tile's half W
+        p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+        acc = _wgmma(p_op, kv_smem.index(OWN + W), acc, is_async=True)
+        acc = _wgmma_wait(0, deps=(acc,))
+        _barrier()
+        mbarrier.arrive(bars.index(_FREE + OWN + W), count=1)  # its last reader: this consumer
+        if W == 0:
+            # rescale P_A, l and acc from m_A to m_B, then hand P_A to consumer 1
+            mbarrier.wait(bars.index(_MBAR + 1), ph)
+            m_b = ml_smem[1].load(s_row)
+            m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
+            sc = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_new - m_b_shift))
+            p = p * gl.expand_dims(sc, 1)
+            p_smem.index(0).store(p.to(dtype))
+            _fence_async_shared()  # generic stores -> the other consumer's wgmma
+            _barrier()
+            mbarrier.arrive(bars.index(_PBAR + 0), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            l_i = l_i * sc
+            m_i = m_b
+        else:
+            p_smem.index(1).store(p.to(dtype))
+            _fence_async_shared()
+            _barrier()
+            mbarrier.arrive(bars.index(_PBAR + 1), count=1)
+            m_i = m_new
+        # P V with the other consumer's P and the other tile's half W
+        mbarrier.wait(bars.index(_PBAR + 1 - W), ph)
+        acc = _wgmma(p_smem.index(1 - W), kv_smem.index(OTHER + W), acc, is_async=True)
+        acc = _wgmma_wait(0, deps=(acc,))
+        _barrier()
+        mbarrier.arrive(bars.index(_FREE + OTHER + W), count=1)
+
+    # row sums: each consumer's own, added once
+    ml_smem[2 + W].store(l_i)
+    _barrier()
+    mbarrier.arrive(bars.index(_LBAR + W), count=1)
+    mbarrier.wait(bars.index(_LBAR + 1 - W), 0)
+    l_tot = l_i + ml_smem[3 - W].load(s_row)
+
+    has = l_tot > 0.0
+    m_shift = gl.where(m_i == float("-inf"), 0.0, m_i)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_row)
+    h_ok = offs_h < H
+    # the sink joins the denominator only (m-shifted, base 2); without one the masked load
+    # gives -inf and exp2 0 (a constexpr branch here does not survive warp_specialize's
+    # argument passing on Triton 3.6: LLVM lowering asserts)
+    sink2 = gl.load(SINK + offs_h, mask=h_ok & (HAS_SINK != 0), other=float("-inf")) * 1.4426950408889634
+    denom = gl.where(has, l_tot + gl.exp2(sink2 - m_shift), 1.0)
+    if W == 0:
+        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_tot, 1.0))) * 0.6931471805599453, float("-inf"))
+        gl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
+    inv = gl.convert_layout(1.0 / denom, o_row)
+    o = (acc * gl.expand_dims(inv, 1)).to(dtype)
+    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_row)
+    offs_v = W * HALF + gl.arange(0, HALF, layout=o_col)
+    o_ptrs = OUT + t * stride_ot + gl.expand_dims(offs_ho.to(gl.int64) * stride_oh, 1) + gl.expand_dims(offs_v, 0)
+    gl.store(o_ptrs, o, mask=gl.expand_dims(offs_ho < H, 1) & gl.expand_dims(offs_v >= 0, 0))
+
+
+@gluon.jit
+def _gather_half(KV, dst, rows, valid, col0, offs_c):
+    """cp.async of columns ``[col0, col0 + 256)`` of the KV rows ``rows`` (int64 element
+    offsets; ``valid`` False: zero fill, no traffic) into ``dst [64, 256]``, 64 columns a call."""
+    for c in gl.static_range(HALF // CHUNK):
+        ptrs = KV + (gl.expand_dims(rows, 1) + gl.expand_dims(col0 + c * CHUNK + offs_c, 0))
+        mask = gl.expand_dims(valid, 1) & gl.expand_dims(offs_c >= 0, 0)
+        _cp_async(dst.slice(c * CHUNK, CHUNK, dim=1), ptrs, mask=mask)
+
+
+@gluon.jit
+def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+    row_l: gl.constexpr = gl.SliceLayout(1, ld)
+    offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
+    # Q [64 heads, 512] as two halves (heads past H zero-filled)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
+    q_rows = t * stride_qt + offs_h.to(gl.int64) * stride_qh
+    _gather_half(Q, q_smem.index(0), q_rows, offs_h < H, 0, offs_c)
+    _gather_half(Q, q_smem.index(1), q_rows, offs_h < H, HALF, offs_c)
+    _cp_arrive(bars.index(_QBAR), increment_count=False)
+
+    idx_row = IDX + t * stride_it
+    n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
+    for j in range(n_pairs):
+        ph = j & 1
+        cols = 2 * j * 64 + gl.arange(0, 64, layout=row_l)
+        idx_a = gl.load(idx_row + cols, mask=cols < length, other=-1)
+        idx_b = gl.load(idx_row + cols + 64, mask=cols + 64 < length, other=-1)
+        ok_a = idx_a >= 0
+        ok_b = idx_b >= 0
+        rows_a = gl.where(ok_a, idx_a, 0).to(gl.int64) * stride_kv
+        rows_b = gl.where(ok_b, idx_b, 0).to(gl.int64) * stride_kv
+        # the halves in the order they are freed: A lo, B hi (early), A hi, B lo (late)
+        mbarrier.wait(bars.index(_FREE + 0), ph ^ 1)
+        _gather_half(KV, kv_smem.index(0), rows_a, ok_a, 0, offs_c)
+        _cp_arrive(bars.index(_READY + 0), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 3), ph ^ 1)
+        _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HALF, offs_c)
+        _cp_arrive(bars.index(_READY + 3), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 1), ph ^ 1)
+        _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HALF, offs_c)
+        _cp_arrive(bars.index(_READY + 1), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 2), ph ^ 1)
+        _gather_half(KV, kv_smem.index(2), rows_b, ok_b, 0, offs_c)
+        _cp_arrive(bars.index(_READY + 2), increment_count=False)
+
+
+@gluon.jit
+def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+               stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+
+
+@gluon.jit
+def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+               stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+
+
+@gluon.jit(do_not_specialize=["NUM_HB"])
+def _sparse_mla_gluon_ws_fwd(
+    Q, KV, IDX, LENS, SINK, OUT, LSE,
+    H, NUM_HB,
+    stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+    qk_scale,
+    HAS_SINK: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, num_warps: gl.constexpr,
+):
+    gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
+    dtype: gl.constexpr = Q.dtype.element_ty
+    half_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HALF], dtype)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], dtype)
+    flat_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, HALF], half_sl)  # Q lo / hi
+    kv_smem = gl.allocate_shared_memory(dtype, [4, BN, HALF], half_sl)  # 2 * buffer + half
+    p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, 64], p_sl)  # P_A, P_B
+    # m_A, m_B, l_0, l_1 rows
+    ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl))
+    bars = gl.allocate_shared_memory(gl.int64, [_NBAR, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(bars.index(_READY + i), count=PRODUCER_WARPS * 32)
+        mbarrier.init(bars.index(_FREE + i), count=1)
+    mbarrier.init(bars.index(_QBAR), count=PRODUCER_WARPS * 32)
+    for i in gl.static_range(2):
+        mbarrier.init(bars.index(_MBAR + i), count=1)
+        mbarrier.init(bars.index(_PBAR + i), count=1)
+        mbarrier.init(bars.index(_LBAR + i), count=1)
+
+    pid = gl.program_id(0)
+    hb = pid % NUM_HB
+    t = (pid // NUM_HB).to(gl.int64)
+    length = gl.load(LENS + t)
+    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+            stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+            q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+    gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, PRODUCER_WARPS],
+                       [REGS_1, REGS_P])
+
+
+def shared_bytes(D: int = 512, itemsize: int = 2) -> int:
+    """Shared memory the kernel allocates explicitly: Q, 2 KV tiles, 2 P tiles, max/sum rows."""
+    return (64 * D + 2 * 64 * D + 2 * 64 * 64) * itemsize + 4 * 64 * 4 + 16 * 8
+
+
+def api_reason() -> str | None:
+    if not hasattr(gl, "warp_specialize"):
+        return f"Triton {triton.__version__} gluon lacks warp_specialize"
+    return None
+
+
+def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, warmup: bool = False):
+    """Run (or with ``warmup`` only compile) the warp-specialised kernel; the caller checked
+    scope (:func:`.sparse_mla_gluon.unsupported`) and validated the inputs."""
+    T, H, D = q.shape
+    num_hb = triton.cdiv(H, 64)
+    has_sink = sink is not None
+    args = (q, kv, indices, lens, sink if has_sink else lse, out, lse,
+            H, num_hb,
+            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+            float(sm_scale) * 1.4426950408889634)
+    meta = dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4, maxnreg=MAXNREG)
+    grid = (T * num_hb,)
+    if warmup:
+        return _sparse_mla_gluon_ws_fwd.warmup(*args, grid=grid, **meta)
+    _sparse_mla_gluon_ws_fwd[grid](*args, **meta)
+    return None
