@@ -592,13 +592,15 @@ def gluon_choice(q, kv, indices, d_v) -> tuple:
     if isinstance(G, str):
         return None, None, G
     cfg = G.parse_env(env)
-    cfg = G.DEFAULT if cfg is True else cfg
-    why = G.unsupported(q, kv, indices, d_v, cfg=cfg)
-    if why is None:
-        failed = _GLUON_FAILED.get((q.device, q.dtype, q.shape[1], q.shape[2], d_v, cfg))
-        if failed:
-            return None, None, failed
-        return G, cfg, None
+    # unset: the shipped config for this head count, then n64b2l0 if that one failed to compile
+    choices = [cfg] if cfg is not True else list(dict.fromkeys([G.default_for(q.shape[1]), G.DEFAULT]))
+    why = None
+    for cfg in choices:
+        why = G.unsupported(q, kv, indices, d_v, cfg=cfg)
+        if why is None:
+            why = _GLUON_FAILED.get((q.device, q.dtype, q.shape[1], q.shape[2], d_v, cfg))
+            if not why:
+                return G, cfg, None
     return None, None, why
 
 
@@ -754,7 +756,7 @@ def gluon_compiled_info(q, kv, indices, lens, sm_scale, d_v, sink=None, *, confi
     G = _gluon_module()
     if isinstance(G, str):
         return dict(kernel="gluon", error=G)
-    config = config or G.DEFAULT
+    config = config or G.default_for(q.shape[1])
     T, H, D = q.shape
     out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)

@@ -40,6 +40,7 @@ from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 SMEM_LIMIT = 232448
+WS_SPILL_BUDGET = 512  # bytes of spill stores allowed in the ws kernel (3.6: 284, 3.9: 36)
 
 
 def _report(k) -> tuple[str, int]:
@@ -108,8 +109,12 @@ def main(argv: list[str]) -> int:
         if report:
             extra, stores = _report(k)
             extra = " " + extra
-            # spills fail the H200's Triton (3.6) for every config, other Tritons for the default
-            if stores != 0 and (triton.__version__.startswith("3.6") or cfg == G.DEFAULT):
+            # spills fail the H200's Triton (3.6) for every config, other Tritons for the default;
+            # the ws kernel's second consumer (a worker partition) spills loop-invariant wgmma
+            # descriptors, reloaded once per tile pair (measured on the H200 with them, run 24):
+            # a budget, not zero
+            budget = WS_SPILL_BUDGET if cfg.ws else 0
+            if stores > budget and (triton.__version__.startswith("3.6") or cfg == G.DEFAULT or cfg.ws):
                 failures.append(f"{label}: spills ({extra.strip()})")
             sass = _sass(k)
             depbar = sass.count("WARPGROUP.DEPBAR")

@@ -34,7 +34,14 @@ def test_gluon_kernel_compiles_offline_for_sm90(python):
     assert out.returncode == 0, f"Triton {version}: " + "\n".join(fails) + out.stdout[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("compiled ") and int(lines[-1].split()[1]) >= 6, lines[-1]
-    kernels = [ln for ln in lines if ln.startswith("cuda:90 _sparse_mla_gluon_fwd")]
+    every = [ln for ln in lines if ln.startswith("cuda:90 _sparse_mla_gluon_fwd")]
+    kernels = [ln for ln in every if "[gluon-ws" not in ln]
+    ws = [ln for ln in every if "[gluon-ws" in ln]
+    assert len(ws) == 2, every  # without and with a sink
+    for ln in ws:
+        # each consumer warpgroup: S at wgmma N 64 (64x64x16) and P V at N 256; fits; no
+        # ptxas serialisation; spills within the budget the script enforces
+        assert "HGMMA.64x64x16" in ln and "HGMMA.64x256x16" in ln and "fits" in ln and "PTXAS" not in ln, ln
     for ln in kernels:
         assert ("spill=0/0" in ln or not version.startswith("3.6")) and "HGMMA.64x256x16" in ln and "fits" in ln, ln
         # two wgmma waits (S, then P V) and no ptxas serialisation of the wgmma chains
@@ -113,6 +120,8 @@ print(why(FakeQ(300, 64, 576)))
 print(why(FakeQ(300, 64, 512), d_v=256))
 print(why(FakeQ(300, 64, 512, torch.float32)))
 print(why(FakeQ(300, 64, 512), cfg=G.GluonConfig(block_n=64, nbuf=3)))
+print(why(FakeQ(300, 128, 512), cfg=G.WS), G.default_for(64).short(), G.default_for(96).short(),
+      G.default_for(128).short())
 '''
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -127,6 +136,8 @@ print(why(FakeQ(300, 64, 512), cfg=G.GluonConfig(block_n=64, nbuf=3)))
     assert "d_v=256" in lines[6]
     assert "float32" in lines[7]
     assert "does not fit" in lines[8]  # Q 64 KB + 3 x 64 KB
+    # the ws kernel takes prefill; shipped: n64b2l0 for one 64-head block, ws for two or more
+    assert lines[9] == "None gluon-n64b2l0 gluon-ws gluon-ws", lines[9]
 
 
 def test_parse_env():
@@ -134,12 +145,14 @@ def test_parse_env():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("from swa_backends.kernels import sparse_mla_gluon as G\n"
             "print(G.parse_env(None), G.parse_env('0'), G.parse_env('n64b2l0'), G.parse_env('gluon-n32b3'))\n"
-            "print(G.parse_env('n64b2l0d').short(), G.parse_env('n32b4l0dp').pipe)\n"
+            "print(G.parse_env('n64b2l0d').short(), G.parse_env('n32b4l0dp').pipe, G.parse_env('ws').short(),\n"
+            "      G.parse_env('gluon-ws') == G.WS)\n"
             "try:\n    G.parse_env('fast')\nexcept ValueError as e:\n    print('ValueError', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     first, third, second = out.stdout.strip().splitlines()[-3:]
-    assert third == "gluon-n64b2l0d True"
-    assert first == ("True False GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=False, split_s=True, pipe=False) "
-                     "GluonConfig(block_n=32, nbuf=3, lazy=8, p_smem=False, split_s=True, pipe=False)")
+    assert third == "gluon-n64b2l0d True gluon-ws True"
+    assert first == ("True False GluonConfig(block_n=64, nbuf=2, lazy=0, p_smem=False, split_s=True, pipe=False, "
+                     "ws=False) GluonConfig(block_n=32, nbuf=3, lazy=8, p_smem=False, split_s=True, pipe=False, "
+                     "ws=False)")
     assert second.startswith("ValueError SWA_SPARSE_MLA_GLUON='fast'")

@@ -100,12 +100,13 @@ def test_large_scores_and_all_empty(gmod, cache):
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
-def test_dispatch_takes_gluon_for_prefill(kmod, gmod, cache, monkeypatch):
+@pytest.mark.parametrize("H,config", [(64, "gluon-n64b2l0"), (128, "gluon-ws")])
+def test_dispatch_takes_gluon_for_prefill(kmod, gmod, cache, monkeypatch, H, config):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
     backend = select(prefer={"sparse_mla": "triton"})
-    args, kw = case(cache, 300, 64, 640, torch.bfloat16, sink=True, seed=11)
+    args, kw = case(cache, 300, H, 640, torch.bfloat16, sink=True, seed=11)
     info = kmod.dispatch_info(args[0], args[1], args[2], D)
-    assert info["kernel"] == "gluon", info
+    assert info["kernel"] == "gluon" and info["config"] == config, info
     calls = []
     real = gmod.launch
     monkeypatch.setattr(gmod, "launch", lambda *a, **k: calls.append(k.get("warmup", False)) or real(*a, **k))
@@ -133,10 +134,11 @@ def test_dispatch_keeps_tl_with_reasons(kmod, gmod, cache, monkeypatch):
     assert kmod.dispatch_info(q, kv, idx, D)["config"] == "gluon-n32b4l0"
 
 
-def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch):
+@pytest.mark.parametrize("H", [64, 128])
+def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch, H):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
     backend = select(prefer={"sparse_mla": "triton"})
-    args, kw = case(cache, 264, 64, 640, torch.bfloat16, sink=True, seed=9)
+    args, kw = case(cache, 264, H, 640, torch.bfloat16, sink=True, seed=9)
     assert kmod.dispatch_info(args[0], args[1], args[2], D)["kernel"] == "gluon"
     want = backend.sparse_mla(*args, **kw)
     g, got = capture(lambda: backend.sparse_mla(*args, **kw))
@@ -147,14 +149,15 @@ def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch):
     assert not torch.equal(got[0], want[0])
 
 
-def test_warmup_compiles_the_gluon_kernel(kmod, gmod, cache, monkeypatch):
+@pytest.mark.parametrize("H", [64, 128])
+def test_warmup_compiles_the_gluon_kernel(kmod, gmod, cache, monkeypatch, H):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
     backend = select(prefer={"sparse_mla": "triton"})
-    kmod.warmup(backend, num_heads=(64,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
-    fn = gmod._sparse_mla_gluon_fwd
+    kmod.warmup(backend, num_heads=(H,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
+    fn = gmod.kernel_for(gmod.default_for(H))
     before = sum(len(c[0]) for c in fn.device_caches.values())
     assert before >= 1
     for T, K in ((300, 128), (2048, 640)):
-        args, kw = case(cache, T, 64, K, torch.bfloat16, sink=True, seed=T)
+        args, kw = case(cache, T, H, K, torch.bfloat16, sink=True, seed=T)
         backend.sparse_mla(*args, **kw)
     assert sum(len(c[0]) for c in fn.device_caches.values()) == before
