@@ -530,9 +530,12 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         lse.fill_(float("-inf"))
         return out, lse
     if config is None:
-        g = _gluon_for(q, kv, indices, d_v)
-        if g is not None and _run_gluon(g, q, kv, indices, lens, sm_scale, d_v, sink, out, lse):
-            return out, lse
+        for _ in range(2):  # a Gluon config that fails to compile is remembered: the next choice skips it
+            g = _gluon_for(q, kv, indices, d_v)
+            if g is None:
+                break
+            if _run_gluon(g, q, kv, indices, lens, sm_scale, d_v, sink, out, lse):
+                return out, lse
         config = pick_config(T, H, D, d_v, K, q.device)
     # the kernel reads q rows, kv rows and index rows with unit inner stride
     if q.stride(2) != 1:

@@ -161,3 +161,23 @@ def test_warmup_compiles_the_gluon_kernel(kmod, gmod, cache, monkeypatch, H):
         args, kw = case(cache, T, H, K, torch.bfloat16, sink=True, seed=T)
         backend.sparse_mla(*args, **kw)
     assert sum(len(c[0]) for c in fn.device_caches.values()) == before
+
+
+def test_ws_compile_failure_falls_back_to_n64b2l0(kmod, gmod, cache, monkeypatch):
+    """A ws kernel that does not compile: one warning, the same call runs n64b2l0 (correct
+    result), and the dispatch remembers it."""
+    monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
+    monkeypatch.setattr(kmod, "_GLUON_FAILED", {})
+    ws = gmod._ws_module()
+
+    def broken(*a, **k):
+        raise RuntimeError("PassManager::run failed (injected by the test)")
+
+    monkeypatch.setattr(ws, "launch", broken)
+    backend = select(prefer={"sparse_mla": "triton"})
+    args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=True, seed=21)
+    assert kmod.dispatch_info(args[0], args[1], args[2], D)["config"] == "gluon-ws"
+    with pytest.warns(RuntimeWarning, match=r"gluon-ws\) does not compile"):
+        got = backend.sparse_mla(*args, **kw)
+    check(got, args, kw)
+    assert kmod.dispatch_info(args[0], args[1], args[2], D)["config"] == "gluon-n64b2l0"
