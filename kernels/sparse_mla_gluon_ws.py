@@ -6,23 +6,24 @@ warpgroups that each run their own code and meet at mbarriers, instead of two wa
 lockstep at CTA barriers.
 
 * **producer** (4 warps, few registers): loads Q once, then per *pair* of 64-row KV tiles
-  ``(2j, 2j+1)`` gathers tile ``2j`` into buffer 0 and ``2j+1`` into buffer 1 with cp.async
-  (PAD rows and rows past ``lens`` zero-filled, no traffic). Every buffer is split into its
-  left and right 256 columns (``lo``/``hi``), each with its own *ready* and *free* barrier,
-  so a half is refilled as soon as its last reader is done with it.
-* **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` for tile ``2j`` (all
-  64 columns: wgmma N = 64) and **consumer 1** ``S_B`` for tile ``2j+1``, concurrently.
-  Consumer 0 publishes its row max ``m_A``; consumer 1 takes ``m_B = max(m_A, rowmax S_B)``
-  and publishes it; both end the pair relative to ``m_B``.
-* consumer ``w`` owns ``acc[:, 256w : 256w+256]`` (fp32, registers). ``P V`` per pair:
-  first with its own P (registers) and its own tile's half ``w``, then with the other
-  consumer's P (through shared memory, rescaled to ``m_B`` by consumer 0) and the other
-  tile's half ``w``.
-* buffer halves and who frees them: tile A ``lo`` (consumer 0, after its first P V), tile B
-  ``hi`` (consumer 1, after its first P V) early; tile A ``hi`` (consumer 1) and tile B
-  ``lo`` (consumer 0) after the second P V. The producer refills in that order, and
-  consumer 0 starts ``Q K^T`` with the ``lo`` half, consumer 1 with ``hi``: the next pair's
-  gather overlaps this pair's second P V.
+  ``(2j, 2j+1) = (A, B)`` gathers A into buffer 0 and B into buffer 1 with cp.async (PAD rows
+  and rows past ``lens`` zero-filled, no traffic). Every buffer is split into its left and
+  right 256 columns (``lo``/``hi``), each with its own *ready* and *free* barrier, so a half
+  is refilled as soon as its last reader is done with it.
+* **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` (all 64 columns: wgmma
+  N = 64) while **consumer 1** computes ``S_B``. Consumer ``w`` owns ``acc[:, 256w : 256w+256]``
+  (fp32, registers), so both read both tiles' V, each its own half of the columns.
+* consumer 0: softmax against ``m_A = max(m, rowmax S_A)``, publishes ``m_A`` and ``P_A``
+  (shared memory) at once, ``acc += P_A V_A[:, lo]``, frees A lo; then waits for consumer 1's
+  ``m_B``, ``P_B``, rescales to ``m_B``, ``acc += P_B V_B[:, lo]``, frees B lo.
+* consumer 1: waits for ``m_A``, ``P_A``; rescales to ``m_A``; ``acc += P_A V_A[:, hi]`` while
+  its own softmax against ``m_B = max(m_A, rowmax S_B)`` runs; frees A hi; rescales to ``m_B``,
+  publishes ``m_B``, ``P_B``, ``acc += P_B V_B[:, hi]``, frees B hi.
+* so tile A is free early in a pair and consumer 0, the head of the chain (everything waits
+  for ``m_A``), starts the next pair without waiting for a gather; only B's halves are
+  refilled at the end of a pair, under consumer 0's next Q K^T and softmax. (The first
+  version freed one half of each tile at the end of a pair: H200 run 24, 291-321 TFLOP/s at
+  H 64.)
 
 The row sums are kept per consumer and added once at the end. Scope: as
 :func:`.sparse_mla_gluon.unsupported`, plus a Triton whose Gluon has ``warp_specialize``
@@ -59,9 +60,8 @@ MAXNREG = 168
 _READY = gl.constexpr(0)  # + 2 * buffer + half: 4 (cp.async arrivals of the producer's 128 threads)
 _FREE = gl.constexpr(4)  # + 2 * buffer + half: 4 (one arrival: the half's last reader)
 _QBAR = gl.constexpr(8)  # Q landed (producer's cp.async arrivals)
-_MBAR = gl.constexpr(9)  # + w: consumer w's row max published
-_PBAR = gl.constexpr(11)  # + w: consumer w's P in shared memory
-_LBAR = gl.constexpr(13)  # + w: consumer w's row sums in shared memory
+_PBAR = gl.constexpr(9)  # + w: consumer w's row max and P in shared memory
+_LBAR = gl.constexpr(11)  # + w: consumer w's row sums in shared memory
 _NBAR = gl.constexpr(16)
 
 
@@ -89,7 +89,6 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
     o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
     FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
     OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
-    OTHER: gl.constexpr = 2 * (1 - W)
 
     idx_row = IDX + t * stride_it
     n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
@@ -114,54 +113,66 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
         s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
         row_max = gl.max(s, axis=1)
         if W == 0:
-            m_new = gl.maximum(m_i, row_max)  # m_A
-            ml_smem[0].store(m_new)
-            _barrier()
-            mbarrier.arrive(bars.index(_MBAR + 0), count=1)
-        else:
-            mbarrier.wait(bars.index(_MBAR + 0), ph)
-            m_new = gl.maximum(ml_smem[0].load(s_row), row_max)  # m_B = max(m_A, rowmax S_B)
-            ml_smem[1].store(m_new)
-            _barrier()
-            mbarrier.arrive(bars.index(_MBAR + 1), count=1)
-        # online softmax against m_new (a row with nothing valid yet keeps -inf: shift by 0)
-        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_shift)
-        p = gl.exp2(s - gl.expand_dims(m_shift, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
-        # P V with this consumer's own P and its tile's half W
-        p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-        acc = _wgmma(p_op, kv_smem.index(OWN + W), acc, is_async=True)
-        acc = _wgmma_wait(0, deps=(acc,))
-        _barrier()
-        mbarrier.arrive(bars.index(_FREE + OWN + W), count=1)  # its last reader: this consumer
-        if W == 0:
-            # rescale P_A, l and acc from m_A to m_B, then hand P_A to consumer 1
-            mbarrier.wait(bars.index(_MBAR + 1), ph)
-            m_b = ml_smem[1].load(s_row)
-            m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
-            sc = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_new - m_b_shift))
-            p = p * gl.expand_dims(sc, 1)
-            p_smem.index(0).store(p.to(dtype))
-            _fence_async_shared()  # generic stores -> the other consumer's wgmma
+            # tile A: softmax against m_A = max(m, rowmax S_A); publish m_A and P_A (relative
+            # to m_A) at once, then P_A V_A[:, lo]; then rescale to m_B and add P_B V_B[:, lo]
+            m_a = gl.maximum(m_i, row_max)
+            m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)  # nothing valid yet: shift by 0
+            alpha = gl.exp2(m_i - m_a_shift)
+            p = gl.exp2(s - gl.expand_dims(m_a_shift, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+            p16 = p.to(dtype)
+            ml_smem[0].store(m_a)
+            p_smem.index(0).store(p16)
+            _fence_async_shared()  # generic stores -> consumer 1's wgmma
             _barrier()
             mbarrier.arrive(bars.index(_PBAR + 0), count=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _wgmma(p_op, kv_smem.index(0), acc, is_async=True)
+            acc = _wgmma_wait(0, deps=(acc,))
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 0), count=1)  # A lo: read by nobody else
+            mbarrier.wait(bars.index(_PBAR + 1), ph)
+            m_b = ml_smem[1].load(s_row)
+            sc = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))  # m_A = -inf: 0 (acc, l are 0)
             l_i = l_i * sc
+            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            acc = _wgmma(p_smem.index(1), kv_smem.index(2), acc, is_async=True)
+            acc = _wgmma_wait(0, deps=(acc,))
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 2), count=1)  # B lo: the one half freed last
             m_i = m_b
         else:
-            p_smem.index(1).store(p.to(dtype))
+            # tile B: first P_A V_A[:, hi] (relative to m_A), then the own softmax against
+            # m_B = max(m_A, rowmax S_B) under that wgmma, rescale, publish, P_B V_B[:, hi]
+            mbarrier.wait(bars.index(_PBAR + 0), ph)
+            m_a = ml_smem[0].load(s_row)
+            m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)
+            alpha = gl.exp2(m_i - m_a_shift)
+            l_i = l_i * alpha
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+            acc = _wgmma(p_smem.index(0), kv_smem.index(1), acc, is_async=True)
+            m_b = gl.maximum(m_a, row_max)
+            m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
+            sc = gl.exp2(m_a - m_b_shift)
+            p = gl.exp2(s - gl.expand_dims(m_b_shift, 1))
+            acc = _wgmma_wait(0, deps=(acc,))
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 1), count=1)  # A hi
+            l_i = l_i * sc + gl.sum(p, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            p16 = p.to(dtype)
+            ml_smem[1].store(m_b)
+            p_smem.index(1).store(p16)
             _fence_async_shared()
             _barrier()
             mbarrier.arrive(bars.index(_PBAR + 1), count=1)
-            m_i = m_new
-        # P V with the other consumer's P and the other tile's half W
-        mbarrier.wait(bars.index(_PBAR + 1 - W), ph)
-        acc = _wgmma(p_smem.index(1 - W), kv_smem.index(OTHER + W), acc, is_async=True)
-        acc = _wgmma_wait(0, deps=(acc,))
-        _barrier()
-        mbarrier.arrive(bars.index(_FREE + OTHER + W), count=1)
+            p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _wgmma(p_op, kv_smem.index(3), acc, is_async=True)
+            acc = _wgmma_wait(0, deps=(acc,))
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 3), count=1)  # B hi
+            m_i = m_b
 
     # row sums: each consumer's own, added once
     ml_smem[2 + W].store(l_i)
@@ -225,16 +236,16 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
         ok_b = idx_b >= 0
         rows_a = gl.where(ok_a, idx_a, 0).to(gl.int64) * stride_kv
         rows_b = gl.where(ok_b, idx_b, 0).to(gl.int64) * stride_kv
-        # the halves in the order they are freed: A lo, B hi (early), A hi, B lo (late)
+        # the halves in the order they are freed: A lo, A hi, B hi, B lo
         mbarrier.wait(bars.index(_FREE + 0), ph ^ 1)
         _gather_half(KV, kv_smem.index(0), rows_a, ok_a, 0, offs_c)
         _cp_arrive(bars.index(_READY + 0), increment_count=False)
-        mbarrier.wait(bars.index(_FREE + 3), ph ^ 1)
-        _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HALF, offs_c)
-        _cp_arrive(bars.index(_READY + 3), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 1), ph ^ 1)
         _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HALF, offs_c)
         _cp_arrive(bars.index(_READY + 1), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 3), ph ^ 1)
+        _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HALF, offs_c)
+        _cp_arrive(bars.index(_READY + 3), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 2), ph ^ 1)
         _gather_half(KV, kv_smem.index(2), rows_b, ok_b, 0, offs_c)
         _cp_arrive(bars.index(_READY + 2), increment_count=False)
@@ -283,7 +294,6 @@ def _sparse_mla_gluon_ws_fwd(
         mbarrier.init(bars.index(_FREE + i), count=1)
     mbarrier.init(bars.index(_QBAR), count=PRODUCER_WARPS * 32)
     for i in gl.static_range(2):
-        mbarrier.init(bars.index(_MBAR + i), count=1)
         mbarrier.init(bars.index(_PBAR + i), count=1)
         mbarrier.init(bars.index(_LBAR + i), count=1)
 
