@@ -460,9 +460,9 @@ def _ws_module():
 
 def default_for(H: int) -> GluonConfig:
     """The shipped config for ``H`` heads: the warp-specialised kernel where a token has two
-    or more 64-head blocks (H200 run 24, H 128: 327-373 TFLOP/s vs 292-339 for n64b2l0), else
-    n64b2l0 (H 64: ws 291-321 vs 286-331, one block per token leaves its gathers' latency
-    exposed); n64b2l0 too where this Triton cannot build the ws kernel."""
+    or more 64-head blocks (H200 runs 24-29, H 128: 325-390 TFLOP/s vs 273-342 for n64b2l0),
+    else n64b2l0 (H 64: ws 255-336 vs 272-334, no consistent winner; with one block per token
+    ws waits on its gathers); n64b2l0 too where this Triton cannot build the ws kernel."""
     if triton.cdiv(H, BLOCK_H) >= 2 and not isinstance(_ws_module(), str):
         return WS
     return DEFAULT
