@@ -74,6 +74,28 @@ def _valid_cols(idx_row, tile, length, layout: gl.constexpr):
 
 
 @gluon.jit
+def _pv_then_free(a, v, acc, free_bar):
+    """``acc += a @ v`` (waited); then, every warp past it, one arrival on ``free_bar``: the
+    half ``v`` is free for the producer."""
+    acc = _wgmma(a, v, acc, is_async=True)
+    acc = _wgmma_wait(0, deps=(acc,))
+    _barrier()
+    mbarrier.arrive(free_bar, count=1)
+    return acc
+
+
+@gluon.jit
+def _publish(m, p16, m_slot, p_slot, bar):
+    """Row max ``m`` and ``P`` (bf16/fp16) into shared memory for the other consumer's wgmma,
+    then one arrival on ``bar``."""
+    m_slot.store(m)
+    p_slot.store(p16)
+    _fence_async_shared()  # generic stores -> the other consumer's wgmma (async proxy)
+    _barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
 def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
              stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
              q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
@@ -122,25 +144,15 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             l_i = l_i * alpha + gl.sum(p, axis=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
             p16 = p.to(dtype)
-            ml_smem[0].store(m_a)
-            p_smem.index(0).store(p16)
-            _fence_async_shared()  # generic stores -> consumer 1's wgmma
-            _barrier()
-            mbarrier.arrive(bars.index(_PBAR + 0), count=1)
+            _publish(m_a, p16, ml_smem[0], p_smem.index(0), bars.index(_PBAR + 0))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = _wgmma(p_op, kv_smem.index(0), acc, is_async=True)
-            acc = _wgmma_wait(0, deps=(acc,))
-            _barrier()
-            mbarrier.arrive(bars.index(_FREE + 0), count=1)  # A lo: read by nobody else
+            acc = _pv_then_free(p_op, kv_smem.index(0), acc, bars.index(_FREE + 0))  # A lo: nobody else reads it
             mbarrier.wait(bars.index(_PBAR + 1), ph)
             m_b = ml_smem[1].load(s_row)
             sc = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))  # m_A = -inf: 0 (acc, l are 0)
             l_i = l_i * sc
             acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
-            acc = _wgmma(p_smem.index(1), kv_smem.index(2), acc, is_async=True)
-            acc = _wgmma_wait(0, deps=(acc,))
-            _barrier()
-            mbarrier.arrive(bars.index(_FREE + 2), count=1)  # B lo: the one half freed last
+            acc = _pv_then_free(p_smem.index(1), kv_smem.index(2), acc, bars.index(_FREE + 2))  # B lo: freed last
             m_i = m_b
         else:
             # tile B: first P_A V_A[:, hi] (relative to m_A), then the own softmax against
@@ -162,16 +174,9 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             l_i = l_i * sc + gl.sum(p, axis=1)
             acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
             p16 = p.to(dtype)
-            ml_smem[1].store(m_b)
-            p_smem.index(1).store(p16)
-            _fence_async_shared()
-            _barrier()
-            mbarrier.arrive(bars.index(_PBAR + 1), count=1)
+            _publish(m_b, p16, ml_smem[1], p_smem.index(1), bars.index(_PBAR + 1))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = _wgmma(p_op, kv_smem.index(3), acc, is_async=True)
-            acc = _wgmma_wait(0, deps=(acc,))
-            _barrier()
-            mbarrier.arrive(bars.index(_FREE + 3), count=1)  # B hi
+            acc = _pv_then_free(p_op, kv_smem.index(3), acc, bars.index(_FREE + 3))  # B hi
             m_i = m_b
 
     # row sums: each consumer's own, added once
