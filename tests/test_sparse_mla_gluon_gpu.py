@@ -62,10 +62,15 @@ def _gluon(G, cfg, args, kw):
 
 @pytest.mark.parametrize("H", [64, 128, 96])
 @pytest.mark.parametrize("K", [640, 1152, 128, 77])
-def test_default_config(gmod, cache, H, K):
+@pytest.mark.parametrize("which", ["n64b2l0", "ws"])
+def test_shipped_configs(gmod, cache, H, K, which):
+    """Both shipped kernels (n64b2l0: one 64-head block per token; ws: two or more) on every
+    head count, odd index widths (77: one pair, the second tile partly past the length; 128: one
+    pair exactly) and both sink settings."""
+    cfg = gmod.parse_env(which)
     for sink in (False, True):
         args, kw = case(cache, 301, H, K, torch.bfloat16, sink=sink, seed=H * 7 + K + sink)
-        check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
+        check(_gluon(gmod, cfg, args, kw), args, kw)
 
 
 @pytest.mark.parametrize("cfg", ["n64b2l0", "n64b2l0s", "n32b4l0", "n32b3l0", "n32b4", "n64b2l0d", "n32b4l0d",
@@ -84,19 +89,22 @@ def test_every_sweep_entry_runs(gmod, cache):
         check(_gluon(gmod, cfg, args, kw), args, kw)
 
 
-def test_all_valid_long_rows(gmod, cache):
+@pytest.mark.parametrize("which", ["n64b2l0", "ws"])
+def test_all_valid_long_rows(gmod, cache, which):
     args, kw = case(cache, 517, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
-    check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
+    check(_gluon(gmod, gmod.parse_env(which), args, kw), args, kw)
 
 
-def test_large_scores_and_all_empty(gmod, cache):
+@pytest.mark.parametrize("which", ["n64b2l0", "ws"])
+def test_large_scores_and_all_empty(gmod, cache, which):
     """Scores far from 0 (the online max moves a lot) and a batch where nothing is valid."""
+    cfg = gmod.parse_env(which)
     args, kw = case(cache, 200, 64, 640, torch.bfloat16, sink=True, seed=5)
     q = args[0] * 8
     args = (q,) + args[1:]
-    check(_gluon(gmod, gmod.DEFAULT, args, kw), args, kw)
+    check(_gluon(gmod, cfg, args, kw), args, kw)
     empty = (args[0], args[1], torch.full_like(args[2], -1), args[3], args[4], args[5])
-    out, lse = _gluon(gmod, gmod.DEFAULT, empty, kw)
+    out, lse = _gluon(gmod, cfg, empty, kw)
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
