@@ -306,14 +306,13 @@ class GluonConfig:
     split_s: bool = True
     pipe: bool = False
     ws: bool = False  # the warp-specialised kernel (kernels/sparse_mla_gluon_ws.py; fields above unused)
-    l2pf: bool = False  # ws: the producer prefetches the next pair's rows into L2
 
     def replace(self, **kw) -> "GluonConfig":
         return dataclasses.replace(self, **kw)
 
     def short(self) -> str:
         if self.ws:
-            return "gluon-ws" + ("p" if self.l2pf else "")
+            return "gluon-ws"
         return (f"gluon-n{self.block_n}b{self.nbuf}" + ("" if self.lazy == 8 else f"l{self.lazy}")
                 + ("s" if self.p_smem else "") + ("" if self.split_s else "d") + ("p" if self.pipe else ""))
 
@@ -332,7 +331,6 @@ SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: 276-283
     GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),  # Q K^T(i+1) before softmax(i): 237-246
     GluonConfig(ws=True),  # warp-specialised: producer + two consumers on alternate tiles
-    GluonConfig(ws=True, l2pf=True),  # ... + L2 prefetch of the next pair's rows by the producer
 )
 WS = GluonConfig(ws=True)
 # Measured and dropped from the sweep (bench/results/2026-11-29-h200, runs 8-16): n32b3l0, n32b4 (lazy 8),
@@ -373,8 +371,8 @@ def parse_env(text: str | None) -> GluonConfig | bool:
     t = text.strip().lower()
     if t in ("0", "off", "false", "no"):
         return False
-    if t in ("ws", "gluon-ws", "wsp", "gluon-wsp"):
-        return WS.replace(l2pf=t.endswith("p"))
+    if t in ("ws", "gluon-ws"):
+        return WS
     m = re.fullmatch(r"(?:gluon-)?n(\d+)b(\d+)(?:l(\d+))?(s?)(d?)(p?)", t)
     if m:
         return GluonConfig(block_n=int(m.group(1)), nbuf=int(m.group(2)),
@@ -432,8 +430,7 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
     """Run (or with ``warmup`` only compile, returning the compiled kernel) the Gluon kernel
     into ``out``/``lse``. The caller checked :func:`unsupported` (and validated the inputs)."""
     if config.ws:
-        return _ws_module().launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, l2_prefetch=config.l2pf,
-                                   warmup=warmup)
+        return _ws_module().launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, warmup=warmup)
     T, H, D = q.shape
     num_hb = triton.cdiv(H, BLOCK_H)
     has_sink = sink is not None

@@ -217,26 +217,9 @@ def _gather_half(KV, dst, rows, valid, col0, offs_c):
 
 
 @gluon.jit
-def _prefetch_pair_l2(KV, idx_row, j, length, stride_kv):
-    """``prefetch.global.L2`` of every 128-byte line of the 128 rows of pair ``j`` (8 lines a
-    row, 8 prefetches per producer thread; fire and forget, no shared memory): the pair's
-    cp.async gathers then find their rows in L2."""
-    L: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
-    cols = 2 * j * 64 + gl.arange(0, 128, layout=gl.SliceLayout(1, L))
-    idx = gl.load(idx_row + cols, mask=cols < length, other=-1)
-    ok = idx >= 0
-    line = gl.arange(0, 8, layout=gl.SliceLayout(0, L)) * 64  # 64 bf16 = 128 bytes
-    ptrs = KV + (gl.expand_dims(gl.where(ok, idx, 0).to(gl.int64) * stride_kv, 1) + gl.expand_dims(line, 0))
-    flag = gl.expand_dims(ok.to(gl.int32), 1) + gl.expand_dims(line * 0, 0)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; } mov.u32 $0, 0;",
-        "=r,l,r", [ptrs, flag], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
              stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK, L2PF: gl.constexpr):
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
     row_l: gl.constexpr = gl.SliceLayout(1, ld)
     offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
@@ -271,14 +254,12 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
         mbarrier.wait(bars.index(_FREE + 2), ph ^ 1)
         _gather_half(KV, kv_smem.index(2), rows_b, ok_b, 0, offs_c)
         _cp_arrive(bars.index(_READY + 2), increment_count=False)
-        if L2PF:  # the next pair's rows towards L2, after this pair's gathers are all issued
-            _prefetch_pair_l2(KV, idx_row, j + 1, length, stride_kv)
 
 
 @gluon.jit
 def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK, L2PF: gl.constexpr):
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
     _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
              qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
 
@@ -286,7 +267,7 @@ def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
 @gluon.jit
 def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK, L2PF: gl.constexpr):
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
     _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
              qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
 
@@ -297,7 +278,7 @@ def _sparse_mla_gluon_ws_fwd(
     H, NUM_HB,
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
     qk_scale,
-    HAS_SINK: gl.constexpr, L2PF: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, num_warps: gl.constexpr,
+    HAS_SINK: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -327,7 +308,7 @@ def _sparse_mla_gluon_ws_fwd(
     length = gl.load(LENS + t)
     args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-            q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK, L2PF)
+            q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, PRODUCER_WARPS],
                        [REGS_1, REGS_P])
 
@@ -343,8 +324,7 @@ def api_reason() -> str | None:
     return None
 
 
-def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, l2_prefetch: bool = False,
-           warmup: bool = False):
+def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, warmup: bool = False):
     """Run (or with ``warmup`` only compile) the warp-specialised kernel; the caller checked
     scope (:func:`.sparse_mla_gluon.unsupported`) and validated the inputs."""
     T, H, D = q.shape
@@ -354,7 +334,7 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, l2_prefetch: 
             H, num_hb,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * 1.4426950408889634)
-    meta = dict(HAS_SINK=has_sink, L2PF=bool(l2_prefetch), REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4,
+    meta = dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4,
                 maxnreg=MAXNREG)
     grid = (T * num_hb,)
     if warmup:

@@ -74,7 +74,7 @@ def test_shipped_configs(gmod, cache, H, K, which):
 
 
 @pytest.mark.parametrize("cfg", ["n64b2l0", "n64b2l0s", "n32b4l0", "n32b3l0", "n32b4", "n64b2l0d", "n32b4l0d",
-                                 "n32b4l0dp", "n32b3l0dp", "ws", "wsp"])
+                                 "n32b4l0dp", "n32b3l0dp", "ws"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_swept_configs(gmod, cache, cfg, dtype):
     c = gmod.parse_env(cfg)
