@@ -5,6 +5,10 @@ reference: ``out[t, h] = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink[h]))`` 
 valid ``j`` (``j < lens[t]`` and ``indices[t, j] != PAD``), ``lse`` natural log without
 the sink, zeros and ``lse = -inf`` for a token with nothing valid.
 
+Where a token has two or more 64-head blocks (H 128) the default is the warp-specialised
+kernel of :mod:`.sparse_mla_gluon_ws` instead (:func:`default_for`); this module holds the
+configs, the scope rules and the launcher for both.
+
 Why Gluon: the ``tl`` kernel tops out at ~240 TFLOP/s on the H200 because Triton's
 pipeliner issues tile i+1's cp.async gather only after tile i's math
 (``bench/notes_sparse_mla.md``). Here shared memory, cp.async groups, waits, barriers and
@@ -320,6 +324,9 @@ class GluonConfig:
 # H200 (Triton 3.6, T 16K, K 640, lead's runs of aec955c / bf470ee): n64b2l0 (P through shared
 # memory) 305 / 318 TFLOP/s at H 64 / 128, the n32 configs 214-246, the tl kernel 236-258.
 DEFAULT = GluonConfig(block_n=64, nbuf=2, lazy=0)
+# The warp-specialised kernel (kernels/sparse_mla_gluon_ws.py): the default where a token has two
+# or more 64-head blocks (default_for); DEFAULT above for one.
+WS = GluonConfig(ws=True)
 # What bench/bench_sparse_mla.py --gluon measures (and the GPU tests run); each compiles
 # offline for sm_90a with Triton 3.6 and 3.9 (tests/test_sparse_mla_gluon_compile.py).
 # "s": P through an NVMMA shared buffer (+ fence.proxy.async, whose MEMBAR.ALL.CTA waits for
@@ -330,9 +337,8 @@ SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight: 224-251
     GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: 276-283
     GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),  # Q K^T(i+1) before softmax(i): 237-246
-    GluonConfig(ws=True),  # warp-specialised: producer + two consumers on alternate tiles
+    WS,  # warp-specialised (the default for H >= 128): T 16K / K 640, runs 24-32: 291-298 / 305-343
 )
-WS = GluonConfig(ws=True)
 # Measured and dropped from the sweep (bench/results/2026-11-29-h200, runs 8-16): n32b3l0, n32b4 (lazy 8),
 # n32b4l0d, n32b3l0dp: each at or below the 32-row configs above.
 
