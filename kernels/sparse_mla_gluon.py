@@ -434,9 +434,8 @@ def unsupported(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, d_v: i
 def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: GluonConfig = DEFAULT,
            warmup: bool = False):
     """Run (or with ``warmup`` only compile, returning the compiled kernel) the Gluon kernel
-    into ``out``/``lse``. The caller checked :func:`unsupported` (and validated the inputs)."""
-    if config.ws:
-        return _ws_module().launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, warmup=warmup)
+    into ``out``/``lse``. The caller checked :func:`unsupported` (and validated the inputs).
+    Both kernels (n64b2l0-style and ws) take the same runtime arguments."""
     T, H, D = q.shape
     num_hb = triton.cdiv(H, BLOCK_H)
     has_sink = sink is not None
@@ -444,13 +443,17 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             H, num_hb,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * LOG2E)
-    meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
-                LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s,
-                PIPE=config.pipe, num_warps=8)
+    if config.ws:
+        meta = _ws_module().launch_meta(has_sink)
+    else:
+        meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
+                    LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s,
+                    PIPE=config.pipe, num_warps=8)
+    fn = kernel_for(config)
     grid = (T * num_hb,)
     if warmup:
-        return _sparse_mla_gluon_fwd.warmup(*args, grid=grid, **meta)
-    _sparse_mla_gluon_fwd[grid](*args, **meta)
+        return fn.warmup(*args, grid=grid, **meta)
+    fn[grid](*args, **meta)
     return None
 
 

@@ -256,6 +256,9 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
         _cp_arrive(bars.index(_READY + 2), increment_count=False)
 
 
+# Two wrappers, not one function given W through the partition arguments: values passed that
+# way stop being constexprs, and _consume's `if W == 0` branches produce tensors, which Triton
+# 3.6 cannot lower inside a partition (the sink note in _consume).
 @gluon.jit
 def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
@@ -313,31 +316,13 @@ def _sparse_mla_gluon_ws_fwd(
                        [REGS_1, REGS_P])
 
 
-def shared_bytes(D: int = 512, itemsize: int = 2) -> int:
-    """Shared memory the kernel allocates explicitly: Q, 2 KV tiles, 2 P tiles, max/sum rows."""
-    return (64 * D + 2 * 64 * D + 2 * 64 * 64) * itemsize + 4 * 64 * 4 + 16 * 8
-
-
 def api_reason() -> str | None:
     if not hasattr(gl, "warp_specialize"):
         return f"Triton {triton.__version__} gluon lacks warp_specialize"
     return None
 
 
-def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, warmup: bool = False):
-    """Run (or with ``warmup`` only compile) the warp-specialised kernel; the caller checked
-    scope (:func:`.sparse_mla_gluon.unsupported`) and validated the inputs."""
-    T, H, D = q.shape
-    num_hb = triton.cdiv(H, 64)
-    has_sink = sink is not None
-    args = (q, kv, indices, lens, sink if has_sink else lse, out, lse,
-            H, num_hb,
-            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-            float(sm_scale) * 1.4426950408889634)
-    meta = dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4,
-                maxnreg=MAXNREG)
-    grid = (T * num_hb,)
-    if warmup:
-        return _sparse_mla_gluon_ws_fwd.warmup(*args, grid=grid, **meta)
-    _sparse_mla_gluon_ws_fwd[grid](*args, **meta)
-    return None
+def launch_meta(has_sink: bool) -> dict:
+    """The constexprs and launch options of :func:`_sparse_mla_gluon_ws_fwd` (its runtime
+    arguments are :func:`.sparse_mla_gluon.launch`'s, shared with the n64b2l0 kernel)."""
+    return dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4, maxnreg=MAXNREG)

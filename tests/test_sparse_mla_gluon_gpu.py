@@ -181,7 +181,7 @@ def test_ws_compile_failure_falls_back_to_n64b2l0(kmod, gmod, cache, monkeypatch
     def broken(*a, **k):
         raise RuntimeError("PassManager::run failed (injected by the test)")
 
-    monkeypatch.setattr(ws, "launch", broken)
+    monkeypatch.setattr(ws, "launch_meta", broken)
     backend = select(prefer={"sparse_mla": "triton"})
     args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=True, seed=21)
     assert kmod.dispatch_info(args[0], args[1], args[2], D)["config"] == "gluon-ws"
