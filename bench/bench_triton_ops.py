@@ -289,9 +289,13 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
     pack_fn = lambda: pack_empty((), (1, 1, 1), empty_x, 1, 16)  # noqa: E731
     results["empty_pack_launch"] = {"host_us": host_us(pack_fn)}
+    _launch.set_c_launch(False)
+    results["empty_pack_launch"]["host_us_triton_launcher"] = host_us(pack_fn)
     _launch.set_direct_launch(False)
     results["empty_pack_launch"]["host_us_launcher_object"] = host_us(pack_fn)
     _launch.set_direct_launch(True)
+    _launch.set_c_launch(True)
+    results["empty_pack_launch"]["c_launcher"] = _c_launcher_state(pack_empty)
     if not SMOKE:
         cal = calibration_kernels()
         src = torch.arange(160 * 128, dtype=torch.int64, device=dev)
@@ -317,12 +321,16 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         row.update({f"triton_{k}": v for k, v in gpu_pair(fn).items()})
         row.update({"triton_graph_us": graph_us(fn), "triton_host_us": host_us(fn),
                     "triton_host_us_no_out": host_us(lambda: tb.gather_replay_batch(*args))})
+        row["c_launcher"] = _c_launcher_state(_launch.KERNELS["gather_replay_batch._gather_replay_batch"])
+        _launch.set_c_launch(False)
+        row["triton_host_us_triton_launcher"] = host_us(fn)
         _launch.set_pointer_ints(False)
         row["triton_host_us_tensor_ptrs"] = host_us(fn)
         _launch.set_pointer_ints(True)
         _launch.set_direct_launch(False)
         row["triton_host_us_launcher_object"] = host_us(fn)
         _launch.set_direct_launch(True)
+        _launch.set_c_launch(True)
         _launch.set_launcher_stub(_no_launch)
         row["triton_host_us_python_only"] = host_us(fn)
         _launch.set_launcher_stub(None)
@@ -336,6 +344,16 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         if quick:
             break
     results["gather_replay_batch"] = rows
+
+
+def _c_launcher_state(kernel) -> str:
+    """Which launcher the shortcut holds for ``kernel`` now: the pack's C launcher, or why not."""
+    from swa_backends.kernels import _claunch
+
+    kinds = {type(e[0]).__name__ for e in kernel._fast.values()}
+    if kinds == {"Launcher"}:
+        return "C launcher"
+    return f"not the C launcher ({sorted(kinds)}; {_claunch.reason() or 'does not apply'})"
 
 
 def _no_launch(*args) -> None:
@@ -474,25 +492,28 @@ def print_table(res) -> None:
     print(f"\nempty Triton kernel: GPU {e['gpu_us_flushed']:.2f} us L2-flushed / {e['gpu_us_warm']:.2f} us L2-warm "
           f"(graph {e['graph_us']:.2f}), host {e['host_us']:.2f} us")
     pe = res["empty_pack_launch"]
-    print(f"the same through the pack's shortcut: host {pe['host_us']:.2f} us (C launch called directly), "
+    print(f"the same through the pack's shortcut: host {pe['host_us']:.2f} us ({pe['c_launcher']}), "
+          f"{pe['host_us_triton_launcher']:.2f} us (Triton's C launch called directly), "
           f"{pe['host_us_launcher_object']:.2f} us (through Triton's launcher object)")
     for key, v in res.get("calibration", {}).items():
         print(f"  calibration {key:>14}: GPU {v['gpu_us_flushed']:.2f} us flushed / {v['gpu_us_warm']:.2f} us warm")
     print("\ngather_replay_batch (targets: GPU <= 4.5 us, judged on the L2-flushed median as the issue's empty-kernel "
           "figure; host <= 10 us)")
-    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h obj':>6} "
+    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h trl':>6} {'h obj':>6} "
           f"{'h tens':>6} {'h py':>5} {'h no-out':>8} {'h jit':>6} {'ref GPU fl':>10} {'ref host':>8}")
     for r in res["gather_replay_batch"]:
         print(f"{r['step']:>12} {r['rows']:>5} {r['triton_gpu_us_flushed']:>7.2f} "
               f"{r['triton_gpu_us_warm']:>8.2f} {r['triton_graph_us']:>6.2f} "
-              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_launcher_object']:>6.2f} "
+              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_triton_launcher']:>6.2f} "
+              f"{r['triton_host_us_launcher_object']:>6.2f} "
               f"{r['triton_host_us_tensor_ptrs']:>6.2f} "
               f"{r['triton_host_us_python_only']:>5.2f} {r['triton_host_us_no_out']:>8.2f} "
               f"{r['triton_host_us_triton_launch_path']:>6.2f} {r['reference_gpu_us_flushed']:>10.1f} "
               f"{r['reference_host_us']:>8.1f}")
-    print("  (us; GPU fl/warm: L2 flushed/warm medians; graph: per call in a CUDA graph; host: per call as shipped; "
-          "h obj: through Triton's launcher object; h tens: tensors as pointers; h py: Python path only, launcher "
-          "stubbed; h jit: Triton's launch path)")
+    print("  (us; GPU fl/warm: L2 flushed/warm medians; graph: per call in a CUDA graph; host: per call as shipped "
+          f"({res['gather_replay_batch'][0]['c_launcher']}); h trl: Triton's C launch called directly; "
+          "h obj: through Triton's launcher object; h tens: tensors as pointers; h py: everything but the driver's "
+          "launch (the C launcher's driver call stubbed); h jit: Triton's launch path)")
     print("\nprepare_replay_step (one launch) vs its four ops (us, GPU L2-flushed / warm, host)")
     for r in res["prepare_replay_step"]:
         print(f"{r['step']:>12}: fused {r['fused_gpu_us_flushed']:.2f} / {r['fused_gpu_us_warm']:.2f}, host "

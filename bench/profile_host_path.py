@@ -75,11 +75,33 @@ def install_stub() -> list:
         names = [p.name for p in self.fn.params]
         ck = _NoLaunch()
         ints = _launch.PTR_INTS and _launch._pointers_follow_convention(names, args)
-        self._fast[(0, key)] = (_launch.fast_launcher(ck, names, args) if ints else None, ck)
+        launch = None
+        if ints and _launch.C_LAUNCH:  # the pack's C launcher, its driver call a recording stub
+            launch = recording_launcher(self.fn.params, args)
+        if launch is None and ints:
+            launch = _launch.fast_launcher(ck, names, args)
+        self._fast[(0, key)] = (launch, ck)
         seen.append((self.name, key, ints))
 
     _launch.Kernel._slow = slow
     return seen
+
+
+def recording_launcher(params, args):
+    """The pack's C launcher for a kernel with these ``params`` as Triton would type them
+    for ``args`` (pointers, int32 scalars, constexprs), whose driver call is the module's
+    recording function: everything of a real C launch but ``cuLaunchKernel``."""
+    from swa_backends.kernels import _claunch
+
+    module = _claunch.load()
+    if module is None:
+        return None
+    sig = {p.name: "constexpr" if p.is_constexpr or (p.name.endswith("_ptr") and a is None)
+           else "*i64" if p.name.endswith("_ptr") else "i32" if -2**31 <= a < 2**31 else "i64"
+           for p, a in zip(params, args)}
+    kinds = _claunch.kinds(sig, [p.name for p in params], args)
+    record, ctx = module.test_doubles()
+    return module.Launcher(0, record, ctx, 128, 0, kinds, 2)
 
 
 def per_call_us(fn, calls: int, rounds: int = 40) -> float:
@@ -134,14 +156,16 @@ def main(argv=None) -> int:
         from swa_backends.kernels.gather_replay_batch import gather_replay_batch as gather_fn
 
         row = {"step": name}
-        for ints in (True, False):
+        for ints, c in ((True, True), (True, False), (False, False)):
             _launch.set_pointer_ints(ints)
-            tag = "int_ptrs" if ints else "tensor_ptrs"
+            _launch.set_c_launch(c)
+            tag = "c_launcher" if c else "int_ptrs" if ints else "tensor_ptrs"
             row[f"gather_backend_{tag}"] = per_call_us(lambda: backend.gather_replay_batch(*gargs, out=gout), a.calls)
             row[f"gather_op_{tag}"] = per_call_us(lambda: gather_fn(*gargs, out=gout), a.calls)
             row[f"prepare_backend_{tag}"] = per_call_us(
                 lambda: backend.prepare_replay_step(*pargs, index_width=W, plan=s["plan"], out=pout), a.calls)
         _launch.set_pointer_ints(True)
+        _launch.set_c_launch(True)
         res["rows"].append(row)
     res["kernels_stubbed"] = sorted({(n, str(k), i) for n, k, i in seen})
     print(f"Python launch path per call (us, CPU time, launcher stubbed; Python {res['python']}, "

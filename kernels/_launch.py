@@ -31,6 +31,13 @@ pack's kernels do not ask for), where :func:`direct_call` recognises the launche
 (Triton 3.6 and 3.9, tested against Triton's own ``__call__``);
 ``SWA_TRITON_DIRECT_LAUNCH=0`` (or :func:`set_direct_launch`) goes through the object.
 
+Where it applies (CUDA, Triton 3.6 / 3.9, no scratch, see ``_claunch``), the pack's own C
+launcher replaces both: ``launcher(grid, stream, *args)`` reads the pointers, packs the
+parameters and calls ``cuLaunchKernel`` in one C call. It returns False, without
+launching, when the calling thread has no current CUDA context; that launch then takes
+Triton's path, which makes the context current. ``SWA_TRITON_C_LAUNCH=0`` (or
+:func:`set_c_launch`) keeps Triton's compiled launcher.
+
 ``SWA_TRITON_FAST_LAUNCH=0`` turns the shortcut off (every launch through Triton's path).
 Under the interpreter (``TRITON_INTERPRET=1``) launches always take Triton's path. This
 module decorates no kernel (it may be imported before ``interpreter.setup``); the device
@@ -47,6 +54,8 @@ import triton
 FAST = os.environ.get("SWA_TRITON_FAST_LAUNCH", "1") != "0"
 CHECK_KEYS = os.environ.get("SWA_TRITON_CHECK_KEYS", "0") == "1"
 PTR_INTS = os.environ.get("SWA_TRITON_PTR_INTS", "1") != "0"
+#: Launch through the pack's C launcher (``_claunch``) where it applies (see :func:`set_c_launch`).
+C_LAUNCH = os.environ.get("SWA_TRITON_C_LAUNCH", "1") != "0"
 
 #: Every (kernel name, key) launched in this process: warmup tests compare it before and
 #: after a serving-like call (on the interpreter, where nothing is compiled).
@@ -107,16 +116,20 @@ class Kernel:
                     if (enter is None or not getattr(enter, "calls", True)) and \
                             (leave is None or not getattr(leave, "calls", True)):
                         if launch is not None:
-                            launch(grid[0], grid[1], grid[2], self._get_stream(dev), *args)
+                            if launch(grid, self._get_stream(dev), *args) is not False:
+                                return
+                            # the pack's C launcher found no current CUDA context on this
+                            # thread: Triton's path below makes one current and launches
                         else:
                             ck.run(grid[0], grid[1], grid[2], self._get_stream(dev), ck.function, ck.packed_metadata,
                                    None, None, None, *args)
+                            return
                     else:  # a profiler's hooks: give them Triton's launch metadata
                         stream = self._get_stream(dev)
                         meta = ck.launch_metadata(grid, stream, *args)
                         ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, leave,
                                *args)
-                    return
+                        return
         self._slow(key, grid, args)
 
     def _slow(self, key: tuple, grid: tuple, args: tuple) -> None:
@@ -130,9 +143,18 @@ class Kernel:
         entry = self._fast.get((dev, key))
         if entry is None:
             names = [p.name for p in self.fn.params]
-            if _STUB is not None:  # host-time profiling: everything but the launcher call
+            launch = None
+            if PTR_INTS and _pointers_follow_convention(names, args):
+                if C_LAUNCH:  # with a profiling stub: the C launcher whose driver call records
+                    from ._claunch import launcher_for
+
+                    launch = launcher_for(ck, names, args, stub=_STUB is not None)
+                if _STUB is not None:  # host-time profiling: everything but the launcher call
+                    ck = _Stubbed(ck, _STUB)
+                if launch is None:
+                    launch = fast_launcher(ck, names, args)
+            elif _STUB is not None:
                 ck = _Stubbed(ck, _STUB)
-            launch = fast_launcher(ck, names, args) if PTR_INTS and _pointers_follow_convention(names, args) else None
             self._fast[(dev, key)] = (launch, ck)
         elif CHECK_KEYS and entry[1] is not ck:
             raise AssertionError(
@@ -180,6 +202,17 @@ def set_direct_launch(enabled: bool) -> bool:
     return previous
 
 
+def set_c_launch(enabled: bool) -> bool:
+    """Launch through the pack's C launcher (default, see ``_claunch``) or through Triton's
+    compiled launcher, for launches made from now on (forgets every fast entry, as
+    :func:`set_pointer_ints`). Returns the previous setting."""
+    global C_LAUNCH
+    previous, C_LAUNCH = C_LAUNCH, bool(enabled)
+    for k in KERNELS.values():
+        k._fast.clear()
+    return previous
+
+
 _STUB = None
 
 
@@ -188,8 +221,11 @@ def set_launcher_stub(stub) -> None:
     e.g. ``lambda *a: None``) with the arguments it would give the compiled kernel's
     launcher, instead of that launcher: the Python path of a launch, timed without the
     launcher's argument parsing, pointer checks and the driver's launch (nothing runs on
-    the device). ``None`` restores real launches. Forgets every fast entry (as
-    :func:`set_pointer_ints`); the next launch of each key goes through Triton's path."""
+    the device). Where the pack's C launcher applies, it stays, and only its driver call is
+    replaced (by the C module's recording function; ``stub`` is not called): what is timed
+    is then everything but ``cuLaunchKernel``. ``None`` restores real launches. Forgets
+    every fast entry (as :func:`set_pointer_ints`); the next launch of each key goes through
+    Triton's path."""
     global _STUB
     _STUB = stub
     for k in KERNELS.values():
@@ -207,7 +243,7 @@ class _Stubbed:
 
 
 def fast_launcher(ck, names: list[str], first_args: tuple):
-    """``launch(gx, gy, gz, stream, *args)``: ``ck``'s launcher call with every pointer
+    """``launch(grid, stream, *args)``: ``ck``'s launcher call with every pointer
     argument passed as ``arg.data_ptr()`` and the launch metadata and hooks left out
     (``None``), generated from the parameter ``names`` (pointers end in ``_ptr``).
 
@@ -231,7 +267,8 @@ def fast_launcher(ck, names: list[str], first_args: tuple):
                 f"None, annotations, signature, ({', '.join(items)},))")
         target = direct[1]
     src = (f"def make(run, function, packed, annotations, signature):\n"
-           f"    def launch(gx, gy, gz, stream, {', '.join(params)}):\n"
+           f"    def launch(grid, stream, {', '.join(params)}):\n"
+           f"        gx, gy, gz = grid\n"
            f"        {body}\n"
            f"    return launch\n")
     namespace: dict = {}

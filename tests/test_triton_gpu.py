@@ -77,14 +77,15 @@ def test_launch_keys_are_complete(gb, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ptr_ints", [True, False])
-def test_fast_and_triton_launch_paths_agree(gb, monkeypatch, ptr_ints):
-    """The shortcut (pointers as integers, the default, or as tensors) and Triton's own
-    launch path give the reference result, for every op, twice (the second call of a key
-    takes the shortcut)."""
-    from swa_backends.kernels import _launch
+@pytest.mark.parametrize("ptr_ints, c_launch", [(True, True), (True, False), (False, False)])
+def test_fast_and_triton_launch_paths_agree(gb, monkeypatch, ptr_ints, c_launch):
+    """The shortcut (the pack's C launcher, the default; Triton's launcher with pointers as
+    integers; or with tensors) and Triton's own launch path give the reference result, for
+    every op, twice (the second call of a key takes the shortcut). With the C launcher on,
+    every kernel's shortcut entry is one (none silently kept Triton's launcher)."""
+    from swa_backends.kernels import _claunch, _launch
 
-    previous = _launch.set_pointer_ints(ptr_ints)
+    previous = _launch.set_pointer_ints(ptr_ints), _launch.set_c_launch(c_launch)
     try:
         rng = np.random.default_rng(23)
         for op in KERNEL_OPS:
@@ -95,8 +96,43 @@ def test_fast_and_triton_launch_paths_agree(gb, monkeypatch, ptr_ints):
             for _ in range(2):
                 fast, _ = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
                 assert mismatch(op, slow, want) is None and mismatch(op, fast, want) is None
+        entries = [(k.name, type(e[0]).__name__) for k in _launch.KERNELS.values() for e in k._fast.values()]
+        assert entries
+        if c_launch:
+            assert _claunch.reason() is None, _claunch.reason()
+            assert all(t == "Launcher" for _, t in entries), entries
+        else:
+            assert all(t == "function" for _, t in entries) if ptr_ints else all(t == "NoneType" for _, t in entries)
     finally:
-        _launch.set_pointer_ints(previous)
+        _launch.set_pointer_ints(previous[0])
+        _launch.set_c_launch(previous[1])
+
+
+@pytest.mark.gpu
+def test_c_launcher_from_a_fresh_thread(gb):
+    """A launch from a thread that has made no CUDA call yet: the C launcher finds no
+    current context and hands the launch to Triton's path, or launches; either way the
+    result is the reference's."""
+    import threading
+
+    rng = np.random.default_rng(29)
+    op = "gather_replay_batch"
+    args, kwargs = case_for(op, rng, "cpu")
+    run_op(op, gb.gather_replay_batch, args, kwargs, _dev(gb))  # the key's entry exists
+    result = {}
+
+    def worker():
+        try:
+            result["got"] = run_op(op, gb.gather_replay_batch, args, kwargs, _dev(gb))
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            result["err"] = exc
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert "err" not in result, result.get("err")
+    got, want = result["got"]
+    assert mismatch(op, got, want) is None
 
 
 @pytest.mark.gpu

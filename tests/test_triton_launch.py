@@ -216,7 +216,7 @@ def test_direct_launch_hands_the_c_launcher_what_tritons_wrapper_does(monkeypatc
     a, b = torch.arange(3), torch.arange(5)
     names = ["x_ptr", "n", "y_ptr", "opt_ptr", "m"]
     fast = _launch.fast_launcher(ck, names, (a, 7, b, None, -2))
-    fast(3, 1, 1, 999, a, 7, b, None, -2)
+    fast((3, 1, 1), 999, a, 7, b, None, -2)
     drv.CudaLauncher.__call__(launcher, 3, 1, 1, 999, 4321, (4, 1, 0), None, None, None,
                               a.data_ptr(), 7, b.data_ptr(), None, -2)
     assert len(record) == 2 and record[0] == record[1], record
@@ -232,5 +232,5 @@ def test_direct_launch_falls_back_where_the_wrapper_does_work(monkeypatch):
     ck = FakeCompiled()
     fast = _launch.fast_launcher(ck, ["x_ptr", "n"], (torch.arange(2), 1))
     t = torch.arange(4)
-    fast(1, 1, 1, 5, t, 3)
+    fast((1, 1, 1), 5, t, 3)
     assert ck.calls == [(1, 1, 1, 5, ck.function, ck.packed_metadata, None, None, None, t.data_ptr(), 3)]
