@@ -288,14 +288,18 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     # the same empty kernel through the pack's launch shortcut: the host floor of every op
     pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
     pack_fn = lambda: pack_empty((), (1, 1, 1), empty_x, 1, 16)  # noqa: E731
-    results["empty_pack_launch"] = {"host_us": host_us(pack_fn)}
+    results["empty_pack_launch"] = {"host_us": host_us(pack_fn), "c_launcher": _c_launcher_state(pack_empty)}
+    launcher = next(iter(pack_empty._fast.values()))[0] if pack_empty._fast else None
+    if type(launcher).__name__ == "Launcher":  # the floor of any launch from Python: one C call
+        stream = torch.cuda.current_stream().cuda_stream
+        results["empty_pack_launch"]["host_us_c_call_alone"] = host_us(lambda: launcher((1, 1, 1), stream, empty_x,
+                                                                                       1, 16))
     _launch.set_c_launch(False)
     results["empty_pack_launch"]["host_us_triton_launcher"] = host_us(pack_fn)
     _launch.set_direct_launch(False)
     results["empty_pack_launch"]["host_us_launcher_object"] = host_us(pack_fn)
     _launch.set_direct_launch(True)
     _launch.set_c_launch(True)
-    results["empty_pack_launch"]["c_launcher"] = _c_launcher_state(pack_empty)
     if not SMOKE:
         cal = calibration_kernels()
         src = torch.arange(160 * 128, dtype=torch.int64, device=dev)
@@ -492,6 +496,9 @@ def print_table(res) -> None:
     print(f"\nempty Triton kernel: GPU {e['gpu_us_flushed']:.2f} us L2-flushed / {e['gpu_us_warm']:.2f} us L2-warm "
           f"(graph {e['graph_us']:.2f}), host {e['host_us']:.2f} us")
     pe = res["empty_pack_launch"]
+    if "host_us_c_call_alone" in pe:
+        print(f"the C launcher called alone (one C call: packing and cuLaunchKernel): host "
+              f"{pe['host_us_c_call_alone']:.2f} us")
     print(f"the same through the pack's shortcut: host {pe['host_us']:.2f} us ({pe['c_launcher']}), "
           f"{pe['host_us_triton_launcher']:.2f} us (Triton's C launch called directly), "
           f"{pe['host_us_launcher_object']:.2f} us (through Triton's launcher object)")
