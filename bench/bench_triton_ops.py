@@ -288,18 +288,15 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     # the same empty kernel through the pack's launch shortcut: the host floor of every op
     pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
     pack_fn = lambda: pack_empty((), (1, 1, 1), empty_x, 1, 16)  # noqa: E731
-    results["empty_pack_launch"] = {"host_us": host_us(pack_fn), "c_launcher": _c_launcher_state(pack_empty)}
+    pack_fn()
+    results["empty_pack_launch"] = {"c_launcher": _c_launcher_state(pack_empty)}
     launcher = next(iter(pack_empty._fast.values()))[0] if pack_empty._fast else None
+    modes = dict(LAUNCH_MODES)
     if type(launcher).__name__ == "Launcher":  # the floor of any launch from Python: one C call
         stream = torch.cuda.current_stream().cuda_stream
-        results["empty_pack_launch"]["host_us_c_call_alone"] = host_us(lambda: launcher((1, 1, 1), stream, empty_x,
-                                                                                       1, 16))
-    _launch.set_c_launch(False)
-    results["empty_pack_launch"]["host_us_triton_launcher"] = host_us(pack_fn)
-    _launch.set_direct_launch(False)
-    results["empty_pack_launch"]["host_us_launcher_object"] = host_us(pack_fn)
-    _launch.set_direct_launch(True)
-    _launch.set_c_launch(True)
+        modes["c_call_alone"] = (None, lambda: launcher((1, 1, 1), stream, empty_x, 1, 16))
+    for mode, us in host_modes(pack_fn, modes).items():
+        results["empty_pack_launch"][f"host_us_{mode}"] = us
     if not SMOKE:
         cal = calibration_kernels()
         src = torch.arange(160 * 128, dtype=torch.int64, device=dev)
@@ -323,24 +320,12 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         rfn = lambda: ref.gather_replay_batch(*args)  # noqa: E731
         row = {"step": name, "B": s.B, "T": s.T, "rows": s.plan.num_rows}
         row.update({f"triton_{k}": v for k, v in gpu_pair(fn).items()})
-        row.update({"triton_graph_us": graph_us(fn), "triton_host_us": host_us(fn),
+        row.update({"triton_graph_us": graph_us(fn),
                     "triton_host_us_no_out": host_us(lambda: tb.gather_replay_batch(*args))})
+        fn()
         row["c_launcher"] = _c_launcher_state(_launch.KERNELS["gather_replay_batch._gather_replay_batch"])
-        _launch.set_c_launch(False)
-        row["triton_host_us_triton_launcher"] = host_us(fn)
-        _launch.set_pointer_ints(False)
-        row["triton_host_us_tensor_ptrs"] = host_us(fn)
-        _launch.set_pointer_ints(True)
-        _launch.set_direct_launch(False)
-        row["triton_host_us_launcher_object"] = host_us(fn)
-        _launch.set_direct_launch(True)
-        _launch.set_c_launch(True)
-        _launch.set_launcher_stub(_no_launch)
-        row["triton_host_us_python_only"] = host_us(fn)
-        _launch.set_launcher_stub(None)
-        _launch.FAST = False
-        row["triton_host_us_triton_launch_path"] = host_us(fn)
-        _launch.FAST = True
+        for mode, us in host_modes(fn, LAUNCH_MODES).items():
+            row["triton_host_us" if mode == "shipped" else f"triton_host_us_{mode}"] = us
         row.update({f"reference_{k}": v for k, v in gpu_pair(rfn, calls=30, warmup=3,
                                                              lead_cycles=REFERENCE_LEAD_CYCLES).items()})
         row["reference_host_us"] = host_us(rfn, calls=300)
@@ -348,6 +333,62 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         if quick:
             break
     results["gather_replay_batch"] = rows
+
+
+def _launch_mode(c=None, ex=None, ints=None, direct=None, stub=None, fast=None):
+    """Set the launch path (None: the shipped default) and forget the fast entries."""
+    from swa_backends.kernels import _claunch, _launch
+
+    _claunch.EX = True if ex is None else ex
+    _launch.set_pointer_ints(True if ints is None else ints)
+    _launch.set_direct_launch(True if direct is None else direct)
+    _launch.set_launcher_stub(stub)
+    _launch.FAST = True if fast is None else fast
+    _launch.set_c_launch(True if c is None else c)
+
+
+#: The host-time variants timed side by side (interleaved rounds), each a launch-path setting:
+#: as shipped (the C launcher, cuLaunchKernelEx); the C launcher with cuLaunchKernel; Triton's C
+#: launch called directly (ints), through its launcher object, with tensors as pointers;
+#: everything but the driver's launch (the C launcher's driver call stubbed); Triton's own path.
+LAUNCH_MODES = {
+    "shipped": (dict(), None),
+    "c_legacy": (dict(ex=False), None),
+    "triton_launcher": (dict(c=False), None),
+    "launcher_object": (dict(c=False, direct=False), None),
+    "tensor_ptrs": (dict(c=False, ints=False), None),
+    "python_only": (dict(stub=lambda *a: None), None),  # the stub is not called where the C launcher applies
+    "triton_launch_path": (dict(fast=False), None),
+}
+
+
+def host_modes(fn, modes: dict, calls: int = 2000, rounds: int = 7) -> dict:
+    """Host time per call of ``fn`` under each launch mode (``{name: (settings, own_fn)}``:
+    ``own_fn`` replaces ``fn`` for that mode), measured in interleaved rounds so drift of the
+    host (clocks, neighbours) hits every mode alike; median over rounds. Restores the
+    shipped setting."""
+    if SMOKE:
+        return {name: _host_median(own or fn, 2) for name, (_, own) in modes.items()}
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    try:
+        for r in range(rounds):
+            names = list(modes)
+            names = names[r % len(names):] + names[:r % len(names)]
+            for name in names:
+                settings, own = modes[name]
+                _launch_mode(**settings)
+                f = own or fn
+                f()
+                f()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    f()
+                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+                torch.cuda.synchronize()
+    finally:
+        _launch_mode()
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def _c_launcher_state(kernel) -> str:
@@ -358,10 +399,6 @@ def _c_launcher_state(kernel) -> str:
     if kinds == {"Launcher"}:
         return "C launcher"
     return f"not the C launcher ({sorted(kinds)}; {_claunch.reason() or 'does not apply'})"
-
-
-def _no_launch(*args) -> None:
-    """The launcher stub of the Python-path measurement."""
 
 
 def bench_prepare(tb, dev, rng, results, quick):
@@ -497,28 +534,33 @@ def print_table(res) -> None:
           f"(graph {e['graph_us']:.2f}), host {e['host_us']:.2f} us")
     pe = res["empty_pack_launch"]
     if "host_us_c_call_alone" in pe:
-        print(f"the C launcher called alone (one C call: packing and cuLaunchKernel): host "
+        print(f"the C launcher called alone (one C call: packing and cuLaunchKernelEx): host "
               f"{pe['host_us_c_call_alone']:.2f} us")
-    print(f"the same through the pack's shortcut: host {pe['host_us']:.2f} us ({pe['c_launcher']}), "
+    print(f"the same through the pack's shortcut: host {pe['host_us_shipped']:.2f} us ({pe['c_launcher']}, "
+          f"cuLaunchKernelEx), {pe['host_us_c_legacy']:.2f} us (C launcher, cuLaunchKernel), "
           f"{pe['host_us_triton_launcher']:.2f} us (Triton's C launch called directly), "
-          f"{pe['host_us_launcher_object']:.2f} us (through Triton's launcher object)")
+          f"{pe['host_us_launcher_object']:.2f} us (through Triton's launcher object), "
+          f"{pe['host_us_python_only']:.2f} us (driver call stubbed)")
     for key, v in res.get("calibration", {}).items():
         print(f"  calibration {key:>14}: GPU {v['gpu_us_flushed']:.2f} us flushed / {v['gpu_us_warm']:.2f} us warm")
     print("\ngather_replay_batch (targets: GPU <= 4.5 us, judged on the L2-flushed median as the issue's empty-kernel "
           "figure; host <= 10 us)")
-    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h trl':>6} {'h obj':>6} "
+    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h leg':>6} "
+          f"{'h trl':>6} {'h obj':>6} "
           f"{'h tens':>6} {'h py':>5} {'h no-out':>8} {'h jit':>6} {'ref GPU fl':>10} {'ref host':>8}")
     for r in res["gather_replay_batch"]:
         print(f"{r['step']:>12} {r['rows']:>5} {r['triton_gpu_us_flushed']:>7.2f} "
               f"{r['triton_gpu_us_warm']:>8.2f} {r['triton_graph_us']:>6.2f} "
-              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_triton_launcher']:>6.2f} "
+              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_c_legacy']:>6.2f} "
+              f"{r['triton_host_us_triton_launcher']:>6.2f} "
               f"{r['triton_host_us_launcher_object']:>6.2f} "
               f"{r['triton_host_us_tensor_ptrs']:>6.2f} "
               f"{r['triton_host_us_python_only']:>5.2f} {r['triton_host_us_no_out']:>8.2f} "
               f"{r['triton_host_us_triton_launch_path']:>6.2f} {r['reference_gpu_us_flushed']:>10.1f} "
               f"{r['reference_host_us']:>8.1f}")
     print("  (us; GPU fl/warm: L2 flushed/warm medians; graph: per call in a CUDA graph; host: per call as shipped "
-          f"({res['gather_replay_batch'][0]['c_launcher']}); h trl: Triton's C launch called directly; "
+          f"({res['gather_replay_batch'][0]['c_launcher']}, cuLaunchKernelEx); h leg: the C launcher with "
+          "cuLaunchKernel; h trl: Triton's C launch called directly; "
           "h obj: through Triton's launcher object; h tens: tensors as pointers; h py: everything but the driver's "
           "launch (the C launcher's driver call stubbed); h jit: Triton's launch path)")
     print("\nprepare_replay_step (one launch) vs its four ops (us, GPU L2-flushed / warm, host)")

@@ -100,7 +100,7 @@ def recording_launcher(params, args):
            else "*i64" if p.name.endswith("_ptr") else "i32" if -2**31 <= a < 2**31 else "i64"
            for p, a in zip(params, args)}
     kinds = _claunch.kinds(sig, [p.name for p in params], args)
-    record, ctx = module.test_doubles()
+    record, ctx, _ = module.test_doubles()
     return module.Launcher(0, record, ctx, 128, 0, kinds, 2)
 
 

@@ -1,9 +1,10 @@
 /* The pack's own kernel launcher (see kernels/_claunch.py): one call from Python per launch,
  * kernel arguments packed here from a per-kernel list of kinds, then one driver call.
  *
- * Launcher(function, launch, ctx, block_x, shared, kinds, extra)
+ * Launcher(function, launch, ctx, block_x, shared, kinds, extra, ex=False)
  *   function  CUfunction handle of a loaded kernel (an int)
- *   launch    address of a function with cuLaunchKernel's signature
+ *   launch    address of a function with cuLaunchKernel's signature (ex: cuLaunchKernelEx's, given a
+ *             config without attributes)
  *   ctx       address of a function with cuCtxGetCurrent's signature, or 0 (no check)
  *   block_x   threads per block (32 * num_warps); shared: dynamic shared memory bytes
  *   kinds     bytes, one per argument the caller passes (constexprs included):
@@ -33,6 +34,14 @@
 typedef int (*launch_fn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned shared, void *stream, void **params, void **extra);
 typedef int (*ctx_fn)(void **ctx);
+/* cuLaunchKernelEx's config, laid out as cuda.h's CUlaunchConfig (no attributes used) */
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void *hStream;
+    void *attrs;
+    unsigned numAttrs;
+} launch_config;
+typedef int (*launch_ex_fn)(const launch_config *config, void *f, void **params, void **extra);
 
 typedef union {
     int8_t i8;
@@ -49,6 +58,7 @@ typedef struct {
     PyObject_HEAD
     void *function;
     launch_fn launch;
+    launch_ex_fn launch_ex;
     ctx_fn ctx;
     unsigned block_x;
     unsigned shared;
@@ -201,24 +211,32 @@ static PyObject *Launcher_call(Launcher *self, PyObject *args, PyObject *kwargs)
             Py_RETURN_FALSE;
     }
     g_last_nparams = p;
-    int rc = self->launch(self->function, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2], self->block_x, 1, 1,
+    int rc;
+    if (self->launch_ex != NULL) {
+        launch_config config = {(unsigned)g[0], (unsigned)g[1], (unsigned)g[2], self->block_x, 1, 1, self->shared,
+                                stream, NULL, 0};
+        rc = self->launch_ex(&config, self->function, params, NULL);
+    } else {
+        rc = self->launch(self->function, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2], self->block_x, 1, 1,
                           self->shared, stream, params, NULL);
+    }
     if (rc != 0) {
-        PyErr_Format(PyExc_RuntimeError, "swa_backends launcher: cuLaunchKernel returned CUresult %d", rc);
+        PyErr_Format(PyExc_RuntimeError, "swa_backends launcher: %s returned CUresult %d",
+                     self->launch_ex != NULL ? "cuLaunchKernelEx" : "cuLaunchKernel", rc);
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
 static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"function", "launch", "ctx", "block_x", "shared", "kinds", "extra", NULL};
+    static char *names[] = {"function", "launch", "ctx", "block_x", "shared", "kinds", "extra", "ex", NULL};
     unsigned long long function, launch, ctx;
     unsigned int block_x, shared;
     const char *kinds;
     Py_ssize_t nkinds;
-    int extra;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKIIy#i", names, &function, &launch, &ctx, &block_x, &shared,
-                                     &kinds, &nkinds, &extra))
+    int extra, ex = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKIIy#i|p", names, &function, &launch, &ctx, &block_x, &shared,
+                                     &kinds, &nkinds, &extra, &ex))
         return -1;
     if (launch == 0) {
         PyErr_SetString(PyExc_ValueError, "Launcher: launch must be the address of a launch function, got 0");
@@ -246,7 +264,8 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->function = (void *)(uintptr_t)function;
-    self->launch = (launch_fn)(uintptr_t)launch;
+    self->launch = ex ? NULL : (launch_fn)(uintptr_t)launch;
+    self->launch_ex = ex ? (launch_ex_fn)(uintptr_t)launch : NULL;
     self->ctx = (ctx_fn)(uintptr_t)ctx;
     self->block_x = block_x;
     self->shared = shared;
@@ -295,6 +314,11 @@ static int record_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigne
     return g_launch_result;
 }
 
+static int record_launch_ex(const launch_config *c, void *f, void **params, void **extra) {
+    return record_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                         c->sharedMemBytes, c->hStream, params, extra);
+}
+
 static int fake_ctx(void **ctx) {
     *ctx = g_ctx_present ? (void *)&g_rec : NULL;
     return 0;
@@ -306,8 +330,8 @@ static PyObject *py_test_doubles(PyObject *mod, PyObject *args) {
         return NULL;
     g_ctx_present = ctx_present;
     g_launch_result = launch_result;
-    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)&record_launch,
-                         (unsigned long long)(uintptr_t)&fake_ctx);
+    return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)&record_launch,
+                         (unsigned long long)(uintptr_t)&fake_ctx, (unsigned long long)(uintptr_t)&record_launch_ex);
 }
 
 static PyObject *py_last_launch(PyObject *mod, PyObject *unused) {
@@ -325,7 +349,7 @@ static PyObject *py_last_launch(PyObject *mod, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"test_doubles", py_test_doubles, METH_VARARGS,
-     "test_doubles(ctx_present=1, launch_result=0) -> (record_launch address, fake_ctx address)"},
+     "test_doubles(ctx_present=1, launch_result=0) -> addresses of (record_launch, fake_ctx, record_launch_ex)"},
     {"last_launch", py_last_launch, METH_NOARGS, "What the recording launch function got last."},
     {NULL, NULL, 0, NULL},
 };

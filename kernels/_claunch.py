@@ -50,7 +50,7 @@ SCALAR_KINDS = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": 
 
 _module = None
 _reason: str | None = None
-_driver: tuple[int, int] | None = None
+_driver: tuple[int, int, int] | None = None
 
 
 def cache_dir() -> Path:
@@ -119,15 +119,21 @@ def _build_and_import():
     return module
 
 
-def _driver_functions() -> tuple[int, int]:
-    """Addresses of ``cuLaunchKernel`` and ``cuCtxGetCurrent`` in the CUDA driver."""
+#: Launch with ``cuLaunchKernelEx`` (as Triton does) instead of ``cuLaunchKernel``
+#: (``SWA_TRITON_C_LAUNCH_EX=0``); both are timed by bench/bench_triton_ops.py.
+EX = os.environ.get("SWA_TRITON_C_LAUNCH_EX", "1") != "0"
+
+
+def _driver_functions() -> tuple[int, int, int]:
+    """Addresses of ``cuLaunchKernel``, ``cuCtxGetCurrent`` and ``cuLaunchKernelEx`` in the
+    CUDA driver."""
     global _driver
     if _driver is None:
         import ctypes
 
         lib = ctypes.CDLL("libcuda.so.1")
-        _driver = (ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value,
-                   ctypes.cast(lib.cuCtxGetCurrent, ctypes.c_void_p).value)
+        _driver = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                        for name in ("cuLaunchKernel", "cuCtxGetCurrent", "cuLaunchKernelEx"))
     return _driver
 
 
@@ -180,5 +186,5 @@ def launcher_for(ck, names: list[str], first_args: tuple, *, stub: bool = False)
     module = load()
     if module is None:
         return None
-    launch, ctx = module.test_doubles() if stub else _driver_functions()
-    return module.Launcher(ck.function, launch, ctx, 32 * num_warps, shared, k, 2)
+    launch, ctx, launch_ex = module.test_doubles() if stub else _driver_functions()
+    return module.Launcher(ck.function, launch_ex if EX else launch, ctx, 32 * num_warps, shared, k, 2, EX)

@@ -39,7 +39,7 @@ def _u64(v: int) -> int:
 
 
 def test_packs_every_kind_in_parameter_order(mod):
-    record, ctx = mod.test_doubles()
+    record, ctx, _ = mod.test_doubles()
     launcher = mod.Launcher(4321, record, ctx, 256, 1024, b"pxnzibhlILfdn", 2)
     x, y = torch.arange(5), torch.ones(3)
     out = launcher((7, 2, 3), 99, x, 123, None, None, -5, -2, 300, -(2**40), 2**32 - 1, 2**64 - 1, 1.5, -0.25, y)
@@ -58,8 +58,21 @@ def test_packs_every_kind_in_parameter_order(mod):
     assert rec["params"] == expect
 
 
+def test_launch_ex_gets_the_same_launch(mod):
+    """``ex=True``: the same grid, block, shared memory, stream and parameters reach a
+    function with cuLaunchKernelEx's signature (through its config struct)."""
+    _, ctx, record_ex = mod.test_doubles()
+    launcher = mod.Launcher(99, record_ex, ctx, 128, 512, b"pxi", 2, True)
+    x = torch.arange(4)
+    launcher((3, 4, 5), 42, x, 7, -1)
+    rec = mod.last_launch()
+    assert (rec["function"], rec["grid"], rec["block"], rec["shared"], rec["stream"]) == \
+        (99, (3, 4, 5), (128, 1, 1), 512, 42)
+    assert rec["params"] == (x.data_ptr(), 0xFFFFFFFF, 0, 0)
+
+
 def test_integer_pointers_pass_through(mod):
-    record, ctx = mod.test_doubles()
+    record, ctx, _ = mod.test_doubles()
     launcher = mod.Launcher(1, record, ctx, 32, 0, b"pn", 0)
     launcher((1, 1, 1), 0, 0xDEAD0000, 0xBEEF0000)
     assert mod.last_launch()["params"] == (0xDEAD0000, 0xBEEF0000)
@@ -73,7 +86,7 @@ def test_integer_pointers_pass_through(mod):
     ((torch.ones(1), 1, torch.ones(1)), TypeError, "argument 2 was None when this kernel was compiled"),
 ])
 def test_bad_arguments_raise_before_the_launch(mod, args, err, match):
-    record, ctx = mod.test_doubles()
+    record, ctx, _ = mod.test_doubles()
     launcher = mod.Launcher(1, record, ctx, 32, 0, b"piz", 2)
     calls = mod.last_launch()["calls"]
     full = args + (None,) * (3 - len(args))
@@ -83,7 +96,7 @@ def test_bad_arguments_raise_before_the_launch(mod, args, err, match):
 
 
 def test_argument_count_grid_and_constructor_are_checked(mod):
-    record, ctx = mod.test_doubles()
+    record, ctx, _ = mod.test_doubles()
     launcher = mod.Launcher(1, record, ctx, 32, 0, b"pi", 2)
     with pytest.raises(TypeError, match="takes \\(grid, stream, 2 kernel arguments\\)"):
         launcher((1, 1, 1), 0, torch.ones(1))
@@ -98,7 +111,7 @@ def test_argument_count_grid_and_constructor_are_checked(mod):
 
 
 def test_empty_grid_launches_nothing(mod):
-    record, ctx = mod.test_doubles()
+    record, ctx, _ = mod.test_doubles()
     launcher = mod.Launcher(1, record, ctx, 32, 0, b"p", 2)
     calls = mod.last_launch()["calls"]
     assert launcher((0, 1, 1), 0, torch.ones(1)) is None
@@ -106,7 +119,7 @@ def test_empty_grid_launches_nothing(mod):
 
 
 def test_no_current_context_returns_false_without_launching(mod):
-    record, ctx = mod.test_doubles(0)
+    record, ctx, _ = mod.test_doubles(0)
     try:
         launcher = mod.Launcher(1, record, ctx, 32, 0, b"p", 2)
         calls = mod.last_launch()["calls"]
@@ -117,7 +130,7 @@ def test_no_current_context_returns_false_without_launching(mod):
 
 
 def test_driver_error_raises(mod):
-    record, ctx = mod.test_doubles(1, 700)
+    record, ctx, _ = mod.test_doubles(1, 700)
     try:
         launcher = mod.Launcher(1, record, ctx, 32, 0, b"p", 2)
         with pytest.raises(RuntimeError, match="CUresult 700"):
@@ -144,7 +157,7 @@ def test_kernel_falls_back_to_tritons_path_without_a_context(mod, monkeypatch):
 
     k = _launch.Kernel(Jit(), name="test_claunch.fake")
     try:
-        record, ctx = mod.test_doubles(0)
+        record, ctx, _ = mod.test_doubles(0)
         k._get_device, k._get_stream = (lambda: 0), (lambda dev: 5)
         k._hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
         k._fast[(0, ())] = (mod.Launcher(1, record, ctx, 32, 0, b"p", 2), None)

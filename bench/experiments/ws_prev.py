@@ -1,0 +1,328 @@
+"""Warp-specialised Gluon (Hopper) forward kernel for ``sparse_mla`` (SPEC §2.7): config ``ws``.
+
+Same op, arguments and results as :mod:`.sparse_mla_gluon` (one program per (token, 64-head
+block), plain index layout, ``D_qk = d_v = 512``). What differs is the schedule: three
+warpgroups that each run their own code and meet at mbarriers, instead of two warpgroups in
+lockstep at CTA barriers.
+
+* **producer** (4 warps, few registers): loads Q once, then per *pair* of 64-row KV tiles
+  ``(2j, 2j+1) = (A, B)`` gathers A into buffer 0 and B into buffer 1 with cp.async (PAD rows
+  and rows past ``lens`` zero-filled, no traffic). Every buffer is split into its left and
+  right 256 columns (``lo``/``hi``), each with its own *ready* and *free* barrier, so a half
+  is refilled as soon as its last reader is done with it.
+* **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` (all 64 columns: wgmma
+  N = 64) while **consumer 1** computes ``S_B``. Consumer ``w`` owns ``acc[:, 256w : 256w+256]``
+  (fp32, registers), so both read both tiles' V, each its own half of the columns.
+* consumer 0: softmax against ``m_A = max(m, rowmax S_A)``, publishes ``m_A`` and ``P_A``
+  (shared memory) at once, ``acc += P_A V_A[:, lo]``, frees A lo; then waits for consumer 1's
+  ``m_B``, ``P_B``, rescales to ``m_B``, ``acc += P_B V_B[:, lo]``, frees B lo.
+* consumer 1: waits for ``m_A``, ``P_A``; rescales to ``m_A``; ``acc += P_A V_A[:, hi]`` while
+  its own softmax against ``m_B = max(m_A, rowmax S_B)`` runs; frees A hi; rescales to ``m_B``,
+  publishes ``m_B``, ``P_B``, ``acc += P_B V_B[:, hi]``, frees B hi.
+* so tile A is free early in a pair and consumer 0, the head of the chain (everything waits
+  for ``m_A``), starts the next pair without waiting for a gather; only B's halves are
+  refilled at the end of a pair, under consumer 0's next Q K^T and softmax. (The first
+  version freed one half of each tile at the end of a pair: H200 run 24, 291-321 TFLOP/s at
+  H 64.)
+
+The row sums are kept per consumer and added once at the end. Scope: as
+:func:`.sparse_mla_gluon.unsupported`, plus a Triton whose Gluon has ``warp_specialize``
+and mbarriers (3.6 and 3.9 both do). Imported lazily, never under the interpreter.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper as _hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+_cp_async = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
+_cp_arrive = _async_copy.mbarrier_arrive
+_fence_async_shared = _hopper.fence_async_shared
+_wgmma = _hopper.warpgroup_mma
+_wgmma_wait = _hopper.warpgroup_mma_wait
+_barrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
+
+BLOCK_H = gl.constexpr(64)
+BN = gl.constexpr(64)  # KV rows per tile
+HALF = gl.constexpr(256)  # columns per buffer half
+CHUNK = gl.constexpr(64)  # columns per cp.async call (keeps the producer's address registers few)
+PRODUCER_WARPS = gl.constexpr(4)
+# registers per thread: consumer 1 and the producer (the default partition, consumer 0,
+# gets what is left of MAXNREG x 12 warps: 3 x 168 - 232 - 40 = 232)
+WORKER_REGS = (232, 40)
+MAXNREG = 168
+
+# barrier slots
+_READY = gl.constexpr(0)  # + 2 * buffer + half: 4 (cp.async arrivals of the producer's 128 threads)
+_FREE = gl.constexpr(4)  # + 2 * buffer + half: 4 (one arrival: the half's last reader)
+_QBAR = gl.constexpr(8)  # Q landed (producer's cp.async arrivals)
+_PBAR = gl.constexpr(9)  # + w: consumer w's row max and P in shared memory
+_LBAR = gl.constexpr(11)  # + w: consumer w's row sums in shared memory
+_NBAR = gl.constexpr(16)
+
+
+@gluon.jit
+def _valid_cols(idx_row, tile, length, layout: gl.constexpr):
+    """Validity of tile ``tile``'s 64 index entries (PAD and past ``length``: False)."""
+    cols = tile * 64 + gl.arange(0, 64, layout=layout)
+    idx = gl.load(idx_row + cols, mask=cols < length, other=-1)
+    return idx >= 0
+
+
+@gluon.jit
+def _pv_then_free(a, v, acc, free_bar):
+    """``acc += a @ v`` (waited); then, every warp past it, one arrival on ``free_bar``: the
+    half ``v`` is free for the producer."""
+    acc = _wgmma(a, v, acc, is_async=True)
+    acc = _wgmma_wait(0, deps=(acc,))
+    _barrier()
+    mbarrier.arrive(free_bar, count=1)
+    return acc
+
+
+@gluon.jit
+def _publish(m, p16, m_slot, p_slot, bar):
+    """Row max ``m`` and ``P`` (bf16/fp16) into shared memory for the other consumer's wgmma,
+    then one arrival on ``bar``."""
+    m_slot.store(m)
+    p_slot.store(p16)
+    _fence_async_shared()  # generic stores -> the other consumer's wgmma (async proxy)
+    _barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+             stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1)."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 64, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
+    FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
+    OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
+
+    idx_row = IDX + t * stride_it
+    n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_row)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=s_row)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_H, 64], gl.float32, layout=s_layout)
+    mbarrier.wait(bars.index(_QBAR), 0)
+
+    for j in range(n_pairs):
+        ph = j & 1
+        # S = Q K^T over this consumer's tile, the half freed first, then the other
+        mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
+        _fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        s = _wgmma(q_smem.index(FIRST), kv_smem.index(OWN + FIRST).permute((1, 0)), s_zero, use_acc=False,
+                   is_async=True)
+        mbarrier.wait(bars.index(_READY + OWN + 1 - FIRST), ph)
+        _fence_async_shared()
+        s = _wgmma(q_smem.index(1 - FIRST), kv_smem.index(OWN + 1 - FIRST).permute((1, 0)), s, is_async=True)
+        valid = _valid_cols(idx_row, 2 * j + W, length, s_col)  # L2-hot (the producer read it), under the wgmma
+        s = _wgmma_wait(0, deps=(s,))
+        s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
+        row_max = gl.max(s, axis=1)
+        if W == 0:
+            # tile A: softmax against m_A = max(m, rowmax S_A); publish m_A and P_A (relative
+            # to m_A) at once, then P_A V_A[:, lo]; then rescale to m_B and add P_B V_B[:, lo]
+            m_a = gl.maximum(m_i, row_max)
+            m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)  # nothing valid yet: shift by 0
+            alpha = gl.exp2(m_i - m_a_shift)
+            p = gl.exp2(s - gl.expand_dims(m_a_shift, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+            p16 = p.to(dtype)
+            _publish(m_a, p16, ml_smem[0], p_smem.index(0), bars.index(_PBAR + 0))
+            p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _pv_then_free(p_op, kv_smem.index(0), acc, bars.index(_FREE + 0))  # A lo: nobody else reads it
+            mbarrier.wait(bars.index(_PBAR + 1), ph)
+            m_b = ml_smem[1].load(s_row)
+            sc = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))  # m_A = -inf: 0 (acc, l are 0)
+            l_i = l_i * sc
+            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            acc = _pv_then_free(p_smem.index(1), kv_smem.index(2), acc, bars.index(_FREE + 2))  # B lo: freed last
+            m_i = m_b
+        else:
+            # tile B: first P_A V_A[:, hi] (relative to m_A), then the own softmax against
+            # m_B = max(m_A, rowmax S_B) under that wgmma, rescale, publish, P_B V_B[:, hi]
+            mbarrier.wait(bars.index(_PBAR + 0), ph)
+            m_a = ml_smem[0].load(s_row)
+            m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)
+            alpha = gl.exp2(m_i - m_a_shift)
+            l_i = l_i * alpha
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+            acc = _wgmma(p_smem.index(0), kv_smem.index(1), acc, is_async=True)
+            m_b = gl.maximum(m_a, row_max)
+            m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
+            sc = gl.exp2(m_a - m_b_shift)
+            p = gl.exp2(s - gl.expand_dims(m_b_shift, 1))
+            acc = _wgmma_wait(0, deps=(acc,))
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 1), count=1)  # A hi
+            l_i = l_i * sc + gl.sum(p, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            p16 = p.to(dtype)
+            _publish(m_b, p16, ml_smem[1], p_smem.index(1), bars.index(_PBAR + 1))
+            p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _pv_then_free(p_op, kv_smem.index(3), acc, bars.index(_FREE + 3))  # B hi
+            m_i = m_b
+
+    # row sums: each consumer's own, added once
+    ml_smem[2 + W].store(l_i)
+    _barrier()
+    mbarrier.arrive(bars.index(_LBAR + W), count=1)
+    mbarrier.wait(bars.index(_LBAR + 1 - W), 0)
+    l_tot = l_i + ml_smem[3 - W].load(s_row)
+
+    has = l_tot > 0.0
+    m_shift = gl.where(m_i == float("-inf"), 0.0, m_i)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_row)
+    h_ok = offs_h < H
+    # the sink joins the denominator only (m-shifted, base 2); without one the masked load
+    # gives -inf and exp2 0 (a constexpr branch here does not survive warp_specialize's
+    # argument passing on Triton 3.6: LLVM lowering asserts)
+    sink2 = gl.load(SINK + offs_h, mask=h_ok & (HAS_SINK != 0), other=float("-inf")) * 1.4426950408889634
+    denom = gl.where(has, l_tot + gl.exp2(sink2 - m_shift), 1.0)
+    if W == 0:
+        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_tot, 1.0))) * 0.6931471805599453, float("-inf"))
+        gl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
+    inv = gl.convert_layout(1.0 / denom, o_row)
+    o = (acc * gl.expand_dims(inv, 1)).to(dtype)
+    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_row)
+    offs_v = W * HALF + gl.arange(0, HALF, layout=o_col)
+    o_ptrs = OUT + t * stride_ot + gl.expand_dims(offs_ho.to(gl.int64) * stride_oh, 1) + gl.expand_dims(offs_v, 0)
+    gl.store(o_ptrs, o, mask=gl.expand_dims(offs_ho < H, 1) & gl.expand_dims(offs_v >= 0, 0))
+
+
+@gluon.jit
+def _gather_half(KV, dst, rows, valid, col0, offs_c):
+    """cp.async of columns ``[col0, col0 + 256)`` of the KV rows ``rows`` (int64 element
+    offsets; ``valid`` False: zero fill, no traffic) into ``dst [64, 256]``, 64 columns a call."""
+    for c in gl.static_range(HALF // CHUNK):
+        ptrs = KV + (gl.expand_dims(rows, 1) + gl.expand_dims(col0 + c * CHUNK + offs_c, 0))
+        mask = gl.expand_dims(valid, 1) & gl.expand_dims(offs_c >= 0, 0)
+        _cp_async(dst.slice(c * CHUNK, CHUNK, dim=1), ptrs, mask=mask)
+
+
+@gluon.jit
+def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+    row_l: gl.constexpr = gl.SliceLayout(1, ld)
+    offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
+    # Q [64 heads, 512] as two halves (heads past H zero-filled)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
+    q_rows = t * stride_qt + offs_h.to(gl.int64) * stride_qh
+    _gather_half(Q, q_smem.index(0), q_rows, offs_h < H, 0, offs_c)
+    _gather_half(Q, q_smem.index(1), q_rows, offs_h < H, HALF, offs_c)
+    _cp_arrive(bars.index(_QBAR), increment_count=False)
+
+    idx_row = IDX + t * stride_it
+    n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
+    for j in range(n_pairs):
+        ph = j & 1
+        cols = 2 * j * 64 + gl.arange(0, 64, layout=row_l)
+        idx_a = gl.load(idx_row + cols, mask=cols < length, other=-1)
+        idx_b = gl.load(idx_row + cols + 64, mask=cols + 64 < length, other=-1)
+        ok_a = idx_a >= 0
+        ok_b = idx_b >= 0
+        rows_a = gl.where(ok_a, idx_a, 0).to(gl.int64) * stride_kv
+        rows_b = gl.where(ok_b, idx_b, 0).to(gl.int64) * stride_kv
+        # the halves in the order they are freed: A lo, A hi, B hi, B lo
+        mbarrier.wait(bars.index(_FREE + 0), ph ^ 1)
+        _gather_half(KV, kv_smem.index(0), rows_a, ok_a, 0, offs_c)
+        _cp_arrive(bars.index(_READY + 0), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 1), ph ^ 1)
+        _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HALF, offs_c)
+        _cp_arrive(bars.index(_READY + 1), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 3), ph ^ 1)
+        _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HALF, offs_c)
+        _cp_arrive(bars.index(_READY + 3), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 2), ph ^ 1)
+        _gather_half(KV, kv_smem.index(2), rows_b, ok_b, 0, offs_c)
+        _cp_arrive(bars.index(_READY + 2), increment_count=False)
+
+
+# Two wrappers, not one function given W through the partition arguments: values passed that
+# way stop being constexprs, and _consume's `if W == 0` branches produce tensors, which Triton
+# 3.6 cannot lower inside a partition (the sink note in _consume).
+@gluon.jit
+def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+               stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+
+
+@gluon.jit
+def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+               stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+
+
+@gluon.jit(do_not_specialize=["NUM_HB"])
+def _sparse_mla_gluon_ws_fwd(
+    Q, KV, IDX, LENS, SINK, OUT, LSE,
+    H, NUM_HB,
+    stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+    qk_scale,
+    HAS_SINK: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, num_warps: gl.constexpr,
+):
+    gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
+    dtype: gl.constexpr = Q.dtype.element_ty
+    half_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HALF], dtype)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], dtype)
+    flat_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, HALF], half_sl)  # Q lo / hi
+    kv_smem = gl.allocate_shared_memory(dtype, [4, BN, HALF], half_sl)  # 2 * buffer + half
+    p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, 64], p_sl)  # P_A, P_B
+    # m_A, m_B, l_0, l_1 rows
+    ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl))
+    bars = gl.allocate_shared_memory(gl.int64, [_NBAR, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(bars.index(_READY + i), count=PRODUCER_WARPS * 32)
+        mbarrier.init(bars.index(_FREE + i), count=1)
+    mbarrier.init(bars.index(_QBAR), count=PRODUCER_WARPS * 32)
+    for i in gl.static_range(2):
+        mbarrier.init(bars.index(_PBAR + i), count=1)
+        mbarrier.init(bars.index(_LBAR + i), count=1)
+
+    pid = gl.program_id(0)
+    hb = pid % NUM_HB
+    t = (pid // NUM_HB).to(gl.int64)
+    length = gl.load(LENS + t)
+    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+            stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
+            q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+    gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, PRODUCER_WARPS],
+                       [REGS_1, REGS_P])
+
+
+def api_reason() -> str | None:
+    if not hasattr(gl, "warp_specialize"):
+        return f"Triton {triton.__version__} gluon lacks warp_specialize"
+    return None
+
+
+def launch_meta(has_sink: bool) -> dict:
+    """The constexprs and launch options of :func:`_sparse_mla_gluon_ws_fwd` (its runtime
+    arguments are :func:`.sparse_mla_gluon.launch`'s, shared with the n64b2l0 kernel)."""
+    return dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4, maxnreg=MAXNREG)
