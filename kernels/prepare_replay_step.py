@@ -106,7 +106,7 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
 def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                          n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
                          B, G, n_pad, W, Wr, S, DO_PAD: tl.constexpr, BLOCK: tl.constexpr, GB: tl.constexpr,
-                         KB: tl.constexpr):
+                         KB: tl.constexpr, UNIT_T: tl.constexpr):
     """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry and
     ``kv_start`` (the first of its ``S`` programs), and every ``S``-th block of its kept
     rows, their slots padded by the same condition the token role pads with."""
@@ -139,7 +139,11 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
         row = (o + d1).to(tl.int64)
         gm = (g[:, None] < G) & m[None, :]
         p = tl.load(pos_ptr + row, mask=m, other=0)
-        sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
+        if UNIT_T:  # the slot rows contiguous (usual): load and store tiles share one layout
+            tok = row[None, :]
+        else:
+            tok = row[None, :] * s_t
+        sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
         replayed = m & (R64 > 0) & (p >= R64) & (p < R64 + Wr)
         if DO_PAD:
             sl = tl.where(replayed[None, :] & (cacheable[:, None] != 0), PAD, sl)
@@ -149,7 +153,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
         for g0 in range(GB, G, GB):  # more than GB groups (rare)
             gg = g0 + g
             gm = (gg[:, None] < G) & m[None, :]
-            sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + row[None, :] * s_t, mask=gm, other=PAD)
+            sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
             if DO_PAD:
                 more = _cacheable(groups_ptr, n_groups, gg, KB)
                 sl = tl.where(replayed[None, :] & (more[:, None] != 0), PAD, sl)
@@ -165,7 +169,7 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
                          req_progs,
                          DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
-                         KB: tl.constexpr):
+                         KB: tl.constexpr, UNIT_T: tl.constexpr):
     pid = tl.program_id(0)
     if pid < tok_tiles:
         _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
@@ -175,7 +179,7 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
         if pid < tok_tiles + req_progs:
             _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
                                  s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr,
-                                 opos_ptr, oslot_ptr, kv_ptr, B, G, n_pad, W, Wr, S, DO_PAD, BLOCK, GB, KB)
+                                 opos_ptr, oslot_ptr, kv_ptr, B, G, n_pad, W, Wr, S, DO_PAD, BLOCK, GB, KB, UNIT_T)
         else:
             write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
     else:
@@ -222,7 +226,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
     bt_s0, bt_s1 = block_table.stride()
-    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None), grid,
+    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1), grid,
        R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
        idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
        is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
@@ -233,7 +237,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        block_table, bt_s0, bt_s1, block_table.shape[1],
        rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB)
+       tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     return PreparedStep(rs, slot_mappings, swa, lens, batch)
 

@@ -50,7 +50,7 @@ def parse_target(spec: str) -> GPUTarget:
 
 def main(argv: list[str]) -> int:
     targets = [parse_target(t) for t in (argv or ["cuda:90"])]
-    from swa_backends.kernels import _METADATA_KERNELS, _launch, interpreter
+    from swa_backends.kernels import _METADATA_KERNELS, _claunch, _launch, interpreter
 
     # a CUDA DeviceInfo whose tensors live on the CPU: compiled mode, nothing launched
     device = DeviceInfo("cuda", "sm90", name="offline compile", torch_device="cpu", capability=(9, 0))
@@ -67,10 +67,15 @@ def main(argv: list[str]) -> int:
             options, signature, constexprs, attrs = self.fn._pack_args(backend, {"debug": False}, bound,
                                                                        specialization, options)
             t0 = time.time()
-            triton_compile(ASTSource(self.fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+            ck = triton_compile(ASTSource(self.fn, signature, constexprs, attrs), target=target,
+                                options=options.__dict__)
             done[(target.arch, self.name, key)] = time.time() - t0
-            print(f"{target.backend}:{target.arch} {self.name} {key} {done[(target.arch, self.name, key)]:.2f}s",
-                  flush=True)
+            packable = ""
+            if target.backend == "cuda":  # the pack's C launcher can pack this kernel's parameters
+                kinds = _claunch.kinds(dict(ck.src.signature), [p.name for p in self.fn.params], args)
+                packable = f" claunch={'ok' if kinds is not None and ck.packed_metadata[1] == 1 else 'no'}"
+            print(f"{target.backend}:{target.arch} {self.name} {key} {done[(target.arch, self.name, key)]:.2f}s"
+                  f"{packable}", flush=True)
 
     _launch.Kernel.__call__ = compile_only
     impls = {}

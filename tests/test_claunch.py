@@ -1,8 +1,8 @@
 """The pack's C launcher (``kernels/_claunch.c``) without a GPU: it builds, packs every
 argument kind the way the kernel's parameter list needs it (checked through the module's
 recording launch function), refuses bad arguments before any launch, reports a missing
-CUDA context instead of launching, and ``launcher_for`` types a real compiled kernel's
-parameters from Triton's signature. The launcher layout it assumes (non-constexpr
+CUDA context instead of launching, and ``kinds`` refuses what it cannot pack (every pack
+kernel compiled offline for sm_90a is typed by it: tests/test_triton_compile.py). The launcher layout it assumes (non-constexpr
 arguments in order, then two scratch pointers) is checked against the installed Triton's
 driver source. On the GPU, tests/test_triton_gpu.py runs every kernel through it and
 compares with Triton's own launch path."""
@@ -170,28 +170,6 @@ def test_kernel_falls_back_to_tritons_path_without_a_context(mod, monkeypatch):
     finally:
         mod.test_doubles(1)
         _launch.KERNELS.pop("test_claunch.fake", None)
-
-
-def test_kinds_from_a_real_compiled_signature(mod):
-    """``launcher_for``'s typing on a pack kernel compiled offline for sm_90a by this
-    Triton: the gather kernel's pointers, int32 scalars and constexprs."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from swa_backends.kernels import _claunch
-    from swa_backends.kernels.gather_replay_batch import _gather_replay_batch as fn
-
-    names = [p.name for p in fn.params]
-    sig = {n: "constexpr" if p.is_constexpr else "*i64" if n.endswith("_ptr") else "i32"
-           for n, p in zip(names, fn.params)}
-    consts = {n: v for n, v in (("BLOCK", 128), ("GB", 8))}
-    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
-    args = tuple(torch.ones(1) if n.endswith("_ptr") else consts.get(n, 3) for n in names)
-    kinds = _claunch.kinds(dict(ck.src.signature), names, args)
-    assert kinds == "".join("x" if p.is_constexpr else "p" if p.name.endswith("_ptr") else "i"
-                            for p in fn.params).encode()
-    assert ck.packed_metadata[1] == 1  # one CTA per cluster: the C launcher applies
 
 
 def test_kinds_refuse_what_the_launcher_cannot_pack():

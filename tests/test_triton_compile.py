@@ -36,5 +36,8 @@ def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
     assert lines[-1].startswith("compiled ")
     for kernel in ("prepare_replay_step.", "gather_replay_batch.", "swa_indices_and_lens."):
         assert any(line.startswith(f"cuda:90 {kernel}") for line in lines), kernel
+    # the pack's C launcher (kernels/_claunch.py) types every CUDA kernel's parameters
+    cuda = [line for line in lines if line.startswith("cuda:90 ")]
+    assert cuda and all(line.endswith(" claunch=ok") for line in cuda), [x for x in cuda if "claunch=ok" not in x]
     assert any(line.startswith("hip:gfx942 rows._copy_rows") for line in lines)
 

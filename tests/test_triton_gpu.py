@@ -136,10 +136,12 @@ def test_c_launcher_from_a_fresh_thread(gb):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
-def test_sub_batch_long_kept_runs_and_many_groups_on_gpu(gb, op):
+def test_sub_batch_long_kept_runs_and_many_groups_on_gpu(gb, op, strided):
     """Requests keeping thousands of rows (several programs per request) and more slot
-    groups than one tile holds, on serving sizes."""
+    groups than one tile holds, on serving sizes; ``strided``: slot mappings whose token
+    stride is not 1 (the kernels' general path; unit stride is a launch-key specialisation)."""
     rng = np.random.default_rng(31)
     dev = _dev(gb)
     for i in range(6):
@@ -156,6 +158,9 @@ def test_sub_batch_long_kept_runs_and_many_groups_on_gpu(gb, op):
         else:
             args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
             kwargs["plan"] = plan
+        if strided:
+            k = 5 if op == "gather_replay_batch" else 6
+            args = args[:k] + (args[k].t().contiguous().t(),) + args[k + 1:]
         got, want = run_op(op, getattr(gb, op), args, kwargs, dev)
         assert mismatch(op, got, want) is None, f"{op} case {i}"
 

@@ -184,6 +184,12 @@ def test_pad_replayed_slots_writes_only_replayed_cacheable_slots(tb):
         assert (got[changed] == PAD).all()
 
 
+def plan_for_batch(b):
+    from swa_backends.common.ops import plan_replay_batch
+
+    return plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+
+
 def test_gather_replay_batch_graph_padding_is_pad(tb):
     rng = np.random.default_rng(5)
     from swa_backends.common.ops import plan_replay_batch
@@ -243,6 +249,29 @@ def test_sub_batch_long_kept_runs_and_many_groups(tb, op):
         assert S == max(1, -(-int(plan.kept.max()) // BLOCK))
         split |= S > 1
     assert split, "no case spread a request over several programs"
+
+
+@pytest.mark.parametrize("op, slot_arg", [("gather_replay_batch", 5), ("prepare_replay_step", 6)])
+def test_slot_mappings_strided_along_tokens(tb, op, slot_arg):
+    """``slot_mappings`` whose token stride is not 1 (a transposed ``[T, G]`` buffer): the
+    kernels' general path (their usual path assumes unit token stride, a launch-key
+    specialisation), against the reference."""
+    rng = np.random.default_rng(31 + slot_arg)
+    done = 0
+    for _ in range(8):
+        b = random_batch(rng, W=8, max_q=60, max_reqs=4, num_groups=3, long_prefill=True)
+        args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+        if op == "prepare_replay_step":
+            kwargs["plan"] = plan_for_batch(b)
+        sm = args[slot_arg]
+        strided = sm.t().contiguous().t()  # same values, strides (1, G)
+        if sm.shape[0] < 2 or sm.shape[1] < 2:
+            continue
+        assert strided.stride(1) != 1 and torch.equal(strided, sm)
+        args = args[:slot_arg] + (strided,) + args[slot_arg + 1:]
+        _check(tb, op, args, kwargs)
+        done += 1
+    assert done
 
 
 def test_pad_replayed_slots_no_launch_without_replay(tb):
