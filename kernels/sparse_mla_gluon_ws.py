@@ -17,8 +17,8 @@ lockstep at CTA barriers.
   (shared memory) at once, ``acc += P_A V_A[:, lo]``, frees A lo; then waits for consumer 1's
   ``m_B``, ``P_B``, rescales to ``m_B``, ``acc += P_B V_B[:, lo]``, frees B lo.
 * consumer 1: waits for ``m_A``, ``P_A``; rescales to ``m_A``; ``acc += P_A V_A[:, hi]`` while
-  its own softmax against ``m_B = max(m_A, rowmax S_B)`` runs and ``m_B``, ``P_B`` are
-  published; frees A hi; rescales to ``m_B``, ``acc += P_B V_B[:, hi]``, frees B hi.
+  its own softmax against ``m_B = max(m_A, rowmax S_B)`` runs; frees A hi; rescales to ``m_B``,
+  publishes ``m_B``, ``P_B``, ``acc += P_B V_B[:, hi]``, frees B hi.
 * so tile A is free early in a pair and consumer 0, the head of the chain (everything waits
   for ``m_A``), starts the next pair without waiting for a gather; only B's halves are
   refilled at the end of a pair, under consumer 0's next Q K^T and softmax. (The first
@@ -155,9 +155,8 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             acc = _pv_then_free(p_smem.index(1), kv_smem.index(2), acc, bars.index(_FREE + 2))  # B lo: freed last
             m_i = m_b
         else:
-            # tile B: first P_A V_A[:, hi] (relative to m_A); under that wgmma the own softmax
-            # against m_B = max(m_A, rowmax S_B) and the publication of m_B, P_B (consumer 0,
-            # whose P_B V_B[:, lo] frees B lo, waits for it); then rescale, P_B V_B[:, hi]
+            # tile B: first P_A V_A[:, hi] (relative to m_A), then the own softmax against
+            # m_B = max(m_A, rowmax S_B) under that wgmma, rescale, publish, P_B V_B[:, hi]
             mbarrier.wait(bars.index(_PBAR + 0), ph)
             m_a = ml_smem[0].load(s_row)
             m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)
@@ -169,15 +168,13 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
             sc = gl.exp2(m_a - m_b_shift)
             p = gl.exp2(s - gl.expand_dims(m_b_shift, 1))
-            l_i = l_i * sc + gl.sum(p, axis=1)
-            p16 = p.to(dtype)
-            # p_smem[1] / ml_smem[1] are free: consumer 0 read them (pair j - 1) before it
-            # published m_A of pair j, which this consumer waited for above
-            _publish(m_b, p16, ml_smem[1], p_smem.index(1), bars.index(_PBAR + 1))
             acc = _wgmma_wait(0, deps=(acc,))
             _barrier()
             mbarrier.arrive(bars.index(_FREE + 1), count=1)  # A hi
+            l_i = l_i * sc + gl.sum(p, axis=1)
             acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            p16 = p.to(dtype)
+            _publish(m_b, p16, ml_smem[1], p_smem.index(1), bars.index(_PBAR + 1))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
             acc = _pv_then_free(p_op, kv_smem.index(3), acc, bars.index(_FREE + 3))  # B hi
             m_i = m_b

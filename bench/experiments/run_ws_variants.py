@@ -3,9 +3,12 @@ H 64 / 128, random indices into the 1M-row cache and folded into 16K rows), roun
 interleaved so drift hits every variant alike (diagnosis, not shipped):
 
 * ``ws``: the shipped kernel (``kernels/sparse_mla_gluon_ws.py``);
-* ``ws_prev``: an earlier version of it, ``ws_prev.py`` beside this script (write it first,
-  e.g. ``git show 3d14348:kernels/sparse_mla_gluon_ws.py > bench/experiments/ws_prev.py``;
-  skipped when absent);
+* ``ws_prev``: another version of it, ``ws_prev.py`` beside this script (write it first with
+  ``git show <commit>:kernels/sparse_mla_gluon_ws.py > bench/experiments/ws_prev.py``; skipped
+  when absent). Run 35 measured 54a9b99's kernel (consumer 1 publishing m_B, P_B under its
+  P_A V_A wgmma) as ``ws`` against 3d14348's as ``ws_prev``: H 64 293 vs 296, H 128 315 vs 311
+  TFLOP/s (1M rows), no gain and 8 B more spills; reverted, so today's ``ws`` is 3d14348's
+  and 54a9b99's is the one to write into ``ws_prev.py``;
 * ``ws_evict_first``: the shipped kernel with ``eviction_policy="evict_first"`` on its
   cp.async gathers (made from its source text here);
 * ``n64b2l0``: the one-token lockstep kernel, the anchor of earlier runs.
