@@ -99,6 +99,26 @@ def _cal_two_body(idx_ptr, src_ptr, dst_ptr, BLOCK: tl.constexpr):
     tl.store(dst_ptr + pid * BLOCK + r, tl.load(src_ptr + start + r))
 
 
+def _cal_same_io_body(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, rows_ptr, oqsl_ptr, opos_ptr,
+                      oslot_ptr, kv_ptr, n_pad, BLOCK: tl.constexpr, GB: tl.constexpr):
+    """``gather_replay_batch``'s memory traffic without its logic: the same 12 tensors,
+    one round of 5 scalar loads, one dependent round of the [BLOCK] positions and the
+    [GB, BLOCK] slot tile, the same stores; addresses as plain as they get."""
+    r = tl.arange(0, BLOCK)
+    g = tl.arange(0, GB)
+    pid = tl.program_id(0)
+    x = (tl.load(qsl_ptr + pid) + tl.load(drop_ptr + pid) + tl.load(seq_ptr + pid) + tl.load(rs_ptr + pid)
+         + tl.load(trim_ptr + pid).to(tl.int32))  # all zero: the second round's offset
+    o = pid * BLOCK + x + r
+    p = tl.load(pos_ptr + o)
+    sl = tl.load(slot_ptr + g[:, None] * n_pad + o[None, :])
+    tl.store(rows_ptr + o, o.to(tl.int64))
+    tl.store(opos_ptr + o, p)
+    tl.store(oslot_ptr + g[:, None] * n_pad + o[None, :], sl)
+    tl.store(oqsl_ptr + pid, x)
+    tl.store(kv_ptr + pid, x)
+
+
 _CAL = {}
 
 
@@ -108,6 +128,7 @@ def calibration_kernels():
     if not _CAL:
         _CAL["one"] = triton.jit(_cal_one_body)
         _CAL["two"] = triton.jit(_cal_two_body)
+        _CAL["same_io"] = triton.jit(_cal_same_io_body)
     return _CAL
 
 
@@ -199,6 +220,19 @@ def graph_us(fn, calls: int = 64) -> float:
     return statistics.median(times)
 
 
+def _settle_host(fn, seconds: float = 3.0) -> None:
+    """Call ``fn`` back to back for ``seconds`` before the first host timing: on the H200
+    machines the first rows timed after start-up ran 20-50% slower in every launch mode
+    alike (runs 34-38), a host that had not settled yet."""
+    if SMOKE:
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+
+
 def host_us(fn, calls: int = 3000) -> float:
     """Host time per call: ``calls`` back-to-back calls without synchronising (the GPU keeps
     up with a host-bound stream of tiny launches), median of 5 rounds."""
@@ -284,6 +318,7 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     empty_x = torch.empty(1, device=dev)
     kernel = empty_kernel()
     empty = lambda: kernel[(1,)](empty_x, 1, BLOCK=16)  # noqa: E731
+    _settle_host(empty)
     results["empty_triton_launch"] = {**gpu_pair(empty), "graph_us": graph_us(empty), "host_us": host_us(empty)}
     # the same empty kernel through the pack's launch shortcut: the host floor of every op
     pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
@@ -307,6 +342,19 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
                 (lambda k=kind, g=progs: cal["one"][(g,)](src, dst, BLOCK=128)) if kind == "one_trip" else
                 (lambda k=kind, g=progs: cal["two"][(g,)](idx, src, dst, BLOCK=128)))
             for kind in ("one_trip", "two_trips") for progs in (1, 160)}
+        # the gather's 12 tensors and its traffic, with none of its logic: what the tensor
+        # count and the stores cost beyond two dependent round trips
+        z32 = torch.zeros(161, dtype=torch.int32, device=dev)
+        ztrim = torch.zeros(161, dtype=torch.bool, device=dev)
+        io_in = [z32.clone() for _ in range(4)]
+        pos = torch.arange(160 * 128, dtype=torch.int64, device=dev)
+        slots = torch.arange(8 * 160 * 128, dtype=torch.int64, device=dev)
+        outs = [torch.empty(160 * 128, dtype=torch.int64, device=dev), z32.clone(), torch.empty_like(pos),
+                torch.empty_like(slots), z32.clone()]
+        for progs in (1, 160):
+            results["calibration"][f"same_io_{progs}"] = gpu_pair(
+                lambda g=progs: cal["same_io"][(g,)](io_in[0], io_in[1], ztrim, io_in[2], io_in[3], pos, slots, outs[0],
+                                                     outs[1], outs[2], outs[3], outs[4], 160 * 128, BLOCK=128, GB=8))
     rows = []
     for name, (p, q, d) in STEPS.items():
         s = Step(p, q, d, dev, rng)
@@ -548,6 +596,9 @@ def print_table(res) -> None:
           f"{pe['host_us_python_only']:.2f} us (driver call stubbed)")
     for key, v in res.get("calibration", {}).items():
         print(f"  calibration {key:>14}: GPU {v['gpu_us_flushed']:.2f} us flushed / {v['gpu_us_warm']:.2f} us warm")
+    if "calibration" in res:
+        print("  (one_trip: load, store; two_trips: load an offset, load from it, store; same_io: the gather's 12 "
+              "tensors and traffic, two dependent rounds, none of its logic)")
     print("\ngather_replay_batch (targets: GPU <= 4.5 us, judged on the L2-flushed median as the issue's empty-kernel "
           "figure; host <= 10 us)")
     print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h leg':>6} "
