@@ -355,7 +355,7 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
             results["calibration"][f"same_io_{progs}"] = gpu_pair(
                 lambda g=progs: cal["same_io"][(g,)](io_in[0], io_in[1], ztrim, io_in[2], io_in[3], pos, slots, outs[0],
                                                      outs[1], outs[2], outs[3], outs[4], 160 * 128, BLOCK=128, GB=8))
-    rows = []
+    rows, fns = [], {}
     for name, (p, q, d) in STEPS.items():
         s = Step(p, q, d, dev, rng)
         args = (s.plan, s.qsl, s.seq, s.R, s.positions, s.slots, W)
@@ -372,14 +372,19 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
                     "triton_host_us_no_out": host_us(lambda: tb.gather_replay_batch(*args))})
         fn()
         row["c_launcher"] = _c_launcher_state(_launch.KERNELS["gather_replay_batch._gather_replay_batch"])
-        for mode, us in host_modes(fn, LAUNCH_MODES).items():
-            row["triton_host_us" if mode == "shipped" else f"triton_host_us_{mode}"] = us
+        fns[name] = fn
         row.update({f"reference_{k}": v for k, v in gpu_pair(rfn, calls=30, warmup=3,
                                                              lead_cycles=REFERENCE_LEAD_CYCLES).items()})
         row["reference_host_us"] = host_us(rfn, calls=300)
         rows.append(row)
         if quick:
             break
+    # host times of every step under every launch mode, all interleaved: a slow stretch of
+    # the host (seen hitting one step's every mode at once, runs 37-39) hits all steps alike
+    host = host_modes(fns, LAUNCH_MODES)
+    for row in rows:
+        for mode in LAUNCH_MODES:
+            row["triton_host_us" if mode == "shipped" else f"triton_host_us_{mode}"] = host[(row["step"], mode)]
     results["gather_replay_batch"] = rows
 
 
@@ -410,38 +415,37 @@ LAUNCH_MODES = {
 }
 
 
-def host_modes(fn, modes: dict, calls: int = 2000, rounds: int = 7) -> dict:
-    """Host time per call of ``fn`` under each launch mode (``{name: (settings, own_fn)}``:
-    ``own_fn`` replaces ``fn`` for that mode), measured in interleaved rounds so drift of the
-    host (clocks, neighbours) hits every mode alike; median over rounds. Restores the
-    shipped setting."""
-    if SMOKE:  # the settings still switch (checks them), the numbers mean nothing
-        out = {}
-        for name, (settings, own) in modes.items():
-            _launch_mode(**settings)
-            out[name] = _host_median(own or fn, 2)
-        _launch_mode()
-        return out
-    times: dict[str, list[float]] = {name: [] for name in modes}
+def host_modes(fns, modes: dict, calls: int = 2000, rounds: int = 7) -> dict:
+    """Host time per call under each launch mode (``{name: (settings, own_fn)}``: ``own_fn``
+    replaces the timed function for that mode). ``fns``: one function (result keyed by
+    mode) or ``{step: fn}`` (keyed by ``(step, mode)``). Rounds interleave every mode and
+    step, so drift of the host (clocks, neighbours) hits them alike; median over rounds.
+    Restores the shipped setting."""
+    single = callable(fns)
+    steps = {None: fns} if single else fns
+    keys = [(step, mode) for mode in modes for step in steps]
+    times: dict[tuple, list[float]] = {k: [] for k in keys}
     try:
-        for r in range(rounds):
-            names = list(modes)
-            names = names[r % len(names):] + names[:r % len(names)]
-            for name in names:
-                settings, own = modes[name]
+        for r in range(1 if SMOKE else rounds):
+            order = keys[r % len(keys):] + keys[:r % len(keys)]
+            for step, mode in order:
+                settings, own = modes[mode]
                 _launch_mode(**settings)
-                f = own or fn
+                f = own or steps[step]
+                if SMOKE:  # the settings still switch (checks them), the numbers mean nothing
+                    times[(step, mode)].append(_host_median(f, 2))
+                    continue
                 f()
                 f()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     f()
-                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+                times[(step, mode)].append((time.perf_counter() - t0) / calls * 1e6)
                 torch.cuda.synchronize()
     finally:
         _launch_mode()
-    return {name: statistics.median(v) for name, v in times.items()}
+    return {(k[1] if single else k): statistics.median(v) for k, v in times.items()}
 
 
 def _c_launcher_state(kernel) -> str:
