@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -156,6 +157,8 @@ def main(argv: list[str]) -> int:
                 G.launch(q, kv, idx, lens, 0.04, 512, sink, out, lse, config=cfg, warmup=True)
             except Exception as exc:  # a compile error is the finding
                 msg = str(exc).strip().splitlines()
+                if os.environ.get("SWA_AOT_TRACE"):
+                    traceback.print_exc()
                 failures.append(f"{cfg.short()}{' sink' if sink_on else ''}: {type(exc).__name__}: "
                                 f"{' | '.join(msg[-6:])[:1500] if msg else ''}")
                 print(f"cuda:90 [{cfg.short()}] FAILED: {failures[-1]}", flush=True)

@@ -95,6 +95,25 @@ def test_all_valid_long_rows(gmod, cache, which):
     check(_gluon(gmod, gmod.parse_env(which), args, kw), args, kw)
 
 
+@pytest.mark.parametrize("H", [64, 128])
+def test_ws_persistent_programs_over_many_items(gmod, cache, H):
+    """The ws kernel is persistent (one program per SM over every grid-th (token, head
+    block)): many items per program, runs of empty items (no pairs: Q freed at once, the row
+    sums' alternate slots), lengths that end inside a pair or on its edge; and every item
+    empty."""
+    args, kw = case(cache, 1500, H, 640, torch.bfloat16, sink=True, seed=H + 11)
+    g = torch.Generator(device="cuda").manual_seed(H)
+    choices = torch.tensor([0, 1, 63, 64, 65, 128, 129, 640], device="cuda", dtype=torch.int32)
+    lens = choices[torch.randint(0, len(choices), (1500,), generator=g, device="cuda")]
+    lens[200:700] = 0  # several empty items in a row for every program
+    args = args[:3] + (lens,) + args[4:]
+    cfg = gmod.parse_env("ws")
+    check(_gluon(gmod, cfg, args, kw), args, kw)
+    empty = args[:3] + (torch.zeros_like(lens),) + args[4:]
+    out, lse = _gluon(gmod, cfg, empty, kw)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
 @pytest.mark.parametrize("which", ["n64b2l0", "ws"])
 def test_large_scores_and_all_empty(gmod, cache, which):
     """Scores far from 0 (the online max moves a lot) and a batch where nothing is valid."""

@@ -2,7 +2,7 @@
 H 64 / 128, random indices into the 1M-row cache and folded into 16K rows), rounds
 interleaved so drift hits every variant alike (diagnosis, not shipped):
 
-* ``ws``: the shipped kernel (``kernels/sparse_mla_gluon_ws.py``);
+* ``ws``: the shipped kernel (``kernels/sparse_mla_gluon_ws.py``; persistent since run 40);
 * ``ws_prev``: another version of it, ``ws_prev.py`` beside this script (write it first with
   ``git show <commit>:kernels/sparse_mla_gluon_ws.py > bench/experiments/ws_prev.py``; skipped
   when absent). Run 35 measured 54a9b99's kernel (consumer 1 publishing m_B, P_B under its
@@ -52,6 +52,17 @@ if (HERE / "ws_prev.py").exists():
     VARIANTS["ws_prev"] = load("ws_prev", HERE / "ws_prev.py")
 shipped_ws_module = g._ws_module
 
+
+def _launch_one_item_per_program(mod, q, kv, indices, lens, sm_scale, sink, out, lse):
+    """A ws kernel from before the persistent one (3d14348 and earlier): one program per
+    (token, head block), no NUM_ITEMS argument."""
+    T, H, _ = q.shape
+    num_hb = -(-H // 64)
+    args = (q, kv, indices, lens, sink if sink is not None else lse, out, lse, H, num_hb,
+            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+            float(sm_scale) * g.LOG2E)
+    mod._sparse_mla_gluon_ws_fwd[(T * num_hb,)](*args, **mod.launch_meta(sink is not None))
+
 dev = "cuda"
 kv = torch.randn(B.S_CACHE, 512, device=dev, dtype=torch.float32).to(torch.bfloat16)
 sc = 1 / math.sqrt(512)
@@ -73,7 +84,11 @@ for H in (64, 128):
                     cfg = g.WS
                     g._ws_module = (lambda m=VARIANTS[name]: m)
                 try:
-                    fn = lambda: g.launch(q, kv, idx_r, lens, sc, 512, sink, out, lse, config=cfg)  # noqa: E731
+                    if name != "n64b2l0" and "NUM_ITEMS" not in VARIANTS[name]._sparse_mla_gluon_ws_fwd.arg_names:
+                        fn = lambda m=VARIANTS[name]: _launch_one_item_per_program(m, q, kv, idx_r, lens, sc, sink,  # noqa: E731
+                                                                                   out, lse)
+                    else:
+                        fn = lambda: g.launch(q, kv, idx_r, lens, sc, 512, sink, out, lse, config=cfg)  # noqa: E731
                     if r == 0:  # every variant gives the shipped kernel's result (it runs first)
                         out.fill_(float("nan"))
                         fn()
