@@ -62,7 +62,6 @@ _FREE = gl.constexpr(4)  # + 2 * buffer + half: 4 (one arrival: the half's last 
 _QBAR = gl.constexpr(8)  # Q landed (producer's cp.async arrivals)
 _PBAR = gl.constexpr(9)  # + w: consumer w's row max and P in shared memory
 _LBAR = gl.constexpr(11)  # + w: consumer w's row sums in shared memory
-_QFREE = gl.constexpr(13)  # both consumers are past their last Q K^T of an item: Q may be refilled
 _NBAR = gl.constexpr(16)
 
 
@@ -97,54 +96,32 @@ def _publish(m, p16, m_slot, p_slot, bar):
 
 
 @gluon.jit
-def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
+def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
              stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
-    """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1), over this program's
-    items."""
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1)."""
+    dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 64, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
-    done = 0  # pairs of the items before this one: the barriers' phases run on across items
-    k = 0  # items done by this program
-    for item in range(gl.program_id(0), NUM_ITEMS, gl.num_programs(0)):
-        hb = item % NUM_HB
-        t = (item // NUM_HB).to(gl.int64)
-        length = gl.load(LENS + t)
-        _consume_item(W, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
-                      qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
-                      s_layout, o_layout)
-        done += gl.cdiv(gl.cdiv(length, 64), 2)
-        k += 1
-
-
-@gluon.jit
-def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh,
-                  stride_lt, qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
-                  s_layout: gl.constexpr, o_layout: gl.constexpr):
-    """Consumer ``W``'s share of one item (token ``t``, head block ``hb``): ``done`` pairs and
-    ``k`` items came before it in this program."""
-    dtype: gl.constexpr = q_smem.dtype
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
     FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
     OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
+
     idx_row = IDX + t * stride_it
     n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_row)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, 64], gl.float32, layout=s_layout)
-    mbarrier.wait(bars.index(_QBAR), k & 1)
-    if n_pairs == 0:  # no Q K^T in this item: Q is free at once
-        _barrier()
-        mbarrier.arrive(bars.index(_QFREE), count=1)
+    mbarrier.wait(bars.index(_QBAR), 0)
 
     for j in range(n_pairs):
-        ph = (done + j) & 1
+        ph = j & 1
         # S = Q K^T over this consumer's tile, the half freed first, then the other
         mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
         _fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
@@ -155,9 +132,6 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
         s = _wgmma(q_smem.index(1 - FIRST), kv_smem.index(OWN + 1 - FIRST).permute((1, 0)), s, is_async=True)
         valid = _valid_cols(idx_row, 2 * j + W, length, s_col)  # L2-hot (the producer read it), under the wgmma
         s = _wgmma_wait(0, deps=(s,))
-        if j == n_pairs - 1:  # this consumer's last read of Q in the item: the next item's Q may land
-            _barrier()
-            mbarrier.arrive(bars.index(_QFREE), count=1)
         s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
         row_max = gl.max(s, axis=1)
         if W == 0:
@@ -205,14 +179,12 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
             acc = _pv_then_free(p_op, kv_smem.index(3), acc, bars.index(_FREE + 3))  # B hi
             m_i = m_b
 
-    # row sums: each consumer's own, added once; the slots alternate between items (an item
-    # without pairs would otherwise overwrite a slot the other consumer has yet to read)
-    slot = 2 * (k & 1)
-    l_smem.index(slot + W).store(l_i)
+    # row sums: each consumer's own, added once
+    ml_smem[2 + W].store(l_i)
     _barrier()
     mbarrier.arrive(bars.index(_LBAR + W), count=1)
-    mbarrier.wait(bars.index(_LBAR + 1 - W), k & 1)
-    l_tot = l_i + l_smem.index(slot + 1 - W).load(s_row)
+    mbarrier.wait(bars.index(_LBAR + 1 - W), 0)
+    l_tot = l_i + ml_smem[3 - W].load(s_row)
 
     has = l_tot > 0.0
     m_shift = gl.where(m_i == float("-inf"), 0.0, m_i)
@@ -245,32 +217,13 @@ def _gather_half(KV, dst, rows, valid, col0, offs_c):
 
 
 @gluon.jit
-def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
+def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
              stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
     row_l: gl.constexpr = gl.SliceLayout(1, ld)
     offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
-    done = 0
-    k = 0
-    for item in range(gl.program_id(0), NUM_ITEMS, gl.num_programs(0)):
-        hb = item % NUM_HB
-        t = (item // NUM_HB).to(gl.int64)
-        length = gl.load(LENS + t)
-        _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem,
-                      bars, done, k, row_l, offs_c)
-        done += gl.cdiv(gl.cdiv(length, 64), 2)
-        k += 1
-
-
-@gluon.jit
-def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem, bars,
-                  done, k, row_l: gl.constexpr, offs_c):
-    """The producer's share of one item: its Q once the consumers are past the previous
-    item's last Q K^T, then its tiles as their halves free up (the first ones while the
-    consumers still finish the previous item)."""
     # Q [64 heads, 512] as two halves (heads past H zero-filled)
-    mbarrier.wait(bars.index(_QFREE), (k & 1) ^ 1)
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
     q_rows = t * stride_qt + offs_h.to(gl.int64) * stride_qh
     _gather_half(Q, q_smem.index(0), q_rows, offs_h < H, 0, offs_c)
@@ -280,7 +233,7 @@ def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv,
     idx_row = IDX + t * stride_it
     n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
     for j in range(n_pairs):
-        ph = (done + j) & 1
+        ph = j & 1
         cols = 2 * j * 64 + gl.arange(0, 64, layout=row_l)
         idx_a = gl.load(idx_row + cols, mask=cols < length, other=-1)
         idx_b = gl.load(idx_row + cols + 64, mask=cols + 64 < length, other=-1)
@@ -307,27 +260,27 @@ def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv,
 # way stop being constexprs, and _consume's `if W == 0` branches produce tensors, which Triton
 # 3.6 cannot lower inside a partition (the sink note in _consume).
 @gluon.jit
-def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
+def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
-    _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_it, stride_ot, stride_oh, stride_lt,
-             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
 
 
 @gluon.jit
-def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
+def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
-    _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_it, stride_ot, stride_oh, stride_lt,
-             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
+               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+    _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
 
 
-@gluon.jit(do_not_specialize=["NUM_HB", "NUM_ITEMS"])
+@gluon.jit(do_not_specialize=["NUM_HB"])
 def _sparse_mla_gluon_ws_fwd(
     Q, KV, IDX, LENS, SINK, OUT, LSE,
     H, NUM_HB,
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
-    qk_scale, NUM_ITEMS,
+    qk_scale,
     HAS_SINK: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
@@ -338,10 +291,11 @@ def _sparse_mla_gluon_ws_fwd(
     q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, HALF], half_sl)  # Q lo / hi
     kv_smem = gl.allocate_shared_memory(dtype, [4, BN, HALF], half_sl)  # 2 * buffer + half
     p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, 64], p_sl)  # P_A, P_B
-    # m_A, m_B rows; the row sums l_0, l_1 of even items, then of odd items
+    # m_A, m_B, l_0, l_1 rows
     ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
                gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl))
-    l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], flat_sl)
     bars = gl.allocate_shared_memory(gl.int64, [_NBAR, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(4):
         mbarrier.init(bars.index(_READY + i), count=PRODUCER_WARPS * 32)
@@ -350,11 +304,14 @@ def _sparse_mla_gluon_ws_fwd(
     for i in gl.static_range(2):
         mbarrier.init(bars.index(_PBAR + i), count=1)
         mbarrier.init(bars.index(_LBAR + i), count=1)
-    mbarrier.init(bars.index(_QFREE), count=2)
 
-    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
+    pid = gl.program_id(0)
+    hb = pid % NUM_HB
+    t = (pid // NUM_HB).to(gl.int64)
+    length = gl.load(LENS + t)
+    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-            q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
+            q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, PRODUCER_WARPS],
                        [REGS_1, REGS_P])
 

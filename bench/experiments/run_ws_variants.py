@@ -2,13 +2,18 @@
 H 64 / 128, random indices into the 1M-row cache and folded into 16K rows), rounds
 interleaved so drift hits every variant alike (diagnosis, not shipped):
 
-* ``ws``: the shipped kernel (``kernels/sparse_mla_gluon_ws.py``; persistent since run 40);
+* ``ws``: the shipped kernel (``kernels/sparse_mla_gluon_ws.py``);
 * ``ws_prev``: another version of it, ``ws_prev.py`` beside this script (write it first with
   ``git show <commit>:kernels/sparse_mla_gluon_ws.py > bench/experiments/ws_prev.py``; skipped
   when absent). Run 35 measured 54a9b99's kernel (consumer 1 publishing m_B, P_B under its
   P_A V_A wgmma) as ``ws`` against 3d14348's as ``ws_prev``: H 64 293 vs 296, H 128 315 vs 311
   TFLOP/s (1M rows), no gain and 8 B more spills; reverted, so today's ``ws`` is 3d14348's
   and 54a9b99's is the one to write into ``ws_prev.py``;
+  Run 40 measured 479ab9c's persistent ws kernel (one program per SM over every grid-th
+  item, the next item's Q and first tiles loaded under the current one's tail) as ``ws``
+  against 3d14348's as ``ws_prev``: H 64 267 vs 301, H 128 308 vs 321 TFLOP/s (1M rows),
+  334 vs 365 at H 64 with 16K rows: slower, its consumer 0 spills 780 B with Triton 3.6
+  (wgmma descriptors hoisted out of the item loop stay live through the epilogue); reverted;
 * ``ws_evict_first``: the shipped kernel with ``eviction_policy="evict_first"`` on its
   cp.async gathers (made from its source text here);
 * ``n64b2l0``: the one-token lockstep kernel, the anchor of earlier runs.
@@ -54,8 +59,8 @@ shipped_ws_module = g._ws_module
 
 
 def _launch_one_item_per_program(mod, q, kv, indices, lens, sm_scale, sink, out, lse):
-    """A ws kernel from before the persistent one (3d14348 and earlier): one program per
-    (token, head block), no NUM_ITEMS argument."""
+    """A ws kernel of one program per (token, head block), no NUM_ITEMS argument (the shipped
+    one's layout): how run 40 launched 3d14348's kernel beside the persistent one (479ab9c)."""
     T, H, _ = q.shape
     num_hb = -(-H // 64)
     args = (q, kv, indices, lens, sink if sink is not None else lse, out, lse, H, num_hb,
