@@ -180,14 +180,20 @@ class Kernel:
         return compiled_count(self.fn)
 
 
+def _forget_fast_entries() -> None:
+    """Drop every kernel's fast entries: the next launch of each key goes through Triton's
+    path once and makes a new one under the launch settings of that moment."""
+    for k in KERNELS.values():
+        k._fast.clear()
+
+
 def set_pointer_ints(enabled: bool) -> bool:
     """Pass pointers to the launcher as integers (default) or as tensors, for launches made
     from now on: forgets every kernel's fast entries (the next launch of each key goes
     through Triton's path once and makes a new one). Returns the previous setting."""
     global PTR_INTS
     previous, PTR_INTS = PTR_INTS, bool(enabled)
-    for k in KERNELS.values():
-        k._fast.clear()
+    _forget_fast_entries()
     return previous
 
 
@@ -197,8 +203,7 @@ def set_direct_launch(enabled: bool) -> bool:
     :func:`set_pointer_ints`). Returns the previous setting."""
     global DIRECT
     previous, DIRECT = DIRECT, bool(enabled)
-    for k in KERNELS.values():
-        k._fast.clear()
+    _forget_fast_entries()
     return previous
 
 
@@ -208,8 +213,7 @@ def set_c_launch(enabled: bool) -> bool:
     :func:`set_pointer_ints`). Returns the previous setting."""
     global C_LAUNCH
     previous, C_LAUNCH = C_LAUNCH, bool(enabled)
-    for k in KERNELS.values():
-        k._fast.clear()
+    _forget_fast_entries()
     return previous
 
 
@@ -228,8 +232,7 @@ def set_launcher_stub(stub) -> None:
     Triton's path."""
     global _STUB
     _STUB = stub
-    for k in KERNELS.values():
-        k._fast.clear()
+    _forget_fast_entries()
 
 
 class _Stubbed:
