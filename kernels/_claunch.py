@@ -45,8 +45,8 @@ NAME = "_swa_claunch"
 #: Triton versions whose CUDA launcher layout was read and is tested (see the module doc).
 KNOWN_TRITONS = ("3.6.", "3.9.")
 #: Scalar signature types and their kinds in ``_claunch.c``.
-SCALAR_KINDS = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "b", "u8": "b", "u16": "h",
-                "u32": "I", "u64": "L", "fp32": "f", "f32": "f", "fp64": "d", "f64": "d"}
+SCALAR_KINDS = {"i1": "b", "u1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u32": "I", "u64": "L",
+                "fp32": "f", "f32": "f", "fp64": "d", "f64": "d"}  # (u8 / u16: Triton's launcher)
 
 _module = None
 _reason: str | None = None

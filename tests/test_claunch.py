@@ -178,6 +178,7 @@ def test_kinds_refuse_what_the_launcher_cannot_pack():
     assert kinds({"a_ptr": "*fp16", "s": "fp16"}, ["a_ptr", "s"], (1, 1.0)) is None
     assert kinds({"a_ptr": "tensordesc<fp16[64]>"}, ["a_ptr"], (1,)) is None
     assert kinds({"a_ptr": "*i32"}, ["a_ptr", "b"], (1, 2)) is None  # a name Triton did not type
+    assert kinds({"n": "u8"}, ["n"], (200,)) is None  # no unsigned 8/16-bit kind: Triton's launcher
     assert kinds({"a_ptr": "constexpr", "n": "i64"}, ["a_ptr", "n"], (None, 5)) == b"zl"
 
 
