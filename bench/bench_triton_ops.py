@@ -388,11 +388,15 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     results["gather_replay_batch"] = rows
 
 
+_EX_DEFAULT: dict = {}
+
+
 def _launch_mode(c=None, ex=None, ints=None, direct=None, stub=None, fast=None):
     """Set the launch path (None: the shipped default) and forget the fast entries."""
     from swa_backends.kernels import _claunch, _launch
 
-    _claunch.EX = True if ex is None else ex
+    _EX_DEFAULT.setdefault("ex", _claunch.EX)  # the process's setting (SWA_TRITON_C_LAUNCH_EX), restored after
+    _claunch.EX = _EX_DEFAULT["ex"] if ex is None else ex
     _launch.set_pointer_ints(True if ints is None else ints)
     _launch.set_direct_launch(True if direct is None else direct)
     _launch.set_launcher_stub(stub)

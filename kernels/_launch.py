@@ -33,7 +33,8 @@ pack's kernels do not ask for), where :func:`direct_call` recognises the launche
 
 Where it applies (CUDA, Triton 3.6 / 3.9, no scratch, see ``_claunch``), the pack's own C
 launcher replaces both: ``launcher(grid, stream, *args)`` reads the pointers, packs the
-parameters and calls ``cuLaunchKernel`` in one C call. It returns False, without
+parameters and calls ``cuLaunchKernelEx`` (``SWA_TRITON_C_LAUNCH_EX=0``: ``cuLaunchKernel``)
+in one C call. It returns False, without
 launching, when the calling thread has no current CUDA context; that launch then takes
 Triton's path, which makes the context current. ``SWA_TRITON_C_LAUNCH=0`` (or
 :func:`set_c_launch`) keeps Triton's compiled launcher.
