@@ -10,7 +10,10 @@ compares with Triton's own launch path."""
 from __future__ import annotations
 
 import inspect
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -180,6 +183,26 @@ def test_kinds_refuse_what_the_launcher_cannot_pack():
     assert kinds({"a_ptr": "*i32"}, ["a_ptr", "b"], (1, 2)) is None  # a name Triton did not type
     assert kinds({"n": "u8"}, ["n"], (200,)) is None  # no unsigned 8/16-bit kind: Triton's launcher
     assert kinds({"a_ptr": "constexpr", "n": "i64"}, ["a_ptr", "n"], (None, 5)) == b"zl"
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"CC": "/nonexistent/cc"}, "no C compiler found"),
+    ({"CC": "false"}, "failed"),  # a compiler that exits 1: nothing half-written is left behind
+    ({"SWA_TRITON_C_LAUNCH": "0"}, "turned off"),
+])
+def test_a_launcher_that_cannot_be_built_is_a_reason(tmp_path, env, reason):
+    """No compiler, a failing build or the switch: ``load()`` gives None and says why (the
+    launches then keep Triton's launcher); the cache folder holds no partial file."""
+    code = ("from swa_backends.kernels import _claunch; m = _claunch.load(); "
+            "print(m is None); print(_claunch.reason())")
+    full = dict(os.environ, SWA_CACHE_DIR=str(tmp_path / "cache"), **env)
+    full.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "True" and reason in lines[1], out.stdout
+    cache = tmp_path / "cache"
+    assert not cache.exists() or not list(cache.iterdir())
 
 
 def test_launcher_layout_matches_the_installed_triton():
