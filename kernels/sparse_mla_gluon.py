@@ -443,14 +443,18 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, *, config: Gluon
             H, num_hb,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
             float(sm_scale) * LOG2E)
-    if config.ws:
+    grid = (T * num_hb,)
+    if config.ws:  # persistent: one program per SM, each over every grid-th (token, head block)
         meta = _ws_module().launch_meta(has_sink)
+        args = args + (T * num_hb,)
+        if q.is_cuda:  # (offline compiles pass CPU tensors: the grid does not matter there)
+            sms = _device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())[1]
+            grid = (max(1, min(T * num_hb, sms)),)
     else:
         meta = dict(BLOCK_H=BLOCK_H, BN=config.block_n, NBUF=config.nbuf, D=D, DV=d_v, HAS_SINK=has_sink,
                     LAZY=config.lazy, P_SMEM=config.p_smem, SPLIT_S=config.split_s,
                     PIPE=config.pipe, num_warps=8)
     fn = kernel_for(config)
-    grid = (T * num_hb,)
     if warmup:
         return fn.warmup(*args, grid=grid, **meta)
     fn[grid](*args, **meta)

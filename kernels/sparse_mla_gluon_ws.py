@@ -62,6 +62,7 @@ _FREE = gl.constexpr(4)  # + 2 * buffer + half: 4 (one arrival: the half's last 
 _QBAR = gl.constexpr(8)  # Q landed (producer's cp.async arrivals)
 _PBAR = gl.constexpr(9)  # + w: consumer w's row max and P in shared memory
 _LBAR = gl.constexpr(11)  # + w: consumer w's row sums in shared memory
+_QFREE = gl.constexpr(13)  # both consumers are past their last Q K^T of an item: Q may be refilled
 _NBAR = gl.constexpr(16)
 
 
@@ -96,42 +97,81 @@ def _publish(m, p16, m_slot, p_slot, bar):
 
 
 @gluon.jit
-def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
              stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
-    """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1)."""
-    dtype: gl.constexpr = q_smem.dtype
+             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+    """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1), over this program's
+    items."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 64, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
+    done = 0  # pairs of the items before this one: the barriers' phases run on across items
+    k = 0  # items done by this program
+    for item in range(gl.program_id(0), NUM_ITEMS, gl.num_programs(0)):
+        hb = item % NUM_HB
+        t = (item // NUM_HB).to(gl.int64)
+        length = gl.load(LENS + t)
+        _consume_item(W, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
+                      qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
+                      s_layout, o_layout)
+        done += gl.cdiv(gl.cdiv(length, 64), 2)
+        k += 1
+
+
+@gluon.jit
+def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh,
+                  stride_lt, qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
+                  s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Consumer ``W``'s share of one item (token ``t``, head block ``hb``): ``done`` pairs and
+    ``k`` items came before it in this program."""
+    dtype: gl.constexpr = q_smem.dtype
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
     FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
     OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
-
     idx_row = IDX + t * stride_it
     n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_row)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, 64], gl.float32, layout=s_layout)
-    mbarrier.wait(bars.index(_QBAR), 0)
+    mbarrier.wait(bars.index(_QBAR), k & 1)
+    if n_pairs == 0:  # no Q K^T in this item: Q is free at once
+        _barrier()
+        mbarrier.arrive(bars.index(_QFREE), count=1)
 
     for j in range(n_pairs):
-        ph = j & 1
+        ph = (done + j) & 1
+        # a zero the compiler cannot prove (pairs never reach 2**30 + length): the shared-memory
+        # views below are then made per pair, so their wgmma descriptors are not hoisted out of
+        # the item loop, where they spill (Triton 3.6: 780 B)
+        z = (done + j) // (length + 1073741824)
+        q_first = q_smem.index(FIRST + z)
+        q_second = q_smem.index(1 - FIRST + z)
+        kv_first = kv_smem.index(OWN + FIRST + z)
+        kv_second = kv_smem.index(OWN + 1 - FIRST + z)
+        kv0 = kv_smem.index(0 + z)
+        kv1 = kv_smem.index(1 + z)
+        kv2 = kv_smem.index(2 + z)
+        kv3 = kv_smem.index(3 + z)
+        p0 = p_smem.index(0 + z)
+        p1 = p_smem.index(1 + z)
         # S = Q K^T over this consumer's tile, the half freed first, then the other
         mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
         _fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        s = _wgmma(q_smem.index(FIRST), kv_smem.index(OWN + FIRST).permute((1, 0)), s_zero, use_acc=False,
+        s = _wgmma(q_first, kv_first.permute((1, 0)), s_zero, use_acc=False,
                    is_async=True)
         mbarrier.wait(bars.index(_READY + OWN + 1 - FIRST), ph)
         _fence_async_shared()
-        s = _wgmma(q_smem.index(1 - FIRST), kv_smem.index(OWN + 1 - FIRST).permute((1, 0)), s, is_async=True)
+        s = _wgmma(q_second, kv_second.permute((1, 0)), s, is_async=True)
         valid = _valid_cols(idx_row, 2 * j + W, length, s_col)  # L2-hot (the producer read it), under the wgmma
         s = _wgmma_wait(0, deps=(s,))
+        if j == n_pairs - 1:  # this consumer's last read of Q in the item: the next item's Q may land
+            _barrier()
+            mbarrier.arrive(bars.index(_QFREE), count=1)
         s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
         row_max = gl.max(s, axis=1)
         if W == 0:
@@ -144,15 +184,15 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             l_i = l_i * alpha + gl.sum(p, axis=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
             p16 = p.to(dtype)
-            _publish(m_a, p16, ml_smem[0], p_smem.index(0), bars.index(_PBAR + 0))
+            _publish(m_a, p16, ml_smem[0], p0, bars.index(_PBAR + 0))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = _pv_then_free(p_op, kv_smem.index(0), acc, bars.index(_FREE + 0))  # A lo: nobody else reads it
+            acc = _pv_then_free(p_op, kv0, acc, bars.index(_FREE + 0))  # A lo: nobody else reads it
             mbarrier.wait(bars.index(_PBAR + 1), ph)
             m_b = ml_smem[1].load(s_row)
             sc = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))  # m_A = -inf: 0 (acc, l are 0)
             l_i = l_i * sc
             acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
-            acc = _pv_then_free(p_smem.index(1), kv_smem.index(2), acc, bars.index(_FREE + 2))  # B lo: freed last
+            acc = _pv_then_free(p1, kv2, acc, bars.index(_FREE + 2))  # B lo: freed last
             m_i = m_b
         else:
             # tile B: first P_A V_A[:, hi] (relative to m_A), then the own softmax against
@@ -163,7 +203,7 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             alpha = gl.exp2(m_i - m_a_shift)
             l_i = l_i * alpha
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
-            acc = _wgmma(p_smem.index(0), kv_smem.index(1), acc, is_async=True)
+            acc = _wgmma(p0, kv1, acc, is_async=True)
             m_b = gl.maximum(m_a, row_max)
             m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
             sc = gl.exp2(m_a - m_b_shift)
@@ -174,17 +214,19 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length
             l_i = l_i * sc + gl.sum(p, axis=1)
             acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
             p16 = p.to(dtype)
-            _publish(m_b, p16, ml_smem[1], p_smem.index(1), bars.index(_PBAR + 1))
+            _publish(m_b, p16, ml_smem[1], p1, bars.index(_PBAR + 1))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = _pv_then_free(p_op, kv_smem.index(3), acc, bars.index(_FREE + 3))  # B hi
+            acc = _pv_then_free(p_op, kv3, acc, bars.index(_FREE + 3))  # B hi
             m_i = m_b
 
-    # row sums: each consumer's own, added once
-    ml_smem[2 + W].store(l_i)
+    # row sums: each consumer's own, added once; the slots alternate between items (an item
+    # without pairs would otherwise overwrite a slot the other consumer has yet to read)
+    slot = 2 * (k & 1)
+    l_smem.index(slot + W).store(l_i)
     _barrier()
     mbarrier.arrive(bars.index(_LBAR + W), count=1)
-    mbarrier.wait(bars.index(_LBAR + 1 - W), 0)
-    l_tot = l_i + ml_smem[3 - W].load(s_row)
+    mbarrier.wait(bars.index(_LBAR + 1 - W), k & 1)
+    l_tot = l_i + l_smem.index(slot + 1 - W).load(s_row)
 
     has = l_tot > 0.0
     m_shift = gl.where(m_i == float("-inf"), 0.0, m_i)
@@ -217,13 +259,32 @@ def _gather_half(KV, dst, rows, valid, col0, offs_c):
 
 
 @gluon.jit
-def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
              stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-             q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
+             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
     row_l: gl.constexpr = gl.SliceLayout(1, ld)
     offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
+    done = 0
+    k = 0
+    for item in range(gl.program_id(0), NUM_ITEMS, gl.num_programs(0)):
+        hb = item % NUM_HB
+        t = (item // NUM_HB).to(gl.int64)
+        length = gl.load(LENS + t)
+        _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem,
+                      bars, done, k, row_l, offs_c)
+        done += gl.cdiv(gl.cdiv(length, 64), 2)
+        k += 1
+
+
+@gluon.jit
+def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem, bars,
+                  done, k, row_l: gl.constexpr, offs_c):
+    """The producer's share of one item: its Q once the consumers are past the previous
+    item's last Q K^T, then its tiles as their halves free up (the first ones while the
+    consumers still finish the previous item)."""
     # Q [64 heads, 512] as two halves (heads past H zero-filled)
+    mbarrier.wait(bars.index(_QFREE), (k & 1) ^ 1)
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
     q_rows = t * stride_qt + offs_h.to(gl.int64) * stride_qh
     _gather_half(Q, q_smem.index(0), q_rows, offs_h < H, 0, offs_c)
@@ -233,7 +294,7 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
     idx_row = IDX + t * stride_it
     n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
     for j in range(n_pairs):
-        ph = j & 1
+        ph = (done + j) & 1
         cols = 2 * j * 64 + gl.arange(0, 64, layout=row_l)
         idx_a = gl.load(idx_row + cols, mask=cols < length, other=-1)
         idx_b = gl.load(idx_row + cols + 64, mask=cols + 64 < length, other=-1)
@@ -260,27 +321,27 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
 # way stop being constexprs, and _consume's `if W == 0` branches produce tensors, which Triton
 # 3.6 cannot lower inside a partition (the sink note in _consume).
 @gluon.jit
-def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
-    _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
-             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+    _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
 
 
 @gluon.jit
-def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK):
-    _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
-             qk_scale, q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+    _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_it, stride_ot, stride_oh, stride_lt,
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
 
 
-@gluon.jit(do_not_specialize=["NUM_HB"])
+@gluon.jit(do_not_specialize=["NUM_HB", "NUM_ITEMS"])
 def _sparse_mla_gluon_ws_fwd(
     Q, KV, IDX, LENS, SINK, OUT, LSE,
     H, NUM_HB,
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
-    qk_scale,
+    qk_scale, NUM_ITEMS,
     HAS_SINK: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
@@ -291,11 +352,10 @@ def _sparse_mla_gluon_ws_fwd(
     q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, HALF], half_sl)  # Q lo / hi
     kv_smem = gl.allocate_shared_memory(dtype, [4, BN, HALF], half_sl)  # 2 * buffer + half
     p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, 64], p_sl)  # P_A, P_B
-    # m_A, m_B, l_0, l_1 rows
+    # m_A, m_B rows; the row sums l_0, l_1 of even items, then of odd items
     ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
-               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
-               gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl),
                gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat_sl))
+    l_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], flat_sl)
     bars = gl.allocate_shared_memory(gl.int64, [_NBAR, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(4):
         mbarrier.init(bars.index(_READY + i), count=PRODUCER_WARPS * 32)
@@ -304,14 +364,11 @@ def _sparse_mla_gluon_ws_fwd(
     for i in gl.static_range(2):
         mbarrier.init(bars.index(_PBAR + i), count=1)
         mbarrier.init(bars.index(_LBAR + i), count=1)
+    mbarrier.init(bars.index(_QFREE), count=2)
 
-    pid = gl.program_id(0)
-    hb = pid % NUM_HB
-    t = (pid // NUM_HB).to(gl.int64)
-    length = gl.load(LENS + t)
-    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, t, hb, length,
+    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-            q_smem, kv_smem, p_smem, ml_smem, bars, HAS_SINK)
+            q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_produce, args)], [4, PRODUCER_WARPS],
                        [REGS_1, REGS_P])
 
