@@ -244,6 +244,8 @@ def main() -> int:
     ap.add_argument("--gluon", action="store_true",
                     help="the Gluon kernel's configs beside the shipped tl config and torch (see gluon_main); "
                          "with --quick only T 16K / K 640")
+    ap.add_argument("--gluon-configs", default=None,
+                    help="with --gluon: comma-separated Gluon configs (e.g. n64b2l0,ws) instead of the whole sweep")
     args = ap.parse_args()
     if args.gluon:
         return gluon_main(args)
@@ -538,7 +540,8 @@ def gluon_main(args) -> int:
     if isinstance(G, str):
         save()
         return 1
-    gcfgs = list(G.SWEEP)
+    names = getattr(args, "gluon_configs", None)
+    gcfgs = [G.parse_env(n) for n in names.split(",")] if names else list(G.SWEEP)
     g_kv = torch.randn(S_CACHE, D, device=dev, dtype=torch.float32).to(torch.bfloat16)
     bad: set = set()
     # compile + correctness per config and head count (PAD patterns, sink, poisoned outputs)

@@ -472,11 +472,10 @@ def _ws_module():
 
 
 def default_for(H: int) -> GluonConfig:
-    """The shipped config for ``H`` heads: the warp-specialised kernel where a token has two
-    or more 64-head blocks (H200 runs 24-29, H 128: 325-390 TFLOP/s vs 273-342 for n64b2l0),
-    else n64b2l0 (H 64: ws 255-336 vs 272-334, no consistent winner; with one block per token
-    ws waits on its gathers); n64b2l0 too where this Triton cannot build the ws kernel."""
-    if triton.cdiv(H, BLOCK_H) >= 2 and not isinstance(_ws_module(), str):
+    """The shipped config for ``H`` heads: the warp-specialised persistent kernel (H200 run
+    43, T 16K / K 640: 372-379 TFLOP/s at H 64, 363-408 at H 128, against n64b2l0's 276-295);
+    n64b2l0 where this Triton cannot build it (and, per call, where its compile fails)."""
+    if not isinstance(_ws_module(), str):
         return WS
     return DEFAULT
 

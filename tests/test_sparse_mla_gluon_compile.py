@@ -136,8 +136,8 @@ print(why(FakeQ(300, 128, 512), cfg=G.WS), G.default_for(64).short(), G.default_
     assert "d_v=256" in lines[6]
     assert "float32" in lines[7]
     assert "does not fit" in lines[8]  # Q 64 KB + 3 x 64 KB
-    # the ws kernel takes prefill; shipped: n64b2l0 for one 64-head block, ws for two or more
-    assert lines[9] == "None gluon-n64b2l0 gluon-ws gluon-ws", lines[9]
+    # the ws kernel takes prefill and is shipped for every head count (n64b2l0 where it cannot build)
+    assert lines[9] == "None gluon-ws gluon-ws gluon-ws", lines[9]
 
 
 def test_parse_env():

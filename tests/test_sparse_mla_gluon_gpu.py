@@ -126,7 +126,7 @@ def test_large_scores_and_all_empty(gmod, cache, which):
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
-@pytest.mark.parametrize("H,config", [(64, "gluon-n64b2l0"), (128, "gluon-ws")])
+@pytest.mark.parametrize("H,config", [(64, "gluon-ws"), (96, "gluon-ws"), (128, "gluon-ws")])
 def test_dispatch_takes_gluon_for_prefill(kmod, gmod, cache, monkeypatch, H, config):
     monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
     backend = select(prefer={"sparse_mla": "triton"})
