@@ -5,9 +5,9 @@ reference: ``out[t, h] = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink[h]))`` 
 valid ``j`` (``j < lens[t]`` and ``indices[t, j] != PAD``), ``lse`` natural log without
 the sink, zeros and ``lse = -inf`` for a token with nothing valid.
 
-Where a token has two or more 64-head blocks (H 128) the default is the warp-specialised
-kernel of :mod:`.sparse_mla_gluon_ws` instead (:func:`default_for`); this module holds the
-configs, the scope rules and the launcher for both.
+The default is the persistent warp-specialised kernel of :mod:`.sparse_mla_gluon_ws`
+(:func:`default_for`); the kernel here (config ``n64b2l0``) is its fallback where that one
+cannot be built. This module holds the configs, the scope rules and the launcher for both.
 
 Why Gluon: the ``tl`` kernel tops out at ~240 TFLOP/s on the H200 because Triton's
 pipeliner issues tile i+1's cp.async gather only after tile i's math
@@ -324,8 +324,8 @@ class GluonConfig:
 # H200 (Triton 3.6, T 16K, K 640, lead's runs of aec955c / bf470ee): n64b2l0 (P through shared
 # memory) 305 / 318 TFLOP/s at H 64 / 128, the n32 configs 214-246, the tl kernel 236-258.
 DEFAULT = GluonConfig(block_n=64, nbuf=2, lazy=0)
-# The warp-specialised kernel (kernels/sparse_mla_gluon_ws.py): the default where a token has two
-# or more 64-head blocks (default_for); DEFAULT above for one.
+# The persistent warp-specialised kernel (kernels/sparse_mla_gluon_ws.py): the shipped default
+# (default_for); DEFAULT above where it cannot be built (H200 run 44: 357.8-458.6 TFLOP/s).
 WS = GluonConfig(ws=True)
 # What bench/bench_sparse_mla.py --gluon measures (and the GPU tests run); each compiles
 # offline for sm_90a with Triton 3.6 and 3.9 (tests/test_sparse_mla_gluon_compile.py).

@@ -1,11 +1,29 @@
 """Warp-specialised Gluon (Hopper) forward kernel for ``sparse_mla`` (SPEC §2.7): config ``ws``.
 
-Same op, arguments and results as :mod:`.sparse_mla_gluon` (one program per (token, 64-head
-block), plain index layout, ``D_qk = d_v = 512``). What differs is the schedule: three
+Same op, arguments and results as :mod:`.sparse_mla_gluon` (plain index layout, ``D_qk =
+d_v = 512``), plus ``NUM_ITEMS`` (= T x 64-head blocks). What differs is the schedule: three
 warpgroups that each run their own code and meet at mbarriers, instead of two warpgroups in
-lockstep at CTA barriers.
+lockstep at CTA barriers; and the program is **persistent**: one per SM (the launcher's
+grid), each taking every grid-th item (token, 64-head block).
 
-* **producer** (4 warps, few registers): loads Q once, then per *pair* of 64-row KV tiles
+* Why persistent: one item per program paid a fixed cost per token of ~1.35 pairs of work
+  (H200 run 42: Q's load and the first tiles' gathers before any math, the epilogue after
+  it, one program per SM so nothing overlapped them): 302 TFLOP/s at H 64 / K 640 against
+  340 at K 2048. Here the producer loads the next item's Q as soon as both consumers are past
+  the current item's last Q K^T (barrier ``QFREE``) and gathers its first tiles as their
+  halves free up, all under the current item's tail and epilogue (run 43: 379 vs 281 at
+  H 64, 363 vs 306 at H 128, T 16K / K 640).
+* Barrier phases run on across items (a count of the pairs and items before); the row sums
+  are exchanged in slots that alternate between items (an item without pairs would
+  otherwise overwrite a slot the other consumer has yet to read).
+* The consumers index their shared-memory views with a zero the compiler cannot prove, per
+  pair: their wgmma descriptors are then made per pair instead of hoisted out of the item
+  loop, where they stay live through the epilogue and spill (780 B with Triton 3.6, run 40:
+  slower than one item per program). With the views: no spills (3.6 and 3.9).
+
+Per item:
+
+* **producer** (4 warps, few registers): loads Q, then per *pair* of 64-row KV tiles
   ``(2j, 2j+1) = (A, B)`` gathers A into buffer 0 and B into buffer 1 with cp.async (PAD rows
   and rows past ``lens`` zero-filled, no traffic). Every buffer is split into its left and
   right 256 columns (``lo``/``hi``), each with its own *ready* and *free* barrier, so a half
