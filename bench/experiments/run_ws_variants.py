@@ -13,7 +13,10 @@ interleaved so drift hits every variant alike (diagnosis, not shipped):
   item, the next item's Q and first tiles loaded under the current one's tail) as ``ws``
   against 3d14348's as ``ws_prev``: H 64 267 vs 301, H 128 308 vs 321 TFLOP/s (1M rows),
   334 vs 365 at H 64 with 16K rows: slower, its consumer 0 spills 780 B with Triton 3.6
-  (wgmma descriptors hoisted out of the item loop stay live through the epilogue); reverted;
+  (wgmma descriptors hoisted out of the item loop stay live through the epilogue); reverted.
+  Run 43 measured the persistent kernel again with per-pair shared-memory views (621acc1, no
+  spills; shipped) as ``ws`` against 3d14348's as ``ws_prev``: 379 vs 281 (H 64), 363 vs 306
+  (H 128);
 * ``ws_evict_first``: the shipped kernel with ``eviction_policy="evict_first"`` on its
   cp.async gathers (made from its source text here);
 * ``n64b2l0``: the one-token lockstep kernel, the anchor of earlier runs.
