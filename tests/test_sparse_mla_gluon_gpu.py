@@ -64,7 +64,7 @@ def _gluon(G, cfg, args, kw):
 @pytest.mark.parametrize("K", [640, 1152, 128, 77])
 @pytest.mark.parametrize("which", ["n64b2l0", "ws"])
 def test_shipped_configs(gmod, cache, H, K, which):
-    """Both shipped kernels (n64b2l0: one 64-head block per token; ws: two or more) on every
+    """Both shipped kernels (ws: the default; n64b2l0: its fallback) on every
     head count, odd index widths (77: one pair, the second tile partly past the length; 128: one
     pair exactly) and both sink settings."""
     cfg = gmod.parse_env(which)
@@ -97,9 +97,9 @@ def test_all_valid_long_rows(gmod, cache, which):
 
 @pytest.mark.parametrize("H", [64, 128])
 def test_ws_many_tokens_with_runs_of_empty_ones(gmod, cache, H):
-    """The ws kernel over many more (token, head block) items than SMs: runs of empty items,
-    lengths that end inside a pair or on its edge; and every item empty. (Written for the
-    persistent version of run 40, which it passed; kept for the shipped one.)"""
+    """The persistent ws kernel over many more (token, head block) items than SMs (many items
+    per program): runs of empty items (no pairs: Q freed at once, the row sums' alternate
+    slots), lengths that end inside a pair or on its edge; and every item empty."""
     args, kw = case(cache, 1500, H, 640, torch.bfloat16, sink=True, seed=H + 11)
     g = torch.Generator(device="cuda").manual_seed(H)
     choices = torch.tensor([0, 1, 63, 64, 65, 128, 129, 640], device="cuda", dtype=torch.int32)
