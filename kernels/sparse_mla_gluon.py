@@ -337,7 +337,7 @@ SWEEP: tuple[GluonConfig, ...] = (
     GluonConfig(block_n=32, nbuf=4, lazy=0),                # 3 tiles in flight: 224-251
     GluonConfig(block_n=64, nbuf=2, lazy=0, split_s=False),  # S in both warpgroups: 276-283
     GluonConfig(block_n=32, nbuf=4, lazy=0, split_s=False, pipe=True),  # Q K^T(i+1) before softmax(i): 237-246
-    WS,  # persistent warp-specialised (the default): T 16K / K 640, run 44: 381 / 427 (H 64 / 128)
+    WS,  # persistent warp-specialised (the default): T 16K / K 640, run 44: 381 / 417 (H 64 / 128)
 )
 # Measured and dropped from the sweep (bench/results/2026-11-29-h200, runs 8-16): n32b3l0, n32b4 (lazy 8),
 # n32b4l0d, n32b3l0dp: each at or below the 32-row configs above.
