@@ -85,6 +85,13 @@ _NBAR = gl.constexpr(16)
 
 
 @gluon.jit
+def _pairs(length):
+    """Pairs of 64-row tiles an item of ``length`` indices takes (every partition counts them
+    alike: the barriers' phases run on across items)."""
+    return gl.cdiv(gl.cdiv(length, 64), 2)
+
+
+@gluon.jit
 def _valid_cols(idx_row, tile, length, layout: gl.constexpr):
     """Validity of tile ``tile``'s 64 index entries (PAD and past ``length``: False)."""
     cols = tile * 64 + gl.arange(0, 64, layout=layout)
@@ -133,7 +140,7 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_I
         _consume_item(W, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
                       qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
                       s_layout, o_layout)
-        done += gl.cdiv(gl.cdiv(length, 64), 2)
+        done += _pairs(length)
         k += 1
 
 
@@ -151,7 +158,7 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
     FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
     OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
     idx_row = IDX + t * stride_it
-    n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
+    n_pairs = _pairs(length)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=s_row)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=s_row)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
@@ -291,7 +298,7 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
         length = gl.load(LENS + t)
         _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem,
                       bars, done, k, row_l, offs_c)
-        done += gl.cdiv(gl.cdiv(length, 64), 2)
+        done += _pairs(length)
         k += 1
 
 
@@ -310,7 +317,7 @@ def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv,
     _cp_arrive(bars.index(_QBAR), increment_count=False)
 
     idx_row = IDX + t * stride_it
-    n_pairs = gl.cdiv(gl.cdiv(length, 64), 2)
+    n_pairs = _pairs(length)
     for j in range(n_pairs):
         ph = (done + j) & 1
         cols = 2 * j * 64 + gl.arange(0, 64, layout=row_l)
