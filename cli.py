@@ -7,7 +7,7 @@
 ``--device`` names a real device (``cpu``, ``cuda:0``, ``npu:0``) or a fake one
 (``rocm:gfx942``, ``rocm:gfx950``, ``ascend:910b``, ``ascend:910_93``, ``cuda:sm90``...).
 ``info --emulate`` installs the device platform's contract doubles first
-(``backends/<platform>/emulation.py``): the report then shows what a deployment *with* the
+(``swa_backends.testing.emulation``): the report then shows what a deployment *with* the
 vendor packages would pick -- labelled as emulated, never as a measurement.
 """
 
@@ -19,7 +19,7 @@ import sys
 
 from .common.config import ServingConfig
 from .common.device import resolve_device
-from .common.dispatch import Explanation, explain, select
+from .dispatch import Explanation, explain, select
 from .common.errors import MatrixError, SelectionError
 
 
@@ -70,7 +70,7 @@ def _side(name: str, d) -> list[str]:
     return lines
 
 
-EMULATED_NOTE = ("vendor packages replaced by contract doubles (backends/{platform}/emulation.py), their probes "
+EMULATED_NOTE = ("vendor packages replaced by contract doubles (swa_backends.testing.emulation.{platform}), their probes "
                  "forced available: what a deployment with them would pick, not a measurement")
 
 
@@ -106,12 +106,12 @@ def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = F
 
 def emulated(device):
     """The context that installs ``device``'s platform contract doubles (pinned to it)."""
-    import importlib
+    from .testing.emulation import contract_doubles
 
     if device.platform == "cpu":
         raise ValueError(f"--emulate: device={device.platform}: expected a cuda, rocm or ascend device "
                          "(the CPU has no vendor package to emulate)")
-    return importlib.import_module(f"swa_backends.backends.{device.platform}.emulation").contract_doubles(device)
+    return contract_doubles(device)
 
 
 def _info(args) -> int:
@@ -134,7 +134,7 @@ def _info(args) -> int:
 
 
 def _check(args) -> int:
-    from .common.conformance import check_backend
+    from .testing.conformance import check_backend
 
     if args.cases < 1:
         raise ValueError(f"--cases={args.cases}: expected an int >= 1")
@@ -161,7 +161,7 @@ def _split(value: str | None) -> list[str] | None:
 
 
 def _matrix(args) -> int:
-    from . import matrix_runner
+    from .testing import matrix_runner
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.worker:

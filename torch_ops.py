@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .common.dispatch import Backend, select
+from .dispatch import Backend, select
 from .common.ops.combined_indices import combined_width
 from .common.ops import OPS
 from .common.ops.mixed_indices import mixed_width

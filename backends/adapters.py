@@ -6,9 +6,9 @@ Vendor kernels differ from the reference in three ways the wrappers must undo:
   row to their own devices) -- the pack says zeros and ``lse = -inf``;
 * several return no LSE at all (FlashInfer's DSv4 decode, AITER's OPUS prefill) -- the
   wrapper recomputes it here, an extra ``q . k`` pass over the valid entries;
-* they read a valid *prefix* of an index row, or a ragged (CSR) list -- :func:`valid_mask`
-  and :func:`compact_rows` turn the pack's rows (PAD holes allowed anywhere inside the
-  active length) into that form without a host synchronisation.
+* they read a valid *prefix* of an index row, or a ragged (CSR) list -- the index layouts'
+  own :func:`~swa_backends.common.ops.layouts.compact_rows` turns the pack's rows (PAD holes
+  allowed anywhere inside the active length) into that form without a host synchronisation.
 
 Everything here is plain torch on the tensors' own device: no vendor import.
 """
@@ -17,27 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from ..common.types import PAD
+from ..common.ops.layouts import compact_rows, valid_mask  # noqa: F401  (re-exported for the wrappers)
 
 # The fp32 gather of [chunk, K, D] rows stays below this many bytes per chunk.
 _CHUNK_BYTES = 256 * 2**20
-
-
-def valid_mask(indices: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    """``bool [T, K]``: entry ``j`` of row ``t`` is read (``j < lens[t]`` and not PAD)."""
-    j = torch.arange(indices.shape[1], device=indices.device)
-    return (j[None, :] < lens[:, None].to(torch.int64)) & (indices != PAD)
-
-
-def compact_rows(indices: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rows int32 [T, K], counts int32 [T])``: each row's valid entries first, in their
-    order, then PAD; ``counts`` = number of valid entries. A stable sort on the device (no
-    host sync), for kernels that read ``indices[t, :length[t]]`` and may not skip a PAD
-    inside that prefix."""
-    ok = valid_mask(indices, lens)
-    order = torch.sort((~ok).to(torch.int8), dim=1, stable=True).indices
-    rows = torch.where(torch.gather(ok, 1, order), torch.gather(indices, 1, order), PAD).to(torch.int32)
-    return rows.contiguous(), ok.sum(dim=1).to(torch.int32)
 
 
 def lse_from_indices(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lens: torch.Tensor,

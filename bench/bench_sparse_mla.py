@@ -50,7 +50,7 @@ from _pack import load_pack as _load_pack  # noqa: E402  (one loader for every b
 import torch  # noqa: E402
 
 PACK = _load_pack()
-from swa_backends.common.conformance import mismatch  # noqa: E402
+from swa_backends.testing.conformance import mismatch  # noqa: E402
 from swa_backends.common.device import current_device  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.kernels import interpreter  # noqa: E402

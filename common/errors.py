@@ -25,3 +25,12 @@ class SelectionError(RuntimeError):
 
 class MatrixError(ValueError):
     """matrix.yaml (or a matrix passed in) is malformed or names something unknown."""
+
+
+class KernelUnavailable(RuntimeError):
+    """A variant's kernel cannot be built for a call (its compiler failed on it).
+
+    Raised by a variant's implementation *before it writes anything*; dispatch then runs the
+    next variant of the op's chain and shows the failure as that variant's reason in
+    ``Backend.explain()`` for the rest of the process.
+    """

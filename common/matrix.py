@@ -8,7 +8,6 @@ declare, never widen it: listing a variant for an arch its declaration excludes 
 
 from __future__ import annotations
 
-import functools
 import importlib.resources
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from .config import RULE_FIELDS
 from .device import DeviceInfo, parse_device
 from .errors import MatrixError
 from .ops import OPS
-from .registry import KNOWN_ARCHS, all_variants
+from .registry import KNOWN_ARCHS, Variant
 
 STATUSES = ("hardware", "emulated", "not-run")
 _PREDICATES = ("eq", "ne", "gt", "ge", "lt", "le", "in", "not_in")
@@ -152,7 +151,7 @@ def _parse_gate(source: str, where: str, raw: Any) -> Gate:
     return Gate(raw["enabled"], raw["because"].strip())
 
 
-def _parse_row(source: str, i: int, raw: Any, seen: set) -> Row:
+def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, Mapping[str, Variant]]) -> Row:
     where = f"rows[{i}]"
     _expect_keys(source, where, raw, {"id", "platform", "arch", "variants", "verified", *SIDES}, {"name", "notes"})
     rid, platform, arch = raw["id"], raw["platform"], raw["arch"]
@@ -164,7 +163,6 @@ def _parse_row(source: str, i: int, raw: Any, seen: set) -> Row:
     if rid in {r for r, _ in seen} or (platform, arch) in {k for _, k in seen}:
         raise _err(source, where, "duplicate row id or platform/arch")
     seen.add((rid, (platform, arch)))
-    declared = all_variants()
     fake = parse_device(f"{platform}:{arch}") if platform != "cpu" else parse_device("cpu")
     variants: dict[str, tuple[str, ...]] = {}
     if not isinstance(raw["variants"], Mapping) or not raw["variants"]:
@@ -198,8 +196,10 @@ def _parse_row(source: str, i: int, raw: Any, seen: set) -> Row:
                str(raw.get("notes", "")).strip())
 
 
-def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
-    """Validate and build a :class:`Matrix` from parsed YAML data."""
+def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Variant]]) -> Matrix:
+    """Validate and build a :class:`Matrix` from parsed YAML data; ``variants`` is every
+    declared variant (``{op: {name: Variant}}``, dispatch's ``all_variants()``): a row may
+    name only those, and only where their declaration allows."""
     _expect_keys(source, "top level", data, {"version", "rows", *SIDES}, set())
     if data["version"] != 1:
         raise _err(source, "version", f"{data['version']!r}; expected 1")
@@ -214,20 +214,24 @@ def parse_matrix(data: Any, source: str = "<matrix>") -> Matrix:
     seen: set = set()
     rows = {}
     for i, raw in enumerate(data["rows"]):
-        row = _parse_row(source, i, raw, seen)
+        row = _parse_row(source, i, raw, seen, variants)
         rows[row.id] = row
     return Matrix(rules, rows, source)
 
 
-def load_matrix(path: str | None = None) -> Matrix:
-    """``path`` or the ``matrix.yaml`` shipped inside the package (cached)."""
+def load_matrix(path: str | None, variants: Mapping[str, Mapping[str, Variant]]) -> Matrix:
+    """``path`` or the ``matrix.yaml`` shipped inside the package (parsed once per process)."""
     if path is None:
-        return _packaged()
+        return _packaged(variants)
     with open(path, encoding="utf-8") as fh:
-        return parse_matrix(yaml.safe_load(fh), path)
+        return parse_matrix(yaml.safe_load(fh), path, variants)
 
 
-@functools.cache
-def _packaged() -> Matrix:
-    text = importlib.resources.files("swa_backends").joinpath("matrix.yaml").read_text(encoding="utf-8")
-    return parse_matrix(yaml.safe_load(text), "matrix.yaml")
+_PACKAGED: list[Matrix] = []
+
+
+def _packaged(variants) -> Matrix:
+    if not _PACKAGED:
+        text = importlib.resources.files("swa_backends").joinpath("matrix.yaml").read_text(encoding="utf-8")
+        _PACKAGED.append(parse_matrix(yaml.safe_load(text), "matrix.yaml", variants))
+    return _PACKAGED[0]

@@ -6,8 +6,9 @@ whether it reads its window only through the pack's clamped indices, and which o
 packages it needs (*probes*). Its implementation is a ``"module:attr"`` path imported only
 when the variant is chosen and first called.
 
-Platform backends (``swa_backends.backends.<platform>``) declare ``VARIANTS`` and a
-``PRIORITY`` list per op; both are plain data, importing nothing heavy.
+Platform backends (``swa_backends.backends.<platform>``) and the portable kernels
+(``swa_backends.kernels``) declare ``VARIANTS``; platform backends also a ``PRIORITY`` list
+per op. Both are plain data, importing nothing heavy; dispatch collects them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -89,8 +91,26 @@ def import_reason(module: str, *, attr: str | None = None, what: str | None = No
     return None
 
 
+def _interpreting() -> bool:
+    # Triton's own switch, read where Triton reads it: it fixes, per process and at the time a
+    # kernel is decorated, whether kernels are compiled or interpreted on the host.
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 @register_probe("triton")
 def _probe_triton() -> str | None:
+    """Compiled Triton kernels: Triton importable and the process not in interpreter mode."""
+    if _interpreting():
+        return "TRITON_INTERPRET=1 is set: this process runs Triton kernels in the host interpreter, not compiled"
+    return import_reason("triton", attr="jit", what="Triton")
+
+
+@register_probe("triton_interpreter")
+def _probe_triton_interpreter() -> str | None:
+    """Triton kernels on a CPU: Triton importable and the process started with TRITON_INTERPRET=1."""
+    if not _interpreting():
+        return ("Triton kernels run on a CPU only in Triton's interpreter: start the process with "
+                "TRITON_INTERPRET=1 (Triton reads it when a kernel is decorated)")
     return import_reason("triton", attr="jit", what="Triton")
 
 
@@ -108,8 +128,7 @@ class Variant:
     ``dtypes``: data dtypes it takes (checked per call on the op's first tensor; None: any);
     ``index_layout``: the layout its vendor kernel reads (attention variants);
     ``clamps_window``: reads SWA KV only through the pack's clamped indices (attention);
-    ``requires``: probe names; ``setup``: ``"module:attr"`` called with the device before
-    the implementation is imported; ``input_check``: ``"module:attr"`` returning per-call
+    ``requires``: probe names; ``input_check``: ``"module:attr"`` returning per-call
     reasons (e.g. "fewer than 1024 queries"), making dispatch fall through to the next
     variant; ``emulated_on``: platforms where it runs emulated (Triton's interpreter on a
     CPU), allowed only when asked for by name (``prefer``); ``emulated_requires``: the
@@ -131,7 +150,6 @@ class Variant:
     graph_safe: bool = True
     clamps_window: bool = True
     requires: tuple[str, ...] = ()
-    setup: str | None = None
     input_check: str | None = None
     emulated_on: tuple[str, ...] = ()
     emulated_requires: tuple[str, ...] | None = None
@@ -194,14 +212,11 @@ class Variant:
         """Whether dispatch must check inputs before picking this variant."""
         return self.dtypes is not None or self.input_check is not None
 
-    def load(self, device: DeviceInfo) -> Callable:
-        """Run ``setup`` for the device, import and return the implementation (cached)."""
-        fn = self._cache.get(device.platform)
+    def load(self) -> Callable:
+        """Import and return the implementation (cached)."""
+        fn = self._cache.get("impl")
         if fn is None:
-            if self.setup is not None:
-                load_attr(self.setup)(device)
-            fn = load_attr(self.impl)
-            self._cache[device.platform] = fn
+            fn = self._cache["impl"] = load_attr(self.impl)
         return fn
 
 
@@ -215,54 +230,3 @@ def load_attr(path: str):
 
 def _fmt(values: Iterable) -> str:
     return "(" + ", ".join(str(v).replace("torch.", "") for v in values) + ")"
-
-
-# ---------------------------------------------------------------------------------------
-# the registry: every platform backend's declarations
-# ---------------------------------------------------------------------------------------
-
-BACKEND_MODULES: dict[str, str] = {
-    "cpu": "swa_backends.backends.reference",
-    "cuda": "swa_backends.backends.cuda",
-    "rocm": "swa_backends.backends.rocm",
-    "ascend": "swa_backends.backends.ascend",
-}
-# Declaration modules that belong to no single platform (portable kernels, the reference).
-SHARED_MODULES: tuple[str, ...] = ("swa_backends.backends.reference", "swa_backends.kernels")
-
-
-@functools.cache
-def all_variants() -> dict[str, dict[str, Variant]]:
-    """``{op: {variant name: Variant}}`` over every declaration module (no vendor import)."""
-    table: dict[str, dict[str, Variant]] = {}
-    seen: set[str] = set()
-    for module in (*SHARED_MODULES, *BACKEND_MODULES.values()):
-        if module in seen:
-            continue
-        seen.add(module)
-        for v in getattr(importlib.import_module(module), "VARIANTS", ()):
-            ops = table.setdefault(v.op, {})
-            if v.name in ops and ops[v.name] is not v:
-                raise RuntimeError(f"variant {v.key} declared twice ({module})")
-            ops[v.name] = v
-    return table
-
-
-def priority(platform: str, op: str) -> tuple[str, ...]:
-    """The platform backend's priority list for ``op`` (``"*"`` entry as the default)."""
-    module = importlib.import_module(BACKEND_MODULES[platform])
-    table = module.PRIORITY
-    return tuple(table.get(op, table["*"]))
-
-
-def platform_input_check(platform: str, op: str) -> str | None:
-    """The platform backend's own input check for ``op`` (``INPUT_CHECKS``), if any: a
-    ``"module:attr"`` called as ``check(device, *args, **kwargs)`` that raises ``ValueError``
-    for inputs valid in general but not on this platform/arch (e.g. the FP8 flavour a ROCm
-    arch stores). Runs with the op's validation, before any variant is called."""
-    module = importlib.import_module(BACKEND_MODULES[platform])
-    return getattr(module, "INPUT_CHECKS", {}).get(op)
-
-
-def variant(op: str, name: str) -> Variant | None:
-    return all_variants().get(op, {}).get(name)

@@ -1,8 +1,5 @@
-"""Metadata types of the contract (SPEC §0-§3).
-
-Frozen dataclasses; each validates itself on construction (metadata checks always, value
-checks when validation is on, see :mod:`swa_backends.common.validation`).
-"""
+"""Metadata types of the contract (SPEC §0-§3): PAD, the index dtypes, the clamp, and the
+host/device records the scheduler and decoder-side ops exchange (frozen dataclasses)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .validation import check_int, check_query_start_loc, check_range, check_tensor, fail, validation_enabled
 
 #: Slot id meaning "write nothing / read nothing". Slot 0 is a real (shared null) block.
 PAD = -1
@@ -22,58 +18,6 @@ SLOT_DTYPE = torch.int64  # slot mappings, positions, gathered rows
 def swa_lo(p: torch.Tensor, W: int, R: torch.Tensor) -> torch.Tensor:
     """The clamp contract: ``lo(p) = max(p - W + 1, 0, R)`` (elementwise)."""
     return torch.maximum(torch.clamp(p - (W - 1), min=0), R.to(p.dtype))
-
-
-@dataclass(frozen=True, eq=False)
-class ReplayMetadata:
-    """Per-batch replay metadata: everything the encoder-side ops read (SPEC §2).
-
-    ``query_start_loc`` int32 [B+1], ``seq_lens`` int32 [B], ``positions`` int64 [T],
-    ``replay_start`` int32 [B] (0 = no replay), ``slot_mappings`` int64 [G, T_padded],
-    ``cacheable_groups`` int32 [g] (rows of ``slot_mappings`` that are prefix-cacheable),
-    ``window`` = W, ``replay_len`` = Wr.
-    """
-
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    positions: torch.Tensor
-    replay_start: torch.Tensor
-    slot_mappings: torch.Tensor
-    cacheable_groups: torch.Tensor
-    window: int = 128
-    replay_len: int = 128
-
-    def __post_init__(self) -> None:
-        if validation_enabled():
-            validate_replay_metadata("ReplayMetadata", self)
-
-    @property
-    def num_reqs(self) -> int:
-        return self.seq_lens.shape[0]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.positions.shape[0]
-
-
-def validate_replay_metadata(op: str, m: ReplayMetadata) -> None:
-    check_int(op, "window", m.window, min_value=1)
-    check_int(op, "replay_len", m.replay_len, min_value=0)
-    check_tensor(op, "query_start_loc", m.query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
-    dev = m.query_start_loc.device
-    B = m.query_start_loc.shape[0] - 1
-    if B < 0:
-        fail(op, "query_start_loc", m.query_start_loc, "shape [B+1] with B >= 0")
-    check_tensor(op, "seq_lens", m.seq_lens, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
-    check_tensor(op, "replay_start", m.replay_start, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
-    check_tensor(op, "positions", m.positions, dtypes=SLOT_DTYPE, ndim=1, device=dev)
-    check_tensor(op, "slot_mappings", m.slot_mappings, dtypes=SLOT_DTYPE, ndim=2, device=dev)
-    check_tensor(op, "cacheable_groups", m.cacheable_groups, dtypes=INDEX_DTYPE, ndim=1, device=dev)
-    if m.slot_mappings.shape[1] < m.positions.shape[0]:
-        fail(op, "slot_mappings", m.slot_mappings, f"at least {m.positions.shape[0]} columns (one per token)")
-    check_query_start_loc(op, m.query_start_loc, num_tokens=m.positions.shape[0])
-    check_range(op, "cacheable_groups", m.cacheable_groups, low=0, high=m.slot_mappings.shape[0])
-    check_range(op, "replay_start", m.replay_start, low=0, high=None)
 
 
 @dataclass(frozen=True)

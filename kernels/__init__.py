@@ -1,67 +1,100 @@
 """Portable Triton kernels, one op per module, registered by every platform that can run
-them. This package's ``__init__`` only declares variants: kernel modules are imported when
-chosen (so ``TRITON_INTERPRET`` can be set first on a CPU)."""
+them. This ``__init__`` only declares the variants (no Triton import): kernel modules are
+imported when a variant is first called.
+
+On a CPU the ``triton`` variants run in Triton's interpreter, only in a process started with
+``TRITON_INTERPRET=1`` (Triton fixes compiled or interpreted when it decorates a kernel) and
+only when asked for by name (``select("cpu", prefer="triton")``).
+"""
 
 from __future__ import annotations
 
-VARIANTS: tuple = ()
+import torch
 
-# --- metadata and data-movement kernels (one module per op; issue 3) -------------------
-from ..common.registry import Variant  # noqa: E402  (declarations only: no Triton import)
+from ..common.registry import Variant, import_reason, load_attr, register_probe
 
-_TRITON_COMMON = dict(
+_TRITON = dict(
     platforms=("cuda", "rocm"),
     emulated_on=("cpu",),
     requires=("triton",),
-    setup="swa_backends.kernels.interpreter:setup",
-    warmup="swa_backends.kernels.warmup:warmup",
+    emulated_requires=("triton_interpreter",),
 )
 
-# op -> (module:function, graph_safe, what to know)
-_METADATA_KERNELS = {
-    "batch_replay_start": ("batch_replay_start:batch_replay_start", True, "one lane per batch row"),
-    "pad_replayed_slots": ("pad_replayed_slots:pad_replayed_slots", True,
+# op -> (module:function, what to know); every one graph-safe (see each module)
+METADATA_KERNELS = {
+    "batch_replay_start": ("batch_replay_start:batch_replay_start", "one lane per batch row"),
+    "pad_replayed_slots": ("pad_replayed_slots:pad_replayed_slots",
                            "in place, one lane per token; stores only PAD into replayed cacheable slots"),
-    "compressed_slot_mapping": ("compressed_slot_mapping:compressed_slot_mapping", True,
-                                "one lane per token (ratio 1: a copy)"),
-    "swa_indices_and_lens": ("swa_indices_and_lens:swa_indices_and_lens", True,
+    "compressed_slot_mapping": ("compressed_slot_mapping:compressed_slot_mapping", "one lane per token (ratio 1: a copy)"),
+    "swa_indices_and_lens": ("swa_indices_and_lens:swa_indices_and_lens",
                              "tokens x columns tiles; graph-safe when num_tokens (or valid) is given"),
-    "prefill_gather_lens": ("prefill_gather_lens:prefill_gather_lens", True, "one lane per request"),
-    "combined_indices": ("combined_indices:combined_indices", True, "tokens x columns tiles"),
-    "mixed_indices": ("mixed_indices:mixed_indices", True, "tokens x columns tiles"),
-    "plain_indices": ("plain_indices:plain_indices", True, "tokens x columns tiles"),
-    "indices_to_csr": ("indices_to_csr:indices_to_csr", True, "three launches: counts, scan, compaction"),
-    "gather_replay_batch": ("gather_replay_batch:gather_replay_batch", True,
+    "prefill_gather_lens": ("prefill_gather_lens:prefill_gather_lens", "one lane per request"),
+    "combined_indices": ("combined_indices:combined_indices", "tokens x columns tiles"),
+    "mixed_indices": ("mixed_indices:mixed_indices", "tokens x columns tiles"),
+    "plain_indices": ("plain_indices:plain_indices", "tokens x columns tiles"),
+    "indices_to_csr": ("indices_to_csr:indices_to_csr", "three launches: counts, scan, compaction"),
+    "gather_replay_batch": ("gather_replay_batch:gather_replay_batch",
                             "one launch; graph-safe once the plan's device copy exists (plan.device_tensors)"),
-    "gather_rows": ("rows:gather_rows", True, "wide word copies, int64 offsets"),
-    "scatter_rows": ("rows:scatter_rows", True, "memset + wide word copies, int64 offsets"),
-    "prepare_replay_step": ("prepare_replay_step:prepare_replay_step", True,
+    "gather_rows": ("rows:gather_rows", "wide word copies, int64 offsets"),
+    "scatter_rows": ("rows:scatter_rows", "memset + wide word copies, int64 offsets"),
+    "prepare_replay_step": ("prepare_replay_step:prepare_replay_step",
                             "ONE launch: replay start, padding, window indices and the sub-batch"),
 }
 
-VARIANTS += tuple(
-    Variant(op=op, name="triton", impl=f"swa_backends.kernels.{impl}", graph_safe=safe,
-            description=f"portable Triton kernel ({what})", **_TRITON_COMMON)
-    for op, (impl, safe, what) in _METADATA_KERNELS.items()
+VARIANTS: tuple = tuple(
+    Variant(op=op, name="triton", impl=f"swa_backends.kernels.{impl}", warmup="swa_backends.kernels.warmup:warmup",
+            description=f"portable Triton kernel ({what})", **_TRITON)
+    for op, (impl, what) in METADATA_KERNELS.items()
 )
 
-# --- sparse_mla (issue 4): heads as the MMA M dimension, one gather per KV tile ---------
-import torch  # noqa: E402
+# sparse_mla: three kernels, each its own variant. On sm90 the platform priority tries the two
+# Gluon kernels first; their per-call check (kernels/sparse_mla_gluon.py:input_check) sends
+# decode-sized calls and other head dims to the portable tl kernel.
+_ATTENTION = dict(index_layout="plain", clamps_window=True)
+_GLUON = dict(platforms=("cuda",), archs=("sm90",), min_capability=(9, 0), max_capability=(9, 0),
+              dtypes=(torch.bfloat16, torch.float16), input_check="swa_backends.kernels.sparse_mla_gluon:input_check",
+              **_ATTENTION)
 
 VARIANTS += (
     Variant(
-        op="sparse_mla",
-        name="triton",
-        impl="swa_backends.kernels.sparse_mla:sparse_mla",
-        platforms=("cuda", "rocm"),
-        emulated_on=("cpu",),
-        dtypes=(torch.bfloat16, torch.float16),
-        index_layout="plain",
-        clamps_window=True,
-        requires=("triton",),
-        setup="swa_backends.kernels.interpreter:setup",
-        warmup="swa_backends.kernels.sparse_mla:warmup",
+        op="sparse_mla", name="gluon_ws", impl="swa_backends.kernels.sparse_mla_gluon_ws:sparse_mla",
+        requires=("triton", "gluon_ws"),
+        description="persistent warp-specialised Gluon kernel (Hopper wgmma + mbarriers; D 512, H >= 64, "
+                    "prefill-sized calls)",
+        **_GLUON,
+    ),
+    Variant(
+        op="sparse_mla", name="gluon", impl="swa_backends.kernels.sparse_mla_gluon:sparse_mla",
+        requires=("triton", "gluon"),
+        description="one-item-per-program Gluon kernel (Hopper wgmma, cp.async look-ahead; D 512, H >= 64, "
+                    "prefill-sized calls)",
+        **_GLUON,
+    ),
+    Variant(
+        op="sparse_mla", name="triton", impl="swa_backends.kernels.sparse_mla:sparse_mla",
+        dtypes=(torch.bfloat16, torch.float16), warmup="swa_backends.kernels.sparse_mla:warmup",
         description="portable Triton sparse-MLA forward (plain layout: PAD anywhere skipped; fp32 softmax; "
                     "split-K decode)",
+        **_ATTENTION, **_TRITON,
     ),
 )
+
+
+def _gluon_probe(module: str) -> str | None:
+    """The Gluon API a kernel module needs, asked of this Triton (imports Triton; only run
+    when a CUDA device is assessed)."""
+    why = import_reason("triton.experimental.gluon", what="Triton's Gluon dialect")
+    if why:
+        return why
+    why = import_reason(module, attr="api_reason", what=module.rsplit(".", 1)[-1])
+    return why or load_attr(f"{module}:api_reason")()
+
+
+@register_probe("gluon")
+def _probe_gluon() -> str | None:
+    return _gluon_probe("swa_backends.kernels.sparse_mla_gluon")
+
+
+@register_probe("gluon_ws")
+def _probe_gluon_ws() -> str | None:
+    return _gluon_probe("swa_backends.kernels.sparse_mla_gluon_ws")

@@ -36,19 +36,16 @@ Design (why it is shaped like this):
   output and base-2 lse) and a combine kernel, one program per (token, head, d_v block),
   merges all of a block's splits in one load and adds the sink.
 * A config this Triton cannot compile (Triton 3.6 failed a pass on configs 3.9 compiled,
-  H200 run 1) falls back to a known-good one for the shape, with one warning: see
+  on the H200) falls back to a known-good one for the shape, with one warning: see
   :func:`launch`.
 
-* On CUDA sm90 the default path (no explicit ``config``) runs the Gluon kernel of
-  :mod:`.sparse_mla_gluon` instead where it applies (bf16/fp16, ``D_qk = d_v = 512``,
-  ``H >= 64``, at least as many programs as SMs): there the gathers run ahead of the math.
-  :func:`dispatch_info` says which kernel a call gets and why; ``SWA_SPARSE_MLA_GLUON=0``
-  turns it off, ``SWA_SPARSE_MLA_GLUON=n32b3``-style picks its config. A Gluon compile
-  failure falls back to this kernel with one warning.
+* On CUDA sm90 dispatch runs the Gluon kernels (variants ``gluon_ws`` and ``gluon``) before
+  this one where their scope allows (prefill-sized calls of D 512, H >= 64); this kernel
+  (variant ``triton``) serves everything else, decode's split-K included.
 
 The clamp never enters: it lives in ``indices``/``lens`` built by the pack's index builders.
 Launch configs come from :data:`TUNED` (keyed by shape, filled from H200 sweeps of
-``bench/bench_sparse_mla.py``); ``SWA_SPARSE_MLA_CONFIG`` overrides them for sweeps.
+``bench/bench_sparse_mla.py``, which passes explicit configs to :func:`launch`).
 """
 
 from __future__ import annotations
@@ -63,8 +60,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.errors import KernelUnavailable
+
 LOG2E = 1.4426950408889634
-# Fixed when this module is imported (kernels.interpreter.setup runs first). Triton 3.9's
+# Fixed when this module is imported, as Triton fixes it when the kernels are decorated. Triton 3.9's
 # interpreter multiplies bf16 dot operands as raw integers, so interpreted runs feed tl.dot
 # fp32 copies (P still rounded to the input dtype first, as on the GPU).
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -352,52 +351,6 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
     ("*", 1 << 30, 1 << 30, Config(block_h=64, block_n=32, num_warps=4, num_stages=2)),
 )
 
-# What bench/bench_sparse_mla.py sweeps on the H200 (and tests/test_sparse_mla_gpu.py
-# checks for correctness); every entry compiles offline for sm_90a with Triton 3.6 and 3.9
-# (tests/test_sparse_mla_compile.py). Two levers, since 64 heads x 512 fp32 accumulators
-# fill half the register file and Q + KV tiles the shared memory of one program per SM:
-# * split_s: S computed once per tile, split across the two warpgroups (Q K^T HGMMAs of a
-#   64-row tile 64 -> 32 per warpgroup, its shared-memory reads 384 -> 192 KB);
-# * look-ahead: Triton issues a tile's gather after the previous tile's math, so only with
-#   >= 3 KV buffers (BLOCK_N 32 at 5 / 7 stages: 3 / 4 buffers) is a gather in flight while
-#   a tile computes; with 2 (BLOCK_N 64) extra stages only move the index load ahead.
-# Predictions per entry: bench/notes_sparse_mla.md. Run-1 numbers (T 16K, H 64, K 640).
-SWEEP: tuple[str, ...] = (
-    "block_h=64,block_n=64,num_warps=8,num_stages=2",              # the default: 209 TFLOP/s (run 1)
-    "block_h=64,block_n=64,num_warps=8,num_stages=3",              # index tile one step ahead
-    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1",    # S split across warpgroups
-    "block_h=64,block_n=64,num_warps=8,num_stages=3,split_s=1",
-    "block_h=64,block_n=32,num_warps=8,num_stages=3",              # no look-ahead: 156 (run 1), the anchor
-    "block_h=64,block_n=32,num_warps=8,num_stages=5",              # 3 KV buffers, 2 tiles ahead
-    "block_h=64,block_n=32,num_warps=8,num_stages=7",              # 4 KV buffers, 3 tiles ahead
-    "block_h=64,block_n=32,num_warps=8,num_stages=5,split_s=1",
-    "block_h=64,block_n=32,num_warps=8,num_stages=7,split_s=1",
-    "block_h=64,block_n=16,num_warps=4,num_stages=3,dv_split=2",   # two programs per SM (model check)
-)
-
-_ENV = "SWA_SPARSE_MLA_CONFIG"
-_FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
-
-
-def parse_config(text: str, base: Config | None = None) -> Config:
-    """``"block_n=32,num_warps=8,splits=1"`` -> :class:`Config` (unnamed fields from ``base``)."""
-    cfg = base or Config()
-    kw = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in _FIELDS:
-            raise ValueError(f"{_ENV}={text!r}: expected comma-separated name=value with names in {sorted(_FIELDS)}")
-        value = value.strip()
-        if name in ("skip_empty", "split_s"):
-            kw[name] = value.lower() in ("1", "true", "yes", "on")
-        elif name == "splits" and value.lower() in ("none", "auto", ""):
-            kw[name] = None
-        else:
-            kw[name] = int(value)
-    return cfg.replace(**kw)
-
-
 def _platform(device: torch.device) -> str:
     if device.type == "cuda":
         return "rocm" if getattr(torch.version, "hip", None) else "cuda"
@@ -410,13 +363,8 @@ def table_config(platform: str, D: int, H: int) -> Config:
 
 
 def pick_config(T: int, H: int, D: int, d_v: int, K: int, device: torch.device) -> Config:
-    """The table's config for this shape (``SWA_SPARSE_MLA_CONFIG`` overrides fields);
-    :func:`resolve` clips it to the shape."""
-    cfg = table_config(_platform(device), D, H)
-    env = os.environ.get(_ENV)
-    if env:
-        cfg = parse_config(env, cfg)
-    return cfg
+    """The table's config for this shape; :func:`resolve` clips it to the shape."""
+    return table_config(_platform(device), D, H)
 
 
 def _pow2(x: int) -> int:
@@ -511,7 +459,7 @@ def _reason(exc: BaseException) -> str:
 
 def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None, fit: bool = True):
     """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps); with
-    ``config=None`` the Gluon kernel where :func:`gluon_choice` allows it, else the table's.
+    ``config=None`` the table's.
 
     ``fit``: when the config does not compile with this Triton (a compiler pass failing on
     it, e.g. Triton 3.6 on configs Triton 3.9 compiles), fall back to a known-good config
@@ -530,12 +478,6 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         lse.fill_(float("-inf"))
         return out, lse
     if config is None:
-        for _ in range(2):  # a Gluon config that fails to compile is remembered: the next choice skips it
-            g = _gluon_for(q, kv, indices, d_v)
-            if g is None:
-                break
-            if _run_gluon(g, q, kv, indices, lens, sm_scale, d_v, sink, out, lse):
-                return out, lse
         config = pick_config(T, H, D, d_v, K, q.device)
     # the kernel reads q rows, kv rows and index rows with unit inner stride
     if q.stride(2) != 1:
@@ -556,92 +498,6 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
         return out, lse
     _FITTED[key] = _fit(config, args, fit)
     return out, lse
-
-
-# ---------------------------------------------------------------------------------------
-# the Gluon (Hopper) kernel: the default where it applies (kernels/sparse_mla_gluon.py)
-# ---------------------------------------------------------------------------------------
-
-_GLUON_ENV = "SWA_SPARSE_MLA_GLUON"
-# (device, dtype, H, D, d_v, config) -> None (compiled and ran) or the reason it failed
-_GLUON_FAILED: dict = {}
-_GLUON_MODULE: list = []  # [module or the import failure's reason], filled on first use
-
-
-def _gluon_module():
-    """:mod:`.sparse_mla_gluon`, or a string saying why it cannot be imported. Imported
-    only here, on a CUDA device, never under the interpreter."""
-    if not _GLUON_MODULE:
-        if _INTERPRET:
-            _GLUON_MODULE.append("TRITON_INTERPRET=1: Gluon kernels do not run in the interpreter")
-        else:
-            try:
-                from . import sparse_mla_gluon
-                _GLUON_MODULE.append(sparse_mla_gluon)
-            except Exception as exc:  # no triton.experimental.gluon, or an older API
-                _GLUON_MODULE.append(f"Triton {triton.__version__} has no usable Gluon ({_reason(exc)})")
-    return _GLUON_MODULE[0]
-
-
-def gluon_choice(q, kv, indices, d_v) -> tuple:
-    """``(module, GluonConfig, None)`` when this call runs the Gluon kernel, else
-    ``(None, None, why)`` with the reason it runs the ``tl`` kernel. No device work."""
-    env = os.environ.get(_GLUON_ENV)
-    if env is not None and env.strip().lower() in ("0", "off", "false", "no"):
-        return None, None, f"{_GLUON_ENV}={env}"
-    if q.device.type != "cuda":
-        return None, None, f"device {q.device} is not CUDA"
-    G = _gluon_module()
-    if isinstance(G, str):
-        return None, None, G
-    cfg = G.parse_env(env)
-    # unset: the shipped config for this head count, then n64b2l0 if that one failed to compile
-    choices = [cfg] if cfg is not True else list(dict.fromkeys([G.default_for(q.shape[1]), G.DEFAULT]))
-    why = None
-    for cfg in choices:
-        why = G.unsupported(q, kv, indices, d_v, cfg=cfg)
-        if why is None:
-            why = _GLUON_FAILED.get((q.device, q.dtype, q.shape[1], q.shape[2], d_v, cfg))
-            if not why:
-                return G, cfg, None
-    return None, None, why
-
-
-def _gluon_for(q, kv, indices, d_v):
-    G, cfg, _ = gluon_choice(q, kv, indices, d_v)
-    return (G, cfg) if G is not None else None
-
-
-def _run_gluon(g, q, kv, indices, lens, sm_scale, d_v, sink, out, lse) -> bool:
-    """Launch the Gluon kernel; on its first use per shape key compile it first, and when
-    that fails warn once, remember, and return False (the caller runs the tl kernel)."""
-    G, cfg = g
-    key = (q.device, q.dtype, q.shape[1], q.shape[2], d_v, cfg)
-    args = (q, kv, indices, lens.contiguous(), sm_scale, d_v, sink.contiguous() if sink is not None else None,
-            out, lse)
-    if key not in _GLUON_FAILED:
-        try:
-            G.launch(*args, config=cfg, warmup=True)
-        except Exception as exc:
-            msg = (f"sparse_mla: the Gluon kernel ({cfg.short()}) does not compile with Triton {triton.__version__} "
-                   f"for H={q.shape[1]}, {q.dtype}; using the tl kernel ({_reason(exc)})")
-            _GLUON_FAILED[key] = msg
-            warnings.warn(msg, RuntimeWarning, stacklevel=4)
-            return False
-        _GLUON_FAILED[key] = None
-    G.launch(*args, config=cfg)
-    return True
-
-
-def dispatch_info(q, kv, indices, d_v) -> dict:
-    """Which kernel the default path (:func:`sparse_mla`) runs for these inputs and why:
-    ``{"kernel": "gluon" | "tl", "config": ..., "why": ...}``."""
-    G, cfg, why = gluon_choice(q, kv, indices, d_v)
-    if G is not None:
-        return {"kernel": "gluon", "config": cfg.short(), "why": "CUDA sm90, bf16/fp16, D_qk = d_v = 512, "
-                "H >= 64, programs >= SMs"}
-    T, H, D = q.shape
-    return {"kernel": "tl", "config": pick_config(T, H, D, d_v, indices.shape[1], q.device).short(), "why": why}
 
 
 def _fit(config: Config, args: tuple, fit: bool) -> Config:
@@ -684,7 +540,8 @@ def _fit(config: Config, args: tuple, fit: bool) -> Config:
                 _WARNED.add(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=4)
         return cfg
-    raise RuntimeError(f"sparse_mla: no launch config works for H={H}, D_qk={D}, d_v={d_v}: " + "; ".join(failures))
+    raise KernelUnavailable(f"no launch config of the tl kernel compiles for H={H}, D_qk={D}, d_v={d_v}, {q.dtype} "
+                            f"with Triton {triton.__version__}: " + "; ".join(failures))
 
 
 def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: bool = False) -> list:
@@ -736,42 +593,6 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
     return compiled
 
 
-def compiled_info(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config) -> dict:
-    """What Triton made of ``config`` for these inputs (compiles, launches nothing):
-    registers, spills and shared memory of the forward kernel (GPU only: the counts come
-    from loading the kernel)."""
-    T, H, D = q.shape
-    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-    r = resolve(config, T, H, D, d_v, indices.shape[1], q.device)
-    k = _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r, warmup=True)[0]
-    if hasattr(k, "result"):  # a future (async compile)
-        k = k.result()
-    k._init_handles()
-    return dict(kernel="tl", n_regs=getattr(k, "n_regs", None), n_spills=getattr(k, "n_spills", None),
-                shared=k.metadata.shared, num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages,
-                why="explicit tl config")
-
-
-def gluon_compiled_info(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config=None) -> dict:
-    """:func:`compiled_info` for the Gluon kernel (``config``: a ``GluonConfig``, default
-    the shipped one); ``why`` says why it would not take this call (None: it would)."""
-    G = _gluon_module()
-    if isinstance(G, str):
-        return dict(kernel="gluon", error=G)
-    config = config or G.default_for(q.shape[1])
-    T, H, D = q.shape
-    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-    k = G.launch(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, config=config, warmup=True)
-    if hasattr(k, "result"):
-        k = k.result()
-    k._init_handles()
-    return dict(kernel="gluon", config=config.short(), n_regs=getattr(k, "n_regs", None),
-                n_spills=getattr(k, "n_spills", None), shared=k.metadata.shared, num_warps=k.metadata.num_warps,
-                why=G.unsupported(q, kv, indices, d_v, cfg=config))
-
-
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)``: the Triton kernel (plain layout).
 
@@ -791,12 +612,9 @@ def warmup(backend, *, num_heads=(64, 128), qk_head_dim: int = 512, v_head_dim: 
     shape of a step (tokens, index width, lengths) never selects another kernel. Unknown
     keyword arguments (other hooks') are ignored. Returns the ops it ran (none on a CPU:
     the interpreter compiles nothing)."""
-    from .interpreter import setup
-
     if (not backend.device.runnable or backend.device.platform == "cpu"
             or "triton" not in backend.variants.get("sparse_mla", ())):
         return []
-    setup(backend.device)
     dev = torch.device(backend.device.torch_device)
     D, d_v = qk_head_dim, v_head_dim
     many = _num_sms(dev) if dev.type == "cuda" else 4  # enough programs that nothing splits

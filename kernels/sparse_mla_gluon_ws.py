@@ -1,25 +1,30 @@
-"""Warp-specialised Gluon (Hopper) forward kernel for ``sparse_mla`` (SPEC §2.7): config ``ws``.
+"""Warp-specialised persistent Gluon (Hopper) forward kernel for ``sparse_mla`` (SPEC §2.7):
+variant ``gluon_ws``, the first choice on sm90.
 
-Same op, arguments and results as :mod:`.sparse_mla_gluon` (plain index layout, ``D_qk =
-d_v = 512``), plus ``NUM_ITEMS`` (= T x 64-head blocks). What differs is the schedule: three
-warpgroups that each run their own code and meet at mbarriers, instead of two warpgroups in
-lockstep at CTA barriers; and the program is **persistent**: one per SM (the launcher's
-grid), each taking every grid-th item (token, 64-head block).
+Same op, arguments and results as the reference (plain index layout, ``D_qk = d_v = 512``;
+scope and launcher shared with :mod:`.sparse_mla_gluon`), plus ``NUM_ITEMS`` (= T x 64-head
+blocks). What differs from the one-item kernel is the schedule: three warpgroups that each
+run their own code and meet at mbarriers, instead of two warpgroups in lockstep at CTA
+barriers; and the program is **persistent**: one per SM (the launcher's grid), each taking
+every grid-th item (token, 64-head block).
 
-* Why persistent: one item per program paid a fixed cost per token of ~1.35 pairs of work
-  (H200 run 42: Q's load and the first tiles' gathers before any math, the epilogue after
-  it, one program per SM so nothing overlapped them): 302 TFLOP/s at H 64 / K 640 against
-  340 at K 2048. Here the producer loads the next item's Q as soon as both consumers are past
-  the current item's last Q K^T (barrier ``QFREE``) and gathers its first tiles as their
-  halves free up, all under the current item's tail and epilogue (run 43: 379 vs 281 at
-  H 64, 363 vs 306 at H 128, T 16K / K 640).
+Measured facts behind the design (one H200, torch 2.11, Triton 3.6; ``bench/README.md``):
+
+* Why persistent: one item per program paid a fixed cost per token of about 1.35 pairs of
+  work (Q's load and the first tiles' gathers before any math, the epilogue after it; with
+  one program per SM nothing overlapped them): 302 TFLOP/s at H 64 / K 640 against 340 at
+  K 2048. Here the producer loads the next item's Q as soon as both consumers are past the
+  current item's last Q K^T (barrier ``QFREE``) and gathers its first tiles as their halves
+  free up, all under the current item's tail and epilogue: 379 against 281 TFLOP/s for one
+  item per program at H 64, 363 against 306 at H 128 (T 16K, K 640).
 * Barrier phases run on across items (a count of the pairs and items before); the row sums
   are exchanged in slots that alternate between items (an item without pairs would
   otherwise overwrite a slot the other consumer has yet to read).
 * The consumers index their shared-memory views with a zero the compiler cannot prove, per
   pair: their wgmma descriptors are then made per pair instead of hoisted out of the item
-  loop, where they stay live through the epilogue and spill (780 B with Triton 3.6, run 40:
-  slower than one item per program). With the views: no spills (3.6 and 3.9).
+  loop, where they stay live through the epilogue and spill (780 B with Triton 3.6, which
+  made the kernel slower than one item per program). With the views: no spills (Triton 3.6
+  and 3.9).
 
 Per item:
 
@@ -39,13 +44,11 @@ Per item:
   publishes ``m_B``, ``P_B``, ``acc += P_B V_B[:, hi]``, frees B hi.
 * so tile A is free early in a pair and consumer 0, the head of the chain (everything waits
   for ``m_A``), starts the next pair without waiting for a gather; only B's halves are
-  refilled at the end of a pair, under consumer 0's next Q K^T and softmax. (The first
-  version freed one half of each tile at the end of a pair: H200 run 24, 291-321 TFLOP/s at
-  H 64.)
+  refilled at the end of a pair, under consumer 0's next Q K^T and softmax (freeing one half
+  of each tile at the end of a pair instead measured 291-321 TFLOP/s at H 64).
 
-The row sums are kept per consumer and added once at the end. Scope: as
-:func:`.sparse_mla_gluon.unsupported`, plus a Triton whose Gluon has ``warp_specialize``
-and mbarriers (3.6 and 3.9 both do). Imported lazily, never under the interpreter.
+The row sums are kept per consumer and added once at the end. Needs a Triton whose Gluon has
+``warp_specialize`` and mbarriers (3.6 and 3.9 both do). Imported only when the variant runs.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper as _hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from . import sparse_mla_gluon as _shared
 
 _cp_async = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
 _cp_arrive = _async_copy.mbarrier_arrive
@@ -399,12 +404,19 @@ def _sparse_mla_gluon_ws_fwd(
 
 
 def api_reason() -> str | None:
+    """Why this Triton cannot build the kernel (None: it can)."""
     if not hasattr(gl, "warp_specialize"):
         return f"Triton {triton.__version__} gluon lacks warp_specialize"
-    return None
+    return _shared.api_reason()
 
 
-def launch_meta(has_sink: bool) -> dict:
-    """The constexprs and launch options of :func:`_sparse_mla_gluon_ws_fwd` (its runtime
-    arguments are :func:`.sparse_mla_gluon.launch`'s, shared with the n64b2l0 kernel)."""
-    return dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4, maxnreg=MAXNREG)
+_BUILT: set = set()
+
+
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
+    """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)`` through the persistent warp-specialised
+    kernel (variant ``gluon_ws``): same signature and semantics as the reference."""
+    meta = dict(HAS_SINK=sink is not None, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], num_warps=4,
+                maxnreg=MAXNREG)
+    return _shared.run("gluon_ws", _sparse_mla_gluon_ws_fwd, meta, True, q, kv, indices, lens, sm_scale, d_v, sink,
+                       _BUILT)

@@ -39,11 +39,8 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
     and the batch->request mapping. Unknown keyword arguments (other hooks') are ignored.
     Returns the ops it ran.
     """
-    from .interpreter import setup
-
     if not backend.device.runnable:
         return []
-    setup(backend.device)
     dev = torch.device(backend.device.torch_device)
     ops = {op for op, names in backend.variants.items() if _VIA_TRITON in names}
     step = _Step(dev, W, block_size, num_groups)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swa_backends import OPS
-from swa_backends.common.conformance import mismatch
+from swa_backends.testing.conformance import mismatch
 
 REF = OPS["sparse_mla"].reference
 D = 512

@@ -35,3 +35,15 @@ def triton_version(python: str) -> str | None:
 
 def ids(python: str) -> str:
     return "this-python" if python == sys.executable else python
+
+
+def _no_triton() -> str | None:
+    from swa_backends.common.registry import import_reason
+
+    return import_reason("triton", attr="jit", what="Triton")
+
+
+#: Why the Triton tests cannot run here (None: Triton is importable). Interpreted on a CPU
+#: (conftest sets TRITON_INTERPRET=1), compiled on a GPU; offline compiles run in their own
+#: processes, compiled mode.
+NO_TRITON = _no_triton()

@@ -34,7 +34,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from swa_backends.common.conformance import case_for  # noqa: E402
+from swa_backends.testing.conformance import case_for  # noqa: E402
 from swa_backends.common.device import DeviceInfo  # noqa: E402
 from swa_backends.common.ops import HOST_OPS  # noqa: E402
 
@@ -50,11 +50,10 @@ def parse_target(spec: str) -> GPUTarget:
 
 def main(argv: list[str]) -> int:
     targets = [parse_target(t) for t in (argv or ["cuda:90"])]
-    from swa_backends.kernels import _METADATA_KERNELS, _claunch, _launch, interpreter
+    from swa_backends.kernels import METADATA_KERNELS, _launch
 
     # a CUDA DeviceInfo whose tensors live on the CPU: compiled mode, nothing launched
     device = DeviceInfo("cuda", "sm90", name="offline compile", torch_device="cpu", capability=(9, 0))
-    interpreter.setup(device)
     done: dict[tuple, float] = {}
 
     def compile_only(self, key, grid, *args):
@@ -70,16 +69,12 @@ def main(argv: list[str]) -> int:
             ck = triton_compile(ASTSource(self.fn, signature, constexprs, attrs), target=target,
                                 options=options.__dict__)
             done[(target.arch, self.name, key)] = time.time() - t0
-            packable = ""
-            if target.backend == "cuda":  # the pack's C launcher can pack this kernel's parameters
-                kinds = _claunch.kinds(dict(ck.src.signature), [p.name for p in self.fn.params], args)
-                packable = f" claunch={'ok' if kinds is not None and ck.packed_metadata[1] == 1 else 'no'}"
-            print(f"{target.backend}:{target.arch} {self.name} {key} {done[(target.arch, self.name, key)]:.2f}s"
-                  f"{packable}", flush=True)
+            print(f"{target.backend}:{target.arch} {self.name} {key} {done[(target.arch, self.name, key)]:.2f}s",
+                  flush=True)
 
     _launch.Kernel.__call__ = compile_only
     impls = {}
-    for op, (impl, _, _) in _METADATA_KERNELS.items():
+    for op, (impl, _) in METADATA_KERNELS.items():
         module, _, attr = impl.partition(":")
         impls[op] = getattr(importlib.import_module(f"swa_backends.kernels.{module}"), attr)
 

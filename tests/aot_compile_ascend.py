@@ -33,7 +33,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
-from swa_backends.common.conformance import case_for  # noqa: E402
+from swa_backends.testing.conformance import case_for  # noqa: E402
 
 KERNELS = {"gather_rows": ("rows", "gather_rows"), "scatter_rows": ("rows", "scatter_rows"),
            "swa_indices_and_lens": ("swa_indices", "swa_indices_and_lens"),

@@ -1,14 +1,12 @@
 """Compile the sparse-MLA kernels for GPU targets on a machine without the GPU
-(``python tests/aot_compile_sparse_mla.py [--sweep] [--report] cuda:90 hip:gfx942``).
+(``python tests/aot_compile_sparse_mla.py [--report] cuda:90 hip:gfx942``).
 
 The interpreter runs the kernel's Python, not Triton's compiler; this runs the real
 launcher (``kernels.sparse_mla.launch``) on CPU tensors with every launch replaced by an
 offline ``triton.compile`` per target (Triton's own binder and specialisation), for the
-shipped config of each heads bucket, the split-K decode path (partial kernel + combine)
-and, with ``--sweep``, every config the H200 benchmark sweeps. Prints one line per
-compiled kernel with its shared memory; fails if any config does not compile or a
-shipped one needs more shared memory than the target has (configs only swept are
-reported, not failed, for that). ``--report`` adds, for NVIDIA targets, what ptxas and
+shipped config of each heads bucket and the split-K decode path (partial kernel + combine).
+Prints one line per compiled kernel with its shared memory; fails if any config does not
+compile or needs more shared memory than the target has. ``--report`` adds, for NVIDIA targets, what ptxas and
 the SASS say of each forward kernel: registers, spill bytes, local loads/stores, HGMMA
 instructions by shape, cp.async (LDGSTS) count, and from the TTGIR the number of KV tile
 buffers and how many cp.async groups the loop leaves in flight at its wait. Own process:
@@ -43,7 +41,6 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from swa_backends.common.device import DeviceInfo  # noqa: E402
 
 # Shared memory a block may use: H100/H200 227 KB (opt-in), MI300 (gfx942) LDS 64 KB.
 SMEM_LIMIT = {"90": 232448, "gfx942": 65536}
@@ -122,13 +119,8 @@ def sass_report(k) -> str:
 
 
 def main(argv: list[str]) -> int:
-    sweep = "--sweep" in argv
     report = "--report" in argv
     targets = [parse_target(t) for t in argv if not t.startswith("--")] or [parse_target("cuda:90")]
-    device = DeviceInfo("cuda", "sm90", name="offline compile", torch_device="cpu", capability=(9, 0))
-    from swa_backends.kernels import interpreter
-
-    interpreter.setup(device)
     K = importlib.import_module("swa_backends.kernels.sparse_mla")
     fwd, combine = K._sparse_mla_fwd, K._sparse_mla_combine
     failures: list[str] = []
@@ -142,8 +134,6 @@ def main(argv: list[str]) -> int:
         plan = [(f"{platform} table H={H}", K.table_config(platform, 512, H).replace(splits=1), H, True)
                 for H in (16, 32, 64, 128)]
         plan.append((f"{platform} table decode", K.table_config(platform, 512, 64).replace(splits=4), 64, True))
-        if sweep and platform == "cuda":
-            plan += [(f"sweep {t}", K.parse_config(t, K.Config()).replace(splits=1), 128, False) for t in K.SWEEP]
         for label, cfg, H, must_fit in plan:
             def record(name, k, secs, label=label, cfg=cfg, must_fit=must_fit, target=target):
                 nonlocal count

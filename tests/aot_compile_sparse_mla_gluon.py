@@ -1,16 +1,16 @@
-"""Compile the Gluon sparse-MLA kernel for sm_90a on a machine without the GPU
-(``python tests/aot_compile_sparse_mla_gluon.py [--report] [--dump DIR]``).
+"""Compile the two Gluon sparse-MLA kernels (variants ``gluon`` and ``gluon_ws``) for sm_90a
+on a machine without the GPU (``python tests/aot_compile_sparse_mla_gluon.py [--report]
+[--dump DIR]``).
 
 Runs the real launcher (``kernels.sparse_mla_gluon.launch(..., warmup=True)``) on CPU
 tensors with the kernel's ``warmup`` replaced by an offline ``triton.compile`` of a
-``GluonASTSource`` (Triton's own binder and specialisation), for every config of
-``SWEEP`` with and without a sink. One line per compiled kernel with its shared memory;
-``--report`` adds registers, spills, HGMMA shapes, LDGSTS and barrier counts (the same
-reading of ptxas and the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR`` writes the
-TTGIR, PTX and SASS of each. Fails when a config does not compile, needs more than the
-H200's 227 KB of shared memory, or spills (any config with Triton 3.6, the H200's; the
-shipped n64b2l0 and ws with any Triton). Exit 0 with ``SKIP:`` when this Triton has no
-Gluon Hopper API. Own process: compiled mode.
+``GluonASTSource`` (Triton's own binder and specialisation), for both kernels with and
+without a sink. One line per compiled kernel with its shared memory; ``--report`` adds
+registers, spills, HGMMA shapes, LDGSTS and barrier counts (the same reading of ptxas and
+the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR`` writes the TTGIR, PTX and SASS of
+each. Fails when a kernel does not compile, needs more than the H200's 227 KB of shared
+memory, spills or makes ptxas serialise its wgmma. Exit 0 with ``SKIP:`` when this Triton has
+no Gluon Hopper API. Own process: compiled mode.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 SMEM_LIMIT = 232448
+
+
+class _Compiled(Exception):
+    """Raised by the offline compile in place of the launch that would follow it."""
 
 
 def _report(k) -> tuple[str, int]:
@@ -79,21 +83,21 @@ def main(argv: list[str]) -> int:
     dump = Path(argv[argv.index("--dump") + 1]) if "--dump" in argv else None
     try:
         G = importlib.import_module("swa_backends.kernels.sparse_mla_gluon")
+        WS = importlib.import_module("swa_backends.kernels.sparse_mla_gluon_ws")
     except ImportError as exc:
         print(f"SKIP: no Gluon in this Triton ({exc})")
         return 0
-    reason = G.api_reason()
+    reason = WS.api_reason()
     if reason:
         print(f"SKIP: {reason}")
         return 0
     from triton.experimental.gluon._runtime import GluonASTSource
 
     target = GPUTarget("cuda", 90, 32)
-    fn = G._sparse_mla_gluon_fwd  # per config: G.kernel_for(cfg)
     failures: list[str] = []
     count = 0
 
-    def compile_offline(cfg, sink_on, args, kwargs):
+    def compile_offline(fn, name, sink_on, args, kwargs):
         nonlocal count
         backend = make_backend(target)
         kwargs = dict(kwargs, debug=False)
@@ -104,15 +108,14 @@ def main(argv: list[str]) -> int:
         k = triton_compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
         count += 1
         shared = k.metadata.shared
-        label = f"{cfg.short()}{' sink' if sink_on else ''}"
+        label = f"{name}{' sink' if sink_on else ''}"
         extra = ""
         if report:
             extra, stores = _report(k)
             extra = " " + extra
-            # spills fail the H200's Triton (3.6) for every config, other Tritons for the shipped
-            # ones (n64b2l0 and ws); the persistent ws kernel with 780 B of spilled wgmma
-            # descriptors ran slower than one item per program (H200 run 40), with none faster
-            if stores > 0 and (triton.__version__.startswith("3.6") or cfg == G.DEFAULT or cfg.ws):
+            # no spills with any Triton: the persistent ws kernel with 780 B of spilled wgmma
+            # descriptors ran slower than one item per program (H200, Triton 3.6)
+            if stores > 0:
                 failures.append(f"{label}: spills ({extra.strip()})")
             sass = _sass(k)
             depbar = sass.count("WARPGROUP.DEPBAR")
@@ -123,7 +126,7 @@ def main(argv: list[str]) -> int:
         fits = shared <= SMEM_LIMIT
         if not fits:
             failures.append(f"{label}: {shared} B of shared memory > {SMEM_LIMIT}")
-        print(f"cuda:90 _sparse_mla_gluon_fwd [{label}] smem={shared} {'fits' if fits else 'DOES NOT FIT'} "
+        print(f"cuda:90 {fn.fn.__name__} [{label}] smem={shared} {'fits' if fits else 'DOES NOT FIT'} "
               f"{time.time() - t0:.1f}s{extra}", flush=True)
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
@@ -131,34 +134,33 @@ def main(argv: list[str]) -> int:
             for ext in ("ttgir", "ptx"):
                 Path(f"{stem}.{ext}").write_text(k.asm[ext])
             Path(f"{stem}.sass").write_text(_sass(k))
-        return k
+        raise _Compiled  # compiled: stop the variant before it launches on CPU tensors
 
-    configs = list(G.SWEEP)
-    if G.DEFAULT not in configs:
-        configs.insert(0, G.DEFAULT)
-    for cfg in configs:
+    kernels = {"gluon": (G._sparse_mla_gluon_fwd, "sparse_mla"), "gluon_ws": (WS._sparse_mla_gluon_ws_fwd, "sparse_mla")}
+    for name, (fn, _) in kernels.items():
         for sink_on in (False, True):
             H, T = 128, 2
             q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
             kv = torch.zeros(64, 512, dtype=torch.bfloat16)
             idx = torch.zeros(T, 640, dtype=torch.int32)
             lens = torch.full((T,), 640, dtype=torch.int32)
-            out = torch.empty(T, H, 512, dtype=torch.bfloat16)
-            lse = torch.empty(T, H, dtype=torch.float32)
             sink = torch.zeros(H) if sink_on else None
-            fn = G.kernel_for(cfg)
             saved = fn.warmup
-            fn.warmup = (lambda *a, grid, cfg=cfg, sink_on=sink_on, **kw:  # noqa: E731
-                         compile_offline(cfg, sink_on, a, kw))
-            try:
-                G.launch(q, kv, idx, lens, 0.04, 512, sink, out, lse, config=cfg, warmup=True)
+            fn.warmup = (lambda *a, grid, fn=fn, name=name, sink_on=sink_on, **kw:  # noqa: E731
+                         compile_offline(fn, name, sink_on, a, kw))
+            module = WS if name == "gluon_ws" else G
+            try:  # the variant itself: its first call compiles (warmup) before it launches
+                module._BUILT.clear()
+                module.sparse_mla(q, kv, idx, lens, 0.04, 512, sink=sink)
             except Exception as exc:  # a compile error is the finding
+                if isinstance(exc.__cause__, _Compiled):  # the variant turned it into KernelUnavailable
+                    continue
                 msg = str(exc).strip().splitlines()
                 if os.environ.get("SWA_AOT_TRACE"):
                     traceback.print_exc()
-                failures.append(f"{cfg.short()}{' sink' if sink_on else ''}: {type(exc).__name__}: "
+                failures.append(f"{name}{' sink' if sink_on else ''}: {type(exc).__name__}: "
                                 f"{' | '.join(msg[-6:])[:1500] if msg else ''}")
-                print(f"cuda:90 [{cfg.short()}] FAILED: {failures[-1]}", flush=True)
+                print(f"cuda:90 [{name}] FAILED: {failures[-1]}", flush=True)
             finally:
                 fn.warmup = saved
     for f in failures:

@@ -1,8 +1,10 @@
-"""Shared test set-up: hypothesis profiles and device fixtures.
+"""Shared test set-up: Triton's mode, hypothesis profiles and device fixtures.
 
-Profiles: ``ci`` (default; derandomised, no deadline) and ``dev`` (random). Select with
-``SWA_HYPOTHESIS_PROFILE``. Tests that need a real GPU are marked ``gpu`` and skipped
-elsewhere.
+Without a GPU the suite runs the pack's Triton kernels in Triton's interpreter: Triton
+reads ``TRITON_INTERPRET`` when it decorates a kernel, so it is set here, before anything
+imports Triton (``import swa_backends`` does not). Profiles: ``ci`` (default; derandomised,
+no deadline) and ``dev`` (random). Select with ``SWA_HYPOTHESIS_PROFILE``. Tests that need a
+real GPU are marked ``gpu`` and skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

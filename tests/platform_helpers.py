@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import torch
 
-from swa_backends.common.conformance import mismatch, sparse_mla_case
+from swa_backends.testing.conformance import mismatch, sparse_mla_case
 from swa_backends.common.ops.sparse_mla import reference as sparse_mla_reference
 
 

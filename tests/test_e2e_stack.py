@@ -288,7 +288,7 @@ def test_drift_over_random_prompts(stack, capsys):
 def test_stack_through_the_triton_sparse_mla_interpreted():
     """The whole stack with the portable Triton sparse_mla (interpreter on CPU, bf16, tiny):
     same reads, same hidden states as the reference within bf16 rounding."""
-    from swa_backends.common.registry import all_variants  # after sb: resolves without an install too
+    from swa_backends.dispatch import all_variants  # after sb: resolves without an install too
 
     if "triton" not in all_variants().get("sparse_mla", {}):
         pytest.skip("no Triton sparse_mla variant declared in this checkout")

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swa_backends import OPS, PAD, validation
-from swa_backends.common.conformance import POISON_INT, random_batch
-from swa_backends.common.layouts import (
+from swa_backends.testing.conformance import POISON_INT, random_batch
+from swa_backends.common.ops.layouts import (
     combined_to_plain,
     combined_workspace_rows,
     compact_indices,

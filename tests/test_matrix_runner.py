@@ -23,8 +23,9 @@ import yaml
 from swa_backends import OPS, load_matrix
 from swa_backends.common import registry
 from swa_backends.common.matrix import parse_matrix
-from swa_backends.common.registry import Variant, all_variants
-from swa_backends.matrix_runner import Job, Progress, _execute_in_worker, run_matrix
+from swa_backends.common.registry import Variant
+from swa_backends.dispatch import all_variants
+from swa_backends.testing.matrix_runner import Job, Progress, _execute_in_worker, run_matrix
 
 STATUSES = {"pass", "emulated", "fail", "skipped"}
 
@@ -138,7 +139,7 @@ def _matrix(rows: list[dict]):
     for r in rows:
         base["rows"].append({"encoder_replay": {"enabled": True, "because": "test"},
                              "decoder_replay": {"enabled": True, "because": "test"}, "verified": {}, **r})
-    return parse_matrix(yaml.safe_load(yaml.safe_dump(base)), "test-matrix")
+    return parse_matrix(yaml.safe_load(yaml.safe_dump(base)), "test-matrix", all_variants())
 
 
 def test_a_wrong_variant_fails_the_run(injected):
@@ -172,7 +173,7 @@ def test_cli_exit_code_and_reports(injected, tmp_path, monkeypatch, capsys):
 
     m = _matrix([{"id": "cpu", "platform": "cpu", "arch": "cpu", "variants": {"*": ["reference"],
                                                                            "gather_rows": ["broken"]}}])
-    monkeypatch.setattr("swa_backends.matrix_runner.load_matrix", lambda path=None: m)
+    monkeypatch.setattr("swa_backends.testing.matrix_runner.load_matrix", lambda path=None: m)
     rc = cli.main(["matrix", "--ops", "gather_rows,gather_replay_batch", "--cases", "4", "--out", str(tmp_path),
                    "--no-progress", "--in-process"])
     out = capsys.readouterr()
@@ -187,7 +188,7 @@ def test_cli_exit_code_and_reports(injected, tmp_path, monkeypatch, capsys):
 
 
 def test_missing_contract_doubles_skip_with_reason(injected, monkeypatch):
-    name = "swa_backends.backends.rocm.emulation"
+    name = "swa_backends.testing.emulation.rocm"
     monkeypatch.setitem(sys.modules, name, None)  # as if the module did not exist
     m = _matrix([{"id": "gfx942", "platform": "rocm", "arch": "gfx942",
                   "variants": {"*": ["reference"], "gather_rows": ["vendorlib", "reference"]}}])
@@ -211,9 +212,9 @@ def test_vendor_variant_runs_inside_the_rows_contract_doubles(injected, monkeypa
         finally:
             registry._PROBE_OVERRIDES.pop("swa_test_vendor", None)
 
-    emu = types.ModuleType("swa_backends.backends.rocm.emulation")
+    emu = types.ModuleType("swa_backends.testing.emulation.rocm")
     emu.contract_doubles = contract_doubles
-    monkeypatch.setitem(sys.modules, "swa_backends.backends.rocm.emulation", emu)
+    monkeypatch.setitem(sys.modules, "swa_backends.testing.emulation.rocm", emu)
     m = _matrix([
         {"id": "gfx942", "platform": "rocm", "arch": "gfx942", "variants": {"*": ["reference"],
                                                                          "gather_rows": ["vendorlib"]}},
@@ -246,7 +247,7 @@ def test_worker_subprocess_gives_the_same_results():
     jobs = [Job("cuda-sm90", "cuda", "sm90", op, "reference", "cpu", verified="not-run")
             for op in ("gather_replay_batch", "sparse_mla")]
     remote = _execute_in_worker(jobs, cases=2, seed=4, progress=False)
-    from swa_backends.matrix_runner import execute
+    from swa_backends.testing.matrix_runner import execute
 
     local = execute(jobs, cases=2, seed=4, progress=Progress(0, False))
     assert [(r.status, r.passed, r.failed) for r in remote] == [(r.status, r.passed, r.failed) for r in local]

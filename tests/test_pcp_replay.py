@@ -41,7 +41,7 @@ from swa_backends import (
     select,
     validation,
 )
-from swa_backends.common.registry import variant
+from swa_backends.dispatch import variant
 
 
 def test_spec_worked_example_padding():
@@ -349,11 +349,3 @@ def test_pcp_property_through_the_triton_variant_in_the_interpreter():
                              "-k", "test_gathered_mapping_equals_single_process_pad"], {"SWA_PCP_PREFER": "triton"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "1 passed" in proc.stdout, proc.stdout[-2000:]
-
-
-def test_backend_binds_pcp_helpers_to_itself():
-    import swa_backends as sb
-
-    be = sb.select("cpu")
-    assert be.pcp_pad_replayed_slots.keywords == {"backend": be}
-    assert be.pcp_pad_own_block.keywords == {"backend": be}

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swa_backends.backends import adapters
-from swa_backends.common.conformance import sparse_mla_case
+from swa_backends.testing.conformance import sparse_mla_case
 from swa_backends.common.ops.sparse_mla import reference
 
 

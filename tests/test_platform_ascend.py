@@ -9,15 +9,16 @@ import types
 
 import numpy as np
 import pytest
+from _tritons import NO_TRITON
 import torch
 
 import swa_backends as sb
 from swa_backends.backends.ascend import constraints, npu_attention
-from swa_backends.backends.ascend.emulation import contract_doubles, npu_sparse_flash_mla_metadata
-from swa_backends.backends.ascend.emulation import npu_sparse_flash_mla as npu_double
+from swa_backends.testing.emulation.ascend import contract_doubles, npu_sparse_flash_mla_metadata
+from swa_backends.testing.emulation.ascend import npu_sparse_flash_mla as npu_double
 from swa_backends.common import device as device_mod
 from swa_backends.common import registry
-from swa_backends.common.conformance import check_backend
+from swa_backends.testing.conformance import check_backend
 
 from platform_helpers import assert_matches_reference, spy, vendor_case
 
@@ -243,7 +244,7 @@ def test_contract_doubles_restore_everything():
     assert "triton_ascend" not in registry._PROBE_OVERRIDES
 
 
-@pytest.mark.skipif(registry.probe("triton") is not None, reason=f"{registry.probe('triton')}")
+@pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 def test_triton_ascend_kernels_compile_offline():
     """Triton's real compiler on every specialisation the random cases launch (the
     interpreter runs only the Python): tests/aot_compile_ascend.py, in its own process."""

@@ -46,7 +46,7 @@ def _run(device, emulate, capsys, *extra):
     out = capsys.readouterr().out
     dev = sb.parse_device(device)
     if emulate:
-        with importlib.import_module(f"swa_backends.backends.{dev.platform}.emulation").contract_doubles(dev):
+        with importlib.import_module(f"swa_backends.testing.emulation.{dev.platform}").contract_doubles(dev):
             e = sb.explain(dev)
     else:
         e = sb.explain(dev)

@@ -13,9 +13,9 @@ import torch
 
 import swa_backends as sb
 from swa_backends.backends.cuda import flashinfer, flashmla, probes
-from swa_backends.backends.cuda.emulation import contract_doubles
-from swa_backends.backends.cuda.emulation import flash_mla_sparse_fwd as fmla_double
-from swa_backends.backends.cuda.emulation import trtllm_batch_decode_sparse_mla_dsv4 as fi_double
+from swa_backends.testing.emulation.cuda import contract_doubles
+from swa_backends.testing.emulation.cuda import flash_mla_sparse_fwd as fmla_double
+from swa_backends.testing.emulation.cuda import trtllm_batch_decode_sparse_mla_dsv4 as fi_double
 from swa_backends.common import registry
 
 from platform_helpers import assert_matches_reference, spy, vendor_case

@@ -1,4 +1,4 @@
-"""``swa_backends.backends.<platform>.emulation.contract_doubles()`` -- the entry point the
+"""``swa_backends.testing.emulation.<platform>.contract_doubles()`` -- the entry point the
 emulated matrix runner calls -- end to end: a backend selected for a fake device runs the
 vendor wrapper through the doubles and returns the reference's result."""
 
@@ -25,7 +25,7 @@ CASES = [  # device, vendor variant, a case it takes
 @pytest.mark.parametrize("device, vendor, shape", CASES, ids=[c[0] for c in CASES])
 def test_contract_doubles_entry_point_runs_the_vendor_path(device, vendor, shape):
     dev = sb.parse_device(device)
-    emulation = importlib.import_module(f"swa_backends.backends.{dev.platform}.emulation")
+    emulation = importlib.import_module(f"swa_backends.testing.emulation.{dev.platform}")
     args, kw = vendor_case(5, **shape)
     with emulation.contract_doubles(), sb.fake_device(dev):  # the doubles read the arch from the fake device
         b = sb.select()
@@ -36,7 +36,7 @@ def test_contract_doubles_entry_point_runs_the_vendor_path(device, vendor, shape
 
 def test_doubles_apply_the_fake_device_arch():
     from swa_backends.backends.rocm import aiter_opus
-    from swa_backends.backends.rocm.emulation import contract_doubles
+    from swa_backends.testing.emulation.rocm import contract_doubles
 
     args, kw = vendor_case(1, T=4, K=8, S=20, heads=(1,))
     with contract_doubles(), sb.fake_device("rocm:gfx942"), pytest.raises(RuntimeError, match="requires gfx950"):
@@ -44,7 +44,7 @@ def test_doubles_apply_the_fake_device_arch():
 
 
 def test_wrong_platform_device_is_refused():
-    from swa_backends.backends.cuda.emulation import contract_doubles
+    from swa_backends.testing.emulation.cuda import contract_doubles
 
     with pytest.raises(ValueError, match="expected a cuda device"):
         with contract_doubles("rocm:gfx950"):

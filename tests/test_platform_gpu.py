@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import swa_backends as sb
-from swa_backends.common.conformance import case_for, mismatch, sparse_mla_case, to_device
+from swa_backends.testing.conformance import case_for, mismatch, sparse_mla_case, to_device
 from swa_backends.common.ops import OPS
 
 pytestmark = pytest.mark.gpu

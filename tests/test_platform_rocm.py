@@ -11,8 +11,8 @@ import torch
 
 import swa_backends as sb
 from swa_backends.backends.rocm import aiter_opus, fp8, probes
-from swa_backends.backends.rocm.emulation import contract_doubles
-from swa_backends.backends.rocm.emulation import pa_sparse_prefill_opus as opus_double
+from swa_backends.testing.emulation.rocm import contract_doubles
+from swa_backends.testing.emulation.rocm import pa_sparse_prefill_opus as opus_double
 from swa_backends.common import registry
 
 from platform_helpers import assert_matches_reference, spy, vendor_case

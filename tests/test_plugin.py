@@ -107,7 +107,7 @@ def test_wheel_ships_the_package_and_the_entry_point(wheel):
         entry_points = zf.read(ep_file).decode()
     for f in ("swa_backends/__init__.py", "swa_backends/plugin.py", "swa_backends/torch_ops.py",
               "swa_backends/matrix.yaml", "swa_backends/common/ops/gather_replay_batch.py",
-              "swa_backends/matrix_runner.py"):
+              "swa_backends/testing/matrix_runner.py"):
         assert f in names, f
     assert not any(n.startswith("swa_backends/tests/") for n in names)
     assert "[vllm.general_plugins]\nswa_backends = swa_backends.plugin:register" in entry_points
@@ -143,7 +143,7 @@ LOADER = textwrap.dedent('''
         import numpy as np
         import swa_backends
         from swa_backends import OPS, torch_ops
-        from swa_backends.common.conformance import case_for, mismatch
+        from swa_backends.testing.conformance import case_for, mismatch
         report["module_file"] = swa_backends.__file__
         rng = np.random.default_rng(0)
         checked = []

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import oracles
 import swa_backends as sb
 from swa_backends import PAD
-from swa_backends.common.conformance import case_for, random_batch
+from swa_backends.testing.conformance import case_for, random_batch
 
 EXAMPLES = 500
 BE = sb.select("cpu")
@@ -216,7 +216,7 @@ def test_gather_scatter_rows(seed):
 @given(seed=seeds)
 def test_sparse_mla_against_float64_loops(seed):
     rng = np.random.default_rng(seed)
-    from swa_backends.common.conformance import sparse_mla_case
+    from swa_backends.testing.conformance import sparse_mla_case
 
     (q, kv, idx, lens, scale, d_v), kw = sparse_mla_case(rng, "cpu", T=int(rng.integers(0, 5)),
                                                         dtype=torch.float32, K=int(rng.integers(1, 20)))
@@ -234,7 +234,7 @@ def test_sparse_mla_against_float64_loops(seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sparse_mla_low_precision_output_dtype(dtype):
     rng = np.random.default_rng(3)
-    from swa_backends.common.conformance import sparse_mla_case
+    from swa_backends.testing.conformance import sparse_mla_case
 
     (q, kv, idx, lens, scale, d_v), kw = sparse_mla_case(rng, "cpu", T=6, dtype=dtype)
     out, lse = BE.sparse_mla(q, kv, idx, lens, scale, d_v, **kw)

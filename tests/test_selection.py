@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 import swa_backends as sb
+from swa_backends import dispatch
 from swa_backends.common import registry
-from swa_backends.common.matrix import load_matrix, parse_matrix
+from swa_backends.common.matrix import parse_matrix
+from swa_backends.dispatch import load_matrix
 from swa_backends.common.registry import Variant
 
 MATRIX = load_matrix()
@@ -34,7 +36,7 @@ def test_every_row_selects_variants_it_allows(row_id):
         assert names, op
         for name in names:
             assert name in row.allowed(op), (op, name)
-            v = registry.variant(op, name)
+            v = dispatch.variant(op, name)
             assert not v.declared_reasons(dev)
     # with the serving defaults both sides follow the row's gates
     caps = backend.capabilities
@@ -286,24 +288,20 @@ LOADER_CASES = [
 @pytest.mark.parametrize("mutate, message", LOADER_CASES, ids=[c[1][:30] for c in LOADER_CASES])
 def test_loader_rejects_with_precise_error(mutate, message):
     with pytest.raises(sb.MatrixError) as err:
-        parse_matrix(_broken(mutate), "test.yaml")
+        parse_matrix(_broken(mutate), "test.yaml", dispatch.all_variants())
     assert message in str(err.value)
     assert str(err.value).startswith("test.yaml: ")
 
 
 def test_loader_refuses_to_widen_a_declaration(monkeypatch):
     narrow = _fake_variant(name="sm90only", platforms=("cuda",), archs=("sm90",), requires=())
-    table = {op: dict(vs) for op, vs in registry.all_variants().items()}
+    table = {op: dict(vs) for op, vs in dispatch.all_variants().items()}
     table["gather_rows"]["sm90only"] = narrow
-    monkeypatch.setattr(registry, "all_variants", lambda: table)
-    import swa_backends.common.matrix as m
-
-    monkeypatch.setattr(m, "all_variants", lambda: table)
     data = _broken(lambda d: _row(d, "cuda-sm80")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
     with pytest.raises(sb.MatrixError, match="would widen its declaration"):
-        parse_matrix(data, "test.yaml")
+        parse_matrix(data, "test.yaml", table)
     ok = _broken(lambda d: _row(d, "cuda-sm90")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
-    parse_matrix(ok, "test.yaml")
+    parse_matrix(ok, "test.yaml", table)
 
 
 def test_row_gate_off_is_a_reason(tmp_path):
@@ -319,14 +317,12 @@ def test_row_gate_off_is_a_reason(tmp_path):
 def test_unclamped_attention_path_turns_encoder_off(monkeypatch):
     unclamped = Variant(op="sparse_mla", name="maskmode4", impl="swa_backends.common.ops.sparse_mla:reference",
                         platforms=("cpu",), clamps_window=False, index_layout="plain")
-    table = {op: dict(vs) for op, vs in registry.all_variants().items()}
+    table = {op: dict(vs) for op, vs in dispatch.all_variants().items()}
     table["sparse_mla"]["maskmode4"] = unclamped
-    import swa_backends.common.dispatch as dsp
-    import swa_backends.common.matrix as m
+    import swa_backends.dispatch as dsp
 
-    for mod in (registry, m, dsp):
-        monkeypatch.setattr(mod, "all_variants", lambda: table)
-    monkeypatch.setattr(registry, "variant", lambda op, name: table.get(op, {}).get(name))
+    monkeypatch.setattr(dsp, "all_variants", lambda: table)
+    monkeypatch.setattr(dsp, "variant", lambda op, name: table.get(op, {}).get(name))
     def only_maskmode4(d):
         row = _row(d, "cpu")
         row["variants"].update({"sparse_mla": ["maskmode4"]})
@@ -334,7 +330,7 @@ def test_unclamped_attention_path_turns_encoder_off(monkeypatch):
 
     data = _broken(only_maskmode4)
     monkeypatch.setattr(dsp, "priority", lambda platform, op: ("maskmode4", "reference") if op == "sparse_mla" else ("reference",))
-    caps = sb.capabilities("cpu", matrix=parse_matrix(data, "t.yaml"))
+    caps = sb.capabilities("cpu", matrix=parse_matrix(data, "t.yaml", table))
     assert not caps.encoder_replay.enabled
     assert any("sparse_mla/maskmode4 reads its window without the replay-start clamp" in r
                for r in caps.encoder_replay.reasons)

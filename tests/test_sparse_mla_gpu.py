@@ -16,7 +16,7 @@ import torch
 
 from swa_backends import select
 from swa_backends.common.device import current_device
-from swa_backends.common.registry import variant
+from swa_backends.dispatch import variant
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
 

@@ -17,10 +17,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swa_backends import OPS, PAD, SelectionError, select, validation
-from swa_backends.common.conformance import mismatch, sparse_mla_case
+from swa_backends import OPS, PAD, KernelUnavailable, SelectionError, select, validation
+from swa_backends.testing.conformance import mismatch, sparse_mla_case
 from swa_backends.common.device import resolve_device
-from swa_backends.common.registry import variant
+from swa_backends.dispatch import variant
 
 REF = OPS["sparse_mla"].reference
 I32 = torch.int32
@@ -39,7 +39,7 @@ def backend():
 @pytest.fixture(scope="module")
 def kmod(backend):
     """The kernel module, imported the way dispatch imports it (interpreter set up first)."""
-    variant("sparse_mla", "triton").load(resolve_device(backend.device))
+    variant("sparse_mla", "triton").load()
     return importlib.import_module("swa_backends.kernels.sparse_mla")
 
 
@@ -218,11 +218,18 @@ def test_empty_shapes(backend):
 # ---------------------------------------------------------------------------------------
 
 
-def test_dispatch_falls_back_for_fp32(backend):
+def test_forced_variant_raises_for_fp32_and_the_default_chain_falls_back(backend):
+    """``prefer`` forces the variant: a call it cannot take (fp32) is a SelectionError with
+    its reason, never a silent reference run; without ``prefer`` the chain falls through."""
     args, kw = _to(*sparse_mla_case(np.random.default_rng(2), "cpu", T=3, dtype=torch.bfloat16))
     assert backend.variant_for("sparse_mla", *args, **kw) == "triton"
     f32 = (args[0].float(), args[1].float(), *args[2:])
-    assert backend.variant_for("sparse_mla", *f32, **kw) == "reference"
+    with pytest.raises(SelectionError, match="requires dtype in"):
+        backend.variant_for("sparse_mla", *f32, **kw)
+    if not ON_GPU:
+        return
+    chain = select(backend.device)
+    assert chain.variant_for("sparse_mla", *f32, **kw) == "reference"
 
 
 def test_bad_input_raises_before_launch(backend):
@@ -237,17 +244,12 @@ def test_bad_input_raises_before_launch(backend):
         _check(backend.sparse_mla(*args), args, {})
 
 
-def test_config_table_and_env(kmod, monkeypatch):
+def test_config_table_ignores_the_environment(kmod, monkeypatch):
     dev = torch.device("cuda")
     cfg = kmod.pick_config(16384, 64, 512, 512, 640, dev)
-    assert cfg.block_h == 64
-    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "block_n=32,num_stages=3,splits=auto,skip_empty=1,split_s=0")
-    env = kmod.pick_config(16384, 64, 512, 512, 640, dev)
-    assert (env.block_n, env.num_stages, env.splits, env.skip_empty, env.split_s) == (32, 3, None, True, False)
-    assert env.block_h == cfg.block_h  # unnamed fields keep the table's values
-    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "bogus=1")
-    with pytest.raises(ValueError, match="SWA_SPARSE_MLA_CONFIG"):
-        kmod.pick_config(1, 1, 16, 16, 1, dev)
+    assert cfg.block_h == 64 and cfg.split_s
+    monkeypatch.setenv("SWA_SPARSE_MLA_CONFIG", "block_n=32")  # the old sweep override: no effect
+    assert kmod.pick_config(16384, 64, 512, 512, 640, dev) == cfg
 
 
 def test_config_that_does_not_compile_falls_back_once(kmod, monkeypatch):
@@ -285,7 +287,8 @@ def test_config_that_does_not_compile_falls_back_once(kmod, monkeypatch):
 
 
 def test_nothing_compiles_raises_with_every_reason(kmod, monkeypatch):
-    """Fallbacks that fail too are each tried once (no loop), then one error lists them."""
+    """Fallbacks that fail too are each tried once (no loop), then one KernelUnavailable lists
+    them (dispatch then runs the next variant and shows the reason in explain())."""
     def run(*a, warmup=False):
         raise RuntimeError("PassManager::run failed")
 
@@ -293,8 +296,8 @@ def test_nothing_compiles_raises_with_every_reason(kmod, monkeypatch):
     monkeypatch.setattr(kmod, "_COMPILE_FIRST", True)
     monkeypatch.setattr(kmod, "_FITTED", {})
     args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=5))
-    with pytest.raises(RuntimeError, match=r"no launch config works.*h16n32w8s2k1x does not compile.*"
-                                           r"h64n32w4s1k1 does not compile"):
+    with pytest.raises(KernelUnavailable, match=r"no launch config of the tl kernel compiles.*h16n32w8s2k1x "
+                                                r"does not compile.*h64n32w4s1k1 does not compile"):
         kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=32, split_s=True, splits=1))
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from swa_backends import OPS, plan_replay_batch, select
-from swa_backends.common.conformance import case_for, mismatch, to_device
+from swa_backends.testing.conformance import case_for, mismatch, to_device
 from swa_backends.common.types import ReplayBatch
 
 torch_ops = pytest.importorskip("swa_backends.torch_ops")  # defines the ops in this process
@@ -192,7 +192,7 @@ def _serving_step(t: dict, plan_args: tuple, W: int, Wr: int, q, kv, hidden):
 def test_torch_compile_traces_a_serving_step():
     """fullgraph torch.compile (aot_eager: fake kernels + functionalisation of the in-place
     op) gives the eager result."""
-    from swa_backends.common.conformance import random_batch
+    from swa_backends.testing.conformance import random_batch
 
     rng = np.random.default_rng(8)
     b = random_batch(rng, long_prefill=True, W=16, block_size=16)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from _tritons import ids, pythons, triton_version
+from _tritons import NO_TRITON, ids, pythons, triton_version
 
 from swa_backends.common.registry import probe
 
 
-@pytest.mark.skipif(probe("triton") is not None, reason=f"{probe('triton')}")
+@pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
     version = triton_version(python)
@@ -36,8 +36,5 @@ def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
     assert lines[-1].startswith("compiled ")
     for kernel in ("prepare_replay_step.", "gather_replay_batch.", "swa_indices_and_lens."):
         assert any(line.startswith(f"cuda:90 {kernel}") for line in lines), kernel
-    # the pack's C launcher (kernels/_claunch.py) types every CUDA kernel's parameters
-    cuda = [line for line in lines if line.startswith("cuda:90 ")]
-    assert cuda and all(line.endswith(" claunch=ok") for line in cuda), [x for x in cuda if "claunch=ok" not in x]
     assert any(line.startswith("hip:gfx942 rows._copy_rows") for line in lines)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from swa_backends import select
-from swa_backends.common.conformance import Batch, POISON_INT, case_for, mismatch, random_batch, run_op, to_device
+from swa_backends.testing.conformance import Batch, POISON_INT, case_for, mismatch, random_batch, run_op, to_device
 from swa_backends.common.ops import OPS, plan_replay_batch
 from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out
 from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out
@@ -67,7 +67,7 @@ def test_launch_keys_are_complete(gb, monkeypatch):
     two must pick the same compiled kernel: the pack's keys miss no specialisation."""
     from swa_backends.kernels import _launch
 
-    monkeypatch.setattr(_launch, "CHECK_KEYS", True)
+    monkeypatch.setattr(_launch, "check_keys", True)
     rng = np.random.default_rng(17)
     for op in KERNEL_OPS:
         for _ in range(8):
@@ -77,35 +77,22 @@ def test_launch_keys_are_complete(gb, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ptr_ints, c_launch", [(True, True), (True, False), (False, False)])
-def test_fast_and_triton_launch_paths_agree(gb, monkeypatch, ptr_ints, c_launch):
-    """The shortcut (the pack's C launcher, the default; Triton's launcher with pointers as
-    integers; or with tensors) and Triton's own launch path give the reference result, for
-    every op, twice (the second call of a key takes the shortcut). With the C launcher on,
-    every kernel's shortcut entry is one (none silently kept Triton's launcher)."""
-    from swa_backends.kernels import _claunch, _launch
+def test_compiled_launcher_and_tritons_launch_path_agree(gb, monkeypatch):
+    """After a key's first launch the pack calls Triton's compiled launcher directly; with
+    ``check_keys`` every launch goes through Triton's own path and a key that maps to two
+    compiled kernels fails. Both give the reference result for every op, twice."""
+    from swa_backends.kernels import _launch
 
-    previous = _launch.set_pointer_ints(ptr_ints), _launch.set_c_launch(c_launch)
-    try:
-        rng = np.random.default_rng(23)
-        for op in KERNEL_OPS:
-            args, kwargs = case_for(op, rng, "cpu")
-            monkeypatch.setattr(_launch, "FAST", False)
-            slow, want = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
-            monkeypatch.setattr(_launch, "FAST", True)
-            for _ in range(2):
-                fast, _ = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
-                assert mismatch(op, slow, want) is None and mismatch(op, fast, want) is None
-        entries = [(k.name, type(e[0]).__name__) for k in _launch.KERNELS.values() for e in k._fast.values()]
-        assert entries
-        if c_launch:
-            assert _claunch.reason() is None, _claunch.reason()
-            assert all(t == "Launcher" for _, t in entries), entries
-        else:
-            assert all(t == "function" for _, t in entries) if ptr_ints else all(t == "NoneType" for _, t in entries)
-    finally:
-        _launch.set_pointer_ints(previous[0])
-        _launch.set_c_launch(previous[1])
+    rng = np.random.default_rng(23)
+    for op in KERNEL_OPS:
+        args, kwargs = case_for(op, rng, "cpu")
+        monkeypatch.setattr(_launch, "check_keys", True)
+        slow, want = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
+        monkeypatch.setattr(_launch, "check_keys", False)
+        for _ in range(2):
+            fast, _ = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
+            assert mismatch(op, slow, want) is None and mismatch(op, fast, want) is None
+    assert any(k._compiled for k in _launch.KERNELS.values())
 
 
 @pytest.mark.gpu
@@ -349,7 +336,7 @@ def cuda_graph_capture(dev):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", KERNEL_OPS)
 def test_cuda_graph_capture_and_replay(gb, op):
-    from swa_backends.common.registry import all_variants
+    from swa_backends.dispatch import all_variants
 
     assert all_variants()[op]["triton"].graph_safe
     with validation(True):  # value checks are skipped during capture by themselves
@@ -379,7 +366,7 @@ def test_warmup_then_serving_compiles_nothing(gb):
 
     gb.warmup(W=128, block_size=64, num_groups=5, hidden_sizes=(7168,), hidden_dtypes=(torch.bfloat16,), top_k=512)
     compiled = _launch.total_compiled()
-    fast_keys = {name: set(k._fast) for name, k in _launch.KERNELS.items()}
+    fast_keys = {name: set(k._compiled) for name, k in _launch.KERNELS.items()}
     dev = _dev(gb)
     rng = np.random.default_rng(5)
     for step in range(6):
@@ -402,4 +389,4 @@ def test_warmup_then_serving_compiles_nothing(gb):
     torch.cuda.synchronize(dev)
     assert _launch.total_compiled() == compiled, "a serving-like call compiled a new Triton kernel"
     for name, k in _launch.KERNELS.items():
-        assert set(k._fast) == fast_keys[name], f"{name}: launch-cache miss after warmup"
+        assert set(k._compiled) == fast_keys[name], f"{name}: launch-cache miss after warmup"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import swa_backends as sb
-from swa_backends.common.conformance import case_for, random_batch
+from swa_backends.testing.conformance import case_for, random_batch
 
 BE = sb.select("cpu")
 i32, i64 = torch.int32, torch.int64
@@ -140,15 +140,3 @@ def test_validation_env_switch_read_on_first_use():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
-def test_replay_metadata_validates_itself():
-    b = random_batch(np.random.default_rng(0), max_reqs=3)
-    t = b.tensors("cpu")
-    m = sb.ReplayMetadata(t["query_start_loc"], t["seq_lens"], t["positions"][: b.T], t["replay_start"],
-                          t["slot_mappings"], t["cacheable_groups"], window=b.W, replay_len=b.Wr)
-    assert m.num_reqs == b.B
-    with pytest.raises(ValueError, match="ReplayMetadata: cacheable_groups"):
-        sb.ReplayMetadata(t["query_start_loc"], t["seq_lens"], t["positions"][: b.T], t["replay_start"],
-                          t["slot_mappings"], torch.tensor([b.num_groups], dtype=i32), window=b.W)
-    with pytest.raises(ValueError, match="ReplayMetadata: window"):
-        sb.ReplayMetadata(t["query_start_loc"], t["seq_lens"], t["positions"][: b.T], t["replay_start"],
-                          t["slot_mappings"], t["cacheable_groups"], window=0)

@@ -20,14 +20,13 @@ from . import probes  # noqa: F401  (registers the Ascend probes; imports no ven
 from .constraints import CONSTRAINTS, SERVED  # noqa: F401  (the op's constraints, as data)
 
 _PKG = "swa_backends.backends.ascend"
-_SETUP = "swa_backends.kernels.interpreter:setup"
 
 
 def _triton(op: str, impl: str) -> Variant:
     return Variant(
         op=op, name="triton_ascend", impl=f"{_PKG}.kernels.{impl}", platforms=("ascend",),
         archs=("ascend910b", "ascend910_93", "ascend950"), graph_safe=True, requires=("triton_ascend",),
-        emulated_on=("cpu",), emulated_requires=("triton",), setup=_SETUP,
+        emulated_on=("cpu",), emulated_requires=("triton_interpreter",),
         description="triton-ascend kernel: grid sized to the vector-core count, flat grid-stride loop")
 
 

@@ -31,14 +31,38 @@ Adaptation, exactly the reference semantics:
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from ..adapters import compact_rows, no_tokens, zero_empty_rows
 from .constraints import SERVED
-from .probes import op_namespace
+from ...common.registry import import_reason
 
 NO_SINK = -1e30
 DTYPES = SERVED.dtypes
+CUSTOM_OPS_MODULE = "vllm_ascend.vllm_ascend_C"
+
+
+def op_namespace():
+    """``(namespace, None)`` holding ``npu_sparse_flash_mla`` and its ``_metadata`` builder
+    (``torch.ops._C_ascend`` once vllm-ascend's custom-op library is loaded), or ``(None,
+    reason)``. A module may carry its namespace as ``__swa_op_namespace__`` (contract
+    doubles in tests do)."""
+    why = import_reason("torch_npu", what="torch_npu (Ascend PyTorch adapter)")
+    if why:
+        return None, why
+    try:
+        mod = importlib.import_module(CUSTOM_OPS_MODULE)
+    except Exception as exc:
+        return None, f"vllm-ascend custom ops: import {CUSTOM_OPS_MODULE} failed: {type(exc).__name__}: {exc}"
+    ns = getattr(mod, "__swa_op_namespace__", None)
+    if ns is None:
+        ns = getattr(torch.ops, "_C_ascend", None)
+    missing = [n for n in ("npu_sparse_flash_mla", "npu_sparse_flash_mla_metadata") if not hasattr(ns, n)]
+    if ns is None or missing:
+        return None, f"vllm-ascend has no torch.ops._C_ascend.{'/'.join(missing) or 'namespace'} (too old for DeepSeek-V4.1)"
+    return ns, None
 
 
 def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:

@@ -7,34 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from ...common.registry import import_reason, register_probe
-
-
-class DoubleNamespace:
-    """Marker base of a contract double's op namespace (stands in for torch.ops._C_ascend)."""
-
-CUSTOM_OPS_MODULE = "vllm_ascend.vllm_ascend_C"
-
-
-def op_namespace():
-    """``(namespace, None)`` holding ``npu_sparse_flash_mla`` and its ``_metadata`` builder
-    (``torch.ops._C_ascend`` once vllm-ascend's custom-op library is loaded), or ``(None,
-    reason)``. A contract double module carries its namespace as ``__swa_op_namespace__``."""
-    why = import_reason("torch_npu", what="torch_npu (Ascend PyTorch adapter)")
-    if why:
-        return None, why
-    try:
-        mod = importlib.import_module(CUSTOM_OPS_MODULE)
-    except Exception as exc:
-        return None, f"vllm-ascend custom ops: import {CUSTOM_OPS_MODULE} failed: {type(exc).__name__}: {exc}"
-    ns = getattr(mod, "__swa_op_namespace__", None)
-    if ns is None:
-        import torch
-
-        ns = getattr(torch.ops, "_C_ascend", None)
-    missing = [n for n in ("npu_sparse_flash_mla", "npu_sparse_flash_mla_metadata") if not hasattr(ns, n)]
-    if ns is None or missing:
-        return None, f"vllm-ascend has no torch.ops._C_ascend.{'/'.join(missing) or 'namespace'} (too old for DeepSeek-V4.1)"
-    return ns, None
+from .npu_attention import op_namespace, sparse_mla
 
 
 def _self_test(ns) -> str | None:
@@ -42,11 +15,7 @@ def _self_test(ns) -> str | None:
     reject ``ori_sparse_indices`` outside A5, which only a call can tell."""
     import torch
 
-    from .npu_attention import sparse_mla
-
-    dev = "npu"
-    if isinstance(ns, DoubleNamespace):  # contract doubles compute on the host
-        dev = "cpu"
+    dev = getattr(ns, "__swa_device__", "npu")  # a contract double's namespace computes on the host
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 512, generator=g).to(torch.bfloat16).to(dev)
     kv = torch.randn(8, 512, generator=g).to(torch.bfloat16).to(dev)

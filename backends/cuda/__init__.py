@@ -8,9 +8,11 @@
 * ``flashinfer`` -- FlashInfer's DSv4 sparse-MLA decode on SM100/SM103 and
   ``flashinfer_sm12x`` on SM120/SM121, fed the mixed layout (128 window columns + top-k).
 
-Everything else -- and ``sparse_mla`` on SM80/SM89, and on SM90 without vLLM's FlashMLA --
-runs the pack's portable Triton kernels ("triton", declared in ``swa_backends.kernels``),
-then the torch reference. Arch gating is data: ``archs`` and the capability range.
+On SM90 the pack's own Gluon kernels come next (``gluon_ws``, then ``gluon``: prefill-sized
+calls of D 512, H >= 64), then the portable ``triton`` kernel. Everything else -- and
+``sparse_mla`` on SM80/SM89 -- runs the pack's portable Triton kernels ("triton"), then the
+torch reference. All of these are declared in ``swa_backends.kernels``. Arch gating is data:
+``archs`` and the capability range.
 """
 
 from __future__ import annotations
@@ -51,6 +53,6 @@ VARIANTS: tuple = (
 
 # First variant with no reasons wins; names not declared for an op are skipped.
 PRIORITY = {
-    "sparse_mla": ("flashmla", "flashinfer", "flashinfer_sm12x", "triton", "reference"),
+    "sparse_mla": ("flashmla", "gluon_ws", "gluon", "flashinfer", "flashinfer_sm12x", "triton", "reference"),
     "*": ("triton", "reference"),
 }

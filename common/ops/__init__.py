@@ -27,7 +27,6 @@ from . import (
 )
 from .agree_across_dp import agree_across_dp
 from .gather_replay_batch import allocate_out as allocate_replay_batch_out
-from .pcp_pad_replayed_slots import pcp_pad_own_block, pcp_pad_replayed_slots
 from .pcp_partition import PCPPartition, pcp_gather_columns, pcp_partition, pcp_restore_tokens
 from .plan_replay_batch import reference as _plan_reference
 from .plan_replay_batch import validate as _plan_validate
@@ -88,15 +87,5 @@ HOST_OPS: dict[str, Callable] = {
     "pcp_partition": pcp_partition,
 }
 
-# PCP encoder replay (SPEC §6): host partition + a composite of device ops and a collective.
-# Not Backend attributes: pcp_pad_replayed_slots takes the backend whose ops it runs.
-PCP_OPS: dict[str, Callable] = {
-    "pcp_partition": pcp_partition,
-    "pcp_gather_columns": pcp_gather_columns,
-    "pcp_restore_tokens": pcp_restore_tokens,
-    "pcp_pad_own_block": pcp_pad_own_block,
-    "pcp_pad_replayed_slots": pcp_pad_replayed_slots,
-}
-
-__all__ = ["OPS", "HOST_OPS", "PCP_OPS", "OpSpec", "PCPPartition", "allocate_replay_batch_out", *HOST_OPS,
-           *PCP_OPS]
+__all__ = ["OPS", "HOST_OPS", "OpSpec", "PCPPartition", "allocate_replay_batch_out", "pcp_gather_columns",
+           "pcp_restore_tokens", *HOST_OPS]

@@ -17,8 +17,7 @@ from collections.abc import Iterator
 import torch
 
 from ..doubles import EmulatedDevice, fake_module, installed_modules, probe_overrides
-from .constraints import CONSTRAINTS
-from .probes import DoubleNamespace
+from ...backends.ascend.constraints import CONSTRAINTS
 
 _emulated = EmulatedDevice("ascend", None)
 SOC_VERSIONS = {"ascend910b": 223, "ascend910_93": 251, "ascend950": 260, "ascend310p": 202}
@@ -192,7 +191,8 @@ def npu_sparse_flash_mla(q, *, ori_kv=None, cmp_kv=None, ori_sparse_indices=None
     return out.to(q.dtype), lse_out
 
 
-class _Namespace(DoubleNamespace):
+class _Namespace:
+    __swa_device__ = "cpu"  # the doubles compute on the host
     npu_sparse_flash_mla = staticmethod(npu_sparse_flash_mla)
     npu_sparse_flash_mla_metadata = staticmethod(npu_sparse_flash_mla_metadata)
 

@@ -14,7 +14,7 @@ one *job*:
     whose device is not here;
 ``doubles``
     a vendor wrapper runs on the CPU inside its platform's contract doubles
-    (``swa_backends.backends.<platform>.emulation.contract_doubles()``: vendor modules
+    (``swa_backends.testing.emulation.<platform>.contract_doubles()``: vendor modules
     replaced by torch functions with the vendor's documented contract, probes overridden);
     without that module the variant is *skipped* with the reason.
 
@@ -23,10 +23,10 @@ Emulated jobs run under a fake :class:`DeviceInfo` of the row (``fake_device``).
 reference, *fails* when one does not or the variant crashes, and is *skipped* with a
 reason when the variant cannot run here at all or rejects every generated case.
 
-Processes: Triton fixes interpreted vs compiled per process (``kernels/interpreter.py``).
-When this machine has an accelerator, interpreter and contract-double jobs run in a
-CPU-only worker subprocess (accelerators hidden), hardware jobs in this process; on a CPU
-machine everything runs here. Emulated results of the same variant on the same inputs do
+Processes: Triton fixes interpreted vs compiled per process (``TRITON_INTERPRET``, read
+when a kernel is decorated). Interpreter and contract-double jobs run in a CPU-only worker
+subprocess started with ``TRITON_INTERPRET=1`` (accelerators hidden), hardware jobs in this
+process; a process already in interpreter mode on a CPU machine runs everything itself. Emulated results of the same variant on the same inputs do
 not depend on the row, so each is computed once and reported for every row listing it
 (``shared_with`` names the row that ran it).
 """
@@ -50,13 +50,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from .common.conformance import case_for, mismatch, run_op
-from .common.device import DeviceInfo, current_device, detect, fake_device, parse_device
-from .common.matrix import Matrix, Row, load_matrix
-from .common.ops import OPS
-from .common import registry
-from .common.registry import Variant, all_variants, priority, probe
-from .common.validation import validation_enabled
+from ..common import registry
+from ..common.device import DeviceInfo, current_device, detect, fake_device, parse_device
+from ..common.matrix import Matrix, Row
+from ..common.ops import OPS
+from ..common.registry import Variant, probe
+from ..common.validation import validation_enabled
+from ..dispatch import BACKEND_MODULES, all_variants, load_matrix, platform_input_check, priority
+from .conformance import case_for, mismatch, run_op
 
 MODES = ("hardware", "interpreter", "cpu", "doubles")
 EMULATED_MODES = ("interpreter", "cpu", "doubles")
@@ -266,7 +267,7 @@ class Progress:
 
 def real_device() -> DeviceInfo:
     """This process's accelerator (or the CPU), never a fake one."""
-    from .common.device import _detect_default
+    from ..common.device import _detect_default
 
     return _detect_default()
 
@@ -287,8 +288,8 @@ def _variants_for(row: Row, op: str) -> list[str]:
 
 
 def emulation_module(platform: str):
-    """``swa_backends.backends.<platform>.emulation`` or the reason it is not usable."""
-    name = f"swa_backends.backends.{platform}.emulation"
+    """``swa_backends.testing.emulation.<platform>`` or the reason it is not usable."""
+    name = f"swa_backends.testing.emulation.{platform}"
     try:
         mod = importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -331,12 +332,21 @@ def plan(matrix: Matrix, *, rows: Sequence[str] | None = None, ops: Sequence[str
     return jobs, summaries
 
 
+def _interpreter_reason() -> str | None:
+    """Interpreter jobs run in a worker started with TRITON_INTERPRET=1: they need Triton only."""
+    return registry.import_reason("triton", attr="jit", what="Triton (interpreter)")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _mode(v: Variant, dev: DeviceInfo, emu_cache: dict) -> tuple[str | None, list[str]]:
     if dev.runnable and dev.platform not in v.emulated_on:
         reasons = v.not_supported_reasons(dev)
         return (None, reasons) if reasons else ("hardware", [])
     if dev.runnable:  # a Triton variant on the CPU row
-        why = probe("triton")
+        why = _interpreter_reason()
         return (None, [why]) if why else ("interpreter", [])
     declared = v.declared_reasons(dev)
     if declared:
@@ -344,7 +354,7 @@ def _mode(v: Variant, dev: DeviceInfo, emu_cache: dict) -> tuple[str | None, lis
     if "cpu" in v.platforms:
         return "cpu", []
     if "cpu" in v.emulated_on:
-        why = probe("triton")
+        why = _interpreter_reason()
         return (None, [why]) if why else ("interpreter", [])
     mod = emu_cache.setdefault(dev.platform, emulation_module(dev.platform))
     if isinstance(mod, str):
@@ -377,7 +387,7 @@ SERVING_SHAPES: dict[str, tuple[dict, ...]] = {
 
 
 def _serving_cases(op: str, seed: int, cases: int) -> Iterable[tuple[str, list[tuple[tuple, dict]]]]:
-    from .common.conformance import sparse_mla_case
+    from .conformance import sparse_mla_case
 
     for k, shape in enumerate(SERVING_SHAPES.get(op, ())):
         rng = np.random.default_rng([seed, list(OPS).index(op), 1000 + k])
@@ -408,7 +418,7 @@ def _run_job(job: Job, *, cases: int, seed: int, real: DeviceInfo) -> Result:
                 res.elapsed_s = time.perf_counter() - t0
                 return res
         try:
-            fn = v.load(load_dev)
+            fn = v.load()
         except Exception as exc:
             res.status, res.failed = "fail", 1
             res.detail = f"could not load {v.impl}: {type(exc).__name__}: {exc}"
@@ -418,8 +428,8 @@ def _run_job(job: Job, *, cases: int, seed: int, real: DeviceInfo) -> Result:
         # the op's validation, plus the platform's own input check where it has one
         # (what Backend runs on that device)
         platform_check = None
-        find_check = getattr(registry, "platform_input_check", None)
-        if find_check is not None and row_dev.platform in registry.BACKEND_MODULES:
+        find_check = platform_input_check
+        if row_dev.platform in BACKEND_MODULES:
             path = find_check(row_dev.platform, job.op)
             platform_check = registry.load_attr(path) if path else None
 
@@ -534,11 +544,8 @@ def _execute_in_worker(jobs: Sequence[Job], *, cases: int, seed: int, progress: 
         out_path = os.path.join(tmp, "results.json")
         with open(jobs_path, "w", encoding="utf-8") as fh:
             json.dump({"cases": cases, "seed": seed, "jobs": [asdict(j) for j in jobs]}, fh)
-        env = dict(os.environ, **_HIDE_ACCELERATORS)
-        env.pop("TRITON_INTERPRET", None)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        root = os.path.dirname(os.path.abspath(sys.modules[__package__].__file__))
-        cmd = [sys.executable, "-c", _WORKER_BOOT, root, "matrix", "--worker", jobs_path, "--worker-out", out_path,
+        env = dict(os.environ, **_HIDE_ACCELERATORS, TRITON_INTERPRET="1")
+        cmd = [sys.executable, "-m", "swa_backends", "matrix", "--worker", jobs_path, "--worker-out", out_path,
                "--progress" if progress else "--no-progress"]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0 or not os.path.exists(out_path):
@@ -547,24 +554,6 @@ def _execute_in_worker(jobs: Sequence[Job], *, cases: int, seed: int, progress: 
                     for j in jobs]
         with open(out_path, encoding="utf-8") as fh:
             return [Result(**r) for r in json.load(fh)]
-
-
-# The worker imports swa_backends as this process did: installed, or (a checkout run from
-# bench/ with nothing installed) straight from the package directory.
-_WORKER_BOOT = """
-import importlib.util, sys
-root = sys.argv[1]
-try:
-    import swa_backends
-except ImportError:
-    spec = importlib.util.spec_from_file_location("swa_backends", root + "/__init__.py",
-                                                  submodule_search_locations=[root])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["swa_backends"] = mod
-    spec.loader.exec_module(mod)
-from swa_backends.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
 
 
 def run_worker(jobs_path: str, out_path: str, *, progress: bool) -> int:
@@ -595,7 +584,8 @@ def run_matrix(*, matrix: Matrix | str | None = None, rows: Sequence[str] | None
                ops: Sequence[str] | None = None, cases: int = DEFAULT_CASES, seed: int = 0,
                progress: bool = False, in_process: bool | None = None) -> Report:
     """Plan and run the whole matrix; see the module docstring. ``in_process``: force one
-    process (default: a worker for emulated jobs when an accelerator is present)."""
+    process (default: a worker for emulated jobs unless this process already interprets
+    Triton kernels on a CPU machine)."""
     if not isinstance(cases, int) or cases < 1:
         raise ValueError(f"matrix: cases={cases!r}: expected an int >= 1")
     if matrix is None or isinstance(matrix, str):
@@ -604,8 +594,8 @@ def run_matrix(*, matrix: Matrix | str | None = None, rows: Sequence[str] | None
     if current_device().fake:
         raise ValueError("matrix: a fake device is installed (fake_device); the runner emulates rows itself")
     jobs, summaries = plan(matrix, rows=rows, ops=ops, real=real)
-    if in_process is None:
-        in_process = real.platform == "cpu"
+    if in_process is None:  # emulated jobs need the interpreter mode, fixed per process
+        in_process = real.platform == "cpu" and _interpreting()
     local = [i for i, j in enumerate(jobs) if in_process or j.mode not in ("interpreter", "doubles")]
     remote = [i for i in range(len(jobs)) if i not in set(local)]
     bar = Progress(len(local), progress, label="" if in_process else "hardware ")

@@ -1,29 +1,88 @@
 """Selection: per device, the best variant of every op, and the replay decision.
 
-``select(device)`` -> :class:`Backend` (every op as a method, ``.capabilities``,
-``.explain()``); ``capabilities(device, config)`` -> :class:`Capabilities`;
-``explain(device)`` -> :class:`Explanation` (every variant's reasons). One priority list per
-platform (``backends/<platform>/PRIORITY``); the first variant with no reasons wins;
-matrix.yaml narrows. An unknown device falls back to the reference with a reason.
+The one dispatch of the pack. ``select(device)`` -> :class:`Backend` (every op as a method,
+``.capabilities``, ``.explain()``); ``capabilities(device, config)`` -> :class:`Capabilities`;
+``explain(device)`` -> :class:`Explanation` (every variant of every op with its reasons).
+Declarations come from the portable kernels (``swa_backends.kernels``) and the platform
+backends (``swa_backends.backends.<platform>``), one priority list per platform
+(``PRIORITY``); the first variant with no reasons wins; matrix.yaml narrows. A variant whose
+kernel fails to build raises :class:`~swa_backends.common.errors.KernelUnavailable` before it
+writes anything: the call runs the next variant, and the failure becomes that variant's
+reason in ``explain()`` for the rest of the process. An unknown device falls back to the
+reference with a reason.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import threading
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .config import ServingConfig
-from .device import DeviceInfo, resolve_device
-from .errors import SelectionError
-from .matrix import Matrix, Row, load_matrix
-from .ops import HOST_OPS, OPS
-from .registry import Variant, all_variants, load_attr, platform_input_check, priority, variant
-from .validation import _env_default as _validation_default
-from .validation import _state as _validation_state
-from .validation import fail, validation_enabled
+from .common import matrix as _matrix
+from .common.config import ServingConfig
+from .common.device import DeviceInfo, resolve_device
+from .common.errors import KernelUnavailable, SelectionError
+from .common.matrix import Matrix, Row
+from .common.ops import HOST_OPS, OPS
+from .common.registry import Variant, load_attr
+from .common.validation import _env_default as _validation_default
+from .common.validation import _state as _validation_state
+from .common.validation import fail, validation_enabled
+
+# ---------------------------------------------------------------------------------------
+# the declarations of every platform backend and of the portable kernels
+# ---------------------------------------------------------------------------------------
+
+BACKEND_MODULES: dict[str, str] = {
+    "cpu": "swa_backends.backends.reference",
+    "cuda": "swa_backends.backends.cuda",
+    "rocm": "swa_backends.backends.rocm",
+    "ascend": "swa_backends.backends.ascend",
+}
+# Declaration modules that belong to no single platform (the reference, portable kernels).
+SHARED_MODULES: tuple[str, ...] = ("swa_backends.backends.reference", "swa_backends.kernels")
+
+
+@functools.cache
+def all_variants() -> dict[str, dict[str, Variant]]:
+    """``{op: {variant name: Variant}}`` over every declaration module (no vendor import)."""
+    table: dict[str, dict[str, Variant]] = {}
+    for module in dict.fromkeys((*SHARED_MODULES, *BACKEND_MODULES.values())):
+        for v in getattr(importlib.import_module(module), "VARIANTS", ()):
+            ops = table.setdefault(v.op, {})
+            if v.name in ops and ops[v.name] is not v:
+                raise RuntimeError(f"variant {v.key} declared twice ({module})")
+            ops[v.name] = v
+    return table
+
+
+def priority(platform: str, op: str) -> tuple[str, ...]:
+    """The platform backend's priority list for ``op`` (``"*"`` entry as the default)."""
+    table = importlib.import_module(BACKEND_MODULES[platform]).PRIORITY
+    return tuple(table.get(op, table["*"]))
+
+
+def platform_input_check(platform: str, op: str) -> str | None:
+    """The platform backend's own input check for ``op`` (``INPUT_CHECKS``), if any: a
+    ``"module:attr"`` called as ``check(device, *args, **kwargs)`` that raises ``ValueError``
+    for inputs valid in general but not on this platform/arch (e.g. the FP8 flavour a ROCm
+    arch stores). Runs with the op's validation, before any variant is called."""
+    return getattr(importlib.import_module(BACKEND_MODULES[platform]), "INPUT_CHECKS", {}).get(op)
+
+
+def variant(op: str, name: str) -> Variant | None:
+    return all_variants().get(op, {}).get(name)
+
+
+def load_matrix(path: str | None = None) -> Matrix:
+    """``path`` or the ``matrix.yaml`` shipped inside the package (cached), checked against
+    every declared variant."""
+    return _matrix.load_matrix(path, all_variants())
 
 
 @dataclass(frozen=True)
@@ -133,10 +192,12 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
                 reasons.append(f"runs emulated on {device.platform} (interpreter): only with prefer={name!r}")
             assessed.append((v, reasons))
         if wanted is not None:
+            # a forced variant is the whole chain: a call it cannot take raises with its reasons
             v, reasons = next(a for a in assessed if a[0].name == wanted)
             if reasons:
                 raise SelectionError(f"{op}: prefer={wanted!r} cannot run on {device}", {wanted: reasons})
-            assessed.sort(key=lambda a: a[0].name != wanted)
+            assessed = [(v, reasons)] + [(o, [*r, f"not chosen: prefer={wanted!r} forces {wanted}"])
+                                         for o, r in assessed if o is not v]
         chain: list[Variant] = []
         for v, reasons in assessed:
             if not reasons and (not chain or chain[-1].per_call):
@@ -239,8 +300,9 @@ class Backend:
     """Every op of the pack for one device: device ops dispatch to the chosen variant
     (validated first unless validation is off), host ops are the shared implementations.
 
-    ``.variants`` maps op -> chosen variant names (more than one: per-call dispatch, first
-    whose input check passes); ``.capabilities``; ``.explain()``; ``.warmup(**shapes)``.
+    ``.variants`` maps op -> chosen variant names (more than one: per-call dispatch, the
+    first whose input check passes); ``.capabilities``; ``.explain()`` (the selection table,
+    with any build failure met since); ``.warmup(**shapes)``.
     """
 
     def __init__(self, device: DeviceInfo, chains: Mapping[str, tuple[Variant, ...]],
@@ -249,36 +311,53 @@ class Backend:
         self.capabilities = caps
         self._chains = dict(chains)
         self._explanation = explanation
+        #: op -> {variant name: reason}: variants whose kernel failed to build in this process
+        self.failures: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
         self.variants = {op: tuple(v.name for v in chain) for op, chain in chains.items()}
         for op in OPS:
             setattr(self, op, self._make(op))
         for name, fn in HOST_OPS.items():
             setattr(self, name, fn)
-        # PCP helpers run this backend's own batch_replay_start / pad_replayed_slots
-        from .ops.pcp_pad_replayed_slots import pcp_pad_own_block, pcp_pad_replayed_slots
-
-        self.pcp_pad_replayed_slots = functools.partial(pcp_pad_replayed_slots, backend=self)
-        self.pcp_pad_own_block = functools.partial(pcp_pad_own_block, backend=self)
 
     def __repr__(self) -> str:
         return f"Backend({self.device}, " + ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items()) + ")"
 
     def explain(self) -> Explanation:
-        return self._explanation
+        """The selection table; a variant whose kernel failed to build since is ``rejected``
+        with that failure as its reason."""
+        if not self.failures:
+            return self._explanation
+        table = []
+        for c in self._explanation.table:
+            why = self.failures.get(c.op, {}).get(c.variant)
+            table.append(c if why is None else replace(c, status="rejected", reasons=(*c.reasons, why)))
+        chosen = {op: tuple(n for n in names if n not in self.failures.get(op, {}))
+                  for op, names in self._explanation.chosen.items()}
+        return replace(self._explanation, chosen=chosen, table=tuple(table))
 
     def variant_for(self, op: str, *args, **kwargs) -> str:
         """Name of the variant a call with these arguments would run."""
-        return self._pick(op, args, kwargs).name
+        return self._pick(op, args, kwargs)[0].name
 
-    def _pick(self, op: str, args: tuple, kwargs: dict) -> Variant:
+    def _pick(self, op: str, args: tuple, kwargs: dict, start: int = 0) -> tuple[Variant, int]:
         chain = self._chains[op]
+        failed = self.failures.get(op, {})
         reasons: dict[str, list[str]] = {}
-        for v in chain:
-            why = v.input_reasons(args, kwargs) if v.per_call else []
+        for i in range(start, len(chain)):
+            v = chain[i]
+            why = [failed[v.name]] if v.name in failed else (v.input_reasons(args, kwargs) if v.per_call else [])
             if not why:
-                return v
+                return v, i
             reasons[v.name] = why
         raise SelectionError(f"{op}: no chosen variant accepts these inputs on {self.device}", reasons)
+
+    def _failed(self, op: str, v: Variant, exc: KernelUnavailable) -> None:
+        why = f"failed to build in this process: {exc}"
+        with self._lock:
+            self.failures.setdefault(op, {})[v.name] = why
+        warnings.warn(f"{op}: variant {v.name!r} on {self.device} {why}; running the next variant",
+                      RuntimeWarning, stacklevel=3)
 
     def _make(self, op: str):
         spec = OPS[op]
@@ -304,13 +383,20 @@ class Backend:
                 if enabled or (enabled is None and _validation_default()):
                     validate(*args, **kwargs)
                 if impl is None:
-                    impl = only.load(device)
+                    impl = only.load()
                 return impl(*args, **kwargs)
         else:
             def call(*args, **kwargs):
                 if validation_enabled():
                     validate(*args, **kwargs)
-                return self._pick(op, args, kwargs).load(device)(*args, **kwargs)
+                start = 0
+                while True:
+                    v, i = self._pick(op, args, kwargs, start)
+                    try:
+                        return v.load()(*args, **kwargs)
+                    except KernelUnavailable as exc:
+                        self._failed(op, v, exc)
+                        start = i + 1
 
         functools.update_wrapper(call, spec.reference)
         call.__name__ = op

@@ -1,5 +1,8 @@
 """``pcp_pad_replayed_slots`` (SPEC §6): encoder replay under prefill context parallelism.
 
+A composite above dispatch: it runs a backend's device ops (``backend=``, default the
+selected backend of the tensors' device) and a collective, so it is no backend op itself.
+
 Every rank holds the same gathered slot mapping ``[G, P * padded]`` (rank-major, see
 :mod:`.pcp_partition`). Replay must leave the cached (cacheable-group) KV of positions
 ``[R, R + Wr)`` untouched, but only the rank that computes a token knows which of its own
@@ -27,17 +30,16 @@ import functools
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
-from ..validation import check_int, check_range, check_tensor, fail, validation_enabled, value_checks_enabled
-from .pcp_partition import PCPPartition
+from .common.ops.pcp_partition import PCPPartition
+from .common.types import INDEX_DTYPE, PAD, SLOT_DTYPE
+from .common.validation import check_int, check_range, check_tensor, fail, validation_enabled, value_checks_enabled
+from .dispatch import reference_backend, select
 
 NAME = "pcp_pad_replayed_slots"
 
 
 @functools.cache
 def _backend_for(device: str):
-    from ..dispatch import reference_backend, select
-
     return reference_backend() if device == "cpu" else select(device)
 
 

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import torch
 
-from .ops._batch import nonempty_table
-from .ops._checks import check_batch, check_block_table, check_block_table_covers, check_replay_not_above_prefix
-from .ops.prefill_gather_lens import reference as _gather_lens
-from .types import INDEX_DTYPE, PAD
-from .validation import check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
+from ._batch import nonempty_table
+from ._checks import check_batch, check_block_table, check_block_table_covers, check_replay_not_above_prefix
+from .prefill_gather_lens import reference as _gather_lens
+from ..types import INDEX_DTYPE, PAD
+from ..validation import check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
 
-__all__ = ["combined_to_plain", "combined_workspace_rows", "compact_indices", "csr_to_plain", "mixed_to_plain"]
+__all__ = ["combined_to_plain", "combined_workspace_rows", "compact_indices", "compact_rows", "csr_to_plain",
+           "mixed_to_plain", "valid_mask"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -68,8 +69,8 @@ def _finish(indices: torch.Tensor, lens: torch.Tensor, out):
     return out
 
 
-def _active(indices: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    """``j < lens[t]`` and not PAD: the entries a plain consumer reads."""
+def valid_mask(indices: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """``bool [T, K]``: entry ``j`` of row ``t`` is read (``j < lens[t]`` and not PAD)."""
     j = torch.arange(indices.shape[1], device=indices.device)
     return (j[None, :] < lens.to(torch.int64)[:, None]) & (indices != PAD)
 
@@ -81,6 +82,15 @@ def _compact(values: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, to
     packed = torch.full((T, K + 1), PAD, dtype=torch.int64, device=values.device)
     packed.scatter_(1, dest, torch.where(keep, values.to(torch.int64), PAD))
     return packed[:, :K], keep.sum(dim=1)
+
+
+def compact_rows(indices: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows int32 [T, K], counts int32 [T])``: each row's readable entries first, in their
+    order, then PAD; no validation, no host synchronisation. The building block of
+    :func:`compact_indices`, and of vendor wrappers whose kernels read ``indices[t, :n[t]]``
+    and may not meet a PAD inside that prefix."""
+    packed, count = _compact(indices, valid_mask(indices, lens))
+    return packed.to(INDEX_DTYPE), count.to(INDEX_DTYPE)
 
 
 # ---------------------------------------------------------------------------------------
@@ -96,7 +106,7 @@ def compact_indices(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Ten
     T, K = _check_rows(op, indices, lens)
     _check_out_pair(op, out, T, K, indices.device)
     check_range(op, "lens", lens, low=0, high=K + 1)
-    packed, count = _compact(indices, _active(indices, lens))
+    packed, count = compact_rows(indices, lens)
     return _finish(packed, count, out)
 
 
@@ -121,10 +131,10 @@ def combined_to_plain(indices, lens, workspace_rows, *, out=None) -> tuple[torch
     _check_out_pair(op, out, T, K, dev)
     check_range(op, "lens", lens, low=0, high=K + 1)
     if value_checks_enabled() and T and K:
-        read = torch.where(_active(indices, lens), indices, PAD)
+        read = torch.where(valid_mask(indices, lens), indices, PAD)
         check_range(op, "indices", read, low=0, high=workspace_rows.shape[0], allow_pad=True)
         check_range(op, "workspace_rows", workspace_rows, low=0, high=_INT32_MAX + 1, allow_pad=True)
-    keep = _active(indices, lens)
+    keep = valid_mask(indices, lens)
     if workspace_rows.shape[0] == 0:
         rows = torch.full((T, K), PAD, dtype=torch.int64, device=dev)
     else:
@@ -227,7 +237,7 @@ def mixed_to_plain(indices, lens, swa_width, *, window_offset=0, topk_offset=0, 
         fail(op, "compact", compact, "a bool")
     _check_out_pair(op, out, T, K, indices.device)
     check_range(op, "lens", lens, low=0, high=K + 1)
-    keep = _active(indices, lens)
+    keep = valid_mask(indices, lens)
     j = torch.arange(K, device=indices.device)[None, :]
     shifted = indices.to(torch.int64) + torch.where(j < swa_width, window_offset, topk_offset)
     if value_checks_enabled() and T and K and bool((torch.where(keep, shifted, 0) > _INT32_MAX).any()):

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .ops import OPS, plan_replay_batch
-from .types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch
+from ..common.ops import OPS, plan_replay_batch
+from ..common.types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch
 
 POISON_INT = -7  # never a valid slot, index or length: shows unwritten outputs
 
@@ -189,7 +189,7 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         if rng.random() < 0.3:
             kw["valid"] = torch.tensor(rng.random(T) < 0.8, device=dev)
         if poison:
-            from .ops.combined_indices import combined_width
+            from ..common.ops.combined_indices import combined_width
 
             w = combined_width(top_k, b.W)
             kw["out"] = (_poison((T, w), INDEX_DTYPE, dev), _poison((T,), INDEX_DTYPE, dev))
@@ -201,7 +201,7 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         topk = torch.tensor(rng.integers(-1, 1000, size=(T, K)), dtype=INDEX_DTYPE, device=dev)
         tl = torch.tensor(rng.integers(0, K + 1, size=T), dtype=INDEX_DTYPE, device=dev)
         if op == "mixed_indices":
-            from .ops.mixed_indices import mixed_width
+            from ..common.ops.mixed_indices import mixed_width
 
             kw = {"out": (_poison((T, mixed_width(b.W, K)), INDEX_DTYPE, dev), _poison((T,), INDEX_DTYPE, dev))} if poison else {}
             return (swa, topk, tl), kw
@@ -233,7 +233,7 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         plan = plan_replay_batch(b.qsl, pre, keeps, b.W, pad_to=pad_to)
         kw = {}
         if poison:
-            from .ops.gather_replay_batch import out_shapes
+            from ..common.ops.gather_replay_batch import out_shapes
 
             kw["out"] = {k: _poison(s, d, dev) for k, (s, d) in out_shapes(plan, b.num_groups).items()}
         return (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W), kw
@@ -247,7 +247,7 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
 def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False) -> Case:
     """A step for ``prepare_replay_step``: per-request replay starts mapped so the batch rows
     get ``batch.R``, a trimming plan half the time."""
-    from .ops.prepare_replay_step import out_shapes
+    from ..common.ops.prepare_replay_step import out_shapes
 
     with_plan = rng.random() < 0.5
     b = batch if batch is not None else random_batch(rng, long_prefill=with_plan)
