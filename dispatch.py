@@ -364,13 +364,12 @@ class Backend:
         chain = self._chains[op]
         device = self.device
         check_path = platform_input_check(device.platform, op)
-        if check_path is None:
-            validate = spec.validate
-        else:
-            platform_check = load_attr(check_path)
+        platform_check = load_attr(check_path) if check_path is not None else None
 
-            def validate(*args, **kwargs):
-                spec.validate(*args, **kwargs)
+        def validate(*args, **kwargs):
+            spec.validate(*args, **kwargs)
+            spec.check_writes(args, kwargs)
+            if platform_check is not None:
                 platform_check(device, *args, **kwargs)
 
         if len(chain) == 1 and not chain[0].per_call:

@@ -109,5 +109,22 @@ class ServingConfig:
         return cls(**kwargs)
 
 
-RULE_FIELDS = frozenset({f.name for f in fields(ServingConfig)} | {
-    "drafter_window_exceeds_window", "drafter_aux_at_or_before_cut", "platform", "arch"})
+def _rule_field_kinds() -> dict[str, tuple[str, tuple | None]]:
+    """Field -> (kind, allowed values or None) for matrix rules: ``bool``, ``int``,
+    ``int?`` (None allowed), ``str`` (one of the allowed values) or ``ints`` (a tuple)."""
+    from .device import PLATFORMS
+
+    kinds: dict[str, tuple[str, tuple | None]] = {}
+    for f in fields(ServingConfig):
+        kind = {"bool": "bool", "int": "int", "int | None": "int?", "tuple[int, ...]": "ints"}.get(f.type, "str")
+        kinds[f.name] = (kind, {"model_runner": MODEL_RUNNERS, "graph_mode": GRAPH_MODES}.get(f.name))
+    kinds["drafter_window_exceeds_window"] = ("bool", None)
+    kinds["drafter_aux_at_or_before_cut"] = ("bool", None)
+    kinds["platform"] = ("str", PLATFORMS)
+    kinds["arch"] = ("str", None)
+    return kinds
+
+
+#: Fields a matrix rule may read, with their kinds (the loader type-checks every predicate).
+RULE_FIELD_KINDS = _rule_field_kinds()
+RULE_FIELDS = frozenset(RULE_FIELD_KINDS)

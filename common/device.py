@@ -18,18 +18,27 @@ import torch
 
 PLATFORMS = ("cpu", "cuda", "rocm", "ascend")
 
+# Known archs per platform: a matrix row naming anything else is rejected, and a fake device
+# whose arch looks like a device index (rocm:0) must name one of these.
+KNOWN_ARCHS: dict[str, tuple[str, ...]] = {
+    "cpu": ("cpu",),
+    "cuda": ("sm70", "sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121"),
+    "rocm": ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1250"),
+    "ascend": ("310p", "910b", "910_93", "950"),
+}
+
 # Ascend SoC version ranges of torch_npu.npu.get_soc_version() (PLATFORMS.md).
 _ASCEND_SOCS = (
-    (range(200, 206), "ascend310p", "Ascend 310P"),
-    (range(220, 226), "ascend910b", "Ascend 910B (A2)"),
-    (range(250, 256), "ascend910_93", "Ascend 910_93 (A3)"),
-    (range(260, 261), "ascend950", "Ascend 950 (A5)"),
+    (range(200, 206), "310p", "Ascend 310P"),
+    (range(220, 226), "910b", "Ascend 910B (A2)"),
+    (range(250, 256), "910_93", "Ascend 910_93 (A3)"),
+    (range(260, 261), "950", "Ascend 950 (A5)"),
 )
 
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """``platform`` (cpu/cuda/rocm/ascend), ``arch`` (cpu, sm90, gfx942, ascend910b, ...),
+    """``platform`` (cpu/cuda/rocm/ascend), ``arch`` (cpu, sm90, gfx942, 910b, ...),
     ``name`` (marketing name), ``torch_device`` (where tensors go; None for a fake device),
     ``capability`` (CUDA compute capability), ``fake`` (injected, not detected),
     ``problems`` (why detection was partial, e.g. torch_npu failed to import)."""
@@ -44,12 +53,24 @@ class DeviceInfo:
 
     def __str__(self) -> str:
         where = "fake" if self.fake else (self.torch_device or "?")
-        return f"{self.platform}:{self.arch} ({self.name or self.arch}, {where})"
+        return f"{self.spec} ({self.name or self.arch}, {where})"
+
+    @property
+    def spec(self) -> str:
+        """The one name of this platform/arch, as ``--device`` takes it and as the matrix
+        row is called: ``cpu``, ``cuda:sm90``, ``rocm:gfx942``, ``ascend:910b``."""
+        return device_spec(self.platform, self.arch)
+
 
     @property
     def runnable(self) -> bool:
         """Tensors can be placed on this device in this process."""
         return not self.fake and self.torch_device is not None
+
+
+def device_spec(platform: str, arch: str) -> str:
+    """``cpu`` or ``platform:arch``: the one name of a device kind (CLI, API, matrix rows)."""
+    return "cpu" if platform == "cpu" else f"{platform}:{arch}"
 
 
 def cuda_arch(capability: tuple[int, int]) -> str:
@@ -65,15 +86,16 @@ def ascend_arch(soc_version: int) -> tuple[str, str]:
     for versions, arch, name in _ASCEND_SOCS:
         if soc_version in versions:
             return arch, name
-    return f"ascend_soc{soc_version}", f"Ascend SoC {soc_version}"
+    return f"soc{soc_version}", f"Ascend SoC {soc_version}"
 
 
 _FAKE_RE = re.compile(r"^(cpu|cuda|rocm|ascend|npu)(?::([A-Za-z0-9_.]+))?$")
 
 
 def parse_device(spec: str) -> DeviceInfo:
-    """A fake device from ``platform[:arch]``: ``cpu``, ``cuda:sm90``, ``cuda:9.0``,
-    ``rocm:gfx942``, ``ascend:910b`` / ``ascend:ascend910_93``."""
+    """A fake device from ``platform:arch``: ``cpu``, ``cuda:sm90`` (also ``cuda:9.0``),
+    ``rocm:gfx942``, ``ascend:910b``. A bare index (``rocm:0``) is not an arch: real devices
+    are ``cuda:N`` (also on ROCm) and ``npu:N`` (:func:`resolve_device`)."""
     if not isinstance(spec, str):
         raise ValueError(f"device={spec!r}: expected a string like 'rocm:gfx942'")
     m = _FAKE_RE.match(spec.strip().lower())
@@ -82,12 +104,20 @@ def parse_device(spec: str) -> DeviceInfo:
             f"device={spec!r}: expected platform[:arch] with platform in {PLATFORMS} "
             "(e.g. 'cuda:sm90', 'rocm:gfx950', 'ascend:910b')")
     platform, arch = m.group(1), m.group(2)
-    platform = "ascend" if platform == "npu" else platform
+    if platform == "npu":
+        raise ValueError(f"device={spec!r}: expected npu:<index> for a real Ascend NPU, or ascend:<arch> for a "
+                         "fake one (e.g. ascend:910b)")
     cap = None
     if platform == "cpu":
+        if arch not in (None, "cpu"):
+            raise ValueError(f"device={spec!r}: expected 'cpu' (the CPU has no arch to name)")
         arch = "cpu"
     elif arch is None:
         raise ValueError(f"device={spec!r}: expected an arch after '{platform}:' (e.g. {_example(platform)})")
+    elif arch.isdigit() and platform != "cuda" and arch not in KNOWN_ARCHS[platform]:
+        raise ValueError(f"device={spec!r}: {arch} is a device index, not an arch: a real "
+                         f"{'ROCm GPU is cuda:' + arch if platform == 'rocm' else 'Ascend NPU is npu:' + arch}, "
+                         f"a fake one names its arch (e.g. {_example(platform)})")
     elif platform == "cuda":
         m2 = re.match(r"^(?:sm_?)?(\d+)(?:_(\d))?$", arch) or re.match(r"^(\d+)\.(\d+)$", arch)
         if m2 and m2.group(2) is not None:
@@ -98,9 +128,9 @@ def parse_device(spec: str) -> DeviceInfo:
         if cap is None:
             raise ValueError(f"device={spec!r}: expected a CUDA arch like sm90 or sm100")
         arch = cuda_arch(cap)
-    elif platform == "ascend" and not arch.startswith("ascend"):
-        arch = "ascend" + arch
-    return DeviceInfo(platform, arch, name=f"fake {platform}:{arch}", capability=cap, fake=True)
+    elif platform == "ascend" and arch.startswith("ascend"):
+        arch = arch[len("ascend"):]  # ascend:ascend910b names the same device as ascend:910b
+    return DeviceInfo(platform, arch, name=f"fake {device_spec(platform, arch)}", capability=cap, fake=True)
 
 
 def _example(platform: str) -> str:
@@ -160,6 +190,12 @@ def _detect_default() -> DeviceInfo:
 @functools.cache
 def detect(torch_device: str) -> DeviceInfo:
     """Detect the platform and arch of a real torch device string (cached)."""
+    if torch_device.startswith("npu"):  # torch knows 'npu' only once torch_npu is imported
+        m = re.match(r"^npu(?::(\d+))?$", torch_device)
+        info = _probe_npu(int(m.group(1)) if m and m.group(1) else None) if m else None
+        if isinstance(info, DeviceInfo):
+            return info
+        raise ValueError(f"device={torch_device!r}: expected a usable Ascend NPU ({info or 'npu or npu:<index>'})")
     dev = torch.device(torch_device)
     if dev.type == "cpu":
         return DeviceInfo("cpu", "cpu", name="CPU", torch_device="cpu")

@@ -1,22 +1,28 @@
 """Loader of ``matrix.yaml``: which variants may run per platform/arch row, and the
 rules (SPEC §4) that turn encoder and decoder replay on or off.
 
-The loader is strict: an unknown key, platform, arch, op, variant, rule field or status
-is a :class:`MatrixError` naming the row and the value. A row may *narrow* what variants
+The loader is strict and fails closed: an unknown or duplicated key, platform, arch, op,
+variant, rule field or status, a predicate whose value does not fit its field, or a reason
+template naming anything but a plain rule field is a :class:`MatrixError` naming the row and
+the value, at load time (not when the rule first applies). A row may *narrow* what variants
 declare, never widen it: listing a variant for an arch its declaration excludes is an error.
+A loaded :class:`Matrix` is immutable and safe to share between threads.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import string
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from .config import RULE_FIELDS
-from .device import DeviceInfo, parse_device
+from .config import RULE_FIELD_KINDS, RULE_FIELDS
+from .device import DeviceInfo, device_spec, parse_device
 from .errors import MatrixError
 from .ops import OPS
 from .registry import KNOWN_ARCHS, Variant
@@ -39,12 +45,13 @@ class Rule:
         return all(_holds(values.get(f), op, arg) for f, op, arg in self.when)
 
     def text(self, values: Mapping[str, Any]) -> str:
-        return f"[{self.id}] " + self.reason.format_map(_Missing(values))
+        # the loader allowed only plain rule-field names in the template (no attribute or
+        # index access), so formatting reads nothing but these values
+        return f"[{self.id}] " + self.reason.format(**{k: values.get(k) for k in _template_fields(self.reason)})
 
 
-class _Missing(dict):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+def _template_fields(template: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
 
 
 def _holds(value: Any, op: str, arg: Any) -> bool:
@@ -93,12 +100,12 @@ class Matrix:
     rules: Mapping[str, tuple[Rule, ...]]
     rows: Mapping[str, Row]
     source: str = "matrix.yaml"
-    _by_arch: dict = field(default_factory=dict, repr=False, compare=False)
+    _by_arch: Mapping = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # built once, read-only: lookups are thread-safe
+        object.__setattr__(self, "_by_arch", MappingProxyType({(r.platform, r.arch): r for r in self.rows.values()}))
 
     def row_for(self, device: DeviceInfo) -> Row | None:
-        if not self._by_arch:
-            for row in self.rows.values():
-                self._by_arch[(row.platform, row.arch)] = row
         return self._by_arch.get((device.platform, device.arch))
 
 
@@ -136,12 +143,52 @@ def _parse_rule(source: str, side: str, i: int, raw: Any, ids: set[str]) -> Rule
             op, arg = next(iter(pred.items()))
             if op in ("in", "not_in") and not isinstance(arg, list):
                 raise _err(source, f"{where} ({rid})", f"{fname}: {op} needs a list, got {arg!r}")
-            when.append((fname, op, tuple(arg) if isinstance(arg, list) else arg))
         else:
-            when.append((fname, "eq", pred))
-    if not isinstance(raw["reason"], str) or not raw["reason"].strip():
+            op, arg = "eq", pred
+        why = _predicate_problem(fname, op, arg)
+        if why:
+            raise _err(source, f"{where} ({rid})", f"{fname}: {op} {arg!r}: {why}")
+        when.append((fname, op, tuple(arg) if isinstance(arg, list) else arg))
+    reason = raw["reason"]
+    if not isinstance(reason, str) or not reason.strip():
         raise _err(source, f"{where} ({rid})", "reason: expected a non-empty string")
-    return Rule(rid, tuple(when), raw["reason"].strip())
+    try:
+        names = _template_fields(reason)
+    except ValueError as exc:
+        raise _err(source, f"{where} ({rid})", f"reason: not a valid template ({exc})") from None
+    for name in names:
+        if name not in RULE_FIELDS:  # also rejects '{x.attr}', '{x[0]}', '{}', '{0}'
+            raise _err(source, f"{where} ({rid})", f"reason: {{{name}}} is not a rule field; expected plain names "
+                                                   f"from {sorted(RULE_FIELDS)}")
+    if any(spec or conv for _, name, spec, conv in string.Formatter().parse(reason) if name is not None):
+        raise _err(source, f"{where} ({rid})", "reason: format specs and conversions are not allowed")
+    return Rule(rid, tuple(when), reason.strip())
+
+
+def _predicate_problem(fname: str, op: str, arg: Any) -> str | None:
+    """Why ``arg`` cannot be compared with field ``fname`` by ``op`` (None: it can)."""
+    kind, allowed = RULE_FIELD_KINDS[fname]
+    if op in ("gt", "ge", "lt", "le"):
+        if kind not in ("int", "int?"):
+            return f"{op} compares numbers; {fname} is a {kind}"
+        values = [arg]
+    elif op in ("in", "not_in"):
+        values = list(arg)
+    else:
+        values = [arg]
+    for v in values:
+        if kind == "bool" and type(v) is not bool:
+            return f"expected true or false, got {type(v).__name__}"
+        if kind in ("int", "int?") and not (type(v) is int or (kind == "int?" and v is None)):
+            return f"expected an integer{' or null' if kind == 'int?' else ''}, got {type(v).__name__}"
+        if kind == "str":
+            if not isinstance(v, str):
+                return f"expected a string, got {type(v).__name__}"
+            if allowed is not None and v not in allowed:
+                return f"expected one of {list(allowed)}"
+        if kind == "ints" and not (isinstance(v, list) and all(type(x) is int for x in v)):
+            return "expected a list of integers"
+    return None
 
 
 def _parse_gate(source: str, where: str, raw: Any) -> Gate:
@@ -153,16 +200,20 @@ def _parse_gate(source: str, where: str, raw: Any) -> Gate:
 
 def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, Mapping[str, Variant]]) -> Row:
     where = f"rows[{i}]"
-    _expect_keys(source, where, raw, {"id", "platform", "arch", "variants", "verified", *SIDES}, {"name", "notes"})
-    rid, platform, arch = raw["id"], raw["platform"], raw["arch"]
+    _expect_keys(source, where, raw, {"platform", "arch", "variants", "verified", *SIDES}, {"name", "notes"})
+    platform, arch = raw["platform"], raw["arch"]
+    if not isinstance(platform, str) or not isinstance(arch, str):
+        raise _err(source, where, f"platform and arch: expected strings (quote numeric-looking archs), got "
+                                  f"{platform!r}, {arch!r}")
+    rid = device_spec(platform, arch)
     where = f"row {rid!r}"
     if platform not in KNOWN_ARCHS:
         raise _err(source, where, f"unknown platform {platform!r}; expected one of {sorted(KNOWN_ARCHS)}")
     if arch not in KNOWN_ARCHS[platform]:
         raise _err(source, where, f"unknown arch {arch!r} for {platform}; expected one of {KNOWN_ARCHS[platform]}")
-    if rid in {r for r, _ in seen} or (platform, arch) in {k for _, k in seen}:
-        raise _err(source, where, "duplicate row id or platform/arch")
-    seen.add((rid, (platform, arch)))
+    if rid in seen:
+        raise _err(source, where, "duplicate platform/arch")
+    seen.add(rid)
     fake = parse_device(f"{platform}:{arch}") if platform != "cpu" else parse_device("cpu")
     variants: dict[str, tuple[str, ...]] = {}
     if not isinstance(raw["variants"], Mapping) or not raw["variants"]:
@@ -201,7 +252,7 @@ def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Var
     declared variant (``{op: {name: Variant}}``, dispatch's ``all_variants()``): a row may
     name only those, and only where their declaration allows."""
     _expect_keys(source, "top level", data, {"version", "rows", *SIDES}, set())
-    if data["version"] != 1:
+    if type(data["version"]) is not int or data["version"] != 1:
         raise _err(source, "version", f"{data['version']!r}; expected 1")
     rules = {}
     ids: set[str] = set()
@@ -219,19 +270,49 @@ def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Var
     return Matrix(rules, rows, source)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping with a repeated key is an error (plain
+    YAML keeps the last one: one appended line could silently override a rule)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise MatrixError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """YAML text -> data, rejecting duplicate keys (:class:`MatrixError` naming the source)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except MatrixError as exc:
+        raise MatrixError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise MatrixError(f"{source}: not valid YAML: {exc}") from None
+
+
 def load_matrix(path: str | None, variants: Mapping[str, Mapping[str, Variant]]) -> Matrix:
     """``path`` or the ``matrix.yaml`` shipped inside the package (parsed once per process)."""
     if path is None:
         return _packaged(variants)
     with open(path, encoding="utf-8") as fh:
-        return parse_matrix(yaml.safe_load(fh), path, variants)
+        return parse_matrix(read_yaml(fh.read(), path), path, variants)
 
 
 _PACKAGED: list[Matrix] = []
+_PACKAGED_LOCK = threading.Lock()
 
 
 def _packaged(variants) -> Matrix:
-    if not _PACKAGED:
-        text = importlib.resources.files("swa_backends").joinpath("matrix.yaml").read_text(encoding="utf-8")
-        _PACKAGED.append(parse_matrix(yaml.safe_load(text), "matrix.yaml", variants))
+    with _PACKAGED_LOCK:
+        if not _PACKAGED:
+            text = importlib.resources.files("swa_backends").joinpath("matrix.yaml").read_text(encoding="utf-8")
+            _PACKAGED.append(parse_matrix(read_yaml(text, "matrix.yaml"), "matrix.yaml", variants))
     return _PACKAGED[0]

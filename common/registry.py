@@ -22,17 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import DeviceInfo
+from .device import KNOWN_ARCHS, DeviceInfo  # noqa: F401  (KNOWN_ARCHS re-exported)
 
 LAYOUTS = ("plain", "combined", "mixed", "csr")
 
-# Known archs per platform: a matrix row naming anything else is rejected.
-KNOWN_ARCHS: dict[str, tuple[str, ...]] = {
-    "cpu": ("cpu",),
-    "cuda": ("sm70", "sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121"),
-    "rocm": ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1250"),
-    "ascend": ("ascend310p", "ascend910b", "ascend910_93", "ascend950"),
-}
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ PAD = -1
 INDEX_DTYPE = torch.int32  # query_start_loc, seq_lens, replay_start, block tables, indices, lens
 SLOT_DTYPE = torch.int64  # slot mappings, positions, gathered rows
 
+# Limits the kernels' 32-bit arithmetic relies on, checked by validation: a position plus a
+# window (or a block) stays below 2**31. Far above any real deployment (DeepSeek-V4.1: W 128,
+# blocks of 64, contexts of 1M tokens).
+MAX_POSITION = 2**30  # positions, seq_lens, replay starts
+MAX_WINDOW = 2**20  # W, Wr, block sizes, index widths
+
 
 def swa_lo(p: torch.Tensor, W: int, R: torch.Tensor) -> torch.Tensor:
     """The clamp contract: ``lo(p) = max(p - W + 1, 0, R)`` (elementwise)."""

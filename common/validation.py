@@ -120,21 +120,50 @@ def check_tensor(
         fail(op, name, t, f"device {device} (same as the other tensor arguments)")
 
 
-def check_int(op: str, name: str, value: object, *, min_value: int | None = None) -> int:
-    """A Python integer scalar (bools and tensors rejected) at least ``min_value``."""
+#: The largest value the pack's kernels hold in 32-bit arithmetic (positions, slots, sizes).
+INT32_MAX = 2**31 - 1
+
+
+def check_int(op: str, name: str, value: object, *, min_value: int | None = None,
+              max_value: int | None = INT32_MAX, why: str = "int32") -> int:
+    """A Python integer scalar (bools and tensors rejected) in ``[min_value, max_value]``
+    (by default at most ``INT32_MAX``: every scalar the kernels take is 32-bit)."""
     if isinstance(value, bool) or not isinstance(value, int):
         fail(op, name, value, "a Python int")
     if min_value is not None and value < min_value:
         fail(op, name, value, f"an int >= {min_value}")
+    if max_value is not None and value > max_value:
+        fail(op, name, value, f"an int <= {max_value} ({why})")
     return value
 
 
 def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
-    """A caller-provided output buffer: exact shape, dtype, device, contiguous."""
+    """A caller-provided output buffer: exact shape, dtype, device, contiguous. (That it
+    shares no memory with an input is checked for every op at once: ``OpSpec.check_writes``.)"""
     check_tensor(op, name, out, dtypes=dtype, shape=shape, device=device)
     assert isinstance(out, torch.Tensor)
     if not out.is_contiguous():
         fail(op, name, out, "a contiguous tensor")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int, int]:
+    """``(storage, first byte, one past the last byte)`` a tensor's elements can touch."""
+    if t.numel() == 0:
+        return t.untyped_storage().data_ptr(), 0, 0
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    start = t.data_ptr() - sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if s < 0) * t.element_size()
+    return t.untyped_storage().data_ptr(), start, start + extent * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may share an element (same storage, intersecting byte spans): an
+    op reads its inputs while it writes its outputs, so an aliased ``out=`` gives wrong rows
+    or a half-written input."""
+    if a.device != b.device:
+        return False
+    sa, a0, a1 = _span(a)
+    sb, b0, b1 = _span(b)
+    return sa == sb and a0 < b1 and b0 < a1
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,6 +184,18 @@ def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None,
         fail(op, name, values.tolist()[:16], f"non-decreasing values (index {bad + 1} decreases)")
     if num_tokens is not None and int(values[-1]) > num_tokens:
         fail(op, name, int(values[-1]), f"query_start_loc[-1] <= {num_tokens} (the number of tokens)")
+
+
+def check_finite(op: str, name: str, t: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
+    """No NaN and no +inf (and no -inf unless allowed) in a floating tensor."""
+    if not value_checks_enabled() or t.numel() == 0:
+        return
+    bad = torch.isnan(t) | (t == float("inf"))
+    if not allow_neg_inf:
+        bad |= t == float("-inf")
+    if bool(bad.any()):
+        first = float(t.reshape(-1)[torch.nonzero(bad.reshape(-1))[0]])
+        fail(op, name, first, "finite values" + (" (or -inf)" if allow_neg_inf else ""))
 
 
 def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | None, allow_pad: bool = False) -> None:

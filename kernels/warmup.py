@@ -88,8 +88,10 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
     for rd in index_dtypes:
         for idd in index_dtypes:
             for any_replay in (None, False):
+                # any_replay=False (host knowledge that no request replays) needs replay starts of 0
+                R_all = s.R_all.to(rd) if any_replay is None else torch.zeros_like(s.R_all, dtype=rd)
                 for p in (None, plan):
-                    run("prepare_replay_step", s.R_all.to(rd), s.idx.to(idd), s.prefilling, s.qsl, s.seq,
+                    run("prepare_replay_step", R_all, s.idx.to(idd), s.prefilling, s.qsl, s.seq,
                         s.positions, s.slots.clone(), s.cacheable, s.block_table, block_size, W, W,
                         index_width=width, plan=p, any_replay=any_replay)
     if dev.type == "cuda":

@@ -6,7 +6,7 @@ one *job*:
 
 ``hardware``
     the row is this machine's device (the ``cpu`` row always is, an H200 makes
-    ``cuda-sm90`` one): the variant runs on it, if it has no reasons not to;
+    ``cuda:sm90`` one): the variant runs on it, if it has no reasons not to;
 ``interpreter``
     a Triton variant (``emulated_on=("cpu",)``) runs in Triton's interpreter on the CPU;
 ``cpu``

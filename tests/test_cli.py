@@ -35,7 +35,7 @@ def test_info_json_matches_capabilities_and_matrix(device, capsys):
 def test_info_text_prints_decision_reasons_and_variant_table(capsys):
     assert main(["info", "--device", "ascend:910b", "--config", "lora=true", "--config", "graph_mode=none"]) == 0
     out = capsys.readouterr().out
-    assert "matrix row:    ascend-910b" in out
+    assert "matrix row:    ascend:910b" in out
     assert "decoder replay: OFF" in out and "[ascend-lora]" in out
     assert "encoder replay: ON" in out
     for op in sb.OPS:

@@ -144,9 +144,9 @@ def _matrix(rows: list[dict]):
 
 def test_a_wrong_variant_fails_the_run(injected):
     m = _matrix([
-        {"id": "cpu", "platform": "cpu", "arch": "cpu",
+        {"platform": "cpu", "arch": "cpu",
          "variants": {"*": ["reference"], "gather_rows": ["broken", "reference"], "scatter_rows": ["crashy"]}},
-        {"id": "sm90", "platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"], "gather_rows": ["broken"]}},
+        {"platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"], "gather_rows": ["broken"]}},
     ])
     rep = run_matrix(matrix=m, ops=["gather_rows", "scatter_rows", "gather_replay_batch"], cases=5, in_process=True)
     by = {(r.row, r.op, r.variant): r for r in rep.results}
@@ -156,12 +156,12 @@ def test_a_wrong_variant_fails_the_run(injected):
     assert by[("cpu", "scatter_rows", "crashy")].status == "fail"
     assert "RuntimeError: kernel exploded" in by[("cpu", "scatter_rows", "crashy")].detail
     # the fake sm90 row reuses the CPU run of the same code on the same inputs
-    sm90 = by[("sm90", "gather_rows", "broken")]
+    sm90 = by[("cuda:sm90", "gather_rows", "broken")]
     assert sm90.status == "fail" and sm90.shared_with == "cpu" and sm90.mode == "cpu"
-    assert by[("sm90", "gather_replay_batch", "reference")].status == "emulated"
+    assert by[("cuda:sm90", "gather_replay_batch", "reference")].status == "emulated"
     assert rep.exit_code == 1
     assert rep.cell("cpu", "gather_rows") == "FAIL" and rep.cell("cpu", "gather_replay_batch") == "pass"
-    assert rep.cell("sm90", "gather_replay_batch") == "emulated"
+    assert rep.cell("cuda:sm90", "gather_replay_batch") == "emulated"
     text = rep.text()
     assert "FAIL: cpu / scatter_rows / crashy: RuntimeError: kernel exploded" in text
     md = rep.markdown()
@@ -171,7 +171,7 @@ def test_a_wrong_variant_fails_the_run(injected):
 def test_cli_exit_code_and_reports(injected, tmp_path, monkeypatch, capsys):
     from swa_backends import cli
 
-    m = _matrix([{"id": "cpu", "platform": "cpu", "arch": "cpu", "variants": {"*": ["reference"],
+    m = _matrix([{"platform": "cpu", "arch": "cpu", "variants": {"*": ["reference"],
                                                                            "gather_rows": ["broken"]}}])
     monkeypatch.setattr("swa_backends.testing.matrix_runner.load_matrix", lambda path=None: m)
     rc = cli.main(["matrix", "--ops", "gather_rows,gather_replay_batch", "--cases", "4", "--out", str(tmp_path),
@@ -190,14 +190,14 @@ def test_cli_exit_code_and_reports(injected, tmp_path, monkeypatch, capsys):
 def test_missing_contract_doubles_skip_with_reason(injected, monkeypatch):
     name = "swa_backends.testing.emulation.rocm"
     monkeypatch.setitem(sys.modules, name, None)  # as if the module did not exist
-    m = _matrix([{"id": "gfx942", "platform": "rocm", "arch": "gfx942",
+    m = _matrix([{"platform": "rocm", "arch": "gfx942",
                   "variants": {"*": ["reference"], "gather_rows": ["vendorlib", "reference"]}}])
     rep = run_matrix(matrix=m, ops=["gather_rows"], cases=2, in_process=True)
     by = {r.variant: r for r in rep.results}
     assert by["vendorlib"].status == "skipped"
     assert by["vendorlib"].detail == f"no contract doubles for rocm ({name} does not exist in this build)"
     assert by["reference"].status == "emulated"
-    assert rep.cell("gfx942", "gather_rows") == "emulated" and rep.exit_code == 0
+    assert rep.cell("rocm:gfx942", "gather_rows") == "emulated" and rep.exit_code == 0
 
 
 def test_vendor_variant_runs_inside_the_rows_contract_doubles(injected, monkeypatch):
@@ -216,35 +216,35 @@ def test_vendor_variant_runs_inside_the_rows_contract_doubles(injected, monkeypa
     emu.contract_doubles = contract_doubles
     monkeypatch.setitem(sys.modules, "swa_backends.testing.emulation.rocm", emu)
     m = _matrix([
-        {"id": "gfx942", "platform": "rocm", "arch": "gfx942", "variants": {"*": ["reference"],
+        {"platform": "rocm", "arch": "gfx942", "variants": {"*": ["reference"],
                                                                          "gather_rows": ["vendorlib"]}},
-        {"id": "gfx950", "platform": "rocm", "arch": "gfx950", "variants": {"*": ["reference"],
+        {"platform": "rocm", "arch": "gfx950", "variants": {"*": ["reference"],
                                                                          "gather_rows": ["vendorlib"]}},
-        {"id": "gfx1100", "platform": "rocm", "arch": "gfx1100", "variants": {"*": ["reference"]}},
+        {"platform": "rocm", "arch": "gfx1100", "variants": {"*": ["reference"]}},
     ])
     rep = run_matrix(matrix=m, ops=["gather_rows"], cases=3, in_process=True)
     by = {(r.row, r.variant): r for r in rep.results}
     assert entered == ["gfx942", "gfx950"]  # once per row, pinned to the row's arch
-    for row in ("gfx942", "gfx950"):
+    for row in ("rocm:gfx942", "rocm:gfx950"):
         r = by[(row, "vendorlib")]
         assert r.status == "emulated" and r.mode == "doubles" and r.passed == 3 and r.shared_with is None
-    assert ("gfx1100", "vendorlib") not in by  # the row does not list it
+    assert ("rocm:gfx1100", "vendorlib") not in by  # the row does not list it
     assert registry.probe("swa_test_vendor") == "swa_test_vendor is not installed"  # restored
 
 
 def test_declared_reasons_skip(injected):
-    m = _matrix([{"id": "sm90", "platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"]}}])
+    m = _matrix([{"platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"]}}])
     jobs_rep = run_matrix(matrix=m, ops=["gather_rows"], cases=1, in_process=True)
     assert {r.variant for r in jobs_rep.results} == {"reference"}
     # a ROCm-only vendor variant cannot even be listed on a CUDA row (the loader rejects widening)
     with pytest.raises(Exception, match="widen"):
-        _matrix([{"id": "sm90", "platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"],
+        _matrix([{"platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"],
                                                                               "gather_rows": ["vendorlib"]}}])
 
 
 def test_worker_subprocess_gives_the_same_results():
     """The path used when an accelerator is present: jobs run in a CPU-only subprocess."""
-    jobs = [Job("cuda-sm90", "cuda", "sm90", op, "reference", "cpu", verified="not-run")
+    jobs = [Job("cuda:sm90", "cuda", "sm90", op, "reference", "cpu", verified="not-run")
             for op in ("gather_replay_batch", "sparse_mla")]
     remote = _execute_in_worker(jobs, cases=2, seed=4, progress=False)
     from swa_backends.testing.matrix_runner import execute
@@ -296,7 +296,7 @@ def test_vendor_variant_that_declines_random_cases_runs_serving_shapes(monkeypat
     monkeypatch.setitem(table["sparse_mla"], "picky", Variant(
         op="sparse_mla", name="picky", impl="swa_backends.common.ops.sparse_mla:reference", platforms=ALL,
         input_check="swa_test_impls2:never"))
-    m = _matrix([{"id": "cpu", "platform": "cpu", "arch": "cpu",
+    m = _matrix([{"platform": "cpu", "arch": "cpu",
                   "variants": {"*": ["reference"], "sparse_mla": ["big_only", "picky", "reference"]}}])
     rep = run_matrix(matrix=m, ops=["sparse_mla"], cases=2, in_process=True)
     by = {r.variant: r for r in rep.results}

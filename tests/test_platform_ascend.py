@@ -27,8 +27,8 @@ C_MOD = "vllm_ascend.vllm_ascend_C"
 
 # --- SoC detection -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("soc, arch", [("ascend:910b", "ascend910b"), ("ascend:910_93", "ascend910_93"),
-                                       ("ascend:950", "ascend950")])
+@pytest.mark.parametrize("soc, arch", [("ascend:910b", "910b"), ("ascend:910_93", "910_93"),
+                                       ("ascend:950", "950")])
 def test_soc_detection_through_torch_npu(soc, arch):
     with contract_doubles(soc):
         info = device_mod._probe_npu(0)
@@ -152,10 +152,10 @@ def test_npu_double_failure_modes(change, message):
 
 
 def test_constraints_are_data_and_drive_the_input_check():
-    c = constraints.CONSTRAINTS["ascend910b"]
+    c = constraints.CONSTRAINTS["910b"]
     assert (c.window, c.head_dim, c.max_heads, c.heads_power_of_two, c.cmp_topk) == (128, 512, 128, True, (512, 1024))
-    assert constraints.CONSTRAINTS["ascend910_93"].explicit_window_indices
-    assert not constraints.CONSTRAINTS["ascend950"].heads_power_of_two
+    assert constraints.CONSTRAINTS["910_93"].explicit_window_indices
+    assert not constraints.CONSTRAINTS["950"].heads_power_of_two
     q = torch.zeros(1, 12, 512)
     assert any("power of two" in r for r in npu_attention.input_check(q, None, torch.zeros(1, 3), None, 0.1, 512))
     assert any("head dim 512" in r for r in npu_attention.input_check(torch.zeros(1, 8, 64), None, torch.zeros(1, 3),
@@ -179,9 +179,9 @@ def test_selection_with_and_without_the_vendor_stack():
 def test_build_rejecting_explicit_indices_fails_the_self_test(monkeypatch):
     """An older vllm-ascend (ori_sparse_indices only on A5) is caught by the probe's
     self-test: a reason, and the clamped reference runs instead."""
-    old = constraints.NpuSparseMlaConstraints(**{**constraints.CONSTRAINTS["ascend910b"].__dict__,
+    old = constraints.NpuSparseMlaConstraints(**{**constraints.CONSTRAINTS["910b"].__dict__,
                                                  "explicit_window_indices": False})
-    monkeypatch.setitem(constraints.CONSTRAINTS, "ascend910b", old)
+    monkeypatch.setitem(constraints.CONSTRAINTS, "910b", old)
     with contract_doubles("ascend:910b"):
         registry._PROBE_OVERRIDES.pop("vllm_ascend_sparse_flash_mla")  # run the real probe on the doubles
         registry.clear_probes()

@@ -18,8 +18,8 @@ from swa_backends.common.registry import Variant
 
 MATRIX = load_matrix()
 ROW_DEVICES = {row.id: (f"{row.platform}:{row.arch}" if row.platform != "cpu" else "cpu") for row in MATRIX.rows.values()}
-REQUIRED_ROWS = {"cpu", "cuda-sm80", "cuda-sm89", "cuda-sm90", "cuda-sm100", "cuda-sm120", "rocm-gfx942",
-                 "rocm-gfx950", "ascend-910b", "ascend-910_93"}
+REQUIRED_ROWS = {"cpu", "cuda:sm80", "cuda:sm89", "cuda:sm90", "cuda:sm100", "cuda:sm120", "rocm:gfx942",
+                 "rocm:gfx950", "ascend:910b", "ascend:910_93"}
 
 
 def test_matrix_has_every_required_row():
@@ -65,8 +65,8 @@ def test_unknown_device_falls_back_to_reference_with_reason():
 
 def test_fake_device_parsing():
     assert sb.parse_device("rocm:gfx942").arch == "gfx942"
-    assert sb.parse_device("ascend:910b").arch == "ascend910b"
-    assert sb.parse_device("ascend:ascend910_93").arch == "ascend910_93"
+    assert sb.parse_device("ascend:910b").arch == "910b"
+    assert sb.parse_device("ascend:910_93").arch == "910_93"
     assert sb.parse_device("cuda:9.0").capability == (9, 0)
     assert sb.parse_device("cuda:sm100").capability == (10, 0)
     assert sb.parse_device("cuda:sm_120").arch == "sm120"
@@ -87,11 +87,11 @@ def test_rocm_and_ascend_arch_parsing():
 
     assert rocm_arch("gfx942:sramecc+:xnack-") == "gfx942"
     assert rocm_arch("gfx950") == "gfx950"
-    assert ascend_arch(223)[0] == "ascend910b"
-    assert ascend_arch(251)[0] == "ascend910_93"
-    assert ascend_arch(202)[0] == "ascend310p"
-    assert ascend_arch(260)[0] == "ascend950"
-    assert ascend_arch(999)[0] == "ascend_soc999"
+    assert ascend_arch(223)[0] == "910b"
+    assert ascend_arch(251)[0] == "910_93"
+    assert ascend_arch(202)[0] == "310p"
+    assert ascend_arch(260)[0] == "950"
+    assert ascend_arch(999)[0] == "soc999"
 
 
 # --- capability rules (SPEC §4) ------------------------------------------------------------
@@ -268,21 +268,65 @@ def _broken(mutate):
 
 
 def _row(data, rid):
-    return next(r for r in data["rows"] if r["id"] == rid)
+    return next(r for r in data["rows"] if (r["platform"] if r["platform"] == "cpu" else f"{r['platform']}:{r['arch']}") == rid)
 
 
 LOADER_CASES = [
-    (lambda d: _row(d, "cuda-sm90")["variants"].update({"*": ["nonexistent"]}), "unknown variant 'nonexistent'"),
-    (lambda d: _row(d, "cuda-sm90").update(arch="sm91"), "unknown arch 'sm91'"),
-    (lambda d: _row(d, "cuda-sm90").update(platform="tpu"), "unknown platform 'tpu'"),
-    (lambda d: _row(d, "cuda-sm90")["variants"].update({"not_an_op": ["reference"]}), "unknown op 'not_an_op'"),
-    (lambda d: _row(d, "cuda-sm90")["verified"].update(reference="works-on-my-machine"), "status 'works-on-my-machine'"),
-    (lambda d: _row(d, "cuda-sm90").update(colour="red"), "unknown key(s) ['colour']"),
+    (lambda d: _row(d, "cuda:sm90")["variants"].update({"*": ["nonexistent"]}), "unknown variant 'nonexistent'"),
+    (lambda d: _row(d, "cuda:sm90").update(arch="sm91"), "unknown arch 'sm91'"),
+    (lambda d: _row(d, "cuda:sm90").update(platform="tpu"), "unknown platform 'tpu'"),
+    (lambda d: _row(d, "cuda:sm90")["variants"].update({"not_an_op": ["reference"]}), "unknown op 'not_an_op'"),
+    (lambda d: _row(d, "cuda:sm90")["verified"].update(reference="works-on-my-machine"), "status 'works-on-my-machine'"),
+    (lambda d: _row(d, "cuda:sm90").update(colour="red"), "unknown key(s) ['colour']"),
     (lambda d: d["encoder_replay"].append({"id": "x", "when": {"pcp": 2}, "reason": "r"}), "unknown field 'pcp'"),
     (lambda d: d["encoder_replay"].append({"id": "runner", "when": {"lora": True}, "reason": "r"}), "id 'runner'"),
-    (lambda d: d["rows"].append(copy.deepcopy(_row(d, "cpu"))), "duplicate row"),
+    (lambda d: d["rows"].append(copy.deepcopy(_row(d, "cpu"))), "duplicate platform/arch"),
     (lambda d: d["decoder_replay"].append({"id": "y", "when": {"lora": {"around": 1}}, "reason": "r"}), "predicate"),
+    # fail closed: every rule is type-checked at load time, not when it first applies
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": "yes"}, "reason": "r"}), "expected true or false"),
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"graph_mode": "fast"}, "reason": "r"}),
+     "expected one of ['none'"),
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": {"gt": 1}}, "reason": "r"}), "compares numbers"),
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"prefill_context_parallel_size": {"gt": "1"}},
+                                           "reason": "r"}), "expected an integer"),
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": True}, "reason": "{lora.__class__}"}),
+     "is not a rule field"),
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": True}, "reason": "{0}"}), "is not a rule field"),
+    (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": True}, "reason": "{lora!r}"}),
+     "conversions are not allowed"),
+    (lambda d: d.update(version=True), "version"),
+    (lambda d: _row(d, "ascend:910b").update(arch=910), "expected strings"),
 ]
+
+
+def test_loader_rejects_duplicate_keys():
+    """One appended line must not override a rule or a gate (plain YAML keeps the last key)."""
+    import importlib.resources
+
+    from swa_backends.common.matrix import read_yaml
+
+    text = importlib.resources.files("swa_backends").joinpath("matrix.yaml").read_text()
+    dup = text.replace("    when: {decode_context_parallel_size: {gt: 1}}",
+                       "    when: {decode_context_parallel_size: {gt: 1}}\n    when: {decode_context_parallel_size: {gt: 8}}")
+    assert dup != text
+    with pytest.raises(sb.MatrixError, match="duplicate key 'when' at line"):
+        read_yaml(dup, "dup.yaml")
+    read_yaml(text, "matrix.yaml")
+
+
+def test_matrix_is_immutable_and_its_lookups_thread_safe():
+    import threading
+
+    m = load_matrix()
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(m.row_for(sb.parse_device("rocm:gfx942")))) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(found) == 32 and all(r is not None and r.id == "rocm:gfx942" for r in found)
+    with pytest.raises(TypeError):
+        m._by_arch[("cuda", "sm99")] = None
 
 
 @pytest.mark.parametrize("mutate, message", LOADER_CASES, ids=[c[1][:30] for c in LOADER_CASES])
@@ -297,21 +341,21 @@ def test_loader_refuses_to_widen_a_declaration(monkeypatch):
     narrow = _fake_variant(name="sm90only", platforms=("cuda",), archs=("sm90",), requires=())
     table = {op: dict(vs) for op, vs in dispatch.all_variants().items()}
     table["gather_rows"]["sm90only"] = narrow
-    data = _broken(lambda d: _row(d, "cuda-sm80")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
+    data = _broken(lambda d: _row(d, "cuda:sm80")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
     with pytest.raises(sb.MatrixError, match="would widen its declaration"):
         parse_matrix(data, "test.yaml", table)
-    ok = _broken(lambda d: _row(d, "cuda-sm90")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
+    ok = _broken(lambda d: _row(d, "cuda:sm90")["variants"].update({"gather_rows": ["sm90only", "reference"]}))
     parse_matrix(ok, "test.yaml", table)
 
 
 def test_row_gate_off_is_a_reason(tmp_path):
-    data = _broken(lambda d: _row(d, "rocm-gfx942").update(
+    data = _broken(lambda d: _row(d, "rocm:gfx942").update(
         encoder_replay={"enabled": False, "because": "no clamping prefill path here"}))
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump(data))
     caps = sb.capabilities("rocm:gfx942", matrix=str(path))
     assert not caps.encoder_replay.enabled
-    assert caps.encoder_replay.reasons == ("[matrix:rocm-gfx942] no clamping prefill path here",)
+    assert caps.encoder_replay.reasons == ("[matrix:rocm:gfx942] no clamping prefill path here",)
 
 
 def test_unclamped_attention_path_turns_encoder_off(monkeypatch):

@@ -25,7 +25,7 @@ _PKG = "swa_backends.backends.ascend"
 def _triton(op: str, impl: str) -> Variant:
     return Variant(
         op=op, name="triton_ascend", impl=f"{_PKG}.kernels.{impl}", platforms=("ascend",),
-        archs=("ascend910b", "ascend910_93", "ascend950"), graph_safe=True, requires=("triton_ascend",),
+        archs=("910b", "910_93", "950"), graph_safe=True, requires=("triton_ascend",),
         emulated_on=("cpu",), emulated_requires=("triton_interpreter",),
         description="triton-ascend kernel: grid sized to the vector-core count, flat grid-stride loop")
 
@@ -33,7 +33,7 @@ def _triton(op: str, impl: str) -> Variant:
 VARIANTS: tuple = (
     Variant(
         op="sparse_mla", name="npu_sparse_flash_mla", impl=f"{_PKG}.npu_attention:sparse_mla", platforms=("ascend",),
-        archs=("ascend910b", "ascend910_93", "ascend950"), dtypes=SERVED.dtypes, index_layout="plain",
+        archs=("910b", "910_93", "950"), dtypes=SERVED.dtypes, index_layout="plain",
         # the op's task-split metadata is rebuilt per call; not shown to be capturable in an ACL graph
         graph_safe=False, clamps_window=True, requires=("vllm_ascend_sparse_flash_mla",),
         input_check=f"{_PKG}.npu_attention:input_check",

@@ -48,13 +48,13 @@ _A2_A3 = dict(window=128, head_dim=512, max_heads=128, heads_power_of_two=True, 
               dtypes=(torch.bfloat16, torch.float16))
 
 CONSTRAINTS = {
-    "ascend910b": NpuSparseMlaConstraints(soc="ascend910b", **_A2_A3),
-    "ascend910_93": NpuSparseMlaConstraints(soc="ascend910_93", **_A2_A3),
-    "ascend950": NpuSparseMlaConstraints(
-        soc="ascend950", window=128, head_dim=512, max_heads=128, heads_power_of_two=False, cmp_topk=(),
+    "910b": NpuSparseMlaConstraints(soc="910b", **_A2_A3),
+    "910_93": NpuSparseMlaConstraints(soc="910_93", **_A2_A3),
+    "950": NpuSparseMlaConstraints(
+        soc="950", window=128, head_dim=512, max_heads=128, heads_power_of_two=False, cmp_topk=(),
         block_size="in [1, 1024]", explicit_window_indices=True, dtypes=(torch.bfloat16, torch.float16)),
 }
 
 # The strictest rules over the SoCs the matrix serves (A2/A3): what a per-call check can
 # enforce without knowing which SoC the call runs on.
-SERVED = CONSTRAINTS["ascend910b"]
+SERVED = CONSTRAINTS["910b"]

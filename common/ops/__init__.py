@@ -7,8 +7,14 @@ planning, DP agreement) have a single implementation and are exported as plain f
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable
+
+import torch
+
+from ..validation import fail, overlaps
 
 from . import (
     batch_replay_start,
@@ -35,23 +41,57 @@ from .scheduler import admit_prefix_hit, mark_prefix_replay, replay_block_is_liv
 
 @dataclass(frozen=True)
 class OpSpec:
+    """One device op: its validator and reference (same signature), and the arguments it
+    writes in place (``mutates``; ``out=`` is always written when given)."""
+
     name: str
     validate: Callable
     reference: Callable
     doc: str
+    mutates: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.reference)
+
+    def check_writes(self, args: tuple, kwargs: dict) -> None:
+        """Every buffer the op writes (``out=``, mutated arguments) shares no memory with an
+        input or with another written buffer: checked before anything is written."""
+        bound = self.signature.bind(*args, **kwargs).arguments
+        written = _flatten("out", bound.get("out"))
+        for name in self.mutates:
+            written += _flatten(name, bound.get(name))
+        inputs = [(n, v) for n, v in bound.items() if n != "out" and n not in self.mutates]
+        for i, (wname, w) in enumerate(written):
+            for iname, x in inputs:
+                if isinstance(x, torch.Tensor) and overlaps(w, x):
+                    fail(self.name, wname, w, f"a buffer that shares no memory with the input {iname!r}")
+            for oname, o in written[:i]:
+                if overlaps(w, o):
+                    fail(self.name, wname, w, f"a buffer that shares no memory with {oname!r}")
 
 
-def _spec(module, name=None, validate=None, reference=None) -> OpSpec:
+def _flatten(name: str, value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, tuple):
+        return [item for i, v in enumerate(value) for item in _flatten(f"{name}[{i}]", v)]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in _flatten(f"{name}[{k!r}]", v)]
+    return []
+
+
+def _spec(module, name=None, validate=None, reference=None, mutates=()) -> OpSpec:
     name = name or module.NAME
     ref = reference or module.reference
-    return OpSpec(name, validate or module.validate, ref, (ref.__doc__ or "").strip().split("\n")[0])
+    return OpSpec(name, validate or module.validate, ref, (ref.__doc__ or "").strip().split("\n")[0], tuple(mutates))
 
 
 OPS: dict[str, OpSpec] = {
     s.name: s
     for s in (
         _spec(batch_replay_start),
-        _spec(pad_replayed_slots),
+        _spec(pad_replayed_slots, mutates=("slot_mappings",)),
         _spec(compressed_slot_mapping),
         _spec(swa_indices_and_lens),
         _spec(prefill_gather_lens),
@@ -63,7 +103,7 @@ OPS: dict[str, OpSpec] = {
         _spec(gather_replay_batch),
         _spec(rows, "gather_rows", rows.validate_gather, rows.gather_rows),
         _spec(rows, "scatter_rows", rows.validate_scatter, rows.scatter_rows),
-        _spec(prepare_replay_step),
+        _spec(prepare_replay_step, mutates=("slot_mappings",)),
     )
 }
 

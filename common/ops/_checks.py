@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, SLOT_DTYPE
-from ..validation import check_int, check_query_start_loc, check_range, check_tensor, fail, value_checks_enabled
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, SLOT_DTYPE
+from ..validation import (
+    INT32_MAX,
+    check_int,
+    check_query_start_loc,
+    check_range,
+    check_tensor,
+    fail,
+    value_checks_enabled,
+)
 from ._batch import token_view
 
 
@@ -32,13 +40,20 @@ def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, n
             if bool(short.any()):
                 i = int(torch.nonzero(short)[0])
                 fail(op, "seq_lens", f"seq_lens[{i}]={int(seq_lens[i])}", f">= the query length {int(q[i])} of request {i}")
+            check_range(op, "seq_lens", seq_lens, low=0, high=MAX_POSITION + 1)
         if replay_start is not None:
-            check_range(op, "replay_start", replay_start, low=0, high=None)
+            check_range(op, "replay_start", replay_start, low=0, high=MAX_POSITION + 1)
     return B
 
 
-def check_window(op: str, name: str, W) -> int:
-    return check_int(op, name, W, min_value=1)
+def check_window(op: str, name: str, W, *, min_value: int = 1) -> int:
+    """A window, replay length or block size: ``min_value <= W <= MAX_WINDOW``."""
+    return check_int(op, name, W, min_value=min_value, max_value=MAX_WINDOW, why="MAX_WINDOW")
+
+
+def check_positions(op: str, positions: torch.Tensor) -> None:
+    """Token positions in ``[0, MAX_POSITION]`` (the kernels add windows to them in int32)."""
+    check_range(op, "positions", positions, low=0, high=MAX_POSITION + 1)
 
 
 def check_replay_not_above_positions(op: str, positions: torch.Tensor, query_start_loc, replay_start) -> None:
@@ -73,13 +88,29 @@ def check_block_table(op: str, block_table, B: int, device) -> None:
         fail(op, "block_table", block_table, f"at least {B} rows (one per request)")
 
 
-def check_block_table_covers(op: str, block_table, seq_lens, block_size: int) -> None:
-    """Every position a request may read (``< seq_len``) has a column in the block table."""
+def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *, slots_per_block: int | None = None) -> None:
+    """Every position a request may read (``< seq_len``) has a column in the block table, and
+    every entry such a position reads is a block id ``>= 0`` whose slots fit in int32:
+    ``entry * slots_per_block + slots_per_block - 1 <= INT32_MAX`` (``slots_per_block``:
+    ``block_size``, or ``block_size // ratio`` for a compressed cache). Entries no position
+    reads (past a request's length, rows past B) are not looked at."""
     if not value_checks_enabled() or seq_lens.numel() == 0:
         return
     need = int(((seq_lens.to(torch.int64).max() + block_size - 1) // block_size).item())
     if need > block_table.shape[1]:
         fail(op, "block_table", block_table, f"at least {need} columns to cover seq_len {int(seq_lens.max())} with block_size {block_size}")
+    if need == 0:
+        return
+    B = seq_lens.shape[0]
+    used = torch.arange(need, device=block_table.device)[None, :] < \
+        ((seq_lens.to(torch.int64) + block_size - 1) // block_size)[:, None]
+    entries = block_table[:B, :need].to(torch.int64)
+    spb = block_size if slots_per_block is None else slots_per_block
+    bad = used & ((entries < 0) | (entries * spb + spb - 1 > INT32_MAX))
+    if bool(bad.any()):
+        b, c = (int(x) for x in torch.nonzero(bad)[0])
+        fail(op, "block_table", f"block_table[{b}, {c}]={int(entries[b, c])}",
+             f"a block id >= 0 whose slots fit in int32 (id * {spb} + {spb - 1} <= {INT32_MAX})")
 
 
 def check_slot_mappings(op: str, slot_mappings, device, num_tokens: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE
+from ..types import INDEX_DTYPE, MAX_POSITION
 from ..validation import check_out, check_range, check_tensor
 
 NAME = "batch_replay_start"
@@ -19,7 +19,7 @@ def validate(R_per_request, idx_mapping, is_prefilling, *, out=None) -> None:
     if out is not None:
         check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=dev)
     check_range(NAME, "idx_mapping", idx_mapping, low=0, high=R_per_request.shape[0])
-    check_range(NAME, "R_per_request", R_per_request, low=0, high=2**31)
+    check_range(NAME, "R_per_request", R_per_request, low=0, high=MAX_POSITION + 1)
 
 
 def reference(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD, swa_lo
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
 from ._batch import token_view
 from ._checks import check_batch, check_replay_not_above_prefix, check_window
@@ -30,7 +30,7 @@ def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, to
     T = topk_indices.shape[0]
     check_window(NAME, "W", W)
     check_int(NAME, "ratio", ratio, min_value=0)
-    check_int(NAME, "top_k", top_k, min_value=0)
+    check_int(NAME, "top_k", top_k, min_value=0, max_value=MAX_WINDOW, why="MAX_WINDOW")
     check_int(NAME, "window_offset", window_offset, min_value=0)
     check_int(NAME, "slab_stride", slab_stride, min_value=window_offset + 1)
     if ratio > 0 and topk_indices.shape[1] < top_k:

@@ -7,7 +7,7 @@ import torch
 from ..types import PAD, SLOT_DTYPE
 from ..validation import check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
-from ._checks import check_batch, check_block_table, check_block_table_covers
+from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
 
 NAME = "compressed_slot_mapping"
 
@@ -19,14 +19,14 @@ def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ra
     check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
     B = check_batch(NAME, query_start_loc, seq_lens, num_tokens=T)
     check_block_table(NAME, block_table, B, dev)
-    check_int(NAME, "block_size", block_size, min_value=1)
-    check_int(NAME, "ratio", ratio, min_value=1)
+    check_window(NAME, "block_size", block_size)
+    check_int(NAME, "ratio", ratio, min_value=1, max_value=block_size, why="at most block_size")
     if block_size % ratio:
         fail(NAME, "ratio", ratio, f"a divisor of block_size={block_size} (compressed blocks hold block_size // ratio entries)")
     if out is not None:
         check_out(NAME, "out", out, shape=(T,), dtype=SLOT_DTYPE, device=dev)
     if ratio > 1:
-        check_block_table_covers(NAME, block_table, seq_lens, block_size)
+        check_block_table_covers(NAME, block_table, seq_lens, block_size, slots_per_block=block_size // ratio)
 
 
 def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, out=None) -> torch.Tensor:

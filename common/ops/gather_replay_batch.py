@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
-from ..validation import check_out, check_tensor, fail
-from ._checks import check_batch, check_slot_mappings, check_window
+from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
+from ._checks import check_batch, check_positions, check_slot_mappings, check_window
 
 NAME = "gather_replay_batch"
 
@@ -42,8 +42,8 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
     check_window(NAME, "W", W)
     if W != plan.window:
         fail(NAME, "W", W, f"the plan's window {plan.window}")
-    if plan.num_rows > T:
-        fail(NAME, "plan", plan.num_rows, f"at most {T} kept rows (the batch's tokens)")
+    check_plan(NAME, plan, query_start_loc, T)
+    check_positions(NAME, positions)
     if out is not None:
         if not isinstance(out, dict):
             fail(NAME, "out", out, "a dict of buffers from allocate_out()")
@@ -51,6 +51,37 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
             if key not in out:
                 fail(NAME, "out", sorted(out), f"a buffer for {key!r}")
             check_out(NAME, f"out[{key!r}]", out[key], shape=shape, dtype=dtype, device=dev)
+
+
+def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:
+    """The plan fits this batch (it was made from the host copy of the same
+    ``query_start_loc``): shapes and counts always, and with value checks, on the *device*
+    ``query_start_loc``, every request keeps between 0 and its query length rows, the kept
+    rows add up to ``num_rows`` and none keeps more than the plan's longest run (what the
+    launch is sized for). A plan from another batch fails here instead of writing past
+    the sub-batch buffers."""
+    B = query_start_loc.shape[0] - 1
+    check_int(op, "plan.num_rows", plan.num_rows, min_value=0, max_value=num_tokens, why="the batch's tokens")
+    check_int(op, "plan.num_rows_padded", plan.num_rows_padded, min_value=plan.num_rows)
+    check_tensor(op, "plan.kept", plan.kept, dtypes=INDEX_DTYPE, shape=(B,))
+    check_tensor(op, "plan.trimmed", plan.trimmed, dtypes=torch.bool, shape=(B,), device=plan.kept.device)
+    check_tensor(op, "plan.dropped_before", plan.dropped_before, dtypes=INDEX_DTYPE, shape=(B + 1,),
+                 device=plan.kept.device)
+    if not value_checks_enabled() or B == 0:
+        return
+    kept_host = plan.kept.to("cpu", torch.int64)
+    if bool((kept_host < 0).any()) or int(kept_host.sum()) != plan.num_rows:
+        fail(op, "plan.kept", kept_host.tolist()[:16], f"values >= 0 adding up to plan.num_rows={plan.num_rows}")
+    qsl = query_start_loc.detach().to("cpu", torch.int64)
+    out_qsl = qsl - plan.dropped_before.to("cpu", torch.int64)
+    kept = out_qsl[1:] - out_qsl[:-1]
+    q = qsl[1:] - qsl[:-1]
+    bad = (kept < 0) | (kept > q) | (kept > int(kept_host.max()))
+    if int(out_qsl[0]) != 0 or int(out_qsl[-1]) != plan.num_rows or bool(bad.any()):
+        i = int(torch.nonzero(bad)[0]) if bool(bad.any()) else 0
+        fail(op, "plan", f"request {i} keeps {int(kept[i])} of {int(q[i])} rows",
+             "a plan made from this batch's query_start_loc (plan_replay_batch): 0 <= kept <= q per request, "
+             f"the kept rows adding up to num_rows={plan.num_rows}")
 
 
 def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *, out=None) -> ReplayBatch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, PAD
-from ..validation import check_out, check_range, check_tensor, fail
+from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
 
 NAME = "indices_to_csr"
 
@@ -23,6 +23,8 @@ def validate(indices, lens, *, out=None) -> None:
             fail(NAME, "out", out, "a tuple (indptr, values)")
         check_out(NAME, "out[0]", out[0], shape=(T + 1,), dtype=INDEX_DTYPE, device=indices.device)
         check_out(NAME, "out[1]", out[1], shape=(T * K,), dtype=INDEX_DTYPE, device=indices.device)
+    if T * K > INT32_MAX:
+        fail(NAME, "indices", indices, f"T * K <= {INT32_MAX} (int32 CSR offsets)")
     check_range(NAME, "lens", lens, low=0, high=K + 1)
 
 

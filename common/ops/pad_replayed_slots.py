@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
-from ..validation import check_int, check_range, check_tensor, fail
+from ..validation import check_range, check_tensor, fail, value_checks_enabled
 from ._batch import token_view
-from ._checks import check_batch, check_replay_not_above_positions, check_slot_mappings
+from ._checks import check_batch, check_positions, check_replay_not_above_positions, check_slot_mappings, check_window
 
 NAME = "pad_replayed_slots"
 
@@ -20,11 +20,15 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
     check_tensor(NAME, "cacheable_groups", cacheable_groups, dtypes=INDEX_DTYPE, ndim=1, device=dev)
     check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
     check_batch(NAME, query_start_loc, None, replay_start, num_tokens=T)
-    check_int(NAME, "Wr", Wr, min_value=0)
+    check_window(NAME, "Wr", Wr, min_value=0)
     if any_replay is not None and not isinstance(any_replay, bool):
         fail(NAME, "any_replay", any_replay, "None or a bool (host knowledge that some R > 0)")
     check_range(NAME, "cacheable_groups", cacheable_groups, low=0, high=G)
+    check_positions(NAME, positions)
     check_replay_not_above_positions(NAME, positions, query_start_loc, replay_start)
+    if any_replay is False and value_checks_enabled() and bool((replay_start > 0).any()):
+        # the switch only skips the launch; it may never skip a duty (cached KV would be rewritten)
+        fail(NAME, "any_replay", any_replay, "True or None when some replay_start > 0")
 
 
 def reference(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> torch.Tensor:

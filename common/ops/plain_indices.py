@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, PAD
-from ..validation import check_int, check_out, check_range, check_tensor, fail
+from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
 
 NAME = "plain_indices"
 
@@ -34,6 +34,10 @@ def validate(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_off
     check_range(NAME, "swa_lens", swa_lens, low=0, high=SW + 1)
     if topk_lens is not None:
         check_range(NAME, "topk_lens", topk_lens, low=0, high=K + 1)
+    # an offset added to an int32 slot must not wrap into a legitimate-looking index
+    for name, values, offset in (("swa_indices", swa_indices, window_offset), ("topk_slots", topk_slots, topk_offset)):
+        if values is not None:
+            check_range(NAME, name, values, low=0, high=INT32_MAX - offset + 1, allow_pad=True)
 
 
 def reference(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,

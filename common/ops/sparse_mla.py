@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..types import INDEX_DTYPE, PAD
-from ..validation import check_int, check_range, check_tensor, fail
+from ..validation import check_finite, check_int, check_range, check_tensor, fail
 
 NAME = "sparse_mla"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -37,6 +37,8 @@ def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> None:
         fail(NAME, "d_v", d_v, f"<= D_qk={D} (value = first d_v columns of kv)")
     if sink is not None:
         check_tensor(NAME, "sink", sink, dtypes=torch.float32, shape=(H,), device=dev)
+        # -inf: a head without a sink (padded heads); +inf or NaN would make every row 0 or NaN
+        check_finite(NAME, "sink", sink, allow_neg_inf=True)
     check_range(NAME, "lens", lens, low=0, high=indices.shape[1] + 1)
     check_range(NAME, "indices", indices, low=0, high=kv.shape[0], allow_pad=True)
 
@@ -62,7 +64,13 @@ def reference(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.
         e = min(T, s + chunk)
         idx = indices[s:e].to(torch.int64)
         ok = (j[None, :] < lens[s:e, None]) & (idx != PAD)
-        rows = kv.index_select(0, torch.where(ok, idx, 0).reshape(-1)).reshape(e - s, K, D).float()
+        if kv.shape[0] == 0:  # nothing to read (validation: every entry is PAD or past lens)
+            rows = torch.zeros(e - s, K, D, dtype=torch.float32, device=q.device)
+        else:
+            rows = kv.index_select(0, torch.where(ok, idx, 0).reshape(-1)).reshape(e - s, K, D).float()
+            # rows a token does not read become exact zeros, so a NaN in an unread row (row 0
+            # above) cannot leak through 0 * NaN; no host synchronisation
+            rows = torch.where(ok[..., None], rows, 0.0)
         scores = torch.einsum("thd,tkd->thk", q[s:e].float(), rows) * sm_scale
         scores = scores.masked_fill(~ok[:, None, :], float("-inf"))
         l = torch.logsumexp(scores, dim=-1)  # -inf when nothing is valid

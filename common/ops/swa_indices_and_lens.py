@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD, swa_lo
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
 from ..validation import check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, resolve_num_tokens, token_view
 from ._checks import (
@@ -23,7 +23,7 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
     dev = query_start_loc.device
     check_window(NAME, "W", W)
-    check_int(NAME, "block_size", block_size, min_value=1)
+    check_window(NAME, "block_size", block_size)
     if num_tokens is not None:
         check_int(NAME, "num_tokens", num_tokens, min_value=0)
     if valid is not None:
@@ -31,7 +31,7 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
         if num_tokens is not None and valid.shape[0] != num_tokens:
             fail(NAME, "valid", valid, f"shape [{num_tokens}] (num_tokens)")
     if index_width is not None:
-        check_int(NAME, "index_width", index_width, min_value=W)
+        check_int(NAME, "index_width", index_width, min_value=W, max_value=MAX_WINDOW, why="MAX_WINDOW")
     T = resolve_num_tokens(query_start_loc, num_tokens, valid) if num_tokens is not None or valid is not None else None
     B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T)
     check_block_table(NAME, block_table, B, dev)

@@ -20,7 +20,7 @@ from ..doubles import EmulatedDevice, fake_module, installed_modules, probe_over
 from ...backends.ascend.constraints import CONSTRAINTS
 
 _emulated = EmulatedDevice("ascend", None)
-SOC_VERSIONS = {"ascend910b": 223, "ascend910_93": 251, "ascend950": 260, "ascend310p": 202}
+SOC_VERSIONS = {"910b": 223, "910_93": 251, "950": 260, "310p": 202}
 _LAYOUTS = {"BSND": 0, "TND": 1, "PA_BBND": 2}
 _META_FIELDS = ("num_heads_q", "num_heads_kv", "head_dim", "batch_size", "max_seqlen_q", "max_seqlen_ori_kv",
                 "ori_topk", "cmp_topk", "cmp_ratio", "ori_mask_mode", "cmp_mask_mode", "ori_win_left",
@@ -28,7 +28,7 @@ _META_FIELDS = ("num_heads_q", "num_heads_kv", "head_dim", "batch_size", "max_se
 
 
 def _soc() -> str:
-    return _emulated.arch or "ascend910b"
+    return _emulated.arch or "910b"
 
 
 def get_soc_version() -> int:
@@ -100,7 +100,7 @@ def npu_sparse_flash_mla(q, *, ori_kv=None, cmp_kv=None, ori_sparse_indices=None
     if soc not in CONSTRAINTS:
         _fail(f"SOC Version[{SOC_VERSIONS.get(soc, soc)}] is not support.")
     c = CONSTRAINTS[soc]
-    a2a3 = soc != "ascend950"
+    a2a3 = soc != "950"
     if layout_q != "TND" or layout_kv != "TND":
         _fail("this double emulates the TND/TND layouts only")
     if q.dim() != 3 or q.dtype not in c.dtypes:
