@@ -31,8 +31,9 @@ import functools
 import torch
 
 from .common.ops.pcp_partition import PCPPartition
-from .common.types import INDEX_DTYPE, PAD, SLOT_DTYPE
-from .common.validation import check_int, check_range, check_tensor, fail, validation_enabled, value_checks_enabled
+from .common.ops._checks import check_window
+from .common.types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE
+from .common.validation import check_range, check_tensor, fail, validation_enabled, value_checks_enabled
 from .dispatch import reference_backend, select
 
 NAME = "pcp_pad_replayed_slots"
@@ -69,13 +70,13 @@ def _validate(slot_mappings, cacheable_groups, partition, Rh: torch.Tensor, Wr, 
              f"at least P * padded = {partition.P} * {partition.padded} = {partition.num_columns} columns "
              "(the gathered rank-major mapping)")
     check_tensor(NAME, "cacheable_groups", cacheable_groups, dtypes=INDEX_DTYPE, ndim=1, device=dev)
-    check_int(NAME, "Wr", Wr, min_value=0)
+    check_window(NAME, "Wr", Wr, min_value=0)
     if replay_on is not None and not isinstance(replay_on, bool):
         fail(NAME, "replay_on", replay_on, "None or a bool identical on every rank")
     check_range(NAME, "cacheable_groups", cacheable_groups, low=0, high=slot_mappings.shape[0])
     if not value_checks_enabled() or partition.num_reqs == 0:
         return
-    check_range(NAME, "replay_start", Rh, low=0, high=2**31)
+    check_range(NAME, "replay_start", Rh, low=0, high=MAX_POSITION + 1)
     pre = partition.is_prefilling
     replays = pre & (Rh > 0) & (partition.query_lens > 0)
     late = replays & (Rh > partition.num_computed)

@@ -376,7 +376,7 @@ def plan_arguments(plan: ReplayPlan, device=None) -> tuple:
     first arguments of ``torch.ops.swa_backends.gather_replay_batch[_out]``. With
     ``device``, the tensors are copied there once per plan and device (graph capture)."""
     if not isinstance(plan, ReplayPlan):
-        raise ValueError(f"plan_arguments: plan={plan!r}: expected a ReplayPlan from plan_replay_batch")
+        raise ValueError(f"gather_replay_batch: plan={plan!r}: expected a ReplayPlan from plan_replay_batch")
     if device is None:
         return plan.kept, plan.trimmed, plan.dropped_before, plan.num_rows, plan.num_rows_padded
     dropped, trimmed = plan.device_tensors(torch.device(device))

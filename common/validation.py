@@ -171,6 +171,52 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------------------
 
 
+def check_writes(op: str, signature, args: tuple, kwargs: dict, mutates: Sequence[str] = ()) -> None:
+    """Every buffer a call writes (``out=``: a tensor, tuple or dict of them; the arguments
+    named in ``mutates``) shares no memory with an input or with another written buffer.
+    Checked before anything is written; no device work."""
+    bound = signature.bind(*args, **kwargs).arguments
+    written = _flatten("out", bound.get("out"))
+    for name in mutates:
+        written += _flatten(name, bound.get(name))
+    inputs = [(n, v) for n, v in bound.items() if n != "out" and n not in mutates]
+    for i, (wname, w) in enumerate(written):
+        for iname, x in inputs:
+            if isinstance(x, torch.Tensor) and overlaps(w, x):
+                fail(op, wname, w, f"a buffer that shares no memory with the input {iname!r}")
+        for oname, o in written[:i]:
+            if overlaps(w, o):
+                fail(op, wname, w, f"a buffer that shares no memory with {oname!r}")
+
+
+def _flatten(name: str, value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in _flatten(f"{name}[{i}]", v)]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in _flatten(f"{name}[{k!r}]", v)]
+    return []
+
+
+def checks_writes(fn):
+    """Decorator for a public function taking ``out=``: runs :func:`check_writes` on every
+    call while validation is on (ops of the dispatch table get the same check from
+    ``OpSpec``)."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if validation_enabled():
+            check_writes(fn.__name__, sig, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc") -> None:
     """``qsl[0] == 0``, non-decreasing, and ``qsl[-1] <= num_tokens`` when it is known."""
     if not value_checks_enabled() or qsl.numel() == 0:

@@ -10,6 +10,7 @@ real GPU are marked ``gpu`` and skipped elsewhere.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -33,3 +34,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz suite's counts (tests/test_fuzz.py), one line per backend that ran."""
+    fuzz = sys.modules.get("test_fuzz")
+    if fuzz is None or not getattr(fuzz, "RESULTS", None):
+        return
+    terminalreporter.write_sep("-", "fuzz suite (tests/fuzz_cases.py): outcomes per backend")
+    for backend, counts in fuzz.RESULTS.items():
+        tried = sum(counts.values())
+        failed = sum(counts[k] for k in fuzz.FAILURES)
+        terminalreporter.write_line(
+            f"{backend:<10} tried {tried}: clear errors {counts['clear']} (+ {counts['schema']} by the custom op "
+            f"schema), correct results {counts['ok']}, crashes {counts['crash']}, silent results "
+            f"{counts['silent'] + counts['wrong']}, other failures {failed - counts['crash'] - counts['silent'] - counts['wrong']}")

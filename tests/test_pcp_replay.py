@@ -193,7 +193,7 @@ def _bad(index, value):
         (_bad(3, [16, 0]), r"replay_start=\[16, 0\]: expected a tensor or sequence of 1 ints"),
         (_bad(3, torch.tensor([16.0])), r"replay_start=tensor\(.*\): expected dtype int32 or int64"),
         (_bad(3, [17]), r"replay_start\[0\]=17: expected <= num_computed\[0\]=16"),
-        (_bad(3, [-2]), r"replay_start=-2: expected values in \[0, 2147483648\)"),
+        (_bad(3, [-2]), r"replay_start=-2: expected values in \[0, 1073741825\)"),
         (_bad(4, -1), r"Wr=-1: expected an int >= 0"),
         (_bad(0, torch.zeros(2, 11, dtype=torch.int64)), r"slot_mappings=.*expected at least P \* padded = 2 \* 6 = 12 columns"),
         (_bad(0, torch.zeros(2, 12, dtype=torch.int32)), r"slot_mappings=.*expected dtype int64"),

@@ -12,9 +12,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
-from ..validation import fail, overlaps
+from ..validation import check_writes
 
 from . import (
     batch_replay_start,
@@ -55,30 +53,8 @@ class OpSpec:
         return inspect.signature(self.reference)
 
     def check_writes(self, args: tuple, kwargs: dict) -> None:
-        """Every buffer the op writes (``out=``, mutated arguments) shares no memory with an
-        input or with another written buffer: checked before anything is written."""
-        bound = self.signature.bind(*args, **kwargs).arguments
-        written = _flatten("out", bound.get("out"))
-        for name in self.mutates:
-            written += _flatten(name, bound.get(name))
-        inputs = [(n, v) for n, v in bound.items() if n != "out" and n not in self.mutates]
-        for i, (wname, w) in enumerate(written):
-            for iname, x in inputs:
-                if isinstance(x, torch.Tensor) and overlaps(w, x):
-                    fail(self.name, wname, w, f"a buffer that shares no memory with the input {iname!r}")
-            for oname, o in written[:i]:
-                if overlaps(w, o):
-                    fail(self.name, wname, w, f"a buffer that shares no memory with {oname!r}")
-
-
-def _flatten(name: str, value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [(name, value)]
-    if isinstance(value, tuple):
-        return [item for i, v in enumerate(value) for item in _flatten(f"{name}[{i}]", v)]
-    if isinstance(value, dict):
-        return [item for k, v in value.items() for item in _flatten(f"{name}[{k!r}]", v)]
-    return []
+        """Every buffer the op writes shares no memory with an input (see :func:`check_writes`)."""
+        check_writes(self.name, self.signature, args, kwargs, self.mutates)
 
 
 def _spec(module, name=None, validate=None, reference=None, mutates=()) -> OpSpec:

@@ -6,7 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
-from ._checks import check_batch, check_positions, check_slot_mappings, check_window
+from ._checks import check_batch, check_positions, check_replay_not_above_positions, check_slot_mappings, check_window
 
 NAME = "gather_replay_batch"
 
@@ -44,6 +44,7 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
         fail(NAME, "W", W, f"the plan's window {plan.window}")
     check_plan(NAME, plan, query_start_loc, T)
     check_positions(NAME, positions)
+    check_replay_not_above_positions(NAME, positions, query_start_loc, replay_start)
     if out is not None:
         if not isinstance(out, dict):
             fail(NAME, "out", out, "a dict of buffers from allocate_out()")

@@ -35,7 +35,7 @@ from ._batch import nonempty_table
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_replay_not_above_prefix
 from .prefill_gather_lens import reference as _gather_lens
 from ..types import INDEX_DTYPE, PAD
-from ..validation import check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
+from ..validation import check_int, check_out, check_range, check_tensor, checks_writes, fail, value_checks_enabled
 
 __all__ = ["combined_to_plain", "combined_workspace_rows", "compact_indices", "compact_rows", "csr_to_plain",
            "mixed_to_plain", "valid_mask"]
@@ -98,6 +98,7 @@ def compact_rows(indices: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tenso
 # ---------------------------------------------------------------------------------------
 
 
+@checks_writes
 def compact_indices(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices, lens)`` with each row's readable entries (``j < lens``, not PAD) moved to
     the front in order, PAD after, ``lens`` = their count. Attention over the result equals
@@ -115,6 +116,7 @@ def compact_indices(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Ten
 # ---------------------------------------------------------------------------------------
 
 
+@checks_writes
 def combined_to_plain(indices, lens, workspace_rows, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Combined-layout rows (workspace rows ``b * M + column``) -> plain rows of the KV
     tensor the workspace was gathered from.
@@ -142,6 +144,7 @@ def combined_to_plain(indices, lens, workspace_rows, *, out=None) -> tuple[torch
     return _finish(torch.where(keep, rows, PAD), lens, out)
 
 
+@checks_writes
 def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_stride, window_offset,
                             block_table, block_size, *, compressed_block_table=None, ratio=0,
                             window_base=0, compressed_base=0, out=None) -> torch.Tensor:
@@ -218,6 +221,7 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
 # ---------------------------------------------------------------------------------------
 
 
+@checks_writes
 def mixed_to_plain(indices, lens, swa_width, *, window_offset=0, topk_offset=0, compact=True,
                    out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixed-layout rows (``swa_width`` window columns with PAD holes, then top-k) -> plain.
@@ -254,6 +258,7 @@ def mixed_to_plain(indices, lens, swa_width, *, window_offset=0, topk_offset=0, 
 # ---------------------------------------------------------------------------------------
 
 
+@checks_writes
 def csr_to_plain(indptr, values, width, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """CSR ``(indptr int32 [T+1], values int32 [nnz_max])`` -> ``(indices int32 [T, width],
     lens int32 [T])``: row ``t`` is ``values[indptr[t]:indptr[t+1]]`` then PAD, ``lens`` its

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
+from ..types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE
 from ..validation import check_int, fail
 
 NAME = "pcp_partition"
@@ -137,6 +137,8 @@ def _host_ints(name: str, values, *, length: int | None = None) -> np.ndarray:
     if arr.size and int(arr.min()) < 0:
         i = int(np.flatnonzero(arr < 0)[0])
         fail(NAME, f"{name}[{i}]", int(arr[i]), "values >= 0")
+    if arr.size and (int(arr.max()) > MAX_POSITION or int(arr.sum()) > MAX_POSITION):
+        fail(NAME, name, values, f"values (and their sum) <= MAX_POSITION={MAX_POSITION}")
     return arr
 
 

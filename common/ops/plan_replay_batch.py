@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, ReplayPlan
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, ReplayPlan
 from ..validation import check_int, fail
 
 NAME = "plan_replay_batch"
@@ -32,18 +32,20 @@ def _host_1d(name: str, value, dtype) -> np.ndarray:
 
 def validate(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None) -> None:
     qsl = _host_1d("query_start_loc_host", query_start_loc_host, int)
-    if qsl.size < 1 or qsl[0] != 0 or bool((np.diff(qsl) < 0).any()):
-        fail(NAME, "query_start_loc_host", qsl.tolist()[:16], "[B+1] non-decreasing values starting at 0")
+    if qsl.size < 1 or qsl[0] != 0 or bool((np.diff(qsl) < 0).any()) or int(qsl[-1]) > MAX_POSITION:
+        fail(NAME, "query_start_loc_host", qsl.tolist()[:16],
+             f"[B+1] non-decreasing values starting at 0, at most MAX_POSITION={MAX_POSITION}")
     B = qsl.size - 1
     for name, value in (("is_prefilling", is_prefilling), ("keeps_rows", keeps_rows)):
         arr = _host_1d(name, value, bool)
         if arr.size != B:
             fail(NAME, name, value, f"{B} entries (one per request)")
-    check_int(NAME, "W", W, min_value=1)
+    check_int(NAME, "W", W, min_value=1, max_value=MAX_WINDOW, why="MAX_WINDOW")
     if pad_to is not None and not isinstance(pad_to, (int, Sequence)) or isinstance(pad_to, bool):
         fail(NAME, "pad_to", pad_to, "None, an int graph size, or a sequence of graph sizes")
-    if isinstance(pad_to, Sequence) and any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in pad_to):
-        fail(NAME, "pad_to", pad_to, "graph sizes as positive ints")
+    sizes = [pad_to] if isinstance(pad_to, int) else (pad_to or [])
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 or s > MAX_POSITION for s in sizes):
+        fail(NAME, "pad_to", pad_to, f"graph sizes as ints in [1, MAX_POSITION={MAX_POSITION}]")
 
 
 def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None) -> ReplayPlan | None:
