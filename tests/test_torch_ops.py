@@ -33,32 +33,9 @@ CASES = 6  # per op and device; half with poisoned out= buffers
 
 
 def _op_and_args(op: str, args: tuple, kwargs: dict):
-    """The custom op and its arguments for a conformance case (mirrors torch_ops.call)."""
-    kwargs = dict(kwargs)
-    out = kwargs.pop("out", None)
-    if op == "prepare_replay_step":
-        plan = kwargs.pop("plan", None)
-        extra = torch_ops.plan_arguments(plan) if plan is not None else ()
-        if out is not None:
-            extra += tuple(out[f] for f in torch_ops.PREPARED_FIELDS)
-            if plan is not None:
-                extra += tuple(out["replay_batch"][f] for f in torch_ops.REPLAY_BATCH_FIELDS)
-        name = op + ("_plan" if plan is not None else "") + ("_out" if out is not None else "")
-        return getattr(ns, name), (*args, *extra), kwargs
-    if op == "gather_replay_batch":
-        args = (*torch_ops.plan_arguments(args[0]), *args[1:])
-    if op == "plain_indices" and len(args) > 2:
-        kwargs.update(zip(("topk_slots", "topk_lens"), args[2:]))
-        args = args[:2]
-    if out is None:
-        return getattr(ns, op), args, kwargs
-    if op == "gather_replay_batch":
-        kwargs.update({f"out_{k}": v for k, v in out.items()})
-    elif isinstance(out, tuple):
-        kwargs.update(zip(torch_ops._OUT_ARGUMENTS[op], out))
-    else:
-        kwargs["out"] = out
-    return getattr(ns, f"{op}_out"), args, kwargs
+    """The custom op and its arguments for a conformance case (what torch_ops.call runs)."""
+    fn, a, k, _ = torch_ops.lower(op, *args, **kwargs)
+    return fn, a, k
 
 
 def _check_op(op: str, device: str, seed: int) -> None:

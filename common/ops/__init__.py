@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..validation import check_writes
+from ._results import Results
 
 from . import (
     batch_replay_start,
@@ -39,13 +40,16 @@ from .scheduler import admit_prefix_hit, mark_prefix_replay, replay_block_is_liv
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One device op: its validator and reference (same signature), and the arguments it
-    writes in place (``mutates``; ``out=`` is always written when given)."""
+    """One device op: its validator and reference (same signature), what it returns
+    (``results``: names, shapes and dtypes of its result tensors) and the arguments it writes
+    in place (``mutates``; ``out=`` is always written when given). The torch custom ops are
+    generated from these declarations (``swa_backends.torch_ops``)."""
 
     name: str
     validate: Callable
     reference: Callable
     doc: str
+    results: Results
     mutates: tuple[str, ...] = ()
 
     @functools.cached_property
@@ -57,10 +61,11 @@ class OpSpec:
         check_writes(self.name, self.signature, args, kwargs, self.mutates)
 
 
-def _spec(module, name=None, validate=None, reference=None, mutates=()) -> OpSpec:
+def _spec(module, name=None, validate=None, reference=None, results=None, mutates=()) -> OpSpec:
     name = name or module.NAME
     ref = reference or module.reference
-    return OpSpec(name, validate or module.validate, ref, (ref.__doc__ or "").strip().split("\n")[0], tuple(mutates))
+    return OpSpec(name, validate or module.validate, ref, (ref.__doc__ or "").strip().split("\n")[0],
+                  results or module.RESULTS, tuple(mutates))
 
 
 OPS: dict[str, OpSpec] = {
@@ -77,8 +82,8 @@ OPS: dict[str, OpSpec] = {
         _spec(indices_to_csr),
         _spec(sparse_mla),
         _spec(gather_replay_batch),
-        _spec(rows, "gather_rows", rows.validate_gather, rows.gather_rows),
-        _spec(rows, "scatter_rows", rows.validate_scatter, rows.scatter_rows),
+        _spec(rows, "gather_rows", rows.validate_gather, rows.gather_rows, rows.GATHER_RESULTS),
+        _spec(rows, "scatter_rows", rows.validate_scatter, rows.scatter_rows, rows.SCATTER_RESULTS),
         _spec(prepare_replay_step, mutates=("slot_mappings",)),
     )
 }

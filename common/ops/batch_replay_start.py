@@ -6,6 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION
 from ..validation import check_out, check_range, check_tensor
+from ._results import Results
 
 NAME = "batch_replay_start"
 
@@ -33,3 +34,6 @@ def reference(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.T
     R = R_per_request.index_select(0, idx_mapping.to(torch.int64)).to(INDEX_DTYPE)
     out.copy_(torch.where(is_prefilling, R, torch.zeros_like(R)))
     return out
+
+
+RESULTS = Results(("replay_start",), lambda a: {"replay_start": ((a["idx_mapping"].shape[0],), INDEX_DTYPE)}, out="tensor")

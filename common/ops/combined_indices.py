@@ -14,6 +14,7 @@ from ..validation import check_int, check_out, check_tensor, fail, value_checks_
 from ._batch import token_view
 from ._checks import check_batch, check_replay_not_above_prefix, check_window
 from .prefill_gather_lens import reference as _gather_lens
+from ._results import Results
 
 NAME = "combined_indices"
 WIDTH_MULTIPLE = 128  # FlashMLA's SM100 sparse kernels need topk % 128 == 0 (PLATFORMS.md)
@@ -97,3 +98,8 @@ def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, t
     out[0].copy_(indices)
     out[1].copy_(lens)
     return out
+
+
+RESULTS = Results(("indices", "lens"), lambda a: {
+    "indices": ((a["topk_indices"].shape[0], combined_width(a["top_k"], a["W"])), INDEX_DTYPE),
+    "lens": ((a["topk_indices"].shape[0],), INDEX_DTYPE)})

@@ -8,6 +8,7 @@ from ..types import PAD, SLOT_DTYPE
 from ..validation import check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
+from ._results import Results
 
 NAME = "compressed_slot_mapping"
 
@@ -51,3 +52,6 @@ def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, r
     slot = block * bs_c + cp % bs_c
     writes = view.valid & ((view.pos + 1) % ratio == 0) & (token_slots != PAD)
     return out.copy_(torch.where(writes, slot, torch.full_like(slot, PAD)))
+
+
+RESULTS = Results(("slots",), lambda a: {"slots": ((a["token_slots"].shape[0],), SLOT_DTYPE)}, out="tensor")

@@ -7,6 +7,7 @@ import torch
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
 from ._checks import check_batch, check_positions, check_replay_not_above_positions, check_slot_mappings, check_window
+from ._results import Results
 
 NAME = "gather_replay_batch"
 
@@ -119,3 +120,8 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
             out[key].copy_(value)
         result = out
     return ReplayBatch(num_rows=n, num_rows_padded=n_pad, **result)
+
+
+RESULTS = Results(("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"), lambda a: out_shapes(a["plan"], a["slot_mappings"].shape[0]), out="dict",
+                  pack=lambda t, a: ReplayBatch(num_rows=a["plan"].num_rows,
+                                                num_rows_padded=a["plan"].num_rows_padded, **t))

@@ -10,6 +10,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
+from ._results import Results
 
 NAME = "indices_to_csr"
 
@@ -50,3 +51,7 @@ def reference(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     out[0].copy_(indptr)
     out[1].copy_(values)
     return out
+
+
+RESULTS = Results(("indptr", "values"), lambda a: {"indptr": ((a["indices"].shape[0] + 1,), INDEX_DTYPE),
+                             "values": ((a["indices"].shape[0] * a["indices"].shape[1],), INDEX_DTYPE)})

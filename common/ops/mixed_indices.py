@@ -6,6 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import check_out, check_range, check_tensor, fail
+from ._results import Results
 
 NAME = "mixed_indices"
 TOPK_MULTIPLE = 4  # FlashInfer's DSv4 decode reads the top-k part in groups of 4
@@ -50,3 +51,9 @@ def reference(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple[torch.Te
     out[0].copy_(indices)
     out[1].copy_(lens)
     return out
+
+
+RESULTS = Results(("indices", "lens"), lambda a: {
+    "indices": ((a["swa_indices"].shape[0], mixed_width(a["swa_indices"].shape[1], a["topk_slots"].shape[1])),
+                INDEX_DTYPE),
+    "lens": ((a["swa_indices"].shape[0],), INDEX_DTYPE)})

@@ -8,6 +8,7 @@ from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
 from ..validation import check_range, check_tensor, fail, value_checks_enabled
 from ._batch import token_view
 from ._checks import check_batch, check_positions, check_replay_not_above_positions, check_slot_mappings, check_window
+from ._results import Results
 
 NAME = "pad_replayed_slots"
 
@@ -51,3 +52,7 @@ def reference(slot_mappings, cacheable_groups, query_start_loc, positions, repla
     head = slot_mappings[:, :T]
     head.masked_fill_(cacheable[:, None] & replayed[None, :], PAD)
     return slot_mappings
+
+
+# in place on slot_mappings (OpSpec.mutates); no result tensor of its own
+RESULTS = Results((), lambda a: {}, out=None, pack=lambda tensors, a: a["slot_mappings"])

@@ -6,6 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
+from ._results import Results
 
 NAME = "plain_indices"
 
@@ -68,3 +69,11 @@ def reference(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_of
     out[0].copy_(indices)
     out[1].copy_(lens)
     return out
+
+
+def _width(a) -> int:
+    return a["swa_indices"].shape[1] + (0 if a.get("topk_slots") is None else a["topk_slots"].shape[1])
+
+
+RESULTS = Results(("indices", "lens"), lambda a: {"indices": ((a["swa_indices"].shape[0], _width(a)), INDEX_DTYPE),
+                             "lens": ((a["swa_indices"].shape[0],), INDEX_DTYPE)})

@@ -7,6 +7,7 @@ import torch
 from ..types import INDEX_DTYPE
 from ..validation import check_out, check_tensor
 from ._checks import check_batch, check_replay_not_above_prefix, check_window
+from ._results import Results
 
 NAME = "prefill_gather_lens"
 
@@ -31,3 +32,6 @@ def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.
     if out is None:
         return lens
     return out.copy_(lens)
+
+
+RESULTS = Results(("gather_lens",), lambda a: {"gather_lens": ((a["query_start_loc"].shape[0] - 1,), INDEX_DTYPE)}, out="tensor")

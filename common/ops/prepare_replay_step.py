@@ -18,6 +18,7 @@ import torch
 from ..types import INDEX_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_tensor, fail, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, swa_indices_and_lens
+from ._results import Results
 
 NAME = "prepare_replay_step"
 
@@ -136,3 +137,25 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         batch = gather_replay_batch.reference(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
                                               out=o.get("replay_batch"))
     return PreparedStep(R, slot_mappings, idx, lens, batch)
+
+
+def _result_shapes(a) -> dict:
+    shapes = out_shapes(a["idx_mapping"].shape[0], a["positions"].shape[0],
+                        a["W"] if a.get("index_width") is None else a["index_width"], a.get("plan"),
+                        a["slot_mappings"].shape[0])
+    batch = shapes.pop("replay_batch", {})
+    return shapes | {f"replay_batch.{k}": v for k, v in batch.items()}
+
+
+def _pack(t: dict, a) -> PreparedStep:
+    plan = a.get("plan")
+    batch = None
+    if plan is not None:
+        batch = ReplayBatch(num_rows=plan.num_rows, num_rows_padded=plan.num_rows_padded,
+                            **{k.split(".", 1)[1]: v for k, v in t.items() if k.startswith("replay_batch.")})
+    return PreparedStep(t["replay_start"], a["slot_mappings"], t["swa_indices"], t["swa_lens"], batch)
+
+
+RESULTS = Results(("replay_start", "swa_indices", "swa_lens"), _result_shapes, out="dict", pack=_pack,
+                  plan_names=tuple(f"replay_batch.{f}" for f in ("rows", "query_start_loc", "positions",
+                                                                 "slot_mappings", "kv_start")))

@@ -6,6 +6,7 @@ import torch
 
 from ..types import SLOT_DTYPE
 from ..validation import check_int, check_out, check_range, check_tensor, fail
+from ._results import Results
 
 GATHER = "gather_rows"
 SCATTER = "scatter_rows"
@@ -45,3 +46,7 @@ def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
     else:
         out.zero_()
     return out.index_copy_(0, rows, y)
+
+
+GATHER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["rows"].shape[0], *a["x"].shape[1:]), a["x"].dtype)}, out="tensor")
+SCATTER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["num_rows"], *a["y"].shape[1:]), a["y"].dtype)}, out="tensor")

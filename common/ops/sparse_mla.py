@@ -12,6 +12,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import check_finite, check_int, check_range, check_tensor, fail
+from ._results import Results
 
 NAME = "sparse_mla"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -80,3 +81,7 @@ def reference(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.
         out[s:e] = torch.einsum("thk,tkd->thd", p, rows[..., :d_v]).to(q.dtype)
         lse[s:e] = l
     return out, lse
+
+
+RESULTS = Results(("out", "lse"), lambda a: {"out": ((*a["q"].shape[:2], a["d_v"]), a["q"].dtype),
+                             "lse": (tuple(a["q"].shape[:2]), torch.float32)}, out=None)

@@ -14,6 +14,7 @@ from ._checks import (
     check_replay_not_above_prefix,
     check_window,
 )
+from ._results import Results
 
 NAME = "swa_indices_and_lens"
 
@@ -76,3 +77,15 @@ def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_star
     out[0].copy_(indices)
     out[1].copy_(lens)
     return out
+
+
+def _tokens(a) -> int | None:
+    """T from the metadata: num_tokens, else len(valid), else unknown (query_start_loc[-1])."""
+    if a.get("num_tokens") is not None:
+        return a["num_tokens"]
+    return a["valid"].shape[0] if a.get("valid") is not None else None
+
+
+RESULTS = Results(("indices", "lens"), lambda a: {
+    "indices": ((_tokens(a), a["W"] if a.get("index_width") is None else a["index_width"]), INDEX_DTYPE),
+    "lens": ((_tokens(a),), INDEX_DTYPE)})
