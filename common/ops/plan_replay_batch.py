@@ -77,13 +77,11 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
         fits = [s for s in pad_to if s >= n]
         n_pad = min(fits) if fits else n
     return ReplayPlan(
-        kept=torch.from_numpy(kept.astype(np.int32)),
+        kept=torch.from_numpy(kept.astype(np.int32)).to(INDEX_DTYPE),
         trimmed=torch.from_numpy(trimmed),
-        dropped_before=torch.from_numpy(dropped_before.astype(np.int32)),
+        dropped_before=torch.from_numpy(dropped_before.astype(np.int32)).to(INDEX_DTYPE),
         num_rows=n,
         num_rows_padded=n_pad,
         window=W,
     )
 
-
-assert INDEX_DTYPE == torch.int32  # the plan's tensors are int32 like query_start_loc
