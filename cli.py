@@ -29,25 +29,48 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _known_devices() -> str:
+    from .common.device import KNOWN_ARCHS, device_spec
+
+    return ", ".join(device_spec(p, a) for p, archs in KNOWN_ARCHS.items() for a in archs)
+
+
+def _matrix_rows() -> str:
+    from .dispatch import load_matrix
+
+    return ", ".join(load_matrix().rows)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="swa-backends", description="Kernels for DeepSeek-V4.1 SWA bounded replay: what runs here.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = _Parser(add_help=False)
-    common.add_argument("--device", default=None, help="cpu, cuda:0, npu:0, or a fake platform:arch such as rocm:gfx942")
+    common.add_argument("--device", default=None,
+                        help="a device here (cpu, cuda:0, npu:0; default: this process's accelerator, else cpu) or a "
+                             f"fake one by its kind: {_known_devices()}")
     common.add_argument("--prefer", default=None, help="force a variant by name for every op that has it (e.g. triton)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    info = sub.add_parser("info", parents=[common], help="device, replay decision with reasons, variant per op")
+    info = sub.add_parser(
+        "info", parents=[common], help="device, replay decision with reasons, variant per op",
+        description="What the pack picks for a device and a serving configuration: whether encoder and decoder "
+                    "replay are on (with every reason), and which variant runs each op (per-call chains in order).")
     info.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                       help="a ServingConfig field (pcp=4, graph_mode=none, lora=true, ...); repeatable")
     info.add_argument("--all", action="store_true", help="every variant of every op with its reasons")
     info.add_argument("--emulate", action="store_true",
                       help="install the platform's vendor contract doubles: show what a deployment with the vendor "
                            "packages would pick (emulated, not measured)")
-    check = sub.add_parser("check", parents=[common], help="run every op here against the reference on random batches")
+    check = sub.add_parser(
+        "check", parents=[common], help="run every op here against the reference on random batches",
+        description="Run every op of the selected backend on a device present here against the CPU torch reference, "
+                    "on random serving-like batches, and report pass/fail per op (exit 1 on a failure).")
     check.add_argument("--cases", type=int, default=20, help="random cases per op (default 20)")
     check.add_argument("--seed", type=int, default=0)
-    matrix = sub.add_parser("matrix", help="conformance of every variant of every matrix.yaml row: real device or emulated")
-    matrix.add_argument("--rows", default=None, help="comma-separated row ids (default: every row)")
+    matrix = sub.add_parser(
+        "matrix", help="conformance of every variant of every matrix.yaml row: real device or emulated",
+        description="The conformance suite for every row of the capability matrix: on this machine's device where it "
+                    "is one, emulated elsewhere (Triton's interpreter, contract doubles of the vendor packages).")
+    matrix.add_argument("--rows", default=None, help=f"comma-separated rows (default: every row): {_matrix_rows()}")
     matrix.add_argument("--ops", default=None, help="comma-separated op names (default: every op)")
     matrix.add_argument("--cases", type=int, default=3, help="random cases per op and variant (default 3)")
     matrix.add_argument("--seed", type=int, default=0)
@@ -64,17 +87,53 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _side(name: str, d) -> list[str]:
-    lines = [f"{name}: {'ON' if d.enabled else 'OFF'}"]
+class _Style:
+    """ANSI colour on a terminal (unless NO_COLOR is set), nothing when piped."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+    def on_off(self, enabled: bool) -> str:
+        return self("ON", "1;32") if enabled else self("OFF", "1;31")
+
+
+def _colour_default() -> bool:
+    import os
+
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _side(name: str, d, style: _Style) -> list[str]:
+    lines = [f"{name}: {style.on_off(d.enabled)}"]
     lines += [f"    - {r}" for r in (d.reasons if not d.enabled else d.notes)]
     return lines
+
+
+def _table(rows: list[tuple[str, ...]], style: _Style) -> list[str]:
+    """Aligned columns (widths from the plain text; colour codes added after padding)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, r in enumerate(rows):
+        cells = [x.ljust(w) for x, w in zip(r, widths)]
+        if n == 0:
+            cells = [style(c, "1") for c in cells]
+        else:
+            status = {"hardware": "32", "emulated": "33", "not-run": "2"}.get(r[2].strip())
+            if status:
+                cells[2] = style(cells[2], status)
+        out.append("  ".join(cells).rstrip())
+    return out
 
 
 EMULATED_NOTE = ("vendor packages replaced by contract doubles (swa_backends.testing.emulation.{platform}), their probes "
                  "forced available: what a deployment with them would pick, not a measurement")
 
 
-def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = False) -> str:
+def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = False, colour: bool = False) -> str:
+    style = _Style(colour)
     caps = e.capabilities
     lines = [f"device:        {e.device}", f"matrix row:    {caps.row or '(none)'}"]
     if emulated:
@@ -83,7 +142,7 @@ def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = F
         lines.append(f"fallback:      {caps.fallback}")
     for problem in e.device.problems:
         lines.append(f"device note:   {problem}")
-    lines += _side("encoder replay", caps.encoder_replay) + _side("decoder replay", caps.decoder_replay)
+    lines += _side("encoder replay", caps.encoder_replay, style) + _side("decoder replay", caps.decoder_replay, style)
     lines.append("")
     rows = [("op", "variant", "verified", "graph-safe", "layout")]
     by = {(c.op, c.variant): c for c in e.table}
@@ -92,15 +151,14 @@ def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = F
             c = by[(op, name)]
             label = name if len(names) == 1 else f"{name} ({'per-call' if i < len(names) - 1 else 'else'})"
             rows.append((op if i == 0 else "", label, c.verified or "-", "yes" if c.graph_safe else "no", c.index_layout or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    lines += _table(rows, style)
     if full:
         lines.append("")
         lines.append("every variant:")
         for c in e.table:
             why = "; ".join(c.reasons) if c.reasons else "ok"
-            lines.append(f"  {c.op:<24} {c.variant:<18} {c.status:<9} {why}")
+            status = style(f"{c.status:<9}", {"chosen": "32", "per-call": "36", "rejected": "2"}.get(c.status, "0"))
+            lines.append(f"  {c.op:<24} {c.variant:<18} {status} {why}")
     return "\n".join(lines)
 
 
@@ -129,7 +187,7 @@ def _info(args) -> int:
             data["emulated_note"] = EMULATED_NOTE.format(platform=info.platform)
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(format_explanation(e, full=args.all, emulated=args.emulate))
+        print(format_explanation(e, full=args.all, emulated=args.emulate, colour=_colour_default()))
     return 0
 
 

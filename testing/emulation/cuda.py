@@ -223,8 +223,11 @@ def contract_doubles(device=None) -> Iterator[None]:
     saved = _emulated
     _emulated = EmulatedDevice("cuda", device)
     try:
+        # Triton (and its Gluon dialect) as a CUDA deployment has them: the emulated chain must not
+        # depend on what this machine happens to have installed
         with installed_modules(_modules()), probe_overrides(
-                {"vllm_flashmla": None, "flashinfer_dsv4": None, "flashinfer_dsv4_sm12x": None}):
+                {"vllm_flashmla": None, "flashinfer_dsv4": None, "flashinfer_dsv4_sm12x": None, "triton": None,
+                 "gluon": None, "gluon_ws": None}):
             yield
     finally:
         _emulated = saved

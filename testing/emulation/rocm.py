@@ -118,7 +118,7 @@ def contract_doubles(device=None) -> Iterator[None]:
     saved = _emulated
     _emulated = EmulatedDevice("rocm", device)
     try:
-        with installed_modules(_modules()), probe_overrides({"amd_aiter_opus": None}):
+        with installed_modules(_modules()), probe_overrides({"amd_aiter_opus": None, "triton": None}):
             yield
     finally:
         _emulated = saved
