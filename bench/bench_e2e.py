@@ -1,6 +1,6 @@
 """End-to-end: the DeepSeek-V4.1-shaped example stack with both replay sides, through the pack.
 
-One command (the H200 run; about 3-5 minutes):
+One command (about 1 minute on one H200, torch 2.11, Triton 3.6):
 
     python bench/bench_e2e.py --out OUT
 
@@ -20,6 +20,10 @@ writes ``OUT/bench_e2e.json`` (raw per-step times and every summary), ``OUT/benc
 Sizes that do not fit in memory are dropped (and listed). ``--plot-from OUT/bench_e2e.json``
 redraws the PNG elsewhere (matplotlib may be missing on the GPU host).
 CPU check of the script itself: ``python bench/bench_e2e.py --out /tmp/e2e --device cpu --config small``.
+
+Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on the GPU machine) and the
+example stack through it (``swa_backends.examples.dsv41_stack``: examples/ is not in the wheel, so
+this needs the editable install or the checkout on ``PYTHONPATH`` as ``swa_backends``).
 """
 
 from __future__ import annotations
@@ -31,15 +35,11 @@ import platform
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from examples.dsv41_stack import Engine, Stack, StackConfig, sb  # noqa: E402
-from examples.dsv41_stack.probe import ReadRecorder, drift_trial, summarize  # noqa: E402
+import numpy as np
+import swa_backends as sb
+import torch
+from swa_backends.examples.dsv41_stack import Engine, Stack, StackConfig
+from swa_backends.examples.dsv41_stack.probe import ReadRecorder, drift_trial, summarize
 
 # Upstream, decoder replay on / off, TTFT of one request in ms (GB200, V4.1-Flash), from the PR text.
 UPSTREAM = {

@@ -1,34 +1,56 @@
 #!/usr/bin/env python
-"""One-run H200 benchmark of the Triton sparse-MLA kernel (issue 4).
+"""Sparse-MLA benchmark: every kernel variant against the torch-native baseline, one process, one GPU.
 
-    . bench/gpu_env.sh && python3 bench/bench_sparse_mla.py --out $OUT    # ~2-5 minutes on one H200
+    . bench/gpu_env.sh && python3 bench/bench_sparse_mla.py --out $OUT                   # the table
+    . bench/gpu_env.sh && python3 bench/bench_sparse_mla.py --out $OUT --sweep --decode  # + tl sweep, decode
+    python bench/bench_sparse_mla.py --out /tmp/smla --smoke                             # CPU: plumbing only
 
-Does, in this order, in one process, each measurement in its own try (a config that does
-not compile or fit is a recorded result, never the end of the run):
+(On one H200, torch 2.11, Triton 3.6, 2026-12-01: under a minute with ``--sweep --decode``, compiles included.)
 
-1. the torch-native baseline (gather + two batched matmuls, fp32 softmax) at T 4K / 16K x
-   H 64 / 128 x K 640 / 1152, random valid indices into a 1M-row cache, first and alone,
-   so nothing Triton does can lose it;
-2. per swept config (``kernels.sparse_mla.SWEEP``): what Triton compiled (registers,
-   spills, shared memory), correctness against the torch reference at the real shapes
-   (D_qk = d_v = 512, PAD inside and past the length, sink), time at T 16K, K 640, H 64 / 128;
-3. the TFLOP/s table, 2*T*H*K*(D_qk + d_v) / time, over the same cells as 1 for the swept
-   best config and the shipped default, with a correctness spot check of each cell;
-4. decode (T 1 / 32 / 256): latency per call (CUDA-graph replay and eager) and the
-   bandwidth achieved over the KV bytes read, for split-K settings and decode tile sizes;
-5. raw JSON to ``--out`` (a directory gets ``bench_sparse_mla.json``), the short table last
-   with a suggested ``TUNED`` row per head count. ``--budget`` (default 300 s) bounds the
-   run: the sweep stops at 45% of it, the table at 75%, decode at 92%.
+What it runs, in this order, each measurement in its own ``try`` (a kernel that does not compile,
+does not fit or is wrong is a recorded result, never the end of the run):
 
-Run from the repository root with or without the package installed: the script loads
-the package from this checkout. ``--config name=value,...`` (repeatable) replaces the
-sweep list; ``SWA_SPARSE_MLA_CONFIG`` overrides the shipped default. Without a GPU it runs
-a tiny smoke version through Triton's interpreter (plumbing only, no numbers).
+1. **torch**: the torch-native baseline (gather the rows, two batched matmuls, fp32 softmax with
+   the sink), first and alone, at every cell of the table: T 4K / 16K x H 64 / 128 x K 640 / 1152,
+   random valid indices into a 1M-row latent cache (1 GiB of bf16: mostly missing L2), sink on,
+   ``D_qk = d_v = 512``.
+2. **correctness**, per kernel and head count, against the fp32 torch reference on PAD patterns
+   (PAD inside the length, short, empty and all-PAD rows, whole PAD tiles) with a sink: a kernel
+   that is wrong here is not timed. Each timed cell also spot-checks its first tokens.
+3. **the table**: per cell, the time of
+   ``triton`` (the portable tl kernel, ``kernels/sparse_mla.py``, with its table config
+   ``TUNED``), ``gluon`` (the one-item Hopper Gluon kernel), ``gluon_ws`` (the persistent
+   warp-specialised Gluon kernel) and ``default`` (``swa_backends.select(device).sparse_mla``,
+   validation off: whatever dispatch picks for the call, named in the row). A kernel whose
+   declaration or per-call check rules out the device or the call is listed with the reason.
+   TFLOP/s = 2*T*H*K*(D_qk + d_v) / time, and each kernel's ratio to torch of the same run.
+   On a GPU the registers, spills and shared memory of every compiled kernel are recorded.
+4. ``--sweep``: the tl kernel over launch configs (:data:`SWEEP`, or ``--config``) at T 16K /
+   K 640 / H 64 and 128: correctness, what Triton compiled, time; best per head count and a
+   suggested ``TUNED`` row.
+5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640): latency per call in a CUDA graph,
+   bandwidth over the KV bytes read, for the tl kernel's split-K settings, the default path and
+   torch.
+
+Raw JSON goes to ``--out`` (a directory gets ``bench_sparse_mla.json``); the tables print last.
+``--budget`` (seconds, default 300) bounds the run: the table stops at 60% of it, the sweep at
+85%, decode at 95%; what was skipped is recorded. Exit status 1 when a check failed or anything
+raised.
+
+``--smoke``: small sizes, every section (table, a 3-config sweep, decode). On a CPU-only machine
+it runs under Triton's interpreter (the script sets ``TRITON_INTERPRET=1`` before Triton is
+imported unless it is already set): only the torch baseline, the tl kernel and the CPU default
+(the reference) run there, Gluon kernels do not run in the interpreter, and the numbers check the
+script, not the kernels' speed. On a GPU ``--smoke`` runs D 512 at a few hundred tokens, compiled,
+Gluon included (~1 minute, mostly compiles).
+
+Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on the GPU machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -41,40 +63,82 @@ import time
 import traceback
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ("torch", "triton", "gluon", "gluon_ws", "default")
 
+# Triton fixes compiled or interpreted when it decorates a kernel: decide before anything imports it.
+if "--smoke" in sys.argv[1:] and not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-from _pack import load_pack as _load_pack  # noqa: E402  (one loader for every bench script)
-
-
-import torch  # noqa: E402
-
-PACK = _load_pack()
-from swa_backends.testing.conformance import mismatch  # noqa: E402
-from swa_backends.common.device import current_device  # noqa: E402
+import swa_backends  # noqa: E402
+from swa_backends.common.device import resolve_device  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
-from swa_backends.kernels import interpreter  # noqa: E402
-
+from swa_backends.common.registry import Variant  # noqa: E402
+from swa_backends.dispatch import variant as declared_variant  # noqa: E402
+from swa_backends.testing.conformance import mismatch  # noqa: E402
 
 REF = OPS["sparse_mla"].reference
-D = DV = 512
-S_CACHE = 1 << 20  # rows of the latent cache: 1M x 512 bf16 = 1 GiB, mostly missing L2
 
 # What one run measures. "tiny" walks the same code on a CPU through the interpreter
-# (tests/test_bench_sparse_mla.py), so a GPU run never meets an untried line.
+# (tests/test_bench_sparse_mla.py), so a GPU run never meets an untried line; "gpu-smoke" is the
+# same on a GPU at D 512 with enough tokens (>= 132 (token, 64-head) programs) for the Gluon kernels.
 PLANS = {
-    "h200": dict(D=512, S=S_CACHE, sweep=[(16384, 64, 640), (16384, 128, 640)], check_T=512, check_K=1152,
-                 spot=128, table_H=(64, 128), table_T=(4096, 16384), table_K=(640, 1152),
-                 decode_H=(64, 128), decode_T=(1, 32, 256), decode_K=640, decode_splits=("auto", 1, 2, 4, 10),
-                 decode_configs=(dict(block_n=32), dict(block_n=32, split_s=True, num_stages=5)), reps=5),
-    "tiny": dict(D=32, S=3000, sweep=[(3, 16, 40), (3, 32, 40)], check_T=9, check_K=70, spot=4,
-                 table_H=(16,), table_T=(3,), table_K=(40, 70), decode_H=(16,), decode_T=(1, 3), decode_K=40,
-                 decode_splits=("auto", 1, 3), decode_configs=(dict(block_n=16, split_s=True),), reps=1),
+    "h200": dict(D=512, S=1 << 20, table_H=(64, 128), table_T=(4096, 16384), table_K=(640, 1152),
+                 quick_T=(16384,), quick_K=(640,), sweep=[(16384, 64, 640), (16384, 128, 640)], check_T=512,
+                 check_K=1152, spot=128, decode_H=(64, 128), decode_T=(1, 32, 256), decode_K=640,
+                 decode_splits=("auto", 1, 2, 4, 10), reps=5, torch_reps=2),
+    "gpu-smoke": dict(D=512, S=1 << 16, table_H=(64,), table_T=(256,), table_K=(128, 320), quick_T=(256,),
+                      quick_K=(128,), sweep=[(256, 64, 128)], check_T=256, check_K=320, spot=16, decode_H=(64,),
+                      decode_T=(1, 8), decode_K=128, decode_splits=("auto", 1, 2), reps=2, torch_reps=1),
+    "tiny": dict(D=32, S=3000, table_H=(16,), table_T=(3,), table_K=(40, 70), quick_T=(3,), quick_K=(40,),
+                 sweep=[(3, 16, 40)], check_T=9, check_K=70, spot=4, decode_H=(16,), decode_T=(1, 3), decode_K=40,
+                 decode_splits=("auto", 1, 3), reps=1, torch_reps=1),
 }
+
+# The tl kernel's launch configs swept by --sweep (kernels/sparse_mla.py:Config fields). Two levers,
+# since 64 heads x 512 fp32 accumulators fill half the register file and Q + the KV tiles the shared
+# memory of one program per SM:
+# * split_s (suffix x): S computed once per tile, split across the two warpgroups (Q K^T HGMMAs of a
+#   64-row tile 64 -> 32 per warpgroup);
+# * look-ahead: Triton 3.6 issues a tile's gather after the previous tile's math, so only with >= 3
+#   KV buffers (block_n 32 at 5 / 7 stages) is a gather in flight while a tile computes.
+# Measured on one H200 (torch 2.11, Triton 3.6.0, 2026-11-29), T 16K / K 640, TFLOP/s at H 64 / H 128:
+SWEEP: tuple[str, ...] = (
+    "block_h=64,block_n=64,num_warps=8,num_stages=2",              # 201 / 213
+    "block_h=64,block_n=64,num_warps=8,num_stages=3",              # 203 / 214: the index tile one step ahead
+    "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1",    # 232 / 248: the table config (TUNED)
+    "block_h=64,block_n=64,num_warps=8,num_stages=3,split_s=1",    # 228 / 241
+    "block_h=64,block_n=32,num_warps=8,num_stages=3",              # 151 / 157: no look-ahead
+    "block_h=64,block_n=32,num_warps=8,num_stages=5",              # 161 / 167: 3 KV buffers, 2 tiles ahead
+    "block_h=64,block_n=32,num_warps=8,num_stages=7",              # 158 / 159: 4 KV buffers, 3 tiles ahead
+    "block_h=64,block_n=32,num_warps=8,num_stages=5,split_s=1",    # 195 / 197
+    "block_h=64,block_n=32,num_warps=8,num_stages=7,split_s=1",    # 185 / 191
+    "block_h=64,block_n=16,num_warps=4,num_stages=3,dv_split=2",   # 134 / 140: two programs per SM
+)
+
+
+def parse_config(text: str, base):
+    """``"block_n=32,num_warps=8,split_s=1"`` -> a tl ``Config`` (unnamed fields from ``base``)."""
+    fields = {f.name for f in dataclasses.fields(base)}
+    kw: dict = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or name not in fields:
+            raise SystemExit(f"--config {text!r}: expected comma-separated name=value with names in {sorted(fields)}")
+        if name in ("skip_empty", "split_s"):
+            kw[name] = value.lower() in ("1", "true", "yes", "on")
+        elif name == "splits" and value.lower() in ("none", "auto", ""):
+            kw[name] = None
+        else:
+            kw[name] = int(value)
+    return dataclasses.replace(base, **kw)
 
 
 # ---------------------------------------------------------------------------------------
-# helpers
+# measuring
 # ---------------------------------------------------------------------------------------
 
 
@@ -82,7 +146,7 @@ def log(*a):
     print(*a, flush=True)
 
 
-def tflops(T, H, K, ms):
+def tflops(T, H, K, D, DV, ms):
     return 2.0 * T * H * K * (D + DV) / (ms * 1e-3) / 1e12
 
 
@@ -91,8 +155,8 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def timed(fn, reps=3, warmup=1):
-    """Median milliseconds of ``fn()`` (CUDA events; wall clock off-GPU)."""
+def timed(fn, reps=3, warmup=1) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events around each call; wall clock off-GPU)."""
     for _ in range(warmup):
         fn()
     _sync()
@@ -112,7 +176,7 @@ def timed(fn, reps=3, warmup=1):
     return statistics.median(times)
 
 
-def graph_us(fn, calls=20, reps=5):
+def graph_us(fn, calls=20, reps=5) -> float:
     """Microseconds per call replaying a CUDA graph of ``calls`` back-to-back calls
     (off-GPU: eager wall clock)."""
     if not torch.cuda.is_available():
@@ -142,7 +206,7 @@ def graph_us(fn, calls=20, reps=5):
     return statistics.median(times)
 
 
-def eager_us(fn, calls=50):
+def eager_us(fn, calls=50) -> float:
     fn()
     _sync()
     t0 = time.perf_counter()
@@ -176,16 +240,14 @@ def torch_baseline(q, kv, indices, lens, sm_scale, d_v, sink=None, max_bytes=2 <
     return out, lse
 
 
-def make_inputs(T, H, K, *, pads=False, sink=False, seed=0, dev="cuda", dtype=torch.bfloat16, S=S_CACHE, kv=None):
-    """Random q (never zeros), a cache (or ``kv``), random valid indices; ``pads`` adds
-    PAD inside the length, all-PAD rows, short and empty rows and whole PAD tiles."""
+def make_inputs(T, H, K, D, *, kv, pads=False, seed=0, dev="cuda", dtype=torch.bfloat16):
+    """Random q (never zeros), random valid indices into ``kv``, a sink; ``pads`` adds PAD
+    inside the length, all-PAD rows, short and empty rows and whole PAD tiles."""
     g = torch.Generator(device=dev).manual_seed(seed)
     q = torch.randn(T, H, D, generator=g, device=dev, dtype=torch.float32).to(dtype)
-    if kv is None:
-        kv = torch.randn(S, D, generator=g, device=dev, dtype=torch.float32).to(dtype)
     idx = torch.randint(0, kv.shape[0], (T, K), generator=g, device=dev, dtype=torch.int32)
     lens = torch.full((T,), K, dtype=torch.int32, device=dev)
-    if pads:  # PAD inside the length, all-PAD rows, short rows, empty rows
+    if pads:
         hole = torch.rand(T, K, generator=g, device=dev) < 0.2
         idx = torch.where(hole, torch.full_like(idx, -1), idx)
         lens = torch.randint(0, K + 1, (T,), generator=g, device=dev, dtype=torch.int32)
@@ -193,19 +255,152 @@ def make_inputs(T, H, K, *, pads=False, sink=False, seed=0, dev="cuda", dtype=to
         lens[3::11] = 0
         idx[5::13] = -1
         idx[6::17, 16:48] = -1  # whole tiles of PAD inside the length
-    s = torch.randn(H, generator=g, device=dev) if sink else None
-    return q, kv, idx, lens, s
+    sink = torch.randn(H, generator=g, device=dev)
+    return q, idx, lens, sink
 
 
-def check(fn_out, q, kv, idx, lens, sink, n=None):
-    """mismatch() of the first ``n`` tokens against the fp32 torch reference."""
+def check(got, q, kv, idx, lens, scale, d_v, sink, n=None) -> tuple[str | None, float]:
+    """(mismatch() of the first ``n`` tokens against the fp32 torch reference, relative error)."""
     n = q.shape[0] if n is None else min(n, q.shape[0])
-    want = REF(q[:n], kv, idx[:n], lens[:n], 1.0 / math.sqrt(D), DV, **({"sink": sink} if sink is not None else {}))
-    got = (fn_out[0][:n], fn_out[1][:n])
-    why = mismatch("sparse_mla", got, want)
-    o, w = got[0].float(), want[0].float()
+    want = REF(q[:n], kv, idx[:n], lens[:n], scale, d_v, sink=sink)
+    out = (got[0][:n], got[1][:n])
+    why = mismatch("sparse_mla", out, want)
+    o, w = out[0].float(), want[0].float()
     rel = float((o - w).norm() / w.norm().clamp_min(1e-6))
     return why, rel
+
+
+# ---------------------------------------------------------------------------------------
+# what Triton compiled (GPU): registers, spills, shared memory
+# ---------------------------------------------------------------------------------------
+
+
+def _compiled_objects(jit_fns) -> dict[int, object]:
+    """Every compiled kernel Triton holds for these ``triton.jit`` / ``gluon.jit`` functions
+    (``JITFunction.device_caches``: per device, the kernel cache first)."""
+    found = {}
+    for fn in jit_fns:
+        for entry in (getattr(fn, "device_caches", None) or {}).values():
+            cache = entry[0] if isinstance(entry, tuple) else entry
+            for ck in getattr(cache, "values", lambda: ())():
+                found[id(ck)] = ck
+    return found
+
+
+def describe_compiled(ck) -> dict:
+    """Registers, spills, shared memory and launch shape of one compiled kernel."""
+    if hasattr(ck, "result"):  # a future (asynchronous compile)
+        ck = ck.result()
+    try:
+        ck._init_handles()  # loads the binary: n_regs / n_spills come from the driver
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    md = ck.metadata
+    return dict(name=getattr(md, "name", getattr(ck, "name", None)), n_regs=getattr(ck, "n_regs", None),
+                n_spills=getattr(ck, "n_spills", None), shared=getattr(md, "shared", None),
+                num_warps=getattr(md, "num_warps", None), num_stages=getattr(md, "num_stages", None))
+
+
+def tl_compiled(K, cfg, q, kv, idx, lens, scale, d_v, sink) -> list[dict]:
+    """What Triton made of the tl kernel's ``cfg`` for these inputs (compiles, or takes from
+    Triton's cache, and launches nothing): the forward kernel (and the combine kernel when the
+    call splits). Uses the kernel module's own launcher (``resolve``, ``_run(warmup=True)``)."""
+    T, H, D = q.shape
+    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    r = K.resolve(cfg, T, H, D, d_v, idx.shape[1], q.device)
+    return [describe_compiled(k) for k in K._run(q, kv, idx, lens, scale, d_v, sink, out, lse, r, warmup=True)]
+
+
+class CompiledTracker:
+    """What a kernel compiled between :meth:`mark` and :meth:`new` (GPU only; the interpreter
+    compiles nothing)."""
+
+    def __init__(self, jit_fns):
+        self.fns = [f for f in jit_fns if f is not None]
+        self._before: set = set()
+
+    def mark(self):
+        self._before = set(_compiled_objects(self.fns))
+
+    def new(self) -> list[dict]:
+        return [describe_compiled(ck) for k, ck in _compiled_objects(self.fns).items() if k not in self._before]
+
+
+# ---------------------------------------------------------------------------------------
+# the kernels
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One column of the table: ``call(q, kv, idx, lens, scale, d_v, sink) -> (out, lse)``;
+    ``why_not`` says why it does not run here at all; ``per_call`` gives the reasons it
+    would not take one call (None: it takes every call)."""
+
+    name: str
+    call: object = None
+    why_not: str | None = None
+    per_call: object = None
+    jit_fns: tuple = ()
+    label: object = None  # call args -> a label for the row (config, dispatched variant)
+    backend: object = None  # "default": the Backend of select(device)
+
+
+def build_kernels(device_info, tdev, wanted) -> dict[str, Kernel]:
+    from swa_backends.kernels import sparse_mla as tl_mod
+
+    out: dict[str, Kernel] = {}
+    if "torch" in wanted:
+        out["torch"] = Kernel("torch", call=lambda q, kv, i, l, s, dv, sink: torch_baseline(q, kv, i, l, s, dv, sink),
+                              label=lambda *a: "gather + 2 bmm")
+    if "triton" in wanted:
+        v: Variant = declared_variant("sparse_mla", "triton")
+        why = v.not_supported_reasons(device_info)
+
+        def tl_cfg(q, kv, idx, *_):
+            T, H, D = q.shape
+            return tl_mod.pick_config(T, H, D, D, idx.shape[1], tdev)
+
+        out["triton"] = Kernel(
+            "triton", why_not="; ".join(why) or None,
+            call=lambda q, kv, i, l, s, dv, sink: tl_mod.launch(q, kv, i, l, s, dv, sink, config=tl_cfg(q, kv, i)),
+            jit_fns=(getattr(tl_mod, "_sparse_mla_fwd", None), getattr(tl_mod, "_sparse_mla_combine", None)),
+            label=lambda *a: "table " + tl_cfg(*a).short())
+    for name, module, fn in (("gluon", "sparse_mla_gluon", "_sparse_mla_gluon_fwd"),
+                             ("gluon_ws", "sparse_mla_gluon_ws", "_sparse_mla_gluon_ws_fwd")):
+        if name not in wanted:
+            continue
+        v = declared_variant("sparse_mla", name)
+        if INTERPRET:
+            out[name] = Kernel(name, why_not="TRITON_INTERPRET=1: Gluon kernels do not run in Triton's interpreter")
+            continue
+        why = v.not_supported_reasons(device_info)
+        if why:
+            out[name] = Kernel(name, why_not="; ".join(why))
+            continue
+        try:
+            impl = v.load()
+            mod = sys.modules[f"swa_backends.kernels.{module}"]
+        except Exception as exc:
+            out[name] = Kernel(name, why_not=f"import failed: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        out[name] = Kernel(name, call=lambda q, kv, i, l, s, dv, sink, impl=impl: impl(q, kv, i, l, s, dv, sink=sink),
+                           per_call=lambda q, kv, i, l, s, dv, sink, v=v: v.input_reasons((q, kv, i, l, s, dv),
+                                                                                        {"sink": sink}),
+                           jit_fns=(getattr(mod, fn, None),), label=lambda *a, name=name: name)
+    if "default" in wanted:
+        backend = swa_backends.select(device_info)
+        out["default"] = Kernel(
+            "default", call=lambda q, kv, i, l, s, dv, sink: backend.sparse_mla(q, kv, i, l, s, dv, sink=sink),
+            label=lambda q, kv, i, l, s, dv, sink: backend.variant_for("sparse_mla", q, kv, i, l, s, dv, sink=sink),
+            backend=backend)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------
 
 
 def file_sha(path: Path) -> str:
@@ -226,68 +421,86 @@ def git_commit() -> str:
         return "unknown"
 
 
-# ---------------------------------------------------------------------------------------
-# main
-# ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="See the module docstring (and bench/README.md) for what each section measures.")
+    ap.add_argument("--out", required=True, help="directory (gets bench_sparse_mla.json) or a .json path")
+    ap.add_argument("--kernels", default=",".join(KERNELS),
+                    help=f"comma-separated columns of the table, from {','.join(KERNELS)} (default: all)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the table at T 16K / K 640 only (both head counts); --sweep: its first 4 configs")
+    ap.add_argument("--sweep", action="store_true", help="also sweep the tl kernel's launch configs (SWEEP)")
+    ap.add_argument("--config", action="append", default=None, metavar="NAME=VALUE,...",
+                    help="with --sweep: a tl Config to sweep instead of SWEEP (repeatable), e.g. "
+                         "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1")
+    ap.add_argument("--decode", action="store_true",
+                    help="also decode-sized calls: tl split-K settings, the default path and torch (CUDA graphs)")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds; later sections are skipped past it")
+    ap.add_argument("--smoke", action="store_true",
+                    help="small sizes, every section; on a CPU under Triton's interpreter (plumbing only)")
+    return ap.parse_args(argv)
 
 
-def main() -> int:
-    global D, DV
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="directory (gets bench_sparse_mla.json) or .json path")
-    ap.add_argument("--config", action="append", default=None,
-                    help="a config to sweep, name=value,... (repeatable; replaces the built-in sweep)")
-    ap.add_argument("--budget", type=float, default=300.0, help="seconds; later sections shrink to fit")
-    ap.add_argument("--quick", action="store_true", help="the first 4 sweep configs only")
-    ap.add_argument("--plan", choices=sorted(PLANS), default=None,
-                    help="h200 (default on a GPU) or tiny (default without one: interpreter, plumbing only)")
-    ap.add_argument("--gluon", action="store_true",
-                    help="the Gluon kernel's configs beside the shipped tl config and torch (see gluon_main); "
-                         "with --quick only T 16K / K 640")
-    ap.add_argument("--gluon-configs", default=None,
-                    help="with --gluon: comma-separated Gluon configs (e.g. n64b2l0,ws) instead of the whole sweep")
-    args = ap.parse_args()
-    if args.gluon:
-        return gluon_main(args)
-
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    wanted = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    unknown = sorted(set(wanted) - set(KERNELS))
+    if unknown:
+        raise SystemExit(f"--kernels: unknown {unknown}; choose from {list(KERNELS)}")
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and not args.smoke:
+        log("needs a CUDA GPU (or --smoke: small sizes, on a CPU through Triton's interpreter)")
+        return 2
+    if not on_gpu and not INTERPRET:
+        log("--smoke on a CPU needs Triton's interpreter: TRITON_INTERPRET is set to something other than 1")
+        return 2
+    if args.smoke:
+        args.sweep = args.decode = True
+    plan = PLANS["h200" if not args.smoke else ("gpu-smoke" if on_gpu else "tiny")]
+    D = DV = plan["D"]
     out_path = Path(args.out)
     if out_path.suffix != ".json":
         out_path.mkdir(parents=True, exist_ok=True)
         out_path = out_path / "bench_sparse_mla.json"
     t_start = time.time()
-    on_gpu = torch.cuda.is_available()
-    plan = PLANS[args.plan or ("h200" if on_gpu else "tiny")]
-    D = DV = plan["D"]
-    interpreter.setup(current_device() if on_gpu else PACK.parse_device("cpu"))
-    from swa_backends.kernels import sparse_mla as K
-
     dev = "cuda" if on_gpu else "cpu"
-    tdev = torch.device(dev)
+    tdev = torch.device(dev, torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    device_info = resolve_device(str(tdev))
     scale = 1.0 / math.sqrt(D)
+    import triton
+
+    from swa_backends.kernels import sparse_mla as tl_mod
+
     result: dict = {
         "meta": {
             "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": git_commit(),
-            "kernel_sha256_16": file_sha(ROOT / "kernels" / "sparse_mla.py"),
-            "torch": torch.__version__, "triton": __import__("triton").__version__, "python": platform.python_version(),
-            "device": torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter: plumbing only, no numbers)",
+            "kernel_sha256_16": {f: file_sha(ROOT / "kernels" / f) for f in
+                                 ("sparse_mla.py", "sparse_mla_gluon.py", "sparse_mla_gluon_ws.py")},
+            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+            "device": torch.cuda.get_device_name() if on_gpu else "cpu",
             "sms": torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else None,
-            "default_config_env": os.environ.get("SWA_SPARSE_MLA_CONFIG"), "plan": plan,
-            "flops": "2*T*H*K*(D_qk+d_v)", "D_qk": D, "d_v": DV, "budget_s": args.budget,
+            "interpret": INTERPRET, "smoke": args.smoke, "plan": plan, "budget_s": args.budget,
+            "flops": "2*T*H*K*(D_qk+d_v)", "D_qk": D, "d_v": DV,
+            "method": "median of CUDA-event times around each call; every call with a sink; random valid indices "
+                      f"into a {plan['S']}-row cache; default = select(device).sparse_mla with validation off",
         },
-        "correctness": [], "sweep": [], "best": {}, "baseline": [], "table": [], "decode": [], "errors": [],
-        "sections_s": {},
+        "not_run": {}, "dispatch": {}, "correctness": [], "compiled": [], "baseline": [], "table": [],
+        "sweep": [], "best": {}, "decode": [], "errors": [], "sections_s": {},
     }
+    meta = result["meta"]
 
     def elapsed():
         return time.time() - t_start
 
     def save():
-        result["meta"]["elapsed_s"] = round(elapsed(), 1)
+        meta["elapsed_s"] = round(elapsed(), 1)
         out_path.write_text(json.dumps(result, indent=1, default=str))
 
     def err(where: str, exc: BaseException) -> str:
         """Record a failure (traceback in errors[]) and return its one-line reason."""
-        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1][:240]}"
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        why = f"{type(exc).__name__}: {lines[-1][:240] if lines else ''}"
         result["errors"].append({"where": where, "why": why, "traceback": traceback.format_exc()[-2000:]})
         return why
 
@@ -295,367 +508,317 @@ def main() -> int:
         result["sections_s"][name] = round(time.time() - t0, 1)
         save()
 
-    configs = args.config or (K.SWEEP[:4] if args.quick else list(K.SWEEP))
-    configs = [K.parse_config(c, K.Config()) for c in configs]
-    heads = sorted({H for _, H, _ in plan["sweep"]} | set(plan["table_H"]) | set(plan["decode_H"]))
-    default = {H: K.pick_config(16384, H, D, DV, plan["decode_K"], tdev) for H in heads}
-    log(f"device {result['meta']['device']}, torch {torch.__version__}, triton {result['meta']['triton']}")
-
-    # one shared cache (1M rows on the GPU); inputs are sliced from it per shape
+    log(f"device {meta['device']}, torch {torch.__version__}, triton {triton.__version__}, plan "
+        f"{'h200' if not args.smoke else 'smoke'} (D {D}, {plan['S']}-row cache)")
+    if INTERPRET:
+        log("TRITON_INTERPRET=1 (CPU smoke run): only the torch baseline, the tl kernel (variant triton) and the "
+            "CPU default path run; Gluon kernels do not run in Triton's interpreter. Numbers check the script, "
+            "not the kernels.")
+    swa_backends.set_validation(False)  # value checks synchronise with the device: off on the timed path
+    kernels = build_kernels(device_info, tdev, wanted)
+    for name, k in kernels.items():
+        if k.why_not:
+            result["not_run"][name] = k.why_not
+            log(f"{name}: not run here: {k.why_not}")
+    if "default" in kernels:
+        expl = kernels["default"].backend.explain()
+        result["dispatch"] = {"device": str(device_info), "chosen": list(expl.chosen.get("sparse_mla", ())),
+                              "table": [{"variant": c.variant, "status": c.status, "reasons": list(c.reasons)}
+                                        for c in expl.table if c.op == "sparse_mla"]}
+        log(f"dispatch on {device_info}: sparse_mla tries {result['dispatch']['chosen']} in order")
+    runnable = {n: k for n, k in kernels.items() if not k.why_not}
     g_kv = torch.randn(plan["S"], D, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    T_list = plan["quick_T"] if args.quick else plan["table_T"]
+    K_list = plan["quick_K"] if args.quick else plan["table_K"]
 
-    # ---- 1: torch baseline, alone (nothing Triton can fail takes it down) -------------
+    # ---- 1: torch baseline, alone (nothing a kernel can fail takes it down) -------------
     t0 = time.time()
-    for H in plan["table_H"]:
-        q_all, _, idx_all, _, sink = make_inputs(max(plan["table_T"]), H, max(plan["table_K"]), kv=g_kv, sink=True,
-                                                 seed=7 + H, dev=dev)
-        for T in plan["table_T"]:
-            for Kw in plan["table_K"]:
-                q, idx = q_all[:T], idx_all[:T, :Kw].contiguous()
-                lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
-                row = {"T": T, "H": H, "K": Kw}
-                try:
-                    if T == plan["table_T"][0] and Kw == plan["table_K"][0]:  # the baseline's own check, once per H
-                        n = plan["spot"]
-                        bw, brel = check(torch_baseline(q[:n], g_kv, idx[:n], lens[:n], scale, DV, sink),
-                                         q, g_kv, idx, lens, sink, n=n)
-                        result["correctness"].append({"what": "torch baseline", "H": H, "config": "torch",
-                                                      "ok": bw is None, "rel_err": brel, "why": bw})
-                    ms = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=min(2, plan["reps"]))
-                    row.update(torch_ms=ms, torch_tflops=tflops(T, H, Kw, ms))
-                except Exception as exc:
-                    row["error"] = err(f"torch baseline T={T} H={H} K={Kw}", exc)
-                result["baseline"].append(row)
-                log(f"torch T={T} H={H} K={Kw}: {row.get('torch_tflops', float('nan')):.1f} TFLOP/s "
-                    f"{row.get('torch_ms', float('nan')):.2f} ms {row.get('error', '')}")
-                if on_gpu:
-                    torch.cuda.empty_cache()
-        del q_all, idx_all
+    base: dict = {}
+    if "torch" in runnable:
+        for H in plan["table_H"]:
+            q_all, idx_all, _, sink = make_inputs(max(T_list), H, max(K_list), D, kv=g_kv, seed=7 + H, dev=dev)
+            for T in T_list:
+                for Kw in K_list:
+                    q, idx = q_all[:T], idx_all[:T, :Kw].contiguous()
+                    lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
+                    row = {"T": T, "H": H, "K": Kw}
+                    try:
+                        if T == T_list[0] and Kw == K_list[0]:  # the baseline's own check, once per H
+                            n = plan["spot"]
+                            why, rel = check(torch_baseline(q[:n], g_kv, idx[:n], lens[:n], scale, DV, sink),
+                                             q, g_kv, idx, lens, scale, DV, sink, n=n)
+                            result["correctness"].append({"kernel": "torch", "H": H, "what": f"{n} tokens",
+                                                          "ok": why is None, "rel_err": rel, "why": why})
+                        ms = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=plan["torch_reps"])
+                        row.update(ms=ms, tflops=tflops(T, H, Kw, D, DV, ms))
+                    except Exception as exc:
+                        row["error"] = err(f"torch T={T} H={H} K={Kw}", exc)
+                    base[(T, H, Kw)] = row
+                    result["baseline"].append(row)
+                    log(f"torch T={T} H={H} K={Kw}: {row.get('tflops', float('nan')):.1f} TFLOP/s "
+                        f"{row.get('ms', float('nan')):.2f} ms {row.get('error', '')}")
+                    if on_gpu:
+                        torch.cuda.empty_cache()
+            del q_all, idx_all
     section("baseline", t0)
 
-    # ---- 2: correctness and sweep per config, each config on its own ------------------
+    # ---- 2: correctness of every kernel on PAD patterns + sink, per head count ---------
     t0 = time.time()
-    for T, H, Kw in plan["sweep"]:
-        # every timed call carries a sink (DeepSeek-V4.1 has one), so a config compiles once
-        q, kv, idx, lens, sink = make_inputs(T, H, Kw, kv=g_kv, sink=True, seed=H, dev=dev)
-        cq, ckv, cidx, clens, csink = make_inputs(plan["check_T"], H, plan["check_K"], pads=True, sink=True,
-                                                  seed=100 + H, kv=g_kv, dev=dev)
-        best = None
-        for cfg in configs:
-            if cfg.block_h > max(H, 64):  # (block_h is clipped to H: 128 on 64 heads repeats a 64 config)
+    bad: set = set()
+    for H in plan["table_H"]:
+        cq, cidx, clens, csink = make_inputs(plan["check_T"], H, plan["check_K"], D, kv=g_kv, pads=True,
+                                             seed=100 + H, dev=dev)
+        cargs = (cq, g_kv, cidx, clens, scale, DV, csink)
+        for name, k in runnable.items():
+            if name == "torch":
                 continue
-            row = {"T": T, "H": H, "K": Kw, "config": cfg.short(), "config_fields": cfg.__dict__}
-            if elapsed() > 0.45 * args.budget:
-                row["status"] = "skipped (time budget)"
-                result["sweep"].append(row)
+            entry = {"kernel": name, "H": H, "what": f"PAD patterns + sink, T {plan['check_T']}, K {plan['check_K']}"}
+            reasons = k.per_call(*cargs) if k.per_call else []
+            if reasons:
+                entry.update(ok=None, skipped="; ".join(reasons))
+                log(f"check {name} H={H}: not taken ({entry['skipped']})")
+                result["correctness"].append(entry)
                 continue
             try:
-                t1 = time.time()
-                if on_gpu:  # what Triton made of it: registers, spills, shared memory
-                    try:
-                        row["compiled"] = K.compiled_info(q, kv, idx, lens, scale, DV, sink, config=cfg)
-                    except Exception as exc:
-                        row["compiled"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                got = K.launch(cq, ckv, cidx, clens, scale, DV, csink, config=cfg, fit=False)
+                entry["label"] = k.label(*cargs)
+                tracker = CompiledTracker(k.jit_fns)
+                tracker.mark()
+                got = k.call(*cargs)
                 _sync()
-                row["compile_s"] = round(time.time() - t1, 1)
-                why, rel = check(got, cq, ckv, cidx, clens, csink)
-                result["correctness"].append({"what": f"sweep config, PAD patterns + sink, K {plan['check_K']}",
-                                              "H": H, "config": cfg.short(), "ok": why is None, "rel_err": rel,
-                                              "why": why})
-                if why is not None:
-                    row["status"] = f"wrong: {why}"
-                else:
-                    ms = timed(lambda: K.launch(q, kv, idx, lens, scale, DV, sink, config=cfg, fit=False),
-                               reps=plan["reps"])
-                    row.update(status="ok", ms=ms, tflops=tflops(T, H, Kw, ms))
-                    if best is None or ms < best[1]:
-                        best = (cfg, ms)
-            except Exception as exc:  # a config that does not compile or fit is a result, not a crash
-                row["status"] = "error: " + err(f"sweep {cfg.short()} H={H}", exc)
-            result["sweep"].append(row)
-            c = row.get("compiled") or {}
-            log(f"sweep T={T} H={H} K={Kw} {cfg.short():>22}: {row.get('status')} "
-                f"{row.get('ms', float('nan')):.3f} ms {row.get('tflops', float('nan')):.1f} TFLOP/s "
-                f"(regs {c.get('n_regs')}, spills {c.get('n_spills')}, smem {c.get('shared')})")
+                why, rel = check(got, *cargs)
+                entry.update(ok=why is None, rel_err=rel, why=why)
+                for info in tracker.new() if on_gpu else ():
+                    result["compiled"].append({"kernel": name, "H": H, "label": entry["label"], **info})
+                    log(f"compiled {name} H={H} {info.get('name')}: regs {info.get('n_regs')} spills "
+                        f"{info.get('n_spills')} smem {info.get('shared')} warps {info.get('num_warps')}")
+            except Exception as exc:
+                entry.update(ok=False, why=err(f"check {name} H={H}", exc))
+            if not entry["ok"]:
+                bad.add((name, H))
+            result["correctness"].append(entry)
+            log(f"check {name} H={H} ({entry.get('label')}): {'ok' if entry['ok'] else 'WRONG'} "
+                f"rel_err {entry.get('rel_err', float('nan')):.2e} {entry.get('why') or ''}")
             save()
-        result["best"][str(H)] = {"config": best[0].short(), "fields": dict(best[0].__dict__), "ms": best[1]} if best else None
-        del q, idx, lens
-    best_cfg = {H: (K.Config(**result["best"][str(H)]["fields"]) if result["best"].get(str(H)) else default[H])
-                for H in heads}
-    section("sweep", t0)
+        del cq, cidx, clens
+    section("correctness", t0)
 
-    # ---- 3: TFLOP/s table: best and default config, each cell on its own ---------------
+    # ---- 3: the table ------------------------------------------------------------------
     t0 = time.time()
-    base = {(r["T"], r["H"], r["K"]): r for r in result["baseline"]}
     for H in plan["table_H"]:
-        q_all, _, idx_all, _, sink = make_inputs(max(plan["table_T"]), H, max(plan["table_K"]), kv=g_kv, sink=True,
-                                                 seed=7 + H, dev=dev)
-        for T in plan["table_T"]:
-            for Kw in plan["table_K"]:
-                q = q_all[:T]
-                idx = idx_all[:T, :Kw].contiguous()
+        q_all, idx_all, _, sink = make_inputs(max(T_list), H, max(K_list), D, kv=g_kv, seed=7 + H, dev=dev)
+        for T in T_list:
+            for Kw in K_list:
+                q, idx = q_all[:T], idx_all[:T, :Kw].contiguous()
                 lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
-                row = {"T": T, "H": H, "K": Kw, "best_config": best_cfg[H].short(), "default_config": default[H].short()}
-                if elapsed() > 0.75 * args.budget:
-                    row["error"] = "skipped (time budget)"
-                else:
-                    for name, cfg in (("triton", best_cfg[H]), ("default", default[H])):
-                        if name == "default" and cfg == best_cfg[H]:
-                            continue
-                        try:
-                            out = K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg)
-                            why, rel = check(out, q, g_kv, idx, lens, sink, n=plan["spot"])
-                            del out
-                            ms = timed(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg),
-                                       reps=plan["reps"])
-                            row.update({f"{name}_ms": ms, f"{name}_tflops": tflops(T, H, Kw, ms),
-                                        f"{name}_correct": why is None, f"{name}_rel_err": rel})
-                            if name == "triton":
-                                row.update(correct=why is None, rel_err=rel, why=why)
-                        except Exception as exc:
-                            row[f"{name}_error"] = err(f"table {name} {cfg.short()} T={T} H={H} K={Kw}", exc)
+                a = (q, g_kv, idx, lens, scale, DV, sink)
+                row: dict = {"T": T, "H": H, "K": Kw, "runs": {}, "vs_torch": {}}
                 b = base.get((T, H, Kw), {})
-                if "torch_ms" in b:
-                    row.update(torch_ms=b["torch_ms"], torch_tflops=b["torch_tflops"])
-                    if "triton_ms" in row:
-                        row["speedup"] = b["torch_ms"] / row["triton_ms"]
+                if "ms" in b:
+                    row["runs"]["torch"] = {"ms": b["ms"], "tflops": b["tflops"], "label": "gather + 2 bmm"}
+                for name, k in runnable.items():
+                    if name == "torch":
+                        continue
+                    r: dict = {}
+                    row["runs"][name] = r
+                    if elapsed() > 0.6 * args.budget:
+                        r["skipped"] = "time budget"
+                        continue
+                    if (name, H) in bad:
+                        r["skipped"] = "failed its correctness check"
+                        continue
+                    reasons = k.per_call(*a) if k.per_call else []
+                    if reasons:
+                        r["skipped"] = "; ".join(reasons)
+                        continue
+                    try:
+                        r["label"] = k.label(*a)
+                        why, rel = check(k.call(*a), *a, n=plan["spot"])
+                        r.update(correct=why is None, rel_err=rel, why=why)
+                        if why is not None:
+                            continue
+                        ms = timed(lambda: k.call(*a), reps=plan["reps"])
+                        r.update(ms=ms, tflops=tflops(T, H, Kw, D, DV, ms))
+                    except Exception as exc:
+                        r["error"] = err(f"table {name} T={T} H={H} K={Kw}", exc)
+                t_ms = row["runs"].get("torch", {}).get("ms")
+                for name, r in row["runs"].items():
+                    if t_ms and "ms" in r:
+                        row["vs_torch"][name] = t_ms / r["ms"]
                 result["table"].append(row)
-                log(f"table T={T} H={H} K={Kw}: triton {row.get('triton_tflops', float('nan')):.1f} TFLOP/s, "
-                    f"torch {row.get('torch_tflops', float('nan')):.1f}, x{row.get('speedup', float('nan')):.2f}")
+                log(f"T={T} H={H} K={Kw}: " + " | ".join(
+                    f"{n} {r.get('tflops', float('nan')):.1f}" for n, r in row["runs"].items()) + " TFLOP/s"
+                    + (f" (default ran {row['runs']['default'].get('label')})" if "default" in row["runs"] else ""))
                 save()
+                del q, idx, lens, a
                 if on_gpu:
                     torch.cuda.empty_cache()
         del q_all, idx_all
     section("table", t0)
 
-    # ---- 4: decode latency and bandwidth ---------------------------------------------
-    t0 = time.time()
-    Kw = plan["decode_K"]
-    for H in plan["decode_H"]:
-        for T in plan["decode_T"]:
-            q, kv, idx, lens, sink = make_inputs(T, H, Kw, kv=g_kv, sink=True, seed=T + H, dev=dev)
-            kv_bytes = T * Kw * D * 2
-            io_bytes = kv_bytes + q.numel() * 2 + T * H * DV * 2 + idx.numel() * 4
-            row = {"T": T, "H": H, "K": Kw, "kv_bytes": kv_bytes, "variants": []}
-            cands = [(best_cfg[H], sp) for sp in plan["decode_splits"]]
-            cands += [(default[H].replace(**kw), "auto") for kw in plan["decode_configs"]]
-            for base_cfg, sp in cands:
-                if elapsed() > 0.92 * args.budget:
-                    break
-                cfg = base_cfg.replace(splits=None if sp == "auto" else sp)
-                try:
-                    r = K.resolve(cfg, T, H, D, DV, Kw, tdev)
-                except Exception as exc:
-                    row["variants"].append({"splits": sp, "config": cfg.short(), "error": err("decode resolve", exc)})
-                    continue
-                v = {"splits": sp, "resolved_splits": r["splits"], "config": cfg.short()}
-                try:
-                    fn = lambda: K.launch(q, kv, idx, lens, scale, DV, sink, config=cfg)  # noqa: E731
-                    why, rel = check(fn(), q, kv, idx, lens, sink)
-                    v.update(correct=why is None, rel_err=rel, why=why)
-                    us = graph_us(fn)
-                    v.update(graph_us=us, eager_us=eager_us(fn, calls=50 if on_gpu else 2),
-                             kv_GBps=kv_bytes / (us * 1e-6) / 1e9, io_GBps=io_bytes / (us * 1e-6) / 1e9)
-                except Exception as exc:
-                    v["error"] = err(f"decode {cfg.short()} T={T} H={H}", exc)
-                row["variants"].append(v)
-            ok = [v for v in row["variants"] if "graph_us" in v and v.get("correct")]
-            if ok:
-                b = min(ok, key=lambda v: v["graph_us"])
-                row.update(best_splits=b["splits"], best_config=b["config"], best_graph_us=b["graph_us"],
-                           best_kv_GBps=b["kv_GBps"])
-                auto = next((v for v in ok if v["splits"] == "auto"), None)
-                if auto:
-                    row.update(auto_graph_us=auto["graph_us"], auto_resolved_splits=auto["resolved_splits"])
-            try:
-                tb = lambda: torch_baseline(q, kv, idx, lens, scale, DV, sink)  # noqa: E731
-                row["torch_graph_us"] = graph_us(tb, calls=5)
-            except Exception as exc:
-                row["torch_error"] = err(f"decode torch T={T} H={H}", exc)
-            result["decode"].append(row)
-            log(f"decode T={T} H={H}: best {row.get('best_graph_us', float('nan')):.1f} us "
-                f"({row.get('best_config')}), {row.get('best_kv_GBps', float('nan')):.0f} GB/s of KV; "
-                f"torch {row.get('torch_graph_us', float('nan')):.1f} us")
-            save()
-    section("decode", t0)
+    # ---- 4: --sweep: the tl kernel's launch configs ----------------------------------------
+    if args.sweep:
+        t0 = time.time()
+        run_sweep(args, plan, result, g_kv, D, DV, scale, dev, tdev, tl_mod, elapsed, err, save)
+        section("sweep", t0)
+
+    # ---- 5: --decode: latency and bandwidth of decode-sized calls -------------------------
+    if args.decode:
+        t0 = time.time()
+        run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, tl_mod, elapsed, err, save)
+        section("decode", t0)
 
     save()
     print_summary(result)
     log(f"raw results: {out_path}")
-    ok = all(c["ok"] for c in result["correctness"]) and not result["errors"]
+    ok = all(c.get("ok") is not False for c in result["correctness"]) and not result["errors"]
+    ok = ok and all(r.get("correct") is not False for row in result["table"] for r in row["runs"].values())
     return 0 if ok else 1
 
 
-# ---------------------------------------------------------------------------------------
-# --gluon: the Gluon (Hopper) kernel beside the shipped tl config and the torch baseline
-# ---------------------------------------------------------------------------------------
-
-GLUON_CELLS = [(T, H, Kw) for H in (64, 128) for T in (4096, 16384) for Kw in (640, 1152)]
-GLUON_QUICK = [(16384, 64, 640), (16384, 128, 640)]
-
-
-def gluon_main(args) -> int:
-    """Per cell (T, H, K): the torch baseline, the shipped tl config (explicit, so never the
-    Gluon path), every ``sparse_mla_gluon.SWEEP`` config and the default path (whatever
-    :func:`sparse_mla` dispatches to). Each Gluon config is first checked against the
-    reference on PAD patterns + sink (wrong -> not timed); all timings carry a sink."""
-    global D, DV
-    out_path = Path(args.out)
-    if out_path.suffix != ".json":
-        out_path.mkdir(parents=True, exist_ok=True)
-        out_path = out_path / "bench_sparse_mla_gluon.json"
-    t_start = time.time()
-    if not torch.cuda.is_available():
-        log("--gluon needs a CUDA GPU (Gluon kernels do not run in the interpreter)")
-        out_path.write_text(json.dumps({"error": "no GPU"}))
-        return 1
-    D = DV = 512
-    interpreter.setup(current_device())
-    from swa_backends.kernels import sparse_mla as K
-
-    G = K._gluon_module()
-    dev, tdev = "cuda", torch.device("cuda")
-    scale = 1.0 / math.sqrt(D)
-    result: dict = {
-        "meta": {"argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": git_commit(),
-                 "kernel_sha256_16": file_sha(ROOT / "kernels" / "sparse_mla_gluon.py"),
-                 "torch": torch.__version__, "triton": __import__("triton").__version__,
-                 "device": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-                 "flops": "2*T*H*K*(D_qk+d_v)", "gluon": G if isinstance(G, str) else "available"},
-        "compiled": [], "correctness": [], "cells": [], "errors": [],
-    }
-
-    def save():
-        result["meta"]["elapsed_s"] = round(time.time() - t_start, 1)
-        out_path.write_text(json.dumps(result, indent=1, default=str))
-
-    def err(where, exc):
-        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1][:240]}"
-        result["errors"].append({"where": where, "why": why, "traceback": traceback.format_exc()[-2000:]})
-        return why
-
-    log(f"device {result['meta']['device']}, torch {torch.__version__}, triton {result['meta']['triton']}, "
-        f"gluon: {result['meta']['gluon']}")
-    if isinstance(G, str):
-        save()
-        return 1
-    names = getattr(args, "gluon_configs", None)
-    gcfgs = [G.parse_env(n) for n in names.split(",")] if names else list(G.SWEEP)
-    g_kv = torch.randn(S_CACHE, D, device=dev, dtype=torch.float32).to(torch.bfloat16)
-    bad: set = set()
-    # compile + correctness per config and head count (PAD patterns, sink, poisoned outputs)
-    for H in (64, 128):
-        cq, ckv, cidx, clens, csink = make_inputs(512, H, 1152, pads=True, sink=True, seed=100 + H, kv=g_kv, dev=dev)
-        for cfg in gcfgs:
-            row = {"H": H, "config": cfg.short()}
-            try:
-                row.update(K.gluon_compiled_info(cq, ckv, cidx, clens, scale, DV, csink, config=cfg))
-                out = torch.full((512, H, DV), float("nan"), dtype=torch.bfloat16, device=dev)
-                lse = torch.full((512, H), float("nan"), dtype=torch.float32, device=dev)
-                G.launch(cq, ckv, cidx, clens, scale, DV, csink, out, lse, config=cfg)
-                why, rel = check((out, lse), cq, ckv, cidx, clens, csink)
-                nan = bool(torch.isnan(out).any() or torch.isnan(lse).any())
-                ok = why is None and rel <= 1e-2 and not nan
-                result["correctness"].append({"H": H, "config": cfg.short(), "ok": ok, "rel_err": rel, "why": why,
-                                              "nan": nan})
-                if not ok:
-                    bad.add((H, cfg))
-            except Exception as exc:
-                row["error"] = err(f"gluon compile/check {cfg.short()} H={H}", exc)
-                bad.add((H, cfg))
-            result["compiled"].append(row)
-            log(f"gluon {cfg.short()} H={H}: regs {row.get('n_regs')} spills {row.get('n_spills')} "
-                f"smem {row.get('shared')} correct {(H, cfg) not in bad} {row.get('error', '')}")
-            save()
-        del cq, cidx, clens
-    cells = GLUON_QUICK if args.quick else GLUON_CELLS
-    for T, H, Kw in cells:
-        q, _, idx, _, sink = make_inputs(T, H, Kw, kv=g_kv, sink=True, seed=7 + H, dev=dev)
-        lens = torch.full((T,), Kw, dtype=torch.int32, device=dev)
-        row = {"T": T, "H": H, "K": Kw, "dispatch": K.dispatch_info(q, g_kv, idx, DV)}
-        try:
-            ms = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=2)
-            row.update(torch_ms=ms, torch_tflops=tflops(T, H, Kw, ms))
-        except Exception as exc:
-            row["torch_error"] = err(f"torch T={T} H={H} K={Kw}", exc)
-        tl_cfg = K.pick_config(T, H, D, DV, Kw, tdev)
-        runs = [("tl " + tl_cfg.short(), lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=tl_cfg)),
-                ("default path", lambda: K.sparse_mla(q, g_kv, idx, lens, scale, DV, sink=sink))]
-        for cfg in gcfgs:
-            if (H, cfg) in bad:
+def run_sweep(args, plan, result, g_kv, D, DV, scale, dev, tdev, K, elapsed, err, save) -> None:
+    """Section 4: every config on its own (compile, check on PAD patterns, time)."""
+    texts = args.config or list(SWEEP[:4] if args.quick else SWEEP[:3] if args.smoke else SWEEP)
+    configs = [parse_config(c, K.Config()) for c in texts]
+    for T, H, Kw in plan["sweep"]:
+        q, idx, lens, sink = make_inputs(T, H, Kw, D, kv=g_kv, seed=H, dev=dev)
+        cq, cidx, clens, csink = make_inputs(plan["check_T"], H, plan["check_K"], D, kv=g_kv, pads=True,
+                                             seed=100 + H, dev=dev)
+        best = None
+        for cfg in configs:
+            if cfg.block_h > max(H, 64):  # block_h is clipped to H: 128 on 64 heads repeats a 64 config
                 continue
-            out = torch.empty(T, H, DV, dtype=torch.bfloat16, device=dev)
-            lse = torch.empty(T, H, dtype=torch.float32, device=dev)
-            runs.append((cfg.short(), lambda cfg=cfg, out=out, lse=lse:
-                         G.launch(q, g_kv, idx, lens, scale, DV, sink, out, lse, config=cfg)))
-        row["runs"] = {}
-        for name, fn in runs:
+            row = {"T": T, "H": H, "K": Kw, "config": cfg.short(), "config_fields": dataclasses.asdict(cfg)}
+            result["sweep"].append(row)
+            if elapsed() > 0.85 * args.budget:
+                row["status"] = "skipped (time budget)"
+                continue
             try:
-                ms = timed(fn, reps=5)
-                row["runs"][name] = {"ms": ms, "tflops": tflops(T, H, Kw, ms)}
-            except Exception as exc:
-                row["runs"][name] = {"error": err(f"{name} T={T} H={H} K={Kw}", exc)}
-        result["cells"].append(row)
-        log(f"T={T} H={H} K={Kw}: torch {row.get('torch_tflops', float('nan')):.1f} | " + " | ".join(
-            f"{n} {r.get('tflops', float('nan')):.1f}" for n, r in row["runs"].items()) + " TFLOP/s")
-        save()
-        del q, idx, lens
-        torch.cuda.empty_cache()
-    save()
-    nan = float("nan")
-    names = ["tl " + K.pick_config(16384, 64, D, DV, 640, tdev).short(), "default path"] + [c.short() for c in gcfgs]
-    log(f"\n== Gluon vs tl vs torch, TFLOP/s = 2*T*H*K*(D_qk+d_v)/time, 1M-row cache, random valid indices, sink ==")
-    log(f"  {'T':>6} {'H':>4} {'K':>5} | {'torch':>6} | " + " | ".join(f"{n[:14]:>14}" for n in names)
-        + " | best/torch")
-    for r in result["cells"]:
-        vals = [r["runs"].get(n, {}).get("tflops", nan) for n in names]
-        if r["H"] == 128:  # tl config name differs per head count
-            vals[0] = next((v.get("tflops", nan) for n, v in r["runs"].items() if n.startswith("tl ")), nan)
-        best = max((v for v in vals if v == v), default=nan)
-        log(f"  {r['T']:>6} {r['H']:>4} {r['K']:>5} | {r.get('torch_tflops', nan):6.1f} | "
-            + " | ".join(f"{v:14.1f}" for v in vals) + f" | {best / r.get('torch_tflops', nan):.2f}x")
-    okc = [c for c in result["correctness"] if c["ok"]]
-    log(f"correctness: {len(okc)}/{len(result['correctness'])} ok; errors: {len(result['errors'])}"
-        + (f" (first: {result['errors'][0]['where']}: {result['errors'][0]['why']})" if result["errors"] else ""))
-    log(f"raw results: {out_path} ({result['meta']['elapsed_s']} s)")
-    return 0 if len(okc) == len(result["correctness"]) and not result["errors"] else 1
+                t1 = time.time()
+                got = K.launch(cq, g_kv, cidx, clens, scale, DV, csink, config=cfg, fit=False)
+                _sync()
+                row["compile_s"] = round(time.time() - t1, 1)
+                if torch.cuda.is_available():  # what Triton compiled: registers, spills, shared memory
+                    try:
+                        row["compiled"] = tl_compiled(K, cfg, q, g_kv, idx, lens, scale, DV, sink)
+                    except Exception as exc:
+                        row["compiled"] = [{"error": f"{type(exc).__name__}: {str(exc)[:200]}"}]
+                why, rel = check(got, cq, g_kv, cidx, clens, scale, DV, csink)
+                result["correctness"].append({"kernel": f"triton {cfg.short()}", "H": H, "ok": why is None,
+                                              "rel_err": rel, "why": why,
+                                              "what": f"sweep: PAD patterns + sink, K {plan['check_K']}"})
+                if why is not None:
+                    row["status"] = f"wrong: {why}"
+                else:
+                    ms = timed(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg, fit=False),
+                               reps=plan["reps"])
+                    row.update(status="ok", ms=ms, tflops=tflops(T, H, Kw, D, DV, ms))
+                    if best is None or ms < best[1]:
+                        best = (cfg, ms)
+            except Exception as exc:  # a config that does not compile or fit is a result, not a crash
+                row["status"] = "error: " + err(f"sweep {cfg.short()} H={H}", exc)
+            c = (row.get("compiled") or [{}])[0]
+            log(f"sweep T={T} H={H} K={Kw} {cfg.short():>16}: {row.get('status')} "
+                f"{row.get('tflops', float('nan')):.1f} TFLOP/s (regs {c.get('n_regs')}, spills {c.get('n_spills')}, "
+                f"smem {c.get('shared')})")
+            save()
+        result["best"][str(H)] = ({"config": best[0].short(), "fields": dataclasses.asdict(best[0]), "ms": best[1],
+                                   "table_config": K.pick_config(T, H, D, DV, Kw, tdev).short()} if best else None)
+        del q, idx, lens, cq, cidx, clens
+
+
+def run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, K, elapsed, err, save) -> None:
+    """Section 5: decode-sized calls; latency per call replayed in a CUDA graph (eager off-GPU)."""
+    Kw = plan["decode_K"]
+    tdev = torch.device(dev) if dev == "cpu" else torch.device(dev, torch.cuda.current_device())
+    for H in plan["decode_H"]:
+        for T in plan["decode_T"]:
+            q, idx, lens, sink = make_inputs(T, H, Kw, D, kv=g_kv, seed=T + H, dev=dev)
+            a = (q, g_kv, idx, lens, scale, DV, sink)
+            kv_bytes = T * Kw * D * 2
+            row = {"T": T, "H": H, "K": Kw, "kv_bytes": kv_bytes, "variants": []}
+            table_cfg = K.pick_config(T, H, D, DV, Kw, tdev)
+            cands = [(f"triton splits={sp}", table_cfg.replace(splits=None if sp == "auto" else sp))
+                     for sp in plan["decode_splits"]]
+            runs = [(n, (lambda cfg=cfg: K.launch(*a, config=cfg)), cfg) for n, cfg in cands]
+            if "default" in kernels and not kernels["default"].why_not:
+                runs.append(("default " + kernels["default"].label(*a), lambda: kernels["default"].call(*a), None))
+            if "torch" in kernels:
+                runs.append(("torch", lambda: torch_baseline(*a), None))
+            for name, fn, cfg in runs:
+                if elapsed() > 0.95 * args.budget:
+                    row["variants"].append({"name": name, "skipped": "time budget"})
+                    continue
+                v: dict = {"name": name}
+                if cfg is not None:
+                    v["resolved_splits"] = K.resolve(cfg, T, H, D, DV, Kw, tdev)["splits"]
+                try:
+                    why, rel = check(fn(), *a)
+                    v.update(correct=why is None, rel_err=rel, why=why)
+                    us = graph_us(fn, calls=20 if name != "torch" else 5)
+                    v.update(graph_us=us, kv_GBps=kv_bytes / (us * 1e-6) / 1e9)
+                except Exception as exc:
+                    v["error"] = err(f"decode {name} T={T} H={H}", exc)
+                row["variants"].append(v)
+            ok = [v for v in row["variants"] if "graph_us" in v and v.get("correct") and v["name"].startswith("triton")]
+            if ok:
+                b = min(ok, key=lambda v: v["graph_us"])
+                row.update(best=b["name"], best_graph_us=b["graph_us"], best_kv_GBps=b["kv_GBps"])
+            result["decode"].append(row)
+            log(f"decode T={T} H={H} K={Kw}: " + " | ".join(
+                f"{v['name']} {v.get('graph_us', float('nan')):.1f} us" for v in row["variants"]))
+            save()
 
 
 def print_summary(result: dict) -> None:
-    plan = result["meta"]["plan"]
-    nan = float("nan")
-    log(f"\n== sweep (T, H, K) in {plan['sweep']} (triton {result['meta']['triton']}) ==")
-    for r in result["sweep"]:
-        c = r.get("compiled") or {}
-        log(f"  H={r['H']:<4} {r['config']:>18}  {r.get('status', '')[:44]:<44} {r.get('tflops', nan):7.1f} TFLOP/s"
-            f"  regs {c.get('n_regs')} spills {c.get('n_spills')} smem {c.get('shared')}")
-    log("best: " + ", ".join(f"H={h}: {b['config'] if b else None}" for h, b in result["best"].items()))
-    for h, b in result["best"].items():
-        if b:
-            fields = ", ".join(f"{k}={v!r}" for k, v in b["fields"].items() if k != "splits")
-            log(f"  suggested TUNED row for H={h}: Config({fields})")
-    log(f"\n== prefill TFLOP/s (2*T*H*K*(D_qk+d_v)/time), D {plan['D']}, {plan['S']}-row cache, "
-        "random valid indices, sink; torch = gather + 2 bmm, fp32 softmax ==")
-    log(f"  {'T':>6} {'H':>4} {'K':>5} | {'best':>7} {'ms':>8} | {'default':>7} | {'torch':>6} | {'x':>5} | ok")
+    meta, nan = result["meta"], float("nan")
+    names = [n for n in KERNELS if any(n in r["runs"] for r in result["table"])]
+    log(f"\n== sparse MLA, {meta['device']}, torch {meta['torch']}, Triton {meta['triton']}: TFLOP/s = "
+        f"2*T*H*K*(D_qk+d_v)/time, D_qk = d_v = {meta['D_qk']}, {meta['plan']['S']}-row cache, random valid indices, "
+        "sink; torch = gather + 2 bmm (fp32 softmax), same run ==")
+    if result["not_run"]:
+        for n, why in result["not_run"].items():
+            log(f"  not run: {n}: {why}")
+    log(f"  {'T':>6} {'H':>4} {'K':>5} | " + " | ".join(f"{n:>8}" for n in names) + " | default ran | "
+        + " | ".join(f"{n + '/torch':>14}" for n in names if n != "torch"))
     for r in result["table"]:
-        log(f"  {r['T']:>6} {r['H']:>4} {r['K']:>5} | {r.get('triton_tflops', nan):7.1f} "
-            f"{r.get('triton_ms', nan):8.3f} | {r.get('default_tflops', r.get('triton_tflops', nan)):7.1f} | "
-            f"{r.get('torch_tflops', nan):6.1f} | {r.get('speedup', nan):5.2f} | {r.get('correct')}"
-            + (f"  {r.get('triton_error') or r.get('default_error') or r.get('error') or ''}"[:80]))
-    log(f"\n== decode (K {plan['decode_K']}, sink): latency per call (CUDA-graph replay), KV bytes read / latency ==")
-    log(f"  {'T':>4} {'H':>4} | {'best us':>8} {'config':>14} {'splits':>6} {'KV GB/s':>8} | {'auto us':>8} | "
-        f"{'torch us':>9}")
-    for r in result["decode"]:
-        log(f"  {r['T']:>4} {r['H']:>4} | {r.get('best_graph_us', nan):8.1f} {str(r.get('best_config')):>14} "
-            f"{str(r.get('best_splits')):>6} {r.get('best_kv_GBps', nan):8.0f} | {r.get('auto_graph_us', nan):8.1f} | "
-            f"{r.get('torch_graph_us', nan):9.1f}")
-    bad = [c for c in result["correctness"] if not c["ok"]]
-    log(f"\ncorrectness: {len(result['correctness']) - len(bad)}/{len(result['correctness'])} checks ok"
-        + (f"; WRONG: {[(c['H'], c['config']) for c in bad]}" if bad else ""))
+        vals = [r["runs"].get(n, {}).get("tflops", nan) for n in names]
+        ratios = [r["vs_torch"].get(n, nan) for n in names if n != "torch"]
+        log(f"  {r['T']:>6} {r['H']:>4} {r['K']:>5} | " + " | ".join(f"{v:8.1f}" for v in vals)
+            + f" | {str(r['runs'].get('default', {}).get('label', '-')):>11} | "
+            + " | ".join(f"{x:13.2f}x" for x in ratios))
+    skipped = {(n, r["runs"][n].get("skipped")) for r in result["table"] for n in r["runs"] if r["runs"][n].get("skipped")}
+    for n, why in sorted(skipped):
+        log(f"  skipped: {n}: {why}")
+    if result["compiled"]:
+        log("compiled (regs / spills / shared bytes / warps): " + "; ".join(
+            f"{c['kernel']} H={c['H']} {c.get('name')}: {c.get('n_regs')} / {c.get('n_spills')} / {c.get('shared')} / "
+            f"{c.get('num_warps')}" for c in result["compiled"]))
+    if result["sweep"]:
+        log(f"\n== --sweep: the tl kernel's launch configs, (T, H, K) in {meta['plan']['sweep']} ==")
+        for r in result["sweep"]:
+            c = (r.get("compiled") or [{}])[0]
+            log(f"  H={r['H']:<4} {r['config']:>16}  {r.get('status', '')[:44]:<44} {r.get('tflops', nan):7.1f} TFLOP/s"
+                f"  regs {c.get('n_regs')} spills {c.get('n_spills')} smem {c.get('shared')}")
+        for h, b in result["best"].items():
+            if b:
+                fields = ", ".join(f"{k}={v!r}" for k, v in b["fields"].items() if k != "splits")
+                log(f"  best for H={h}: {b['config']} (table config: {b['table_config']}); TUNED row: Config({fields})")
+    if result["decode"]:
+        log(f"\n== --decode (K {meta['plan']['decode_K']}, sink): latency per call replayed in a CUDA graph, "
+            "KV bytes read / latency ==")
+        for r in result["decode"]:
+            log(f"  T={r['T']:>4} H={r['H']:>4}: " + " | ".join(
+                f"{v['name']} {v.get('graph_us', nan):.1f} us" + (f" ({v['kv_GBps']:.0f} GB/s)" if "kv_GBps" in v else "")
+                for v in r["variants"]))
+    checks = [c for c in result["correctness"] if c.get("ok") is not None]
+    wrong = [c for c in checks if not c["ok"]]
+    log(f"\ncorrectness: {len(checks) - len(wrong)}/{len(checks)} checks ok"
+        + (f"; WRONG: {[(c['kernel'], c['H']) for c in wrong]}" if wrong else ""))
     if result["errors"]:
         log(f"errors: {len(result['errors'])} (first: {result['errors'][0]['where']}: {result['errors'][0]['why']})")
-    log(f"sections (s): {result['sections_s']}, total {result['meta'].get('elapsed_s')} s")
+    if meta.get("interpret"):
+        log("TRITON_INTERPRET=1: torch, the tl kernel and the CPU default path only; the numbers are not performance.")
+    log(f"sections (s): {result['sections_s']}, total {meta.get('elapsed_s')} s")
 
 
 if __name__ == "__main__":

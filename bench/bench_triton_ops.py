@@ -1,6 +1,6 @@
 """Benchmark of the portable Triton kernels on one GPU; baselines measured in the same run.
 
-    python bench/bench_triton_ops.py --out DIR [--quick]
+    . bench/gpu_env.sh && python3 bench/bench_triton_ops.py --out DIR [--quick]   # under a minute on an H200
     python bench/bench_triton_ops.py --out DIR --smoke   # no GPU: tiny sizes, Triton's interpreter
 
 Writes ``DIR/bench_triton_ops.json`` (raw numbers + date, GPU, torch/triton/CUDA versions),
@@ -18,11 +18,16 @@ two ways.
 * ``gather_replay_batch`` on serving-like steps (1x1K, 1x16K, 8x4K+32 decodes, 32x4K+128
   decodes, 16x1K+240 decodes; W 128, block 64, 5 slot groups, some replaying prefills):
   GPU time flushed and warm, GPU time per call inside a CUDA graph of 64 calls, and host
-  time per call through the ``Backend`` (``out=`` given): as shipped (pointers passed to
-  the launcher as integers), with tensors as pointers (``set_pointer_ints(False)``), the
-  Python path alone (``set_launcher_stub``: everything but Triton's launcher and the
-  driver), without ``out=``, and through Triton's own launch path; against the torch
-  reference on the same GPU and the launch of an empty Triton kernel.
+  time per call through the ``Backend`` (``out=`` given): through the pack's launch path
+  (``kernels/_launch.py``: after a key's first launch, the compiled kernel's own launcher),
+  through Triton's own ``kernel[grid]`` path (``swa_backends.kernels._launch.check_keys =
+  True`` for that timing), and without ``out=``; the two launch paths are timed in
+  interleaved rounds over every step, so drift of the host hits them alike. Against the
+  torch reference on the same GPU and an empty Triton kernel (through ``kernel[grid]`` and
+  through the pack's path: the host floor of any launch).
+* calibration kernels (GPU only): one memory round trip, two dependent ones, and
+  ``same_io`` (``gather_replay_batch``'s 12 tensors and traffic in two dependent rounds,
+  none of its logic): the floor that op's GPU time is judged against.
 * ``prepare_replay_step`` (one launch) against its four ops launched one by one.
 * ``gather_rows``/``scatter_rows`` of 7168-wide bf16 rows, 128..8K rows picked out of
   131072: bandwidth against a device-to-device copy moving the same bytes, and against
@@ -30,9 +35,12 @@ two ways.
 * ``swa_indices_and_lens``, ``pad_replayed_slots`` and the fused ``prepare_replay_step``
   (no plan) on a 64K-token step: bandwidth against a copy moving the same bytes.
 
-``--smoke`` (what the CPU test runs) exercises the whole script -- every section, the
-correctness checks, the table -- on tiny sizes through Triton's interpreter on the CPU,
-with host clocks instead of GPU events and no CUDA graphs; its numbers mean nothing.
+``--smoke`` (what the CPU test runs) exercises the whole script -- every section but the
+calibration kernels, the correctness checks, the table -- on tiny sizes through Triton's
+interpreter on the CPU (the script sets ``TRITON_INTERPRET=1`` before Triton is imported
+unless it is set), with host clocks instead of GPU events and no CUDA graphs; its numbers
+mean nothing. Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on the
+GPU machine).
 
 Bandwidth = (bytes read + bytes written) / time; the copy baseline copies half that many
 bytes (a copy reads and writes each byte once).
@@ -44,25 +52,23 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import torch
 
-
-from _pack import load_pack as _import_pack  # noqa: E402  (one loader for every bench script)
-
-
-swa_backends = _import_pack()
+# Triton fixes compiled or interpreted when it decorates a kernel: decide before anything imports it.
+if "--smoke" in sys.argv[1:] and not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import swa_backends  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 from swa_backends.common.ops import plan_replay_batch  # noqa: E402
 from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out  # noqa: E402
@@ -222,8 +228,8 @@ def graph_us(fn, calls: int = 64) -> float:
 
 def _settle_host(fn, seconds: float = 3.0) -> None:
     """Call ``fn`` back to back for ``seconds`` before the first host timing: on the H200
-    machines the first rows timed after start-up ran 20-50% slower in every launch mode
-    alike (runs 34-38), a host that had not settled yet."""
+    machines (torch 2.11, Triton 3.6) the first rows timed after start-up ran 20-50% slower
+    in every launch path alike, a host that had not settled yet."""
     if SMOKE:
         return
     end = time.perf_counter() + seconds
@@ -320,18 +326,11 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
     empty = lambda: kernel[(1,)](empty_x, 1, BLOCK=16)  # noqa: E731
     _settle_host(empty)
     results["empty_triton_launch"] = {**gpu_pair(empty), "graph_us": graph_us(empty), "host_us": host_us(empty)}
-    # the same empty kernel through the pack's launch shortcut: the host floor of every op
+    # the same empty kernel through the pack's launch path (a _launch.Kernel): the host floor of every op
     pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
     pack_fn = lambda: pack_empty((), (1, 1, 1), empty_x, 1, 16)  # noqa: E731
     pack_fn()
-    results["empty_pack_launch"] = {"c_launcher": _c_launcher_state(pack_empty)}
-    launcher = next(iter(pack_empty._fast.values()))[0] if pack_empty._fast else None
-    modes = dict(LAUNCH_MODES)
-    if type(launcher).__name__ == "Launcher":  # the floor of any launch from Python: one C call
-        stream = torch.cuda.current_stream().cuda_stream
-        modes["c_call_alone"] = (dict(), lambda: launcher((1, 1, 1), stream, empty_x, 1, 16))
-    for mode, us in host_modes(pack_fn, modes).items():
-        results["empty_pack_launch"][f"host_us_{mode}"] = us
+    results["empty_launch_paths"] = {f"host_us_{mode}": us for mode, us in host_modes(pack_fn).items()}
     if not SMOKE:
         cal = calibration_kernels()
         src = torch.arange(160 * 128, dtype=torch.int64, device=dev)
@@ -370,8 +369,6 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         row.update({f"triton_{k}": v for k, v in gpu_pair(fn).items()})
         row.update({"triton_graph_us": graph_us(fn),
                     "triton_host_us_no_out": host_us(lambda: tb.gather_replay_batch(*args))})
-        fn()
-        row["c_launcher"] = _c_launcher_state(_launch.KERNELS["gather_replay_batch._gather_replay_batch"])
         fns[name] = fn
         row.update({f"reference_{k}": v for k, v in gpu_pair(rfn, calls=30, warmup=3,
                                                              lead_cycles=REFERENCE_LEAD_CYCLES).items()})
@@ -379,64 +376,41 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         rows.append(row)
         if quick:
             break
-    # host times of every step under every launch mode, all interleaved: a slow stretch of
-    # the host (seen hitting one step's every mode at once, runs 37-39) hits all steps alike
-    host = host_modes(fns, LAUNCH_MODES)
+    # host times of every step under both launch paths, all interleaved: a slow stretch of the
+    # host (seen on the H200 machines hitting every launch path of one step at once) hits all alike
+    host = host_modes(fns)
     for row in rows:
-        for mode in LAUNCH_MODES:
-            row["triton_host_us" if mode == "shipped" else f"triton_host_us_{mode}"] = host[(row["step"], mode)]
+        for mode in LAUNCH_PATHS:
+            row["triton_host_us" if mode == "pack" else f"triton_host_us_{mode}"] = host[(row["step"], mode)]
     results["gather_replay_batch"] = rows
 
 
-_EX_DEFAULT: dict = {}
+#: The launch paths whose host time is measured side by side, each a value of
+#: ``swa_backends.kernels._launch.check_keys``: the pack's path (after a key's first launch, the
+#: compiled kernel's own launcher) and Triton's own ``kernel[grid]`` (bind, specialise, look up
+#: the compiled kernel, launch) on every call.
+LAUNCH_PATHS = {"pack": False, "triton_path": True}
 
 
-def _launch_mode(c=None, ex=None, ints=None, direct=None, stub=None, fast=None):
-    """Set the launch path (None: the shipped default) and forget the fast entries."""
-    from swa_backends.kernels import _claunch, _launch
+def host_modes(fns, calls: int = 2000, rounds: int = 7) -> dict:
+    """Host time per call through each of :data:`LAUNCH_PATHS`. ``fns``: one function (result
+    keyed by path) or ``{step: fn}`` (keyed by ``(step, path)``). Rounds interleave every path
+    and step, so drift of the host (clocks, neighbours) hits them alike; median over rounds.
+    Restores ``check_keys``."""
+    from swa_backends.kernels import _launch
 
-    _EX_DEFAULT.setdefault("ex", _claunch.EX)  # the process's setting (SWA_TRITON_C_LAUNCH_EX), restored after
-    _claunch.EX = _EX_DEFAULT["ex"] if ex is None else ex
-    _launch.set_pointer_ints(True if ints is None else ints)
-    _launch.set_direct_launch(True if direct is None else direct)
-    _launch.set_launcher_stub(stub)
-    _launch.FAST = True if fast is None else fast
-    _launch.set_c_launch(True if c is None else c)
-
-
-#: The host-time variants timed side by side (interleaved rounds), each a launch-path setting:
-#: as shipped (the C launcher, cuLaunchKernelEx); the C launcher with cuLaunchKernel; Triton's C
-#: launch called directly (ints), through its launcher object, with tensors as pointers;
-#: everything but the driver's launch (the C launcher's driver call stubbed); Triton's own path.
-LAUNCH_MODES = {
-    "shipped": (dict(), None),
-    "c_legacy": (dict(ex=False), None),
-    "triton_launcher": (dict(c=False), None),
-    "launcher_object": (dict(c=False, direct=False), None),
-    "tensor_ptrs": (dict(c=False, ints=False), None),
-    "python_only": (dict(stub=lambda *a: None), None),  # the stub is not called where the C launcher applies
-    "triton_launch_path": (dict(fast=False), None),
-}
-
-
-def host_modes(fns, modes: dict, calls: int = 2000, rounds: int = 7) -> dict:
-    """Host time per call under each launch mode (``{name: (settings, own_fn)}``: ``own_fn``
-    replaces the timed function for that mode). ``fns``: one function (result keyed by
-    mode) or ``{step: fn}`` (keyed by ``(step, mode)``). Rounds interleave every mode and
-    step, so drift of the host (clocks, neighbours) hits them alike; median over rounds.
-    Restores the shipped setting."""
     single = callable(fns)
     steps = {None: fns} if single else fns
-    keys = [(step, mode) for mode in modes for step in steps]
+    keys = [(step, mode) for mode in LAUNCH_PATHS for step in steps]
     times: dict[tuple, list[float]] = {k: [] for k in keys}
+    before = _launch.check_keys
     try:
         for r in range(1 if SMOKE else rounds):
             order = keys[r % len(keys):] + keys[:r % len(keys)]
             for step, mode in order:
-                settings, own = modes[mode]
-                _launch_mode(**settings)
-                f = own or steps[step]
-                if SMOKE:  # the settings still switch (checks them), the numbers mean nothing
+                _launch.check_keys = LAUNCH_PATHS[mode]
+                f = steps[step]
+                if SMOKE:  # the setting still switches (and checks the keys), the numbers mean nothing
                     times[(step, mode)].append(_host_median(f, 2))
                     continue
                 f()
@@ -448,18 +422,8 @@ def host_modes(fns, modes: dict, calls: int = 2000, rounds: int = 7) -> dict:
                 times[(step, mode)].append((time.perf_counter() - t0) / calls * 1e6)
                 torch.cuda.synchronize()
     finally:
-        _launch_mode()
+        _launch.check_keys = before
     return {(k[1] if single else k): statistics.median(v) for k, v in times.items()}
-
-
-def _c_launcher_state(kernel) -> str:
-    """Which launcher the shortcut holds for ``kernel`` now: the pack's C launcher, or why not."""
-    from swa_backends.kernels import _claunch
-
-    kinds = {type(e[0]).__name__ for e in kernel._fast.values()}
-    if kinds == {"Launcher"}:
-        return "C launcher"
-    return f"not the C launcher ({sorted(kinds)}; {_claunch.reason() or 'does not apply'})"
 
 
 def bench_prepare(tb, dev, rng, results, quick):
@@ -593,15 +557,9 @@ def print_table(res) -> None:
     e = res["empty_triton_launch"]
     print(f"\nempty Triton kernel: GPU {e['gpu_us_flushed']:.2f} us L2-flushed / {e['gpu_us_warm']:.2f} us L2-warm "
           f"(graph {e['graph_us']:.2f}), host {e['host_us']:.2f} us")
-    pe = res["empty_pack_launch"]
-    if "host_us_c_call_alone" in pe:
-        print(f"the C launcher called alone (one C call: packing and cuLaunchKernelEx): host "
-              f"{pe['host_us_c_call_alone']:.2f} us")
-    print(f"the same through the pack's shortcut: host {pe['host_us_shipped']:.2f} us ({pe['c_launcher']}, "
-          f"cuLaunchKernelEx), {pe['host_us_c_legacy']:.2f} us (C launcher, cuLaunchKernel), "
-          f"{pe['host_us_triton_launcher']:.2f} us (Triton's C launch called directly), "
-          f"{pe['host_us_launcher_object']:.2f} us (through Triton's launcher object), "
-          f"{pe['host_us_python_only']:.2f} us (driver call stubbed)")
+    pe = res["empty_launch_paths"]
+    print(f"the same through the pack's launch path: host {pe['host_us_pack']:.2f} us "
+          f"(Triton's kernel[grid] path in the same rounds: {pe['host_us_triton_path']:.2f} us)")
     for key, v in res.get("calibration", {}).items():
         print(f"  calibration {key:>14}: GPU {v['gpu_us_flushed']:.2f} us flushed / {v['gpu_us_warm']:.2f} us warm")
     if "calibration" in res:
@@ -609,24 +567,17 @@ def print_table(res) -> None:
               "tensors and traffic, two dependent rounds, none of its logic)")
     print("\ngather_replay_batch (targets: GPU <= 4.5 us, judged on the L2-flushed median as the issue's empty-kernel "
           "figure; host <= 10 us)")
-    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h leg':>6} "
-          f"{'h trl':>6} {'h obj':>6} "
-          f"{'h tens':>6} {'h py':>5} {'h no-out':>8} {'h jit':>6} {'ref GPU fl':>10} {'ref host':>8}")
+    print(f"{'step':>12} {'rows':>5} {'GPU fl':>7} {'GPU warm':>8} {'graph':>6} {'host':>6} {'h triton':>8} "
+          f"{'h no-out':>8} {'ref GPU fl':>10} {'ref host':>8}")
     for r in res["gather_replay_batch"]:
         print(f"{r['step']:>12} {r['rows']:>5} {r['triton_gpu_us_flushed']:>7.2f} "
               f"{r['triton_gpu_us_warm']:>8.2f} {r['triton_graph_us']:>6.2f} "
-              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_c_legacy']:>6.2f} "
-              f"{r['triton_host_us_triton_launcher']:>6.2f} "
-              f"{r['triton_host_us_launcher_object']:>6.2f} "
-              f"{r['triton_host_us_tensor_ptrs']:>6.2f} "
-              f"{r['triton_host_us_python_only']:>5.2f} {r['triton_host_us_no_out']:>8.2f} "
-              f"{r['triton_host_us_triton_launch_path']:>6.2f} {r['reference_gpu_us_flushed']:>10.1f} "
+              f"{r['triton_host_us']:>6.2f} {r['triton_host_us_triton_path']:>8.2f} "
+              f"{r['triton_host_us_no_out']:>8.2f} {r['reference_gpu_us_flushed']:>10.1f} "
               f"{r['reference_host_us']:>8.1f}")
-    print("  (us; GPU fl/warm: L2 flushed/warm medians; graph: per call in a CUDA graph; host: per call as shipped "
-          f"({res['gather_replay_batch'][0]['c_launcher']}, cuLaunchKernelEx); h leg: the C launcher with "
-          "cuLaunchKernel; h trl: Triton's C launch called directly; "
-          "h obj: through Triton's launcher object; h tens: tensors as pointers; h py: everything but the driver's "
-          "launch (the C launcher's driver call stubbed); h jit: Triton's launch path)")
+    print("  (us; GPU fl/warm: L2 flushed/warm medians; graph: per call in a CUDA graph; host: per call through the "
+          "pack's launch path, out= given, validation off; h triton: the same through Triton's kernel[grid] path; "
+          "h no-out: the pack's path without out=; ref: the torch reference)")
     print("\nprepare_replay_step (one launch) vs its four ops (us, GPU L2-flushed / warm, host)")
     for r in res["prepare_replay_step"]:
         print(f"{r['step']:>12}: fused {r['fused_gpu_us_flushed']:.2f} / {r['fused_gpu_us_warm']:.2f}, host "
@@ -685,16 +636,25 @@ SMOKE_SIZES = dict(
 
 def main(argv=None) -> int:
     global SMOKE, STEPS, HIDDEN, TOTAL_ROWS, ROW_COUNTS
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="What each section measures: the module docstring and bench/README.md.")
     ap.add_argument("--out", required=True, help="directory for the JSON (and PNG)")
-    ap.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
-    ap.add_argument("--smoke", action="store_true", help="no GPU: tiny sizes through Triton's interpreter")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer sizes: the first step of each section, every third row count")
+    ap.add_argument("--smoke", action="store_true",
+                    help="no GPU: tiny sizes through Triton's interpreter (checks the script; numbers mean nothing)")
     a = ap.parse_args(argv)
     step_64k = (16, 4096)
     if a.smoke:
         if torch.cuda.is_available():
-            print("--smoke runs on a CPU-only machine (the interpreter is process-wide)", file=sys.stderr)
+            print("--smoke runs on a CPU-only machine (Triton's interpreter is process-wide)", file=sys.stderr)
             return 2
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("--smoke needs Triton's interpreter: TRITON_INTERPRET is set to something other than 1",
+                  file=sys.stderr)
+            return 2
+        print("TRITON_INTERPRET=1 (CPU smoke run): tiny sizes through Triton's interpreter, host clocks; the numbers "
+              "check the script, they are not performance")
         SMOKE = True
         STEPS, HIDDEN, TOTAL_ROWS = SMOKE_SIZES["STEPS"], SMOKE_SIZES["HIDDEN"], SMOKE_SIZES["TOTAL_ROWS"]
         ROW_COUNTS, step_64k = SMOKE_SIZES["ROW_COUNTS"], SMOKE_SIZES["STEP_64K"]
@@ -718,11 +678,12 @@ def main(argv=None) -> int:
         "capability": None if SMOKE else list(torch.cuda.get_device_capability(dev)), "smoke": SMOKE,
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         "hip": torch.version.hip, "python": platform.python_version(), "host": platform.node(),
-        "fast_launch": _launch.FAST, "warmup_s": warmup_s, "variants": tb.variants,
+        "warmup_s": warmup_s, "variants": tb.variants,
         "method": "GPU us: median of 200 calls, events around each call (do_bench's method), L2 flushed (256 MB "
                   "zeroed before each call) and warm (a GPU sleep instead); graph us: per call in a 64-call CUDA "
-                  "graph; host us: back-to-back calls without sync, validation off",
-        "ptr_ints": _launch.PTR_INTS,
+                  "graph; host us: back-to-back calls without sync, validation off; host_us: the pack's launch "
+                  "path (kernels/_launch.py), host_us_triton_path: Triton's kernel[grid] (_launch.check_keys = True), "
+                  "timed in interleaved rounds",
     }}
     rng = np.random.default_rng(0)
     bench_gather_replay_batch(tb, ref, dev, rng, res, a.quick)

@@ -333,17 +333,15 @@ class Config:
 
 
 # Launch configs keyed by (platform, D_qk bucket, heads bucket); the first matching row
-# wins. cuda/512 rows: H200, Triton 3.6, 2026-11-29 (bench/results/2026-11-29-h200/): 64 heads
-# x 64 rows, 8 warps, 2 stages = 209-233 TFLOP/s (Q 64 KB + 2 x 64 KB KV tiles = 197 KB of
-# shared memory, one program per SM). Refine from the next sweep (bench/notes_sparse_mla.md
-# has the candidates and what each is predicted to gain).
+# wins. cuda/512 rows, measured on an H200 (torch 2.11, Triton 3.6): 64 heads x 64 rows,
+# 8 warps, 2 stages = 209-233 TFLOP/s (Q 64 KB + 2 x 64 KB KV tiles = 197 KB of shared
+# memory, one program per SM); `bench/bench_sparse_mla.py --sweep` times the alternatives.
 TUNED: tuple[tuple[str, int, int, Config], ...] = (
     # platform, max D_qk, max heads, config
     ("cuda", 512, 16, Config(block_h=16, block_n=64, num_warps=4, num_stages=2)),
     ("cuda", 512, 32, Config(block_h=32, block_n=64, num_warps=8, num_stages=2)),  # 4 warps spill (sm_90a)
-    # H200, Triton 3.6 (2026-11-29, bench/results/2026-11-29-h200/bench_sparse_mla.run4.json):
-    # split_s 231-248 TFLOP/s at T 16K / K 640 vs 201-213 without; 32-row tiles with deeper
-    # pipelines 151-197 (the look-ahead did not pay).
+    # H200, Triton 3.6: split_s 231-248 TFLOP/s at T 16K / K 640 vs 201-213 without; 32-row
+    # tiles with deeper pipelines 151-197 (the look-ahead did not pay).
     ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # ROCm: gfx942 has 64 KB of LDS per CU, so smaller tiles and one stage (not measured)
     ("rocm", 512, 1 << 30, Config(block_h=32, block_n=32, num_warps=8, num_stages=1)),

@@ -29,11 +29,7 @@ from pathlib import Path
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
     sys.exit("aot_compile_sparse_mla: TRITON_INTERPRET=1 is set; kernels must be decorated in compiled mode")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _aot_pack import load_pack  # noqa: E402
-
-load_pack()
+import swa_backends  # noqa: E402,F401  (the installed pack: pip install -e . in this environment)
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

@@ -9,20 +9,13 @@ each prefill's last W rows. Every attention read is decoded back to positions
 
 from __future__ import annotations
 
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-# sb: the installed swa_backends, else this checkout loaded as that package
-from examples.dsv41_stack import MAIN, Engine, Stack, StackConfig, sb  # noqa: E402
-from examples.dsv41_stack.probe import ReadRecorder, drift_trial, rel_diff, run_prompt, summarize  # noqa: E402
+from swa_backends.examples.dsv41_stack import MAIN, Engine, Stack, StackConfig, sb
+from swa_backends.examples.dsv41_stack.probe import ReadRecorder, drift_trial, rel_diff, run_prompt, summarize
 
 W = 128
 TOL = 1e-5  # fp32 on CPU: same math, different batch shapes

@@ -3,11 +3,13 @@
 ``Stack`` (weights and per-layer math), ``PagedKV`` (two KV groups with block tables and a
 prefix cache), ``Engine`` (admission with ``admit_prefix_hit``, chunked prefill, decode,
 encoder- and decoder-side replay through ``swa_backends.select(device)``), and ``probe``
-(instrumented reads and drift measures). Not part of the installed package: tests and
-``bench/bench_e2e.py`` put the repository root on ``sys.path``.
+(instrumented reads and drift measures). Not part of the wheel; it imports the installed pack
+(``pip install -e .``), through which it is also ``swa_backends.examples.dsv41_stack``
+(``bench/bench_e2e.py`` imports it so). ``sb`` is ``swa_backends`` itself.
 """
 
-from ._pack import sb
+import swa_backends as sb
+
 from .cache import MAIN, SWA, PagedKV
 from .engine import TRIM_MODES, AttnContext, Engine, Request, StepInfo
 from .model import Stack, StackConfig

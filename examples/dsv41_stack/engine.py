@@ -33,9 +33,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import swa_backends as sb
 import torch
 
-from ._pack import sb
 from .cache import MAIN, SWA, PagedKV, block_keys
 from .model import Stack
 
