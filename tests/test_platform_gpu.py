@@ -72,8 +72,11 @@ def test_adapters_on_the_device(dev):
     assert int(counts.sum()) == int(adapters.valid_mask(idx, lens).sum())
 
 
-@pytest.mark.parametrize("H, D", [(64, 512), (128, 512), (16, 576)])
+@pytest.mark.parametrize("H, D", [(16, 512), (64, 512), (128, 512), (16, 576), (64, 576), (128, 576), (5, 512)])
 def test_flashmla_wrapper_on_hardware(dev, H, D):
+    """vLLM's FlashMLA through the pack's wrapper at real shapes: PAD holes inside the
+    length, short and empty rows, a sink, K not a multiple of 128, head counts the build
+    serves and one it does not (5: padded to 8). Carry FlashMLA with bench/fetch_flashmla.py."""
     from swa_backends.backends.cuda import flashmla, probes
 
     cap = torch.cuda.get_device_capability(dev)
@@ -83,13 +86,16 @@ def test_flashmla_wrapper_on_hardware(dev, H, D):
     if mod is None:
         pytest.skip(why)
     rng = np.random.default_rng(H + D)
-    for T, K in ((1, 128), (77, 640), (512, 1152)):
+    for T, K in ((1, 128), (77, 640), (512, 1152), (300, 200)):
         args, kw = sparse_mla_case(rng, dev, T=T, H=H, D=D, d_v=512, K=K, S=8192, dtype=torch.bfloat16)
+        args[3][::5] = 0  # empty rows: zeros and lse = -inf
         kw["sink"] = torch.randn(H, device=dev)
         got = flashmla.sparse_mla(*args, **kw)
         want = OPS["sparse_mla"].reference(*to_device(args, "cpu"), **to_device(kw, "cpu"))
         why = mismatch("sparse_mla", got, want)
-        assert why is None, why
+        assert why is None, f"T {T} K {K}: {why}"
+        empty = (args[3] == 0).cpu()
+        assert bool((got[0][empty.to(got[0].device)] == 0).all()) and bool(torch.isneginf(got[1].cpu()[empty]).all())
     b = sb.select(str(dev))
     assert b.variants["sparse_mla"][0] == "flashmla", b.variants["sparse_mla"]
 

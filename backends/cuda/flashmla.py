@@ -1,41 +1,62 @@
 """``sparse_mla`` through vLLM's bundled FlashMLA sparse prefill (SM90 / SM100 family).
 
-Vendor call (vLLM ``vllm/third_party/flashmla/flash_mla_interface.py``, the FlashMLA build
-with DeepSeek-V4 features)::
+Vendor call (vLLM 0.33 ``vllm/third_party/flashmla/flash_mla_interface.py``, the FlashMLA
+build with DeepSeek-V4 features)::
 
     flash_mla_sparse_fwd(q [s_q, h_q, d_qk] bf16, kv [s_kv, h_kv=1, d_qk] bf16,
                          indices [s_q, h_kv=1, topk] int32, sm_scale, d_v=512,
-                         attn_sink [h_q] fp32 | None, topk_length [s_q] int32 | None)
+                         attn_sink [h_q] fp32 | None, topk_length [s_q] int32 | None, out=None)
         -> (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q] fp32, lse [s_q, h_q] fp32)
 
-Facts the wrapper relies on (FlashMLA ``csrc/api/sparse_prefill.cpp`` and ``tests/ref.py``):
-``d_qk`` in {512, 576}, ``d_v`` = 512, ``h_q`` in {64, 128}, bf16 only; an index is invalid
-when -1 or >= s_kv, and entries at ``j >= topk_length[i]`` are ignored; ``topk`` must be a
-multiple of the kernel's B_TOPK (64 for h_q 64, 128 for h_q 128 on SM100); the sink scales
-the output by ``exp(lse) / (exp(lse) + exp(sink))`` and does not enter ``lse``; ``lse`` is
-the natural-log log-sum-exp, **+inf** for a query with no valid index (output zeros).
+Facts the wrapper relies on (the interface's documentation, FlashMLA ``tests/ref.py``):
+``d_qk`` in {512, 576}, ``d_v`` = 512, bf16 only; ``h_q`` in {8, 16, 32, 64, 128} on SM90 and
+{64, 128} on SM100 (other counts padded); an index is invalid when -1 or >= s_kv, and entries
+at ``j >= topk_length[i]`` are ignored; ``topk`` a multiple of the kernel's tile (128 covers
+every build); the sink scales the output by ``exp(lse) / (exp(lse) + exp(sink))`` and does not
+enter ``lse`` (-inf: no effect); a query with no valid index gets a zero output and
+``lse = +inf``.
 
-Adaptation, exactly the reference semantics:
+Adaptation, the reference semantics with no pass over the output:
 * kv ``[S, D]`` -> ``[S, 1, D]`` and indices ``[T, K]`` -> ``[T, 1, K']`` (views), with
-  ``K' = round_up(K, 128)`` (-1 PAD appended when needed: the combined layout is already a
-  multiple of 128, so it passes without a copy); ``lens`` is passed as ``topk_length``;
-* fewer than 64 (or 128) heads are zero-padded to 64 (128) and sliced off after;
-* ``lse``: FlashMLA's +inf for an empty row becomes the pack's -inf (output forced to 0).
+  ``K' = round_up(K, 128)`` (-1 PAD appended only when needed: the combined layout is a
+  multiple of 128 already); ``lens`` is passed as ``topk_length``;
+* a head count the build does not serve is zero-padded to the next one it does (its rows are
+  sliced off after the call); a served count passes through without a copy;
+* FlashMLA's zero output for an empty token is the pack's; its ``lse = +inf`` there becomes
+  the pack's ``-inf`` in place on the ``[T, H]`` lse (the only touch-up).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..adapters import no_tokens, pad_heads, round_up, zero_empty_rows
+from ..adapters import no_tokens, pad_heads, round_up
+from ...common.device import current_device
 from ...common.types import PAD
 from .probes import find_flashmla
 
-HEADS = (64, 128)
+# Head counts each FlashMLA build serves without padding (vLLM 0.33's interface).
+HEADS = {9: (8, 16, 32, 64, 128), 10: (64, 128)}
 D_QK = (512, 576)
 D_V = 512
-WIDTH_MULTIPLE = 128  # covers B_TOPK of both head counts on SM90 and SM100
+WIDTH_MULTIPLE = 128  # covers the top-k tile of every build (SM90: 64; SM100: 64 or 128)
 DTYPES = (torch.bfloat16,)
+
+
+@functools.lru_cache(maxsize=None)
+def _heads_for(index: int) -> tuple[int, ...]:
+    return HEADS.get(torch.cuda.get_device_capability(index)[0], HEADS[10])
+
+
+def _served_heads(q: torch.Tensor) -> tuple[int, ...]:
+    """The head counts the FlashMLA build of ``q``'s device serves (host tensors: the device
+    the pack is told it runs on, e.g. an emulated one)."""
+    if q.is_cuda:
+        return _heads_for(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    cap = current_device().capability or (10, 0)
+    return HEADS.get(cap[0], HEADS[10])
 
 
 def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
@@ -45,8 +66,9 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
         why.append(f"FlashMLA sparse prefill needs D_qk in {D_QK}, got {q.shape[2]}")
     if d_v != D_V:
         why.append(f"FlashMLA sparse prefill needs d_v={D_V}, got {d_v}")
-    if q.shape[1] > max(HEADS):
-        why.append(f"FlashMLA sparse prefill serves at most {max(HEADS)} heads (padded to 64/128), got {q.shape[1]}")
+    if q.shape[1] > 128:
+        why.append(f"FlashMLA sparse prefill serves at most 128 heads (padded to the next count it serves), "
+                   f"got {q.shape[1]}")
     return why
 
 
@@ -58,14 +80,14 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     mod, why = find_flashmla()
     if mod is None:
         raise RuntimeError(why)
-    heads = next(h for h in HEADS if H <= h)
+    heads = next(h for h in _served_heads(q) if H <= h)
     qp, sp = pad_heads(q, sink, heads)
     K = indices.shape[1]
     width = max(WIDTH_MULTIPLE, round_up(K, WIDTH_MULTIPLE))
     idx = indices if width == K else torch.nn.functional.pad(indices, (0, width - K), value=PAD)
     out, _max_logits, lse = mod.flash_mla_sparse_fwd(
-        qp, kv.unsqueeze(1), idx.unsqueeze(1), float(sm_scale), d_v, attn_sink=sp,
-        topk_length=lens.contiguous())
-    out, lse = out[:, :H], lse[:, :H]
-    out, lse = zero_empty_rows(out, lse, indices, lens)
-    return out.contiguous(), lse.contiguous()
+        qp, kv.unsqueeze(1), idx.unsqueeze(1), float(sm_scale), d_v, attn_sink=sp, topk_length=lens)
+    if heads != H:
+        out, lse = out[:, :H].contiguous(), lse[:, :H].contiguous()
+    lse.masked_fill_(lse == float("inf"), float("-inf"))  # nothing to read: the pack's -inf
+    return out, lse

@@ -38,19 +38,21 @@ def _sparse_softmax(q, rows, valid, sm_scale, sink):
     return p, lse, mx
 
 
-def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
-    """Double of ``flash_mla_sparse_fwd`` as bundled in vLLM (vllm/third_party/flashmla,
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, out=None):
+    """Double of ``flash_mla_sparse_fwd`` as bundled in vLLM 0.33 (vllm/third_party/flashmla,
     FlashMLA with DeepSeek-V4 features: vllm-project/FlashMLA ``csrc/api/sparse_prefill.cpp``
-    and ``tests/ref.py`` at 02137a4).
+    and ``tests/ref.py``; the interface's docstring for the head counts).
 
     Checks (RuntimeError like TORCH_CHECK): SM90a or SM100f; q/kv/indices 3-D; d_qk in
     {512, 576}; d_v == 512; bf16 q/kv, int32 indices/topk_length, fp32 sink; shapes
-    ``kv [s_kv, h_kv, d_qk]``, ``indices [s_q, h_kv, topk]``; h_q in {64, 128}; on SM100
+    ``kv [s_kv, h_kv, d_qk]``, ``indices [s_q, h_kv, topk]``; h_q in {8, 16, 32, 64, 128}
+    on SM90, {64, 128} on SM100; on SM100
     ``topk % B_TOPK == 0`` (64 for h_q 64, 128 for h_q 128), on SM90 ``topk % 64 == 0``.
     Semantics: an index is invalid when < 0 or >= s_kv, or at ``j >= topk_length[i]``;
     ``lse`` natural log, sink excluded, **+inf** for a query with nothing valid (output 0);
     ``max_logits`` -inf there. Returns ``(out bf16, max_logits fp32, lse fp32)``.
     """
+    given = out
     arch = _emulated.arch
     _check(arch in (None, "sm90", "sm100", "sm103"),
            "Sparse Attention Forward Kernel is only supported on SM90a and SM100f architectures.")
@@ -68,7 +70,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
         _check(attn_sink.dtype == torch.float32 and tuple(attn_sink.shape) == (h_q,), "attn_sink must be fp32 [h_q]")
     if topk_length is not None:
         _check(topk_length.dtype == torch.int32 and tuple(topk_length.shape) == (s_q,), "topk_length must be int32 [s_q]")
-    _check(h_q in (64, 128), f"Unsupported h_q: {h_q}")
+    _check(h_q in ((8, 16, 32, 64, 128) if arch in (None, "sm90") else (64, 128)), f"Unsupported h_q: {h_q}")
     b_topk = 64 if (arch == "sm90" or h_q == 64) else 128
     _check(topk > 0 and topk % b_topk == 0, f"topk ({topk}) mod B_TOPK ({b_topk}) must be 0")
     idx = indices[:, 0, :].to(torch.int64)
@@ -79,6 +81,8 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
     p, lse, mx = _sparse_softmax(q, rows, valid, sm_scale, attn_sink)
     out = torch.einsum("thk,tkd->thd", p, rows[..., :d_v].float()).to(torch.bfloat16)
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    if given is not None:
+        out = given.copy_(out)
     return out, mx, lse
 
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""FlashMLA on the GPU, three ways, in one run: vLLM's FlashMLA called directly, the pack's
+``flashmla`` variant (its wrapper), and the pack's own kernel (the ``gluon_ws`` variant), with
+the torch-native baseline, per cell of H 64 / 128 x K 640 / 1152 x T 4K / 16K x a 1M-row and a
+16K-row latent cache (random valid indices, sink on, D_qk = d_v = 512)::
+
+    python bench/fetch_flashmla.py                    # once, here: .flashmla/ (vLLM's FlashMLA)
+    . bench/gpu_env.sh && PYTHONPATH=.flashmla:$PYTHONPATH python3 bench/bench_flashmla.py --out $OUT
+
+TFLOP/s = 2*T*H*K*(D_qk + d_v) / time (CUDA events, median of repeats). Every path is first
+checked against the fp32 torch reference on PAD patterns (holes inside the length, short and
+empty rows) and at each cell on its first tokens; a wrong path is recorded, not timed. Writes
+``bench_flashmla.json`` and ``bench_flashmla.png`` (TFLOP/s per cell and path) to ``--out``;
+the table prints last, with each path's ratio to FlashMLA direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+import swa_backends as sb
+from bench_sparse_mla import check, git_commit, log, make_inputs, tflops, timed, torch_baseline
+
+D = DV = 512
+CELLS = [(H, K, T, S) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384) for S in (1 << 20, 1 << 14)]
+
+
+def paths(dev):
+    """``{name: fn(q, kv, idx, lens, scale, sink) -> (out, lse)}`` and the reasons of those that cannot run."""
+    from swa_backends.backends.cuda import flashmla, probes
+    from swa_backends.kernels import sparse_mla_gluon_ws
+
+    found, why = {}, {}
+    mod, reason = probes.find_flashmla()
+    if mod is None:
+        why["flashmla_direct"] = why["pack_flashmla"] = reason
+    else:
+        def direct(q, kv, idx, lens, scale, sink):
+            out, _, lse = mod.flash_mla_sparse_fwd(q, kv.unsqueeze(1), idx.unsqueeze(1), scale, DV, attn_sink=sink,
+                                                   topk_length=lens)
+            return out, lse
+
+        found["flashmla_direct"] = direct
+        found["pack_flashmla"] = lambda q, kv, idx, lens, scale, sink: flashmla.sparse_mla(q, kv, idx, lens, scale,
+                                                                                           DV, sink=sink)
+    found["pack_gluon_ws"] = lambda q, kv, idx, lens, scale, sink: sparse_mla_gluon_ws.sparse_mla(
+        q, kv, idx, lens, scale, DV, sink=sink)
+    backend = sb.select(str(dev))
+    found["pack_default"] = lambda q, kv, idx, lens, scale, sink: backend.sparse_mla(q, kv, idx, lens, scale, DV,
+                                                                                     sink=sink)
+    return found, why, backend
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="the 1M-row cells of T 16K only")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        log("bench_flashmla: needs a CUDA GPU")
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    args.out.mkdir(parents=True, exist_ok=True)
+    fns, reasons, backend = paths(dev)
+    scale = D ** -0.5
+    result = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                       "triton": __import__("triton").__version__, "python": platform.python_version(),
+                       "commit": git_commit(), "cells": "H x K x T x cache rows", "unavailable": reasons,
+                       "default_chain": list(backend.variants["sparse_mla"])},
+              "checks": {}, "cells": []}
+    failed = False
+    sb.set_validation(False)  # the hot path: validation is timed by no one here
+
+    # correctness first, on PAD patterns, at every head count (a wrong path is not timed)
+    for H in (16, 64, 128):
+        kv = torch.randn(8192, D, device=dev).to(torch.bfloat16)
+        q, idx, lens, sink = make_inputs(300, H, 1152, D, kv=kv, pads=True, seed=H)
+        for name, fn in fns.items():
+            if name == "flashmla_direct" and H not in (64, 128):
+                continue  # the direct call takes the head counts its build serves unpadded; the wrapper pads
+            try:
+                why, rel = check(fn(q, kv, idx, lens, scale, sink), q, kv, idx, lens, scale, DV, sink)
+            except Exception as exc:  # recorded, never the end of the run
+                why, rel = f"{type(exc).__name__}: {exc}", float("nan")
+            result["checks"][f"{name}/H{H}"] = {"ok": why is None, "why": why, "rel_err": rel}
+            failed |= why is not None
+            log(f"check {name:<16} H {H:>3}: {'ok' if why is None else why} (rel {rel:.2e})")
+    bad = {k.split("/")[0] for k, v in result["checks"].items() if not v["ok"]}
+
+    cells = [c for c in CELLS if not args.quick or (c[2] == 16384 and c[3] == 1 << 20)]
+    kvs = {}
+    for H, K, T, S in cells:
+        kv = kvs.get(S)
+        if kv is None:
+            kv = kvs[S] = torch.randn(S, D, device=dev).to(torch.bfloat16)
+        q, idx, lens, sink = make_inputs(T, H, K, D, kv=kv, seed=H * K + T)
+        row = {"H": H, "K": K, "T": T, "S": S, "tflops": {}, "ms": {}, "errors": {}}
+        ms = timed(lambda: torch_baseline(q, kv, idx, lens, scale, DV, sink), reps=max(2, args.reps // 2))
+        row["ms"]["torch"], row["tflops"]["torch"] = ms, tflops(T, H, K, D, DV, ms)
+        for name, fn in fns.items():
+            if name in bad:
+                continue
+            try:
+                why, _ = check(fn(q, kv, idx, lens, scale, sink), q, kv, idx, lens, scale, DV, sink, n=8)
+                if why:
+                    raise AssertionError(why)
+                ms = timed(lambda: fn(q, kv, idx, lens, scale, sink), reps=args.reps, warmup=2)
+                row["ms"][name], row["tflops"][name] = ms, tflops(T, H, K, D, DV, ms)
+            except Exception as exc:
+                row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                failed = True
+        if "pack_default" in row["ms"]:
+            row["default_variant"] = backend.variant_for("sparse_mla", q, kv, idx, lens, scale, DV, sink=sink)
+        result["cells"].append(row)
+        log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7}: " + "  ".join(f"{n} {v:6.1f}" for n, v in row["tflops"].items()))
+        (args.out / "bench_flashmla.json").write_text(json.dumps(result, indent=1))
+
+    (args.out / "bench_flashmla.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "bench_flashmla.png")
+    print_table(result)
+    return 1 if failed else 0
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # the table is the result; the plot is a picture of it
+        log(f"no plot ({exc})")
+        return
+    names = ["flashmla_direct", "pack_flashmla", "pack_gluon_ws", "torch"]
+    cells = result["cells"]
+    fig, ax = plt.subplots(figsize=(max(8, len(cells) * 0.9), 4))
+    width = 0.2
+    for i, n in enumerate(names):
+        ax.bar([c + (i - 1.5) * width for c in range(len(cells))], [r["tflops"].get(n, 0) for r in cells], width,
+               label=n)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([f"H{r['H']}\nK{r['K']}\nT{r['T'] // 1024}K\n{'1M' if r['S'] > 1 << 19 else '16K'}"
+                        for r in cells], fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"sparse MLA, D 512, {result['meta']['device']} (torch {result['meta']['torch']}, "
+                 f"Triton {result['meta']['triton']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_table(result: dict) -> None:
+    print("\n| H / K / T / cache rows | FlashMLA direct | pack flashmla | pack gluon_ws | torch | flashmla / direct "
+          "| gluon_ws / direct |")
+    print("|---|---|---|---|---|---|---|")
+    for r in result["cells"]:
+        t = r["tflops"]
+        d = t.get("flashmla_direct")
+        ratio = lambda n: f"{t[n] / d:.3f}" if d and n in t else "-"  # noqa: E731
+        cells = [f"{t[n]:.1f}" if n in t else "-" for n in ("flashmla_direct", "pack_flashmla", "pack_gluon_ws",
+                                                            "torch")]
+        size = f"{r['H']} / {r['K']} / {r['T'] // 1024}K / {'1M' if r['S'] > 1 << 19 else '16K'}"
+        print(f"| {size} | " + " | ".join(cells) + f" | {ratio('pack_flashmla')} | {ratio('pack_gluon_ws')} |")
+    if result["meta"]["unavailable"]:
+        print("unavailable:", result["meta"]["unavailable"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
