@@ -558,6 +558,9 @@ def _execute_in_worker(jobs: Sequence[Job], *, cases: int, seed: int, progress: 
 
 def run_worker(jobs_path: str, out_path: str, *, progress: bool) -> int:
     """The worker side of :func:`_execute_in_worker`."""
+    from .interpreter import scalar_index_compat
+
+    scalar_index_compat()
     with open(jobs_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     jobs = [Job(**j) for j in spec["jobs"]]

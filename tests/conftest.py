@@ -17,6 +17,12 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:  # Triton 3.6's interpreter on NumPy >= 2.4 (testing/interpreter.py)
+        from swa_backends.testing.interpreter import scalar_index_compat
+
+        scalar_index_compat()
+    except ImportError:  # no Triton: the Triton tests skip with their reason
+        pass
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
