@@ -1,8 +1,8 @@
-"""The Gluon (Hopper) sparse-MLA kernel on an sm90 GPU (``-m gpu``), against the fp32 torch
-reference: random data (never zeros), PAD holes inside the length, whole PAD tiles, lens 0,
-short rows, odd T, H 64 / 96 / 128, with and without sink, bf16 and fp16, poisoned outputs,
-every swept config; and the dispatch: which calls take the Gluon kernel, which keep the tl
-kernel, and why.
+"""The Gluon (Hopper) sparse-MLA kernels -- variants ``gluon_ws`` and ``gluon`` -- on an sm90 GPU
+(``-m gpu``), against the fp32 torch reference: random data (never zeros), PAD holes inside
+the length, whole PAD tiles, lens 0, short rows, odd T, H 64 / 96 / 128, with and without
+sink, bf16 and fp16, poisoned outputs; and the dispatch: which calls take which kernel, what
+``explain()`` says, graph capture, warmup, and a kernel that fails to build.
 
     python -m pytest -q -m gpu tests/test_sparse_mla_gluon_gpu.py
 """
@@ -10,93 +10,71 @@ kernel, and why.
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import pytest
 import torch
 
-from swa_backends import select
-from swa_backends.common.device import current_device
-from swa_backends.dispatch import variant
+from swa_backends import KernelUnavailable, select
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
 
 pytestmark = pytest.mark.gpu
-
-
-
-def _sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+VARIANTS = ("gluon_ws", "gluon")
+MODULES = {"gluon_ws": "swa_backends.kernels.sparse_mla_gluon_ws", "gluon": "swa_backends.kernels.sparse_mla_gluon"}
 
 
 @pytest.fixture(scope="module")
-def kmod():
-    if not _sm90():
+def mods():
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("needs an sm90 (Hopper) GPU")
-    select(prefer={"sparse_mla": "triton"})
-    variant("sparse_mla", "triton").load(current_device())
-    return importlib.import_module("swa_backends.kernels.sparse_mla")
+    return {name: importlib.import_module(path) for name, path in MODULES.items()}
 
 
-@pytest.fixture(scope="module")
-def gmod(kmod):
-    G = kmod._gluon_module()
-    if isinstance(G, str):
-        pytest.skip(G)
-    return G
+def _poison(fn):
+    """Run a variant with torch.empty returning NaN-poisoned buffers: unwritten outputs show."""
+    real = torch.empty
 
+    def empty(*a, **k):
+        t = real(*a, **k)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
 
-def _poisoned(T, H, dtype):
-    out = torch.full((T, H, D), float("nan"), dtype=dtype, device="cuda")
-    lse = torch.full((T, H), float("nan"), dtype=torch.float32, device="cuda")
-    return out, lse
-
-
-def _gluon(G, cfg, args, kw):
-    """Run the Gluon kernel directly into NaN-poisoned outputs."""
-    q, kv, idx, lens, scale, d_v = args
-    out, lse = _poisoned(q.shape[0], q.shape[1], q.dtype)
-    G.launch(q, kv, idx, lens, scale, d_v, kw.get("sink"), out, lse, config=cfg)
+    torch.empty = empty
+    try:
+        out = fn()
+    finally:
+        torch.empty = real
     torch.cuda.synchronize()
-    return out, lse
+    return out
+
+
+def _run(mods, which, args, kw):
+    return _poison(lambda: mods[which].sparse_mla(*args, **kw))
 
 
 @pytest.mark.parametrize("H", [64, 128, 96])
 @pytest.mark.parametrize("K", [640, 1152, 128, 77])
-@pytest.mark.parametrize("which", ["n64b2l0", "ws"])
-def test_shipped_configs(gmod, cache, H, K, which):
-    """Both shipped kernels (ws: the default; n64b2l0: its fallback) on every
-    head count, odd index widths (77: one pair, the second tile partly past the length; 128: one
-    pair exactly) and both sink settings."""
-    cfg = gmod.parse_env(which)
+@pytest.mark.parametrize("which", VARIANTS)
+def test_both_kernels(mods, cache, H, K, which):
     for sink in (False, True):
-        args, kw = case(cache, 301, H, K, torch.bfloat16, sink=sink, seed=H * 7 + K + sink)
-        check(_gluon(gmod, cfg, args, kw), args, kw)
+        args, kw = case(cache, 300, H, K, torch.bfloat16, sink=sink, seed=H + K)
+        check(_run(mods, which, args, kw), args, kw)
 
 
-@pytest.mark.parametrize("cfg", ["n64b2l0", "n64b2l0s", "n32b4l0", "n32b3l0", "n32b4", "n64b2l0d", "n32b4l0d",
-                                 "n32b4l0dp", "n32b3l0dp", "ws"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_swept_configs(gmod, cache, cfg, dtype):
-    c = gmod.parse_env(cfg)
-    for H in (64, 128):
-        args, kw = case(cache, 257, H, 640, dtype, sink=True, seed=H + len(cfg))
-        check(_gluon(gmod, c, args, kw), args, kw)
+@pytest.mark.parametrize("which", VARIANTS)
+def test_fp16(mods, cache, which):
+    args, kw = case(cache, 300, 64, 640, torch.float16, sink=True, seed=3)
+    check(_run(mods, which, args, kw), args, kw)
 
 
-def test_every_sweep_entry_runs(gmod, cache):
-    args, kw = case(cache, 133, 64, 640, torch.bfloat16, sink=True, seed=3)
-    for cfg in gmod.SWEEP:
-        check(_gluon(gmod, cfg, args, kw), args, kw)
-
-
-@pytest.mark.parametrize("which", ["n64b2l0", "ws"])
-def test_all_valid_long_rows(gmod, cache, which):
-    args, kw = case(cache, 517, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
-    check(_gluon(gmod, gmod.parse_env(which), args, kw), args, kw)
+@pytest.mark.parametrize("which", VARIANTS)
+def test_all_valid_long_rows(mods, cache, which):
+    args, kw = case(cache, 264, 128, 2048, torch.bfloat16, sink=True, seed=4, pads=False)
+    check(_run(mods, which, args, kw), args, kw)
 
 
 @pytest.mark.parametrize("H", [64, 128])
-def test_ws_many_tokens_with_runs_of_empty_ones(gmod, cache, H):
+def test_ws_many_tokens_with_runs_of_empty_ones(mods, cache, H):
     """The persistent ws kernel over many more (token, head block) items than SMs (many items
     per program): runs of empty items (no pairs: Q freed at once, the row sums' alternate
     slots), lengths that end inside a pair or on its edge; and every item empty."""
@@ -106,66 +84,54 @@ def test_ws_many_tokens_with_runs_of_empty_ones(gmod, cache, H):
     lens = choices[torch.randint(0, len(choices), (1500,), generator=g, device="cuda")]
     lens[200:700] = 0  # several empty items in a row for every program
     args = args[:3] + (lens,) + args[4:]
-    cfg = gmod.parse_env("ws")
-    check(_gluon(gmod, cfg, args, kw), args, kw)
+    check(_run(mods, "gluon_ws", args, kw), args, kw)
     empty = args[:3] + (torch.zeros_like(lens),) + args[4:]
-    out, lse = _gluon(gmod, cfg, empty, kw)
+    out, lse = _run(mods, "gluon_ws", empty, kw)
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
-@pytest.mark.parametrize("which", ["n64b2l0", "ws"])
-def test_large_scores_and_all_empty(gmod, cache, which):
+@pytest.mark.parametrize("which", VARIANTS)
+def test_large_scores_and_all_empty(mods, cache, which):
     """Scores far from 0 (the online max moves a lot) and a batch where nothing is valid."""
-    cfg = gmod.parse_env(which)
     args, kw = case(cache, 200, 64, 640, torch.bfloat16, sink=True, seed=5)
     q = args[0] * 8
     args = (q,) + args[1:]
-    check(_gluon(gmod, cfg, args, kw), args, kw)
+    check(_run(mods, which, args, kw), args, kw)
     empty = (args[0], args[1], torch.full_like(args[2], -1), args[3], args[4], args[5])
-    out, lse = _gluon(gmod, cfg, empty, kw)
+    out, lse = _run(mods, which, empty, kw)
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
-@pytest.mark.parametrize("H,config", [(64, "gluon-ws"), (96, "gluon-ws"), (128, "gluon-ws")])
-def test_dispatch_takes_gluon_for_prefill(kmod, gmod, cache, monkeypatch, H, config):
-    monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
-    backend = select(prefer={"sparse_mla": "triton"})
+@pytest.mark.parametrize("H", [64, 96, 128])
+def test_dispatch_takes_gluon_ws_for_prefill(mods, cache, H):
+    backend = select("cuda")
     args, kw = case(cache, 300, H, 640, torch.bfloat16, sink=True, seed=11)
-    info = kmod.dispatch_info(args[0], args[1], args[2], D)
-    assert info["kernel"] == "gluon" and info["config"] == config, info
-    calls = []
-    real = gmod.launch
-    monkeypatch.setattr(gmod, "launch", lambda *a, **k: calls.append(k.get("warmup", False)) or real(*a, **k))
+    chain = [n for n in backend.variants["sparse_mla"] if n != "flashmla"]
+    assert chain[:2] == ["gluon_ws", "gluon"], backend.variants["sparse_mla"]
+    expected = backend.variants["sparse_mla"][0]  # flashmla where vLLM's FlashMLA is importable, else gluon_ws
+    assert backend.variant_for("sparse_mla", *args, **kw) == expected
     check(backend.sparse_mla(*args, **kw), args, kw)
-    assert False in calls  # a real launch of the Gluon kernel
 
 
-def test_dispatch_keeps_tl_with_reasons(kmod, gmod, cache, monkeypatch):
-    monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
+def test_dispatch_sends_what_gluon_does_not_take_to_the_tl_kernel_with_reasons(mods, cache):
+    backend = select("cuda", prefer={"sparse_mla": "triton"})  # the pack's own chain without FlashMLA
+    chain = select("cuda")
     args, _ = case(cache, 300, 64, 640, torch.bfloat16, sink=False, seed=12)
-    q, kv, idx = args[0], args[1], args[2]
-    cases = {
-        "decode-sized": (q[:4], kv, idx[:4], D),
-        "H=32": (q[:, :32].contiguous(), kv, idx, D),
-        "dtype": (q.float(), kv.float(), idx, D),
-        "d_v=256": (q, kv, idx, 256),
-    }
-    for name, c in cases.items():
-        info = kmod.dispatch_info(*c)
-        assert info["kernel"] == "tl" and info["why"], (name, info)
-    monkeypatch.setenv("SWA_SPARSE_MLA_GLUON", "0")
-    info = kmod.dispatch_info(q, kv, idx, D)
-    assert info["kernel"] == "tl" and "SWA_SPARSE_MLA_GLUON" in info["why"]
-    monkeypatch.setenv("SWA_SPARSE_MLA_GLUON", "n32b4l0")
-    assert kmod.dispatch_info(q, kv, idx, D)["config"] == "gluon-n32b4l0"
+    q, kv, idx, lens = args[:4]
+    for name, call in {"decode-sized": (q[:4], kv, idx[:4], lens[:4], args[4], D),
+                       "H=32": (q[:, :32].contiguous(), kv, idx, lens, args[4], D),
+                       "d_v=256": (q, kv, idx, lens, args[4], 256)}.items():
+        why = mods["gluon"].input_check(*call)
+        assert why, name
+        assert chain.variant_for("sparse_mla", *call) in ("flashmla", "triton"), name
+        assert backend.variant_for("sparse_mla", *call) == "triton"
+    assert chain.variant_for("sparse_mla", q.float(), kv.float(), idx, lens, args[4], D) == "reference"
 
 
 @pytest.mark.parametrize("H", [64, 128])
-def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch, H):
-    monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
-    backend = select(prefer={"sparse_mla": "triton"})
+def test_cuda_graph_capture(mods, cache, H):
+    backend = select("cuda", prefer={"sparse_mla": "gluon_ws"})
     args, kw = case(cache, 264, H, 640, torch.bfloat16, sink=True, seed=9)
-    assert kmod.dispatch_info(args[0], args[1], args[2], D)["kernel"] == "gluon"
     want = backend.sparse_mla(*args, **kw)
     g, got = capture(lambda: backend.sparse_mla(*args, **kw))
     args[0].mul_(0.5)
@@ -176,34 +142,37 @@ def test_cuda_graph_capture(kmod, gmod, cache, monkeypatch, H):
 
 
 @pytest.mark.parametrize("H", [64, 128])
-def test_warmup_compiles_the_gluon_kernel(kmod, gmod, cache, monkeypatch, H):
-    monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
-    backend = select(prefer={"sparse_mla": "triton"})
-    kmod.warmup(backend, num_heads=(H,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
-    fn = gmod.kernel_for(gmod.default_for(H))
-    before = sum(len(c[0]) for c in fn.device_caches.values())
-    assert before >= 1
+def test_warmup_compiles_what_serving_launches(mods, cache, H):
+    backend = select("cuda")
+    backend.warmup(num_heads=(H,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
+    fns = [mods["gluon_ws"]._sparse_mla_gluon_ws_fwd]
+    before = [sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns]
+    assert all(b >= 1 for b in before) or "flashmla" in backend.variants["sparse_mla"]
     for T, K in ((300, 128), (2048, 640)):
         args, kw = case(cache, T, H, K, torch.bfloat16, sink=True, seed=T)
         backend.sparse_mla(*args, **kw)
-    assert sum(len(c[0]) for c in fn.device_caches.values()) == before
+    assert [sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns] == before
 
 
-def test_ws_compile_failure_falls_back_to_n64b2l0(kmod, gmod, cache, monkeypatch):
-    """A ws kernel that does not compile: one warning, the same call runs n64b2l0 (correct
-    result), and the dispatch remembers it."""
-    monkeypatch.delenv("SWA_SPARSE_MLA_GLUON", raising=False)
-    monkeypatch.setattr(kmod, "_GLUON_FAILED", {})
-    ws = gmod._ws_module()
+def test_a_kernel_that_fails_to_build_is_a_reason_and_the_next_variant_runs(mods, cache, monkeypatch):
+    """gluon_ws does not compile (injected): one warning, the same call runs gluon (a correct
+    result), and explain() shows the failure as gluon_ws's reason from then on."""
+    ws = mods["gluon_ws"]
+    monkeypatch.setattr(ws, "_BUILT", set())
 
     def broken(*a, **k):
         raise RuntimeError("PassManager::run failed (injected by the test)")
 
-    monkeypatch.setattr(ws, "launch_meta", broken)
-    backend = select(prefer={"sparse_mla": "triton"})
+    monkeypatch.setattr(ws._sparse_mla_gluon_ws_fwd, "warmup", broken)
+    backend = select("cuda", prefer=None)
+    backend._chains["sparse_mla"] = tuple(v for v in backend._chains["sparse_mla"] if v.name != "flashmla")
     args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=True, seed=21)
-    assert kmod.dispatch_info(args[0], args[1], args[2], D)["config"] == "gluon-ws"
-    with pytest.warns(RuntimeWarning, match=r"gluon-ws\) does not compile"):
+    with pytest.warns(RuntimeWarning, match="gluon_ws.*failed to build"):
         got = backend.sparse_mla(*args, **kw)
     check(got, args, kw)
-    assert kmod.dispatch_info(args[0], args[1], args[2], D)["config"] == "gluon-n64b2l0"
+    assert backend.variant_for("sparse_mla", *args, **kw) == "gluon"
+    row = next(c for c in backend.explain().table if c.op == "sparse_mla" and c.variant == "gluon_ws")
+    assert row.status == "rejected" and any("injected by the test" in r for r in row.reasons)
+    with pytest.raises(KernelUnavailable):
+        ws.sparse_mla(*args, **kw)
+    warnings.resetwarnings()

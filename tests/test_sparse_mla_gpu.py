@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from swa_backends import select
-from swa_backends.common.device import current_device
 from swa_backends.dispatch import variant
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
@@ -31,7 +30,7 @@ def backend():
 
 @pytest.fixture(scope="module")
 def kmod(backend):
-    variant("sparse_mla", "triton").load(current_device())
+    variant("sparse_mla", "triton").load()
     return importlib.import_module("swa_backends.kernels.sparse_mla")
 
 
@@ -56,12 +55,19 @@ def test_all_valid_long_rows(backend, cache):
     check(backend.sparse_mla(*args, **kw), args, kw)
 
 
-def test_swept_configs_are_correct(kmod, cache):
-    """Every swept config compiles with this Triton (fit=False: no silent fallback) and is right."""
+# The kernel's knobs, one config per feature (bench/bench_sparse_mla.py --sweep times more).
+CONFIGS = [dict(block_h=64, block_n=64, num_warps=8, num_stages=2), dict(block_h=64, block_n=64, num_warps=8,
+           num_stages=2, split_s=True), dict(block_h=64, block_n=32, num_warps=8, num_stages=5),
+           dict(block_h=64, block_n=32, num_warps=8, num_stages=5, split_s=True, skip_empty=True),
+           dict(block_h=64, block_n=16, num_warps=4, num_stages=3, dv_split=2)]
+
+
+def test_configs_are_correct(kmod, cache):
+    """Each feature of the tl kernel compiles with this Triton (fit=False: no silent fallback) and is right."""
     for H in (64, 128):
         args, kw = case(cache, 200, H, 640, torch.bfloat16, sink=True, seed=H)
-        for text in kmod.SWEEP:
-            cfg = kmod.parse_config(text, kmod.Config())
+        for fields in CONFIGS:
+            cfg = kmod.Config(**fields)
             if cfg.block_h > H:
                 continue
             for splits in (None, 3):  # T 200 > SMs: None is no split

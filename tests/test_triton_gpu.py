@@ -96,10 +96,9 @@ def test_compiled_launcher_and_tritons_launch_path_agree(gb, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_c_launcher_from_a_fresh_thread(gb):
-    """A launch from a thread that has made no CUDA call yet: the C launcher finds no
-    current context and hands the launch to Triton's path, or launches; either way the
-    result is the reference's."""
+def test_launch_from_a_fresh_thread(gb):
+    """A launch from a thread that has made no CUDA call yet, of a key whose compiled kernel
+    exists: the compiled launcher on that thread gives the reference's result."""
     import threading
 
     rng = np.random.default_rng(29)
