@@ -1,7 +1,14 @@
 """The pack's CUDA kernels under NVIDIA's compute-sanitizer (memcheck: out-of-bounds and
 misaligned accesses; racecheck: shared-memory hazards), 0 errors required. Runs
 tests/sanitize_kernels.py in a child process under each tool; skipped where there is no GPU
-or no compute-sanitizer (it ships in CUDA toolkits and the nvidia-cuda-sanitizer-api wheel)."""
+or no compute-sanitizer (it ships in CUDA toolkits and the nvidia-cuda-sanitizer-api wheel).
+
+racecheck orders shared-memory accesses by CTA barriers only; it does not model mbarrier
+arrive/wait. The persistent warp-specialised kernel (``gluon_ws``) hands data between its
+warpgroups through mbarriers, so racecheck reports every such hand-off (and the same class of
+reports for vLLM's FlashMLA, whose warpgroups do the same; H200, compute-sanitizer of CUDA 13,
+2026-12-01). Those two run under memcheck here and are left out of racecheck; every other
+kernel must come out of racecheck clean."""
 
 from __future__ import annotations
 
@@ -25,8 +32,10 @@ def test_kernels_under_compute_sanitizer(tool):
     if exe is None:
         pytest.skip("compute-sanitizer is not on PATH")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    skip = ["--skip", "gluon_ws,flashmla"] if tool == "racecheck" else []
     proc = subprocess.run([exe, "--tool", tool, "--error-exitcode", "1", sys.executable,
-                           str(HERE / "sanitize_kernels.py")], capture_output=True, text=True, env=env, timeout=1800)
+                           str(HERE / "sanitize_kernels.py"), *skip], capture_output=True, text=True, env=env,
+                          timeout=1800)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
     assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, tail
