@@ -10,12 +10,19 @@ function for this pack. It is
   the custom ops -- about 80 ms + 60 ms on this project's 2-core CI machine; no device
   query, no kernel build, no ``select()``: a backend is chosen for a device when the
   first op runs there;
-* vendor-free: no vLLM, vllm-ascend, torch_npu, Triton, FlashInfer or AITER import here.
-  Those load lazily, only for the variant chosen on the device that runs.
+* vendor-free where there is no vLLM: no vLLM, vllm-ascend, torch_npu, Triton, FlashInfer
+  or AITER import here. Those load lazily, only for the variant chosen on the device that runs;
+* the vLLM integration's installer: when vLLM is importable (it is, when vLLM calls this),
+  :func:`swa_backends.integrations.vllm.install` registers the pack's DeepSeek-V4.1
+  architecture (supported vLLM releases only, ``SWA_BACKENDS_VLLM=0`` turns it off). It
+  never raises: a failure is one warning and vLLM's own path.
 
 It is **not** a ``vllm.platform_plugins`` entry: only one out-of-tree platform can be
 active (vllm-ascend is one), and a kernel pack must coexist with it. With ``VLLM_PLUGINS``
-set, list this plugin's name next to the platform's (``VLLM_PLUGINS=ascend,swa_backends``).
+set, it is one whitelist for every plugin group: list this plugin's name next to every other
+plugin the deployment needs (vllm-ascend's general plugins are ``ascend_kv_connector``,
+``ascend_model_loader``, ``ascend_service_profiling`` and ``ascend_model``, its platform plugin
+``ascend``), or leave it unset.
 """
 
 from __future__ import annotations
@@ -34,18 +41,43 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> tuple[str, ...]:
-    """Define the pack's ops as ``torch.ops.swa_backends.*`` (once per process) and return
-    their qualified names (``swa_backends::gather_rows``, ...)."""
+    """Define the pack's ops as ``torch.ops.swa_backends.*`` (once per process), install the
+    vLLM integration where vLLM is importable, and return the ops' qualified names
+    (``swa_backends::gather_rows``, ...; empty, with one warning, if defining them failed).
+    Never raises."""
     global _registered
     if _registered is not None:
         return _registered
     with _lock:
         if _registered is None:
-            from . import torch_ops  # defining the custom ops is the import's effect
+            try:
+                from . import torch_ops  # defining the custom ops is the import's effect
 
-            _registered = tuple(torch_ops.qualified_names())
-            logger.debug("swa_backends: %d ops registered under torch.ops.%s", len(_registered), torch_ops.NAMESPACE)
+                names = tuple(torch_ops.qualified_names())
+                logger.debug("swa_backends: %d ops registered under torch.ops.%s", len(names), torch_ops.NAMESPACE)
+            except Exception as exc:  # noqa: BLE001 - loading the plugin never stops vLLM from starting
+                names = ()
+                logger.warning("swa_backends: defining torch.ops.swa_backends failed (%s: %s); the pack's Python "
+                               "API is unaffected", type(exc).__name__, exc)
+            _registered = names
+            _install_vllm()
     return _registered
+
+
+def _install_vllm() -> None:
+    """The vLLM integration (``swa_backends.integrations.vllm.install``), when vLLM can be
+    imported; never raises."""
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            return
+        from .integrations.vllm import install
+
+        install()
+    except Exception as exc:  # noqa: BLE001 - loading the plugin never stops vLLM from starting
+        logger.warning("swa_backends: the vLLM integration failed to install (%s: %s); vLLM's own path is used",
+                       type(exc).__name__, exc)
 
 
 def registered() -> bool:

@@ -1,0 +1,169 @@
+"""vLLM runs DeepSeek-V4.1's replay metadata through swa_backends.
+
+:func:`install` is called by ``swa_backends.plugin.register()``, the pack's
+``vllm.general_plugins`` entry point, in every vLLM process. It changes nothing unless
+
+* ``SWA_BACKENDS_VLLM`` is not ``0`` (``0``/``off``/``false``: the integration is off;
+  ``force``: skip the platform check below -- tests on a CPU-only machine);
+* vLLM is importable and its release series is in :data:`SUPPORTED_VLLM` (the one place
+  the supported versions are declared);
+* vLLM's platform is CUDA or ROCm (the pack's Triton kernels; other platforms keep vLLM's
+  path untouched, e.g. vllm-ascend's NPU).
+
+Then it registers the architecture ``DeepseekV41ForCausalLM`` under the same name as a
+lazy ``"module:Class"`` string (vLLM's supported extension point,
+``ModelRegistry.register_model``): :class:`swa_backends.integrations.vllm.model.DeepseekV41ForCausalLM`,
+a thin subclass of the class vLLM would pick on this platform. Nothing is patched here: when
+that model is built in a worker it computes the pack's capability decision from vLLM's
+config, applies the few unavoidable patches (:mod:`~swa_backends.integrations.vllm.patches`)
+and routes the sides the pack turns on. Every outcome is logged once; every failure is one
+warning and vLLM's own path.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+#: vLLM release series (major.minor) this integration supports. The one place they are declared:
+#: the version gate, the patches' reasons and the CI stage (which installs :data:`TESTED_VLLM`) read it.
+SUPPORTED_VLLM: tuple[str, ...] = ("0.33",)
+#: The release CI installs and every pinned signature and source hash was taken from.
+TESTED_VLLM = "0.33.0"
+
+#: The environment switch: ``0``/``off``/``false``/``no`` turn the integration off;
+#: ``force`` skips the platform check; anything else (or unset) is automatic.
+ENV = "SWA_BACKENDS_VLLM"
+
+ARCH = "DeepseekV41ForCausalLM"
+MODEL_CLASS = "swa_backends.integrations.vllm.model:DeepseekV41ForCausalLM"
+
+logger = logging.getLogger("vllm.swa_backends")
+
+_lock = threading.Lock()
+_status: "InstallStatus | None" = None
+_logged: set[str] = set()
+
+
+def log_once(level: int, msg: str, *args) -> None:
+    """Log ``msg % args`` once per process (at ``level``)."""
+    text = msg % args if args else msg
+    if text in _logged:
+        return
+    _logged.add(text)
+    logger.log(level, "swa_backends: %s", text)
+
+
+@dataclass(frozen=True)
+class InstallStatus:
+    """``installed``: the architecture is registered; ``reason``: why (or why not);
+    ``vllm_version``: the vLLM found (None when there is none); ``mode``: the switch."""
+
+    installed: bool
+    reason: str
+    vllm_version: str | None = None
+    mode: str = "auto"
+
+
+def mode() -> str:
+    """``off``, ``force`` or ``auto`` from ``SWA_BACKENDS_VLLM``."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("0", "off", "false", "no", "disable", "disabled"):
+        return "off"
+    if raw == "force":
+        return "force"
+    return "auto"
+
+
+def release_series(version: str) -> str | None:
+    """``"0.33.1.dev3+gabc"`` -> ``"0.33"``."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def supported(version: str | None) -> bool:
+    return version is not None and release_series(version) in SUPPORTED_VLLM
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (distribution metadata, else ``vllm.__version__``),
+    None when vLLM is not importable. Imports nothing when vLLM is absent."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        import vllm
+
+        return getattr(vllm, "__version__", None)
+
+
+def install() -> InstallStatus:
+    """Register the pack's DeepSeek-V4.1 architecture with vLLM (once per process).
+
+    Never raises: a failure is one warning and leaves vLLM untouched."""
+    global _status
+    if _status is not None:
+        return _status
+    with _lock:
+        if _status is None:
+            try:
+                status = _install()
+            except Exception as exc:  # noqa: BLE001 - never stop vLLM from starting
+                status = InstallStatus(False, f"integration failed to install ({type(exc).__name__}: {exc}); "
+                                              "vLLM's own DeepSeek-V4.1 path is used", None, mode())
+                log_once(logging.WARNING, "%s", status.reason)
+            else:
+                level = logging.INFO if status.installed or status.vllm_version is None else logging.WARNING
+                if status.mode == "off":
+                    level = logging.INFO
+                log_once(level, "%s", status.reason)
+            _status = status
+    return _status
+
+
+def _install() -> InstallStatus:
+    switch = mode()
+    if switch == "off":
+        return InstallStatus(False, f"{ENV}={os.environ.get(ENV)}: the vLLM integration is off; "
+                                    "vLLM's own DeepSeek-V4.1 path is used", None, switch)
+    version = vllm_version()
+    if version is None:
+        return InstallStatus(False, "vLLM is not importable: nothing to integrate with", None, switch)
+    if not supported(version):
+        return InstallStatus(False, f"vLLM {version} is not a supported release (supported: "
+                                    f"{', '.join(s + '.x' for s in SUPPORTED_VLLM)}); vLLM is left untouched",
+                             version, switch)
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform).__name__
+    if switch != "force" and not (current_platform.is_cuda() or current_platform.is_rocm()):
+        return InstallStatus(False, f"vLLM platform {platform} is neither CUDA nor ROCm: vLLM is left untouched "
+                                    f"({ENV}=force overrides)", version, switch)
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    ModelRegistry.register_model(ARCH, MODEL_CLASS)
+    return InstallStatus(True, f"vLLM {version} on {platform}: {ARCH} resolves to {MODEL_CLASS}; its replay "
+                               "metadata runs through the pack where swa_backends.capabilities() turns a side on",
+                         version, switch)
+
+
+def status() -> InstallStatus | None:
+    """What :func:`install` did in this process (None before it ran)."""
+    return _status
+
+
+def _reset_for_tests() -> None:
+    global _status
+    with _lock:
+        _status = None
+        _logged.clear()
+
+
+__all__ = ["ARCH", "ENV", "InstallStatus", "MODEL_CLASS", "SUPPORTED_VLLM", "TESTED_VLLM", "install", "mode",
+           "status", "supported", "vllm_version"]

@@ -1,0 +1,393 @@
+"""DeepSeek-V4.1 in vLLM 0.33, with its replay metadata through swa_backends.
+
+Imported only by vLLM's model registry (``install()`` registers
+``"swa_backends.integrations.vllm.model:DeepseekV41ForCausalLM"`` under the architecture
+name ``DeepseekV41ForCausalLM``). Everything here goes through vLLM's supported extension
+points; the only patches are the three module globals of :mod:`.patches`.
+
+* :class:`DeepseekV41ForCausalLM` subclasses the class vLLM picks on this platform
+  (``vllm.models.deepseek_v41.DeepseekV41ForCausalLM``: NVIDIA or AMD), same name. Before the
+  layers are built it computes :func:`swa_backends.capabilities` from vLLM's config
+  (:func:`.config.decide`); encoder replay the pack turns off is turned off in vLLM
+  (``cache_config.swa_bounded_replay = False``, read by the attention layers it is about to
+  build). After they are built, decoder replay the pack turns off is removed
+  (``decoder_replay_layers = None``) and the replay layers it keeps run their row gather and
+  scatter through the pack (:class:`ReplayLayersMixin`, by a class swap of that one object).
+  Every "off" is logged once with the pack's reasons.
+* ``get_model_state_cls()`` keeps whatever class vLLM picks (the latency-specialized decode
+  state included) as the base of a subclass with :class:`ModelStateMixin`: the decoder
+  sub-batch gather (``_kept_input_batch``) through the pack's ``gather_replay_batch`` into
+  vLLM's persistent ``_kept_*`` buffers, the replay graphs' row gather
+  (:class:`ReplayGraphsMixin`), and the warmup of every pack kernel the step launches.
+
+Any failure in this module's own code is one warning and vLLM's path for that piece.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from vllm.forward_context import get_forward_context, override_forward_context
+from vllm.models.deepseek_v41 import DeepseekV41ForCausalLM as _VllmDeepseekV41ForCausalLM
+
+from . import log_once, patches, runtime
+from .config import Decision, decide
+
+#: routes of the encoder side (launches in prepare_attn and the SWA builders)
+ENCODER_ROUTES = ("pad_replayed_slots",)
+BUILDER_ROUTES = ("swa_indices_and_lens", "prefill_gather_lens")
+
+
+@dataclass
+class Route:
+    """What runs through the pack for this model: ``encoder`` (slot padding), ``builders``
+    (clamped window indices and prefill gather lengths), ``decoder`` (sub-batch gather, row
+    gather/scatter); ``decision`` the pack's, None when it could not be computed."""
+
+    decision: Decision | None
+    encoder: bool = False
+    builders: bool = False
+    decoder: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.encoder or self.builders or self.decoder
+
+
+def _reasons(side) -> str:
+    return "; ".join(side.reasons) or "(no reason given)"
+
+
+def _before_build(vllm_config) -> Route:
+    """The pack's decision; encoder replay off in vLLM where the pack turns it off."""
+    try:
+        decision = decide(vllm_config)
+    except Exception as exc:  # noqa: BLE001
+        log_once(logging.WARNING, "the capability decision failed (%s: %s); DeepSeek-V4.1 runs vLLM's own replay path",
+                 type(exc).__name__, exc)
+        return Route(None)
+    enc = decision.capabilities.encoder_replay
+    dev = decision.capabilities.device
+    if enc.enabled and decision.vllm_encoder:
+        encoder = True
+    elif enc.enabled:
+        encoder = False
+        log_once(logging.INFO, "encoder replay stays off on %s: the pack would turn it on, vLLM does not (%s); "
+                 "left as vLLM decides", dev, decision.vllm_encoder_reason)
+    elif not decision.vllm_encoder:
+        encoder = False
+        log_once(logging.INFO, "encoder replay is off on %s: vLLM: %s; the pack: %s", dev,
+                 decision.vllm_encoder_reason, _reasons(enc))
+    elif decision.must_keep_encoder:
+        encoder = False
+        log_once(logging.WARNING, "the pack turns encoder replay off on %s (%s), but %s: it stays on, through vLLM's "
+                 "own kernels; disable prefix caching to follow the pack", dev, _reasons(enc),
+                 decision.must_keep_encoder)
+    else:
+        encoder = False
+        vllm_config.cache_config.swa_bounded_replay = False
+        log_once(logging.WARNING, "encoder replay turned off on %s (cache_config.swa_bounded_replay=False): %s",
+                 dev, _reasons(enc))
+    try:
+        patches.apply()
+    except Exception as exc:  # noqa: BLE001
+        log_once(logging.WARNING, "applying the patches failed (%s: %s)", type(exc).__name__, exc)
+    return Route(decision, encoder=encoder)
+
+
+def _language_model(model):
+    lm = getattr(model, "language_model", model)
+    return getattr(lm, "model", None)
+
+
+def _after_build(model, route: Route) -> Route:
+    """Decoder replay per the pack; routes on for what runs through the pack."""
+    if route.decision is None:
+        return route
+    dec = route.decision.capabilities.decoder_replay
+    dev = route.decision.capabilities.device
+    inner = _language_model(model)
+    layers = getattr(inner, "decoder_replay_layers", None)
+    if layers is not None and not dec.enabled:
+        inner.decoder_replay_layers = None
+        inner.decoder_replay_start = inner.end_layer
+        log_once(logging.WARNING, "decoder replay turned off on %s (every layer runs on the whole batch): %s", dev,
+                 _reasons(dec))
+    elif layers is not None:
+        layers.__class__ = _swapped(type(layers), ReplayLayersMixin)
+        route.decoder = True
+    elif dec.enabled:
+        log_once(logging.INFO, "decoder replay stays off on %s: the pack would turn it on, vLLM does not on this "
+                 "rank (its own log says why); left as vLLM decides", dev)
+    else:
+        log_once(logging.INFO, "decoder replay is off on %s: %s", dev, _reasons(dec))
+    route.builders = route.encoder or route.decoder
+    on = []
+    for name in ENCODER_ROUTES:
+        if patches.route(name, runtime.backend_for if route.encoder else None):
+            on.append(name)
+        elif route.encoder:
+            log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
+    for name in BUILDER_ROUTES:
+        if patches.route(name, runtime.backend_for if route.builders else None):
+            on.append(name)
+        elif route.builders:
+            log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
+    if route.decoder:
+        on += ["gather_replay_batch", "gather_rows", "scatter_rows"]
+    if on:
+        log_once(logging.INFO, "DeepSeek-V4.1 on %s: %s run through the pack (variants: %s)", dev, ", ".join(on),
+                 _variants(dev, on))
+    return route
+
+
+def _variants(dev, ops) -> str:
+    try:
+        be = runtime.backend_for(dev.torch_device)
+        return ", ".join(f"{op}={'|'.join(be.variants[op])}" for op in ops)
+    except Exception as exc:  # noqa: BLE001 - a log line only
+        return f"unknown ({type(exc).__name__})"
+
+
+_SWAPPED: dict[tuple[type, type], type] = {}
+
+
+def _swapped(cls: type, mixin: type) -> type:
+    """``type(prefix + cls.__name__, (mixin, cls), {})``, cached: the pack's behaviour on top
+    of whatever class vLLM built (its subclasses included)."""
+    if issubclass(cls, mixin):
+        return cls
+    key = (cls, mixin)
+    sub = _SWAPPED.get(key)
+    if sub is None:
+        sub = type(f"SwaBackends{cls.__name__}", (mixin, cls), {"__module__": __name__})
+        _SWAPPED[key] = sub
+    return sub
+
+
+def _unswap(obj) -> None:
+    """Back to vLLM's class if :func:`_swapped` replaced it."""
+    if obj is not None and type(obj) in _SWAPPED.values():
+        obj.__class__ = type(obj).__mro__[2]
+
+
+def model_state_class(base: type) -> type:
+    """The pack's model state on top of the class vLLM picked."""
+    return _swapped(base, ModelStateMixin)
+
+
+class DeepseekV41ForCausalLM(_VllmDeepseekV41ForCausalLM):
+    """vLLM's DeepSeek-V4.1 (this platform's class), its replay metadata through swa_backends."""
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        route = _before_build(vllm_config)
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        try:
+            route = _after_build(self, route)
+        except Exception as exc:  # noqa: BLE001
+            log_once(logging.WARNING, "setting up the pack's routes failed (%s: %s); vLLM's kernels run",
+                     type(exc).__name__, exc)
+            for name in (*ENCODER_ROUTES, *BUILDER_ROUTES):
+                patches.route(name, None)
+            _unswap(getattr(_language_model(self), "decoder_replay_layers", None))
+            route = Route(route.decision)
+        self.swa_backends_route = route
+
+    def get_model_state_cls(self):
+        base = super().get_model_state_cls()
+        route = getattr(self, "swa_backends_route", None)
+        if route is None or not route.any:
+            return base
+        try:
+            return model_state_class(base)
+        except Exception as exc:  # noqa: BLE001
+            log_once(logging.WARNING, "the pack's model state could not be built on %s (%s: %s)", base.__name__,
+                     type(exc).__name__, exc)
+            return base
+
+
+# ---------------------------------------------------------------------------------------
+# the model state
+# ---------------------------------------------------------------------------------------
+
+
+class ModelStateMixin:
+    """On top of ``DeepseekV41ModelState`` (or a subclass vLLM picked): the decoder sub-batch
+    gather through the pack, and the pack's kernels warmed up with vLLM's."""
+
+    def __init__(self, vllm_config, model, encoder_cache, device) -> None:
+        super().__init__(vllm_config, model, encoder_cache, device)
+        route = getattr(model, "swa_backends_route", None) or Route(None)
+        self.swa_backends_route = route
+        self._swa_backend = None
+        self._swa_trimmed = None
+        try:
+            if route.any:
+                self._swa_backend = runtime.backend_for(device)
+                runtime.reserve(device, 2 * self.max_num_reqs + 1)
+            if route.decoder and self.decoder_replay_layers is not None and self.pcp_size == 1:
+                self._swa_trimmed = torch.zeros(self._kept_kv_start.shape[0], dtype=torch.bool, device=device)
+                if self.replay_cudagraphs is not None:
+                    self.replay_cudagraphs.__class__ = _swapped(type(self.replay_cudagraphs), ReplayGraphsMixin)
+        except Exception as exc:  # noqa: BLE001
+            log_once(logging.WARNING, "the pack's decoder sub-batch is off (%s: %s); vLLM's gather runs",
+                     type(exc).__name__, exc)
+            self._swa_trimmed = None
+
+    def _warm_up_replay_kernels(self, input_batch, slot_mappings) -> None:
+        """vLLM's warmup for what stays vLLM's (the pad kernel's own ``warmup`` goes to the
+        pack when routed), then one launch of every pack kernel this model state and its
+        builders run: ``_prepare_replay_batch`` and the first prepare_attn never launch
+        them during vLLM's startup (its dummy batches never replay or trim)."""
+        gather = self._swa_trimmed is not None
+        layers = self.decoder_replay_layers
+        if gather:  # vLLM's own gather kernel never runs: skip its compile
+            self.decoder_replay_layers = None
+        try:
+            super()._warm_up_replay_kernels(input_batch, slot_mappings)
+        finally:
+            self.decoder_replay_layers = layers
+        be = self._swa_backend
+        route = self.swa_backends_route
+        if be is None:
+            return
+        try:
+            window, _ = self._replay
+            cfg = self.vllm_config
+            text = getattr(cfg.model_config, "hf_text_config", None) or cfg.model_config.hf_config
+            W = int(getattr(text, "sliding_window", 0) or window or 128)
+            rows = ()
+            if gather and layers is not None:
+                rows = _replay_row_shapes(cfg, layers)
+            runtime.warm_up(be, self.device, swa=route.builders, gather_lens=route.builders, gather=gather,
+                            num_groups=int(slot_mappings.shape[0]), window=W, block_size=_swa_block_size(cfg),
+                            rows=rows)
+        except Exception as exc:  # noqa: BLE001
+            log_once(logging.WARNING, "warming up the pack's kernels failed (%s: %s); they compile on first use",
+                     type(exc).__name__, exc)
+
+    def _kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
+        """vLLM's sub-batch, gathered by the pack's ``gather_replay_batch`` into vLLM's
+        persistent buffers; everything around the launch is vLLM's (PCP keeps vLLM's whole
+        method: the pack turns decoder replay off under PCP)."""
+        if self._swa_trimmed is None or self.pcp_size > 1:
+            return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
+        try:
+            return self._swa_kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
+        except Exception as exc:  # noqa: BLE001 - vLLM's gather rewrites every output
+            self._swa_trimmed = None
+            log_once(logging.WARNING, "gather_replay_batch through the pack failed (%s: %s); vLLM's gather runs "
+                     "from now on", type(exc).__name__, exc)
+            return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
+
+    def _swa_kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
+        from dataclasses import replace
+
+        num_reqs = input_batch.num_reqs
+        window = self.decoder_replay_layers.window
+        qsl_np = input_batch.query_start_loc_np[: num_reqs + 1]
+        num_tokens = int(kept_lens.sum())
+        dropped_np = runtime.dropped_before(kept_lens, qsl_np)
+        dropped = self._dropped_before.copy_to_uva(dropped_np)
+        trimmed = runtime.trimmed_on_device(dropped, self._swa_trimmed[:num_reqs])
+        plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np,
+                                   device_tensors=(dropped, trimmed), device=input_batch.positions.device)
+        G = slot_mappings.shape[0]
+        kept_slot_mappings = runtime.kept_slot_view(self._kept_slot_mappings, G, num_padded)
+        out = {"rows": self._kept_rows[:num_padded], "query_start_loc": self._kept_query_start_loc[: num_reqs + 1],
+               "positions": self._kept_positions[:num_padded], "slot_mappings": kept_slot_mappings,
+               "kv_start": self._kept_kv_start[:num_reqs]}
+        runtime.gather_replay_batch(self._swa_backend, plan, input_batch.query_start_loc, input_batch.seq_lens,
+                                    replay_start, input_batch.positions, slot_mappings, window, out)
+        kept_query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(kept_lens, out=kept_query_start_loc_np[1:])
+        max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)
+        kept_batch = replace(
+            input_batch,
+            num_tokens=num_tokens,
+            num_tokens_after_padding=num_padded,
+            query_start_loc=self._kept_query_start_loc[: num_reqs + 1],
+            query_start_loc_np=kept_query_start_loc_np,
+            max_query_len=max_query_len,
+            positions=self._kept_positions[:num_padded],
+            is_padding=input_batch.is_padding,
+            fast_prefill=None,
+        )
+        return kept_batch, kept_slot_mappings
+
+
+def _swa_block_size(vllm_config) -> int:
+    # DeepseekV4SWACache(block_size=32) in vLLM 0.33's attention.py; a runtime argument of
+    # the pack's kernel (never part of its launch key), so any value warms the same kernel.
+    return 32
+
+
+def _replay_row_shapes(vllm_config, layers) -> tuple:
+    """``(trailing shape, dtype)`` of the inputs the replay layers gather: hidden states,
+    positions, input ids, pre/post/res mix, residual (``DecoderReplayCudaGraphManager``'s
+    buffers); its ``input_buffers`` when it exists."""
+    text = getattr(vllm_config.model_config, "hf_text_config", None) or vllm_config.model_config.hf_config
+    act = vllm_config.model_config.dtype
+    hc, h, f32 = int(text.hc_mult), int(text.hidden_size), torch.float32
+    # input ids are int64 under native MegaMoE, else int32: warm both
+    shapes = [((h,), act), ((), torch.int64), ((), torch.int32), ((hc,), f32), ((hc, 1), f32), ((hc, hc), f32),
+              ((hc, h), act)]
+    return tuple(dict.fromkeys(shapes))
+
+
+# ---------------------------------------------------------------------------------------
+# the replay layers and their graphs
+# ---------------------------------------------------------------------------------------
+
+
+class ReplayLayersMixin:
+    """``DecoderReplayLayers._run`` with the rows gathered and scattered by the pack
+    (``gather_rows`` / ``scatter_rows``); PCP's padded batches keep vLLM's ``_run``."""
+
+    def _run(self, hidden_states, *states):
+        replay_batch = self.replay_batch
+        if replay_batch is None or replay_batch.num_padded is not None:
+            return super()._run(hidden_states, *states)
+        if getattr(self, "_swa_failed", False):
+            return super()._run(hidden_states, *states)
+        assert isinstance(hidden_states, torch.Tensor)
+        try:
+            return self._swa_run(replay_batch, hidden_states, *states)
+        except Exception as exc:  # noqa: BLE001 - vLLM's _run recomputes every output
+            self._swa_failed = True
+            log_once(logging.WARNING, "the replay layers' row gather/scatter through the pack failed (%s: %s); "
+                     "vLLM's runs from now on", type(exc).__name__, exc)
+            return super()._run(hidden_states, *states)
+
+    def _swa_run(self, replay_batch, hidden_states, *states):
+        be = runtime.backend_for(hidden_states.device)
+        rows = replay_batch.rows
+        inputs = (hidden_states, *states)
+        with override_forward_context(replay_batch.forward_context):
+            if replay_batch.run_graph is not None:
+                row_outputs = replay_batch.run_graph(rows, inputs)
+            else:
+                row_inputs = [None if t is None else runtime.gather_rows(be, t, rows) for t in inputs]
+                row_outputs = self.run_layers(*row_inputs)
+        num_tokens = hidden_states.shape[0]
+        n = rows.numel()
+        return tuple(runtime.scatter_rows(be, out[:n], rows, num_tokens) for out in row_outputs)
+
+
+class ReplayGraphsMixin:
+    """``DecoderReplayCudaGraphManager.run`` with the rows gathered into its static input
+    buffers by the pack's ``gather_rows``."""
+
+    def run(self, rows, inputs):
+        be = runtime.backend_for(rows.device)
+        num_rows = rows.shape[0]
+        for buf, t in zip(self.input_buffers, inputs):
+            runtime.gather_rows(be, t, rows, out=buf[:num_rows])
+        batch_descriptor = get_forward_context().batch_descriptor
+        assert batch_descriptor is not None
+        num_tokens = batch_descriptor.num_tokens
+        outputs = self.breakable_cg_runner(*(buf[:num_tokens] for buf in self.input_buffers))
+        return tuple(out[:num_rows] for out in outputs)

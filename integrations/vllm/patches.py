@@ -1,0 +1,302 @@
+"""THE module holding every patch the vLLM integration cannot avoid (vLLM 0.33).
+
+vLLM 0.33 has no seam for three kernel launches of DeepSeek-V4.1's replay metadata: they
+are inline in ``DeepseekV41ModelState.prepare_attn`` and in
+``DeepseekSparseSWAMetadataBuilder.build`` / ``update_draft_decode_metadata``, and each
+looks its kernel up as a module global at call time. Each patch below replaces one such
+global with a shim that keeps the original's calling convention; while its route is off
+(:func:`route`) a shim hands every call to vLLM's original object unchanged, so a patch
+applied for a model the pack does not serve is inert. Nothing else in vLLM is patched:
+the model class goes through ``ModelRegistry.register_model`` and the model state through
+the model's ``get_model_state_cls`` (see ``model.py``).
+
+===================================  ==========================================  =========================
+patched global                       replaced launch                             routed to
+===================================  ==========================================  =========================
+``vllm.models.deepseek_v41.nvidia.   ``_pad_replayed_slots_kernel[(num_reqs,)]``  ``Backend.pad_replayed_
+model_state._pad_replayed_slots_     in ``prepare_attn`` and ``.warmup(...)`` in  slots``
+kernel``                             ``_warm_up_replay_kernels``
+``vllm.v1.attention.backends.mla.    ``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL(...)``  ``Backend.swa_indices_
+sparse_swa._COMPUTE_SWA_INDICES_     (decode and prefill rows in ``build``, draft  and_lens`` (image
+AND_LENS_KERNEL``                    rows in ``update_draft_decode_metadata``)    widening stays vLLM's)
+``vllm.v1.attention.backends.mla.    ``_COMPUTE_PREFILL_METADATA_KERNEL(...)`` in   ``Backend.prefill_gather_
+sparse_swa._COMPUTE_PREFILL_         ``_build_deepseek_v4_metadata``              lens``
+METADATA_KERNEL``
+===================================  ==========================================  =========================
+
+:func:`apply` checks each target against the pinned vLLM (the callable's parameter names,
+the attributes the shim forwards) and applies only the patches whose check passes;
+:func:`status` gives each patch's outcome and reason. ``tests/integration/vllm`` checks
+the list, the signatures and the sources of the replaced functions against vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...common.types import PAD
+from . import TESTED_VLLM, log_once
+from . import runtime
+
+MODEL_STATE = "vllm.models.deepseek_v41.nvidia.model_state"
+SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
+
+#: route name -> a function device -> Backend, or None (the shim calls vLLM's original)
+_routes: dict[str, Callable | None] = {"pad_replayed_slots": None, "swa_indices_and_lens": None,
+                                       "prefill_gather_lens": None}
+_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------------------------
+# the shims
+# ---------------------------------------------------------------------------------------
+
+
+class _Shim:
+    """Forwards every attribute it does not define to vLLM's original object."""
+
+    route_name = ""
+
+    def __init__(self, original):
+        self._swa_original = original
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_swa_original"], name)
+
+    def __repr__(self) -> str:
+        return f"<swa_backends shim of {self._swa_original!r}>"
+
+    def _backend(self, device):
+        route = _routes.get(self.route_name)
+        return None if route is None else route(device)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A routed call raised: route off for the rest of the process, one warning."""
+        _routes[self.route_name] = None
+        log_once(logging.WARNING, "%s through the pack failed (%s: %s); vLLM's kernel runs from now on",
+                 self.route_name, type(exc).__name__, exc)
+
+
+class PadReplayedSlotsShim(_Shim):
+    """``_pad_replayed_slots_kernel``: a Triton ``JITFunction`` used as ``kernel[grid](...)``
+    and ``kernel.warmup(..., grid=)``."""
+
+    route_name = "pad_replayed_slots"
+
+    def __getitem__(self, grid):
+        if _routes["pad_replayed_slots"] is None:
+            return self._swa_original[grid]
+        return functools.partial(self._launch, grid)
+
+    def _launch(self, grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
+                window, pad_slot_id, *, NUM_GROUPS=None, BLOCK=None, **meta):
+        be = self._backend(slot_mappings.device)
+        if be is not None and pad_slot_id == PAD and group_stride == slot_mappings.stride(0) and not meta:
+            try:
+                runtime.pad_replayed_slots(be, slot_mappings, cacheable_groups, query_start_loc, positions,
+                                           replay_start, window, int(grid[0]))
+                return None
+            except Exception as exc:  # noqa: BLE001 - the kernel raises before writing
+                self._failed(exc)
+        kwargs = dict(meta)
+        if NUM_GROUPS is not None:
+            kwargs["NUM_GROUPS"] = NUM_GROUPS
+        if BLOCK is not None:
+            kwargs["BLOCK"] = BLOCK
+        return self._swa_original[grid](slot_mappings, group_stride, cacheable_groups, query_start_loc, positions,
+                                        replay_start, window, pad_slot_id, **kwargs)
+
+    def warmup(self, *args, grid=None, **kwargs):
+        """vLLM compiles the pad kernel on its buffers; routed, the pack's kernel is warmed
+        instead (``runtime.warm_up``)."""
+        slot_mappings = args[0] if args else kwargs.get("slot_mappings_ptr")
+        be = self._backend(slot_mappings.device) if slot_mappings is not None else None
+        if be is None:
+            return self._swa_original.warmup(*args, grid=grid, **kwargs)
+        runtime.warm_up(be, slot_mappings.device, pad=True, num_groups=int(slot_mappings.shape[0]))
+        return None
+
+
+class SwaIndicesAndLensShim(_Shim):
+    """``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL``: a ``VllmTritonJitKernel`` called as
+    ``kernel(swa_indices, swa_lens, window_size, index_width, left_visible, right_visible,
+    query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table, block_size,
+    replay_start, *, num_tokens, token_offset, has_image=False)``; ``register_warmup`` and
+    everything else go to the original."""
+
+    route_name = "swa_indices_and_lens"
+
+    def __call__(self, swa_indices, swa_lens, window_size, index_width, left_visible, right_visible, query_start_loc,
+                 seq_lens, token_to_req_indices, is_valid_token, block_table, block_size, replay_start, *, num_tokens,
+                 token_offset, has_image=False):
+        if not has_image:
+            be = self._backend(swa_indices.device)
+            if be is not None:
+                try:
+                    if runtime.swa_indices_and_lens(be, swa_indices, swa_lens, window_size, index_width,
+                                                    query_start_loc, seq_lens, is_valid_token, block_table,
+                                                    block_size, replay_start, num_tokens=num_tokens,
+                                                    token_offset=token_offset):
+                        return None
+                except Exception as exc:  # noqa: BLE001
+                    self._failed(exc)
+        return self._swa_original(swa_indices, swa_lens, window_size, index_width, left_visible, right_visible,
+                                  query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table,
+                                  block_size, replay_start, num_tokens=num_tokens, token_offset=token_offset,
+                                  has_image=has_image)
+
+
+class PrefillMetadataShim(_Shim):
+    """``_COMPUTE_PREFILL_METADATA_KERNEL``: called as ``kernel(prefill_gather_lens,
+    seq_lens, query_start_loc, replay_start, num_prefills, num_decodes, window_size)``."""
+
+    route_name = "prefill_gather_lens"
+
+    def __call__(self, prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes,
+                 window_size):
+        be = self._backend(prefill_gather_lens.device)
+        if be is not None:
+            try:
+                runtime.prefill_gather_lens(be, prefill_gather_lens, seq_lens, query_start_loc, replay_start,
+                                            int(num_prefills), int(num_decodes), int(window_size))
+                return None
+            except Exception as exc:  # noqa: BLE001
+                self._failed(exc)
+        return self._swa_original(prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills,
+                                  num_decodes, window_size)
+
+
+# ---------------------------------------------------------------------------------------
+# the patch list and its checks
+# ---------------------------------------------------------------------------------------
+
+
+def _params(fn) -> tuple[str, ...]:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def _check_jit(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
+    fn = getattr(obj, "fn", None)
+    if fn is None or not all(callable(getattr(obj, m, None)) for m in methods) or not hasattr(obj, "__getitem__"):
+        return f"not a Triton JITFunction with {', '.join(methods)} and [grid] (found {type(obj).__name__})"
+    got = _params(fn)
+    return None if got == expected else f"kernel parameters {got} != pinned {expected}"
+
+
+def _check_call(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
+    call = getattr(type(obj), "__call__", None)
+    if call is None or not all(callable(getattr(obj, m, None)) for m in methods):
+        return f"not a callable kernel object with {', '.join(methods)} (found {type(obj).__name__})"
+    got = _params(inspect.unwrap(call))
+    return None if got == expected else f"__call__ parameters {got} != pinned {expected}"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One module-global replacement: ``module.attr`` -> ``shim(original)`` if ``check``
+    returns None for the original (else the reason it does not apply)."""
+
+    name: str
+    module: str
+    attr: str
+    shim: type
+    check: Callable[[object], str | None]
+    why: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.attr}"
+
+
+PAD_PARAMS = ("slot_mappings_ptr", "group_stride", "cacheable_groups_ptr", "query_start_loc_ptr", "positions_ptr",
+              "replay_start_ptr", "window", "pad_slot_id", "NUM_GROUPS", "BLOCK")
+SWA_PARAMS = ("self", "swa_indices", "swa_lens", "window_size", "index_width", "left_visible", "right_visible",
+              "query_start_loc", "seq_lens", "token_to_req_indices", "is_valid_token", "block_table", "block_size",
+              "replay_start", "num_tokens", "token_offset", "has_image")
+PREFILL_PARAMS = ("self", "prefill_gather_lens", "seq_lens", "query_start_loc", "replay_start", "num_prefills",
+                  "num_decodes", "window_size")
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("pad_replayed_slots", MODEL_STATE, "_pad_replayed_slots_kernel", PadReplayedSlotsShim,
+          lambda o: _check_jit(o, PAD_PARAMS, ("warmup",)),
+          "launched inline in DeepseekV41ModelState.prepare_attn (no method seam)"),
+    Patch("swa_indices_and_lens", SPARSE_SWA, "_COMPUTE_SWA_INDICES_AND_LENS_KERNEL", SwaIndicesAndLensShim,
+          lambda o: _check_call(o, SWA_PARAMS, ("register_warmup",)),
+          "called inline in DeepseekSparseSWAMetadataBuilder.build / update_draft_decode_metadata"),
+    Patch("prefill_gather_lens", SPARSE_SWA, "_COMPUTE_PREFILL_METADATA_KERNEL", PrefillMetadataShim,
+          lambda o: _check_call(o, PREFILL_PARAMS, ("register_warmup",)),
+          "called inline in DeepseekSparseSWAMetadataBuilder._build_deepseek_v4_metadata"),
+)
+
+_status: dict[str, str] = {}  # patch name -> "applied" or the reason it is not
+
+
+def apply() -> dict[str, str]:
+    """Apply every patch whose check passes (idempotent); returns :func:`status`."""
+    with _lock:
+        for p in PATCHES:
+            if _status.get(p.name) == "applied":
+                continue
+            try:
+                module = importlib.import_module(p.module)
+                original = getattr(module, p.attr)
+                if isinstance(original, _Shim):
+                    _status[p.name] = "applied"
+                    continue
+                why = p.check(original)
+                if why is None:
+                    setattr(module, p.attr, p.shim(original))
+                    _status[p.name] = "applied"
+                else:
+                    _status[p.name] = f"not applied: {p.target} does not match vLLM {TESTED_VLLM}: {why}"
+            except Exception as exc:  # noqa: BLE001
+                _status[p.name] = f"not applied: {p.target}: {type(exc).__name__}: {exc}"
+            if _status[p.name] != "applied":
+                log_once(logging.WARNING, "patch %s %s; vLLM's kernel stays there", p.name, _status[p.name])
+    return status()
+
+
+def status() -> dict[str, str]:
+    """Patch name -> ``"applied"`` or why not (empty before :func:`apply`)."""
+    return dict(_status)
+
+
+def applied(name: str) -> bool:
+    return _status.get(name) == "applied"
+
+
+def route(name: str, backend_for: Callable | None) -> bool:
+    """Send the patched launch ``name`` to the pack (``backend_for``: device -> Backend) or
+    back to vLLM's kernel (None). Returns whether the route is now on (its patch applied)."""
+    if name not in _routes:
+        raise KeyError(name)
+    if backend_for is not None and not applied(name):
+        return False
+    _routes[name] = backend_for
+    return backend_for is not None
+
+
+def routes() -> dict[str, bool]:
+    return {name: fn is not None for name, fn in _routes.items()}
+
+
+def restore() -> None:
+    """Put vLLM's originals back and turn every route off (tests)."""
+    with _lock:
+        for p in PATCHES:
+            try:
+                module = importlib.import_module(p.module)
+            except Exception:  # noqa: BLE001
+                continue
+            current = getattr(module, p.attr, None)
+            if isinstance(current, _Shim):
+                setattr(module, p.attr, current._swa_original)
+        _status.clear()
+        for name in _routes:
+            _routes[name] = None

@@ -1,0 +1,346 @@
+"""vLLM 0.33's replay-metadata calls, mapped onto the pack's ops (no vLLM import).
+
+Each function here takes exactly what vLLM hands its own kernel at that call site and
+writes the same tensors through the pack's :class:`~swa_backends.Backend`, into the
+buffers vLLM passed (its persistent, graph-captured buffers). The patches, the model
+state and the tests (including the differential against vLLM's kernels, which can run on a
+machine without vLLM) all go through these functions.
+
+Hot-path policy: validation is off around every call unless ``SWA_BACKENDS_VALIDATE`` is
+set to a true value in the environment (a debug switch: the value checks read the device);
+``SWA_BACKENDS_VLLM_PREFER`` forces a variant for every op (``triton`` makes the CPU run the
+Triton kernels under the interpreter; tests use it). :data:`CALLS` counts the routed calls
+per op (tests read it to prove the path went through the pack).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+
+import numpy as np
+import torch
+
+from ...common.types import PAD, ReplayPlan
+from ...common.validation import set_validation
+from ...dispatch import Backend, select
+
+#: routed calls per op name in this process
+CALLS: collections.Counter = collections.Counter()
+
+_backends: dict[str, Backend] = {}
+_lock = threading.Lock()
+_scratch: dict[str, torch.Tensor] = {}
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+#: validate the pack's inputs on the hot path (debug): only with SWA_BACKENDS_VALIDATE set true
+VALIDATE = _env_flag("SWA_BACKENDS_VALIDATE")
+PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
+
+
+def backend_for(device) -> Backend:
+    """The pack's backend for a torch device (cached per device)."""
+    key = str(device)
+    be = _backends.get(key)
+    if be is None:
+        with _lock:
+            be = _backends.get(key)
+            if be is None:
+                prefer = os.environ.get(PREFER_ENV) or None
+                be = select(torch.device(device), prefer=prefer)
+                _backends[key] = be
+    return be
+
+
+class _Hot:
+    """``with _hot():`` -- validation as the hot path wants it, restored after."""
+
+    __slots__ = ("prev",)
+
+    def __enter__(self):
+        self.prev = set_validation(VALIDATE)
+
+    def __exit__(self, *exc):
+        set_validation(self.prev)
+        return False
+
+
+def _hot() -> _Hot:
+    return _Hot()
+
+
+# ---------------------------------------------------------------------------------------
+# encoder side: slot padding, clamped window indices, prefill gather lengths
+# ---------------------------------------------------------------------------------------
+
+
+def pad_replayed_slots(be: Backend, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start,
+                       window: int, num_reqs: int) -> None:
+    """vLLM's ``_pad_replayed_slots_kernel[(num_reqs,)](slot_mappings, stride, cacheable_groups,
+    query_start_loc, positions, replay_start, window, PAD_SLOT_ID, ...)`` (in place)."""
+    CALLS["pad_replayed_slots"] += 1
+    with _hot():
+        be.pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc[: num_reqs + 1], positions,
+                              replay_start[:num_reqs], window)
+
+
+def _scratch_buffer(slot: str, like: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` entries of a persistent per-device buffer (see :func:`reserve`)."""
+    key = f"{slot}:{like.device}"
+    buf = _scratch.get(key)
+    if buf is None or buf.shape[0] < n or buf.dtype != like.dtype:
+        buf = torch.zeros(max(n, 1024), dtype=like.dtype, device=like.device)
+        _scratch[key] = buf
+    return buf[:n]
+
+
+def _token_window(query_start_loc: torch.Tensor, token_offset: int, num_tokens: int) -> torch.Tensor:
+    """``clamp(query_start_loc - token_offset, 0, num_tokens)`` in a persistent buffer: token
+    ``t`` of the result is token ``t + token_offset`` of the batch; the requests before the
+    window (decodes, for vLLM's prefill rows) and after it (prefills, for its decode rows)
+    become empty, so the result is a valid ``query_start_loc`` of ``num_tokens`` tokens with
+    the same ``B``. Two small device ops, no host read."""
+    out = _scratch_buffer("qsl", query_start_loc, query_start_loc.shape[0])
+    torch.sub(query_start_loc, token_offset, out=out)
+    return out.clamp_(0, num_tokens)
+
+
+def _from_zero(query_start_loc: torch.Tensor) -> torch.Tensor:
+    """``query_start_loc - query_start_loc[0]`` (a slice of requests), on the device."""
+    out = _scratch_buffer("qsl_slice", query_start_loc, query_start_loc.shape[0])
+    return torch.sub(query_start_loc, query_start_loc[0], out=out)
+
+
+def reserve(device, max_reqs: int) -> None:
+    """Allocate the persistent scratch buffers for batches of up to ``max_reqs`` requests on
+    ``device`` now (the model state's construction), so that no call allocates later --
+    inside a CUDA-graph capture in particular."""
+    dev = torch.device(device)
+    n = max(int(max_reqs) + 1, 1024)
+    for slot in ("qsl", "qsl_slice", "swa_replay_start", "gather_replay_start"):
+        key = f"{slot}:{dev}"
+        buf = _scratch.get(key)
+        if buf is None or buf.shape[0] < n:
+            _scratch[key] = torch.zeros(n, dtype=torch.int32, device=dev)
+
+
+def _per_request(values: torch.Tensor, n: int, slot: str) -> torch.Tensor:
+    """``values[:n]``; when vLLM hands fewer than ``n`` entries (FULL graphs pad the batch with
+    empty requests but pass the real requests' ``replay_start`` only; vLLM's kernels read past
+    it), the entries copied into a persistent per-device buffer with zeros after: the padding
+    requests own no token, so the value is never read for a result."""
+    if values.shape[0] >= n:
+        return values[:n]
+    out = _scratch_buffer(slot, values, n)
+    out[: values.shape[0]].copy_(values)
+    out[values.shape[0]:].zero_()
+    return out
+
+
+def swa_rows(swa_indices: torch.Tensor, num_tokens: int, index_width: int) -> torch.Tensor | None:
+    """``swa_indices`` (vLLM's ``[N, 1, width]`` buffer) as the pack's contiguous
+    ``[num_tokens, index_width]`` rows, or None when its layout is not that (then the
+    caller keeps vLLM's kernel)."""
+    if swa_indices.dim() == 3 and swa_indices.shape[1] == 1:
+        rows = swa_indices[:num_tokens, 0]
+    elif swa_indices.dim() == 2:
+        rows = swa_indices[:num_tokens]
+    else:
+        return None
+    if rows.shape[1] != index_width or not rows.is_contiguous():
+        return None
+    return rows
+
+
+def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, index_width: int, query_start_loc,
+                         seq_lens, is_valid_token, block_table, block_size: int, replay_start, *, num_tokens: int,
+                         token_offset: int) -> bool:
+    """vLLM's ``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL(swa_indices, swa_lens, window_size,
+    index_width, left, right, query_start_loc, seq_lens, token_to_req_indices, is_valid_token,
+    block_table, block_size, replay_start, num_tokens=, token_offset=)`` without image
+    widening. Output row ``i`` is token ``i + token_offset``: the pack's op gets the batch's
+    ``query_start_loc`` moved onto that token window on the device (:func:`_token_window`;
+    requests outside it become empty), ``valid=is_valid_token[token_offset:][:num_tokens]``,
+    ``num_tokens`` and ``out=(rows, swa_lens[:num_tokens])``. Returns False (nothing written) when the output
+    buffer's layout is not the pack's; the caller then runs vLLM's kernel."""
+    if num_tokens == 0:
+        return True
+    rows = swa_rows(swa_indices, num_tokens, index_width)
+    if rows is None:
+        return False
+    CALLS["swa_indices_and_lens"] += 1
+    B = query_start_loc.shape[0] - 1
+    with _hot():
+        qsl = _token_window(query_start_loc, token_offset, num_tokens)
+        be.swa_indices_and_lens(qsl, seq_lens[:B], block_table, block_size, window_size,
+                                _per_request(replay_start, B, "swa_replay_start"),
+                                index_width=index_width,
+                                valid=is_valid_token[token_offset: token_offset + num_tokens],
+                                num_tokens=num_tokens, out=(rows, swa_lens[:num_tokens]))
+    return True
+
+
+def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills: int,
+                        num_decodes: int, window_size: int) -> None:
+    """vLLM's ``_COMPUTE_PREFILL_METADATA_KERNEL(prefill_gather_lens, seq_lens, query_start_loc,
+    replay_start, num_prefills, num_decodes, window_size)``: the prefills are requests
+    ``num_decodes .. num_decodes + num_prefills - 1`` (their ``query_start_loc`` slice is
+    moved to start at 0 on the device)."""
+    if num_prefills == 0:
+        return
+    CALLS["prefill_gather_lens"] += 1
+    d, p = num_decodes, num_prefills
+    with _hot():
+        be.prefill_gather_lens(_from_zero(query_start_loc[d: d + p + 1]), seq_lens[d: d + p],
+                               _per_request(replay_start[d:], p, "gather_replay_start"), window_size,
+                               out=prefill_gather_lens[:p])
+
+
+# ---------------------------------------------------------------------------------------
+# decoder side: the sub-batch gather, hidden-row gather/scatter
+# ---------------------------------------------------------------------------------------
+
+
+def dropped_before(kept_lens: np.ndarray, query_start_loc_np: np.ndarray) -> np.ndarray:
+    """int32 ``[B+1]``: rows dropped before each boundary, ``query_start_loc - [0, cumsum(kept)]``
+    (what vLLM's ``_kept_input_batch`` uploads)."""
+    B = kept_lens.shape[0]
+    cum = np.zeros(B + 1, dtype=np.int32)
+    np.cumsum(kept_lens, out=cum[1:])
+    return (query_start_loc_np[: B + 1] - cum).astype(np.int32, copy=False)
+
+
+def replay_plan(kept_lens: np.ndarray, query_start_loc_np: np.ndarray, num_padded: int, window: int, *,
+                dropped: np.ndarray | None = None, device_tensors: tuple[torch.Tensor, torch.Tensor] | None = None,
+                device: torch.device | None = None) -> ReplayPlan:
+    """vLLM's planning result (``kept_lens``, the host ``query_start_loc``, the padded size)
+    as the pack's :class:`ReplayPlan` (vLLM's own planning -- graph policy, DP agreement,
+    idle batches, trim threshold -- decided ``kept_lens``). ``device_tensors``:
+    ``(dropped_before, trimmed)`` already on ``device`` (vLLM's UVA upload and
+    :func:`trimmed_on_device`), so the plan makes no host-to-device copy of its own."""
+    B = kept_lens.shape[0]
+    kept = kept_lens.astype(np.int32, copy=False)
+    if dropped is None:
+        dropped = dropped_before(kept_lens, query_start_loc_np)
+    trimmed = kept < np.diff(query_start_loc_np[: B + 1])
+    cache = {}
+    if device_tensors is not None:
+        cache[str(device)] = device_tensors
+    return ReplayPlan(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(trimmed),
+                      dropped_before=torch.from_numpy(dropped), num_rows=int(kept.sum()),
+                      num_rows_padded=int(num_padded), window=int(window), _device_cache=cache)
+
+
+def trimmed_on_device(dropped_before: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``trimmed[b] = dropped_before[b+1] > dropped_before[b]`` (rows dropped inside request
+    ``b``), computed where ``dropped_before`` lives -- what vLLM's gather kernel tests on the
+    device (``kept_end - kept_begin < end - begin``)."""
+    return torch.gt(dropped_before[1:], dropped_before[:-1], out=out)
+
+
+def kept_slot_view(buffer: torch.Tensor, num_groups: int, num_padded: int) -> torch.Tensor:
+    """A contiguous ``[num_groups, num_padded]`` view at the start of vLLM's persistent
+    ``_kept_slot_mappings`` storage (the pack writes contiguous ``out=`` buffers; vLLM's
+    ``[:, :num_padded]`` slice has a row stride of ``max_num_tokens``). Graph-stable: a
+    replay graph of a given size always sees the same addresses."""
+    return buffer.view(-1)[: num_groups * num_padded].view(num_groups, num_padded)
+
+
+def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings,
+                        window: int, out: dict) -> None:
+    """vLLM's ``_gather_replay_batch_kernel[(num_reqs,)](...)`` plus its ``PAD_SLOT_ID``
+    fill of the padded slot columns: one launch of the pack's op into ``out`` (vLLM's
+    ``_kept_rows``, ``_kept_query_start_loc``, ``_kept_positions``, the kept slot mappings
+    and ``_kept_kv_start``). Padded rows (``num_rows .. num_rows_padded``) get row 0, its
+    position and PAD slots (vLLM leaves rows and positions there as they were)."""
+    CALLS["gather_replay_batch"] += 1
+    B = plan.num_reqs
+    with _hot():
+        be.gather_replay_batch(plan, query_start_loc[: B + 1], seq_lens[:B], replay_start[:B], positions, slot_mappings,
+                               window, out=out)
+
+
+def gather_rows(be: Backend, x: torch.Tensor, rows: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x.index_select(0, rows)`` (or ``torch.index_select(x, 0, rows, out=out)``)."""
+    CALLS["gather_rows"] += 1
+    with _hot():
+        return be.gather_rows(x, rows, out=out)
+
+
+def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``y.new_zeros((num_rows, ...)).index_copy_(0, rows, y)``."""
+    CALLS["scatter_rows"] += 1
+    with _hot():
+        return be.scatter_rows(y, rows, num_rows)
+
+
+# ---------------------------------------------------------------------------------------
+# warmup
+# ---------------------------------------------------------------------------------------
+
+
+def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa: bool = False,
+            gather_lens: bool = False, gather: bool = False, window: int = 128, block_size: int = 32,
+            index_width: int | None = None, rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
+    """One small real launch of every op the integration routes, on a synthetic step (a
+    decode and a replaying prefill, padded): the pack's launch keys never depend on sizes,
+    so serving steps compile nothing afterwards. ``rows``: ``(trailing shape, dtype)`` of
+    each tensor the replay layers gather and scatter. Returns the ops launched."""
+    dev = torch.device(device)
+    W, bs = int(window), int(block_size)
+    width = W if index_width is None else int(index_width)
+    i32, i64 = torch.int32, torch.int64
+    q, prefix = [1, 3], [W + 4, W + 5]
+    seq = [a + b for a, b in zip(q, prefix)]
+    T, T_pad = sum(q), sum(q) + 2
+    qsl = torch.tensor([0, 1, 4], dtype=i32, device=dev)
+    seq_t = torch.tensor(seq, dtype=i32, device=dev)
+    R = torch.tensor([0, prefix[1]], dtype=i32, device=dev)
+    cols = -(-max(seq) // bs) + 1
+    table = torch.arange(2 * cols, dtype=i32, device=dev).view(2, cols)
+    pos = torch.zeros(T_pad, dtype=i64, device=dev)
+    pos[:T] = torch.tensor([seq[0] - 1, *range(prefix[1], seq[1])], dtype=i64)
+    slots = torch.arange(max(num_groups, 1) * T_pad, dtype=i64, device=dev).view(-1, T_pad)
+    ran: list[str] = []
+    with _hot():
+        if pad:
+            be.pad_replayed_slots(slots.clone(), torch.zeros(1, dtype=i32, device=dev), qsl, pos, R, W)
+            ran.append("pad_replayed_slots")
+        if swa:
+            valid = torch.ones(T_pad, dtype=torch.bool, device=dev)
+            out = (torch.empty(T_pad, width, dtype=i32, device=dev), torch.empty(T_pad, dtype=i32, device=dev))
+            be.swa_indices_and_lens(qsl, seq_t, table, bs, W, R, index_width=width, valid=valid, num_tokens=T_pad,
+                                    out=out)
+            ran.append("swa_indices_and_lens")
+        if gather_lens:
+            be.prefill_gather_lens(qsl, seq_t, R, W, out=torch.empty(2, dtype=i32, device=dev))
+            ran.append("prefill_gather_lens")
+        if gather:
+            kept = np.array([1, 2], dtype=np.int32)
+            plan = replay_plan(kept, np.array([0, 1, 4], dtype=np.int32), 5, W)
+            out = {"rows": torch.empty(5, dtype=i64, device=dev), "query_start_loc": torch.empty(3, dtype=i32, device=dev),
+                   "positions": torch.empty(5, dtype=i64, device=dev),
+                   "slot_mappings": torch.empty(slots.shape[0], 5, dtype=i64, device=dev),
+                   "kv_start": torch.empty(2, dtype=i32, device=dev)}
+            be.gather_replay_batch(plan, qsl, seq_t, R, pos, slots, W, out=out)
+            ran.append("gather_replay_batch")
+        if rows:
+            idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)
+            for tail, dtype in rows:
+                x = torch.zeros(T, *tail, dtype=dtype, device=dev)
+                buf = torch.empty(3, *tail, dtype=dtype, device=dev)
+                be.gather_rows(x, idx, out=buf)
+                be.gather_rows(x, idx)
+                be.scatter_rows(buf, idx, T)
+            ran += ["gather_rows", "scatter_rows"]
+    return ran
+
+
+__all__ = ["CALLS", "PAD", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows", "kept_slot_view",
+           "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "reserve", "scatter_rows", "swa_indices_and_lens",
+           "swa_rows", "trimmed_on_device", "warm_up"]

@@ -1,0 +1,191 @@
+"""vLLM's replay-metadata kernels, for the differential against the pack.
+
+``load()`` takes "vLLM's kernels" from one of two places:
+
+* ``SWA_VLLM_KERNELS_DIR=<dir>`` (or ``load(source=dir)``): copies of vLLM's source files,
+  for a machine without vLLM (a GPU box: vLLM's wheel cannot travel there). ``<dir>`` holds
+  ``model_state.py`` (``vllm/models/deepseek_v41/nvidia/model_state.py``) and ``sparse_swa.py``
+  (``vllm/v1/attention/backends/mla/sparse_swa.py``), flat or under those relative paths
+  (with or without the leading ``vllm/``). Only the four ``@triton.jit`` functions are taken
+  out of the files (``ast``), written to one temporary module and compiled by the installed
+  Triton; the rest of each file, which imports vLLM, is never run.
+* the installed vLLM (``vllm`` importable): the module attributes themselves (a shim of
+  :mod:`swa_backends.integrations.vllm.patches` is looked through to vLLM's original).
+
+The launchers below call each kernel exactly as vLLM 0.33 does at its call site (grid,
+strides, constexprs, vLLM's PAD fill around the gather), so a differential needs nothing else
+from vLLM.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ENV = "SWA_VLLM_KERNELS_DIR"
+FILES = {
+    "model_state.py": "models/deepseek_v41/nvidia/model_state.py",
+    "sparse_swa.py": "v1/attention/backends/mla/sparse_swa.py",
+}
+#: name -> (file, qualified name inside it)
+KERNELS = {
+    "pad": ("model_state.py", "_pad_replayed_slots_kernel"),
+    "gather": ("model_state.py", "_gather_replay_batch_kernel"),
+    "swa": ("sparse_swa.py", "_compute_swa_indices_and_lens_kernel"),
+    "prefill": ("sparse_swa.py", "ComputePrefillMetadataKernel.kernel"),
+}
+PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py
+
+
+@dataclass(frozen=True)
+class VllmKernels:
+    pad: object
+    gather: object
+    swa: object
+    prefill: object
+    origin: str
+
+
+def _find(root: Path, name: str) -> Path | None:
+    rel = FILES[name]
+    for cand in (root / name, root / rel, root / "vllm" / rel):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _extract(path: Path, qualname: str) -> str:
+    """The source of a (possibly class-nested) function, decorators included, minus ``@staticmethod``."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    parts = qualname.split(".")
+    body = tree.body
+    node = None
+    for i, part in enumerate(parts):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            raise LookupError(f"{qualname} not found in {path}")
+        body = node.body
+    assert isinstance(node, ast.FunctionDef)
+    lines = text.splitlines()
+    decorators = [d for d in node.decorator_list if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
+    first = min([d.lineno for d in decorators] + [node.lineno]) - 1
+    src = textwrap.dedent("\n".join(lines[first: node.end_lineno]))
+    return "\n".join(ln for ln in src.splitlines() if ln.strip() != "@staticmethod")
+
+
+def _from_source(root: Path) -> VllmKernels:
+    """The four kernels' sources, written to one module file and imported (Triton compiles
+    a ``@jit`` function from its file's source, so an ``exec`` of a string will not do)."""
+    import importlib.util
+    import tempfile
+
+    parts = ["import triton", "import triton.language as tl", ""]
+    names = {}
+    for key, (fname, qualname) in KERNELS.items():
+        path = _find(root, fname)
+        if path is None:
+            raise FileNotFoundError(f"{fname} (vllm/{FILES[fname]}) not under {root}")
+        parts += [f"# {path}: {qualname}", _extract(path, qualname), "", ""]
+        names[key] = qualname.split(".")[-1]
+    folder = Path(tempfile.mkdtemp(prefix="swa_vllm_kernels_"))
+    module_path = folder / "vllm_replay_kernels.py"
+    module_path.write_text("\n".join(parts))
+    spec = importlib.util.spec_from_file_location("swa_vllm_replay_kernels", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return VllmKernels(**{key: getattr(module, name) for key, name in names.items()},
+                       origin=f"source files under {root}")
+
+
+def _from_installed() -> VllmKernels:
+    import vllm
+    from vllm.models.deepseek_v41.nvidia import model_state as ms
+    from vllm.v1.attention.backends.mla import sparse_swa
+
+    def original(obj):
+        return getattr(obj, "_swa_original", obj)
+
+    return VllmKernels(pad=original(ms._pad_replayed_slots_kernel), gather=original(ms._gather_replay_batch_kernel),
+                       swa=sparse_swa._compute_swa_indices_and_lens_kernel,
+                       prefill=sparse_swa.ComputePrefillMetadataKernel.kernel,
+                       origin=f"installed vllm {getattr(vllm, '__version__', '?')}")
+
+
+def load(source: str | os.PathLike | None = None) -> tuple[VllmKernels | None, str]:
+    """``(kernels, where from)`` or ``(None, why not)``."""
+    source = source or os.environ.get(ENV)
+    if source:
+        try:
+            k = _from_source(Path(source))
+            return k, k.origin
+        except Exception as exc:  # noqa: BLE001
+            return None, f"{ENV}={source}: {type(exc).__name__}: {exc}"
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return None, f"vLLM is not installed and {ENV} is not set (copies of vLLM's model_state.py and sparse_swa.py)"
+    try:
+        k = _from_installed()
+        return k, k.origin
+    except Exception as exc:  # noqa: BLE001
+        return None, f"vLLM's kernels did not import: {type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM 0.33's launches, as at its call sites
+# ---------------------------------------------------------------------------------------
+
+
+def pad_replayed_slots(k: VllmKernels, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start,
+                       window: int, num_reqs: int) -> None:
+    """``DeepseekV41ModelState.prepare_attn`` (model_state.py L386)."""
+    k.pad[(num_reqs,)](slot_mappings, slot_mappings.stride(0), cacheable_groups, query_start_loc, positions,
+                       replay_start, window, PAD_SLOT_ID, NUM_GROUPS=cacheable_groups.numel(), BLOCK=1024)
+
+
+def swa_indices_and_lens(k: VllmKernels, swa_indices, swa_lens, window_size, index_width, query_start_loc, seq_lens,
+                         token_to_req_indices, is_valid_token, block_table, block_size, replay_start, *, num_tokens,
+                         token_offset) -> None:
+    """``ComputeSWAIndicesAndLensKernel.__call__``'s launch (sparse_swa.py L1199-1231), no image."""
+    if num_tokens == 0:
+        return
+    k.swa[(num_tokens,)](swa_indices, swa_indices.stride(0), swa_lens, window_size, index_width, swa_lens, swa_lens,
+                         query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table,
+                         block_table.stride(0), block_size, replay_start, token_offset, HAS_IMAGE=False,
+                         TRITON_BLOCK_SIZE=1024)
+
+
+def prefill_gather_lens(k: VllmKernels, out, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes,
+                        window_size) -> None:
+    """``ComputePrefillMetadataKernel.__call__``'s launch (grid (1,), BLOCK_SIZE = next pow2)."""
+    block = 1 << max(num_prefills - 1, 0).bit_length()
+    k.prefill[(1,)](out, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes, window_size,
+                    BLOCK_SIZE=block)
+
+
+def gather_replay_batch(k: VllmKernels, query_start_loc, dropped_before, seq_lens, replay_start, positions,
+                        slot_mappings, rows, kept_query_start_loc, kept_positions, kept_slot_mappings_buf, kept_kv_start,
+                        window: int, num_reqs: int, num_tokens: int, num_padded: int) -> torch.Tensor:
+    """``DeepseekV41ModelState._kept_input_batch``'s PAD fill and launch (model_state.py
+    L684-707); returns the kept slot mappings view it hands on."""
+    kept = kept_slot_mappings_buf[:, :num_padded]
+    kept[:, num_tokens:].fill_(PAD_SLOT_ID)
+    k.gather[(num_reqs,)](query_start_loc, dropped_before, seq_lens, replay_start, positions, slot_mappings,
+                          slot_mappings.stride(0), rows, kept_query_start_loc, kept_positions, kept,
+                          kept.stride(0), kept_kv_start, window, NUM_GROUPS=slot_mappings.shape[0], BLOCK=1024)
+    return kept
+
+
+def token_to_req_indices(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """What vLLM's ``compute_token_to_req_indices`` gives for tokens inside the batch
+    (``searchsorted`` over the device ``query_start_loc``); tokens past it map to the last
+    request (invalid there anyway)."""
+    t = torch.arange(num_tokens, device=query_start_loc.device, dtype=torch.int64)
+    req = torch.searchsorted(query_start_loc[1:].to(torch.int64).contiguous(), t, right=True)
+    return req.clamp(max=max(query_start_loc.shape[0] - 2, 0)).to(torch.int32)

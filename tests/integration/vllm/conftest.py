@@ -1,0 +1,36 @@
+"""Set-up for the vLLM integration tests.
+
+* The repository root is the package ``swa_backends`` itself, so it holds top-level-looking
+  folders (``kernels/``, ``common/``, ``backends/``). ``python -m pytest`` from the root puts
+  the root on ``sys.path``, where transformers (imported by vLLM) would then find the pack's
+  ``kernels/`` as the hub package ``kernels`` and fail. Where vLLM is installed, the root is
+  taken off ``sys.path`` here; ``swa_backends`` itself is found through its install.
+* Without a GPU, vLLM's Triton kernels need ``TRITON_INTERPRET=1`` (set by ``tests/conftest.py``)
+  and ``CUDA_VISIBLE_DEVICES=`` (else ``vllm.triton_utils`` swaps in a placeholder Triton),
+  both before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _is_repo(entry: str) -> bool:
+    try:
+        return Path(entry or os.getcwd()).resolve() == REPO
+    except OSError:
+        return False
+
+
+if importlib.util.find_spec("vllm") is not None:  # the main suite's venv (no vLLM) is left as it is
+    sys.path[:] = [p for p in sys.path if not _is_repo(p)]
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

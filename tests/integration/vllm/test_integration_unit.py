@@ -1,0 +1,296 @@
+"""The vLLM integration's pieces that need no vLLM: layering, the version gate and the
+switch, the capability decision from a vLLM-shaped config, and the call-convention adapters
+against the pack's own reference. Runs in the main suite too."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import _cases
+import _configs
+from swa_backends import reference_backend, select
+from swa_backends.integrations import vllm as integration
+from swa_backends.integrations.vllm import config as icfg
+from swa_backends.integrations.vllm import runtime
+
+
+# ---------------------------------------------------------------------------------------
+# layering
+# ---------------------------------------------------------------------------------------
+
+
+def test_importing_the_pack_imports_no_integration_and_no_vllm():
+    """(tests/test_architecture.py checks the import direction in the source.)"""
+    code = ("import sys, swa_backends, swa_backends.plugin; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('swa_backends.integrations', 'vllm'))); "
+            "print(bad); assert not bad, bad")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------
+# version gate and switch
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version,ok", [("0.33.0", True), ("0.33.1", True), ("0.33.1.dev12+gabc", True),
+                                        ("0.33.0+cu130", True), ("0.32.2", False), ("0.34.0", False),
+                                        ("1.33.0", False), ("garbage", False), (None, False)])
+def test_supported_versions_are_declared_once(version, ok):
+    assert integration.supported(version) is ok
+    assert integration.TESTED_VLLM.startswith(integration.SUPPORTED_VLLM[0] + ".")
+
+
+@pytest.mark.parametrize("value,mode", [(None, "auto"), ("", "auto"), ("1", "auto"), ("0", "off"), ("off", "off"),
+                                        ("False", "off"), ("force", "force")])
+def test_env_switch(monkeypatch, value, mode):
+    if value is None:
+        monkeypatch.delenv(integration.ENV, raising=False)
+    else:
+        monkeypatch.setenv(integration.ENV, value)
+    assert integration.mode() == mode
+
+
+@pytest.fixture
+def fresh(monkeypatch, caplog):
+    integration._reset_for_tests()
+    caplog.set_level(logging.INFO, logger="vllm.swa_backends")
+    yield caplog
+    integration._reset_for_tests()
+
+
+def test_switch_off_leaves_vllm_untouched(monkeypatch, fresh):
+    monkeypatch.setenv(integration.ENV, "0")
+    monkeypatch.setattr(integration, "vllm_version", lambda: pytest.fail("the switch is read first"))
+    st = integration.install()
+    assert not st.installed and st.mode == "off" and "integration is off" in st.reason
+    assert integration.install() is st
+    assert [r.levelno for r in fresh.records] == [logging.INFO]
+
+
+def test_unsupported_vllm_is_left_untouched_with_one_warning(monkeypatch, fresh):
+    monkeypatch.delenv(integration.ENV, raising=False)
+    monkeypatch.setattr(integration, "vllm_version", lambda: "0.34.2")
+    st = integration.install()
+    integration.install()
+    assert not st.installed and st.vllm_version == "0.34.2" and "not a supported release" in st.reason
+    assert "0.33.x" in st.reason
+    assert [r.levelno for r in fresh.records] == [logging.WARNING]
+
+
+def test_no_vllm(monkeypatch, fresh):
+    monkeypatch.setattr(integration, "vllm_version", lambda: None)
+    st = integration.install()
+    assert not st.installed and "not importable" in st.reason
+
+
+def test_any_failure_is_one_warning(monkeypatch, fresh):
+    def boom():
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(integration, "_install", boom)
+    st = integration.install()
+    assert not st.installed and "kaput" in st.reason
+    assert [r.levelno for r in fresh.records] == [logging.WARNING]
+
+
+# ---------------------------------------------------------------------------------------
+# the decision from a vLLM-shaped config
+# ---------------------------------------------------------------------------------------
+
+
+def test_serving_config_mapping():
+    cfg = icfg.serving_config(_configs.vllm_config())
+    assert cfg.model_runner == "v2" and cfg.graph_mode == "full_and_piecewise" and cfg.window == 128
+    assert cfg.cut_layer == 20 and cfg.async_scheduling and not cfg.engram_after_cut and cfg.drafter_window is None
+    cfg = icfg.serving_config(_configs.vllm_config(
+        use_v2_model_runner=False, parallel_config__prefill_context_parallel_size=2,
+        parallel_config__decode_context_parallel_size=4, parallel_config__data_parallel_size=2,
+        parallel_config__use_ubatching=True, compilation_config__cudagraph_mode=_configs.CUDAGraphMode.FULL_DECODE_ONLY,
+        scheduler_config__async_scheduling=False, lora_config=object(), kv_transfer_config=object(),
+        model_config__hf_text_config__engram_layer_ids=[20]))
+    assert (cfg.model_runner, cfg.prefill_context_parallel_size, cfg.decode_context_parallel_size,
+            cfg.data_parallel_size) == ("v1", 2, 4, 2)
+    assert cfg.microbatching and cfg.graph_mode == "decode_only" and not cfg.async_scheduling
+    assert cfg.lora and cfg.kv_connector_owns_scheduling and cfg.engram_after_cut  # an Engram layer AT the cut counts
+    assert icfg.serving_config(_configs.vllm_config(model_config__enforce_eager=True)).graph_mode == "none"
+    sp = _configs.vllm_config(parallel_config__enable_expert_parallel=True, parallel_config__tensor_parallel_size=8,
+                              parallel_config__data_parallel_size=2)
+    assert icfg.serving_config(sp).sequence_parallel_moe
+
+
+@pytest.mark.parametrize("draft,expected", [
+    (None, None), (dict(window=128), 128), (dict(window=64), 64),
+    (dict(window=256), 256), (dict(window=128, layer_types=("full_attention",)), 65536), (dict(window=None), 65536)])
+def test_drafter_window(draft, expected):
+    spec = None if draft is None else _configs.drafter(**draft)
+    assert icfg.serving_config(_configs.vllm_config(speculative_config=spec)).drafter_window == expected
+
+
+def _decide(device="cuda:sm90", platform="cuda", **over):
+    return icfg.decide(_configs.vllm_config(**over), device, platform=platform)
+
+
+def test_decide_default_both_on():
+    d = _decide()
+    assert d.capabilities.encoder_replay.enabled and d.capabilities.decoder_replay.enabled
+    assert d.vllm_encoder and d.encoder and d.must_keep_encoder is None
+    assert d.as_dict()["serving_config"]["window"] == 128
+
+
+def test_decide_pack_off_where_vllm_is_on():
+    d = _decide(parallel_config__decode_context_parallel_size=2)
+    assert d.vllm_encoder and not d.capabilities.encoder_replay.enabled and not d.encoder
+    assert any("decode context parallel" in r for r in d.capabilities.encoder_replay.reasons)
+    assert not d.capabilities.decoder_replay.enabled and d.must_keep_encoder is None
+
+
+def test_decide_pcp_with_prefix_caching_cannot_turn_encoder_off():
+    d = _decide(parallel_config__prefill_context_parallel_size=2)
+    assert not d.capabilities.encoder_replay.enabled  # graphs and async scheduling under PCP
+    assert d.must_keep_encoder and "prefix caching" in d.must_keep_encoder
+    eager = _decide(parallel_config__prefill_context_parallel_size=2, model_config__enforce_eager=True,
+                    scheduler_config__async_scheduling=False)
+    assert eager.capabilities.encoder_replay.enabled and eager.encoder
+    assert not eager.capabilities.decoder_replay.enabled  # the pack keeps decoder trimming off under PCP
+
+
+def test_decide_vllm_off_on_rocm_pack_on():
+    d = _decide(device="rocm:gfx942", platform="rocm")
+    assert d.capabilities.encoder_replay.enabled and not d.vllm_encoder and not d.encoder
+    assert "ROCm" in d.vllm_encoder_reason
+
+
+@pytest.mark.parametrize("over,needle", [
+    (dict(model_config__hf_text_config__engram_layer_ids=[30]), "Engram"),
+    (dict(speculative_config=_configs.drafter(window=256)), "drafter window"),
+    (dict(parallel_config__use_ubatching=True), "microbatching"),
+    (dict(use_v2_model_runner=False), "requires encoder replay"),
+])
+def test_decide_decoder_off(over, needle):
+    d = _decide(**over)
+    assert not d.capabilities.decoder_replay.enabled
+    assert any(needle in r for r in d.capabilities.decoder_replay.reasons), d.capabilities.decoder_replay.reasons
+
+
+def test_decide_v1_runner():
+    d = _decide(use_v2_model_runner=False)
+    assert not d.vllm_encoder and not d.capabilities.encoder_replay.enabled
+
+
+# ---------------------------------------------------------------------------------------
+# the adapters against the pack's reference on the whole batch (no vLLM kernel involved)
+# ---------------------------------------------------------------------------------------
+
+
+BACKENDS = ["reference", "triton"]
+
+
+@pytest.mark.parametrize("variant", BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_swa_rows_with_token_offset_equal_the_whole_batch(variant, seed):
+    """vLLM writes decode rows (offset 0) and prefill rows (offset D) into two buffers; the
+    adapter shifts query_start_loc. Together they equal the op over the whole batch."""
+    be = select("cpu", prefer=variant)
+    ref = reference_backend()
+    for name, b in _cases.mixed_batches(seed):
+        N, D = b.T_pad, b.num_decode_tokens
+        valid = b.slots[1] >= 0
+        want_idx, want_lens = ref.swa_indices_and_lens(b.qsl, b.seq, b.block_tables[1], b.block_size, b.W, b.R_t,
+                                                       valid=valid, num_tokens=N)
+        for off, n in ((0, D), (D, N - D)):
+            buf = torch.full((N + 2, 1, b.W), 77, dtype=torch.int32)
+            lens = torch.full((N + 2,), 77, dtype=torch.int32)
+            assert runtime.swa_indices_and_lens(be, buf, lens, b.W, b.W, b.qsl, b.seq, valid, b.block_tables[1],
+                                                b.block_size, b.R_t, num_tokens=n, token_offset=off)
+            assert torch.equal(buf[:n, 0], want_idx[off: off + n]), name
+            assert torch.equal(lens[:n], want_lens[off: off + n]), name
+            assert (buf[n:] == 77).all() and (lens[n:] == 77).all()
+
+
+def test_swa_rows_layout_check():
+    buf = torch.zeros(8, 2, 16, dtype=torch.int32)
+    assert runtime.swa_rows(buf, 4, 16) is None  # not [N, 1, W]
+    assert runtime.swa_rows(torch.zeros(8, 1, 16, dtype=torch.int32), 4, 12) is None  # width mismatch
+    assert runtime.swa_rows(torch.zeros(8, 1, 16, dtype=torch.int32), 4, 16).shape == (4, 16)
+
+
+@pytest.mark.parametrize("variant", BACKENDS)
+def test_gather_into_a_strided_persistent_buffer(variant):
+    """vLLM's ``_kept_slot_mappings`` is [G, max_tokens]; the adapter writes a contiguous
+    [G, n_pad] view at its start. The sub-batch equals the pack's own plan on the batch."""
+    be = select("cpu", prefer=variant)
+    b = dict(_cases.mixed_batches(0))["mixed"]
+    kept = np.where(b.is_prefilling, np.minimum(b.q, b.W), b.q)
+    n = int(kept.sum())
+    G = b.slots.shape[0]
+    big = torch.full((G, 4096), 5, dtype=torch.int64)
+    view = runtime.kept_slot_view(big, G, n + 2)
+    assert view.is_contiguous() and view.data_ptr() == big.data_ptr()
+    plan = runtime.replay_plan(kept, b.qsl_np, n + 2, b.W)
+    out = {"rows": torch.empty(n + 2, dtype=torch.int64), "query_start_loc": torch.empty(b.B_all + 1, dtype=torch.int32),
+           "positions": torch.empty(n + 2, dtype=torch.int64), "slot_mappings": view,
+           "kv_start": torch.empty(b.B_all, dtype=torch.int32)}
+    runtime.gather_replay_batch(be, plan, b.qsl, b.seq, b.R_t, b.positions, b.slots, b.W, out)
+    want = reference_backend().gather_replay_batch(plan, b.qsl, b.seq, b.R_t, b.positions, b.slots, b.W)
+    for key in out:
+        assert torch.equal(out[key], getattr(want, key)), key
+    assert (big.view(-1)[G * (n + 2):] == 5).all()  # nothing written past the view
+    dropped = torch.from_numpy(runtime.dropped_before(kept, b.qsl_np))
+    assert torch.equal(runtime.trimmed_on_device(dropped, torch.empty(b.B_all, dtype=torch.bool)), plan.trimmed)
+
+
+@pytest.mark.parametrize("variant", BACKENDS)
+def test_warm_up_launches_each_op(variant):
+    be = select("cpu", prefer=variant)
+    ran = runtime.warm_up(be, "cpu", pad=True, swa=True, gather_lens=True, gather=True, num_groups=3, window=16,
+                          block_size=8, rows=(((64,), torch.bfloat16), ((), torch.int64)))
+    assert ran == ["pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens", "gather_replay_batch",
+                   "gather_rows", "scatter_rows"]
+
+
+def test_hot_path_validation_is_off_unless_asked(monkeypatch):
+    from swa_backends import validation_enabled
+
+    seen = []
+    be = select("cpu")
+
+    class Spy:
+        def __getattr__(self, name):
+            def call(*a, **k):
+                seen.append(validation_enabled())
+                return getattr(be, name)(*a, **k)
+            return call
+
+    x = torch.arange(12.0).view(6, 2)
+    rows = torch.tensor([1, 4])
+    monkeypatch.setattr(runtime, "VALIDATE", False)
+    runtime.gather_rows(Spy(), x, rows)
+    monkeypatch.setattr(runtime, "VALIDATE", True)
+    runtime.gather_rows(Spy(), x, rows)
+    assert seen == [False, True]
+    assert validation_enabled()  # restored
+
+
+def test_register_never_raises(monkeypatch, caplog):
+    """vLLM calls register() in every process: a failure to define the custom ops (e.g. a
+    torch whose schema parser rejects one) is one warning, and the vLLM integration still
+    installs."""
+    import swa_backends
+    from swa_backends import plugin
+
+    monkeypatch.setattr(plugin, "_registered", None)
+    monkeypatch.delattr(swa_backends, "torch_ops", raising=False)
+    monkeypatch.setitem(sys.modules, "swa_backends.torch_ops", None)  # its import raises ImportError
+    installs = []
+    monkeypatch.setattr(plugin, "_install_vllm", lambda: installs.append(1))
+    caplog.set_level(logging.WARNING, logger=plugin.logger.name)
+    assert plugin.register() == () and plugin.register() == ()
+    assert installs == [1]
+    assert sum("defining torch.ops.swa_backends failed" in r.getMessage() for r in caplog.records) == 1

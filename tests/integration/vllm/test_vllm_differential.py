@@ -1,0 +1,211 @@
+"""vLLM's DeepSeek-V4.1 replay-metadata preparation, run twice: with vLLM's own kernels and
+through the pack. Every metadata tensor must be bit-identical.
+
+The same mixed batches (``_cases``: prefix hits with replay, later replay chunks, chunked and
+cold prefills, long prefills the decoder side trims, decodes, speculative-decode rows,
+prompt-logprob requests, graph padding of requests and tokens; three or four KV-cache groups,
+two of them window groups with FlashMLA's and FlashInfer's builders) go through
+``DeepseekV41ModelState.prepare_attn`` -- slot padding, the sparse-SWA builders (clamped
+window indices and lengths for decode and prefill rows, prefill gather lengths), the decoder
+sub-batch and its own metadata builds -- once on vLLM's state with vLLM's kernels (no patch
+applied) and once on the pack's state (``model_state_class``) with the patches applied and
+routed, for the pack's torch reference and for its Triton kernels (interpreter on the CPU).
+Modes: eager, PIECEWISE with replay graphs (graph-padded sub-batch), FULL (padded requests),
+and the replay-graph capture path (dummy batches).
+
+Needs vLLM (the CI stage's venv); skipped without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
+
+import torch  # noqa: E402
+
+import _cases  # noqa: E402
+import _vllm_harness as h  # noqa: E402
+from swa_backends import select  # noqa: E402
+from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
+from swa_backends.integrations.vllm.model import Route, model_state_class  # noqa: E402
+from vllm.config import CUDAGraphMode  # noqa: E402
+
+ROUTES = ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens")
+SPEC = 3  # speculative tokens: decode threshold 4
+
+
+@pytest.fixture(autouse=True)
+def _stubs(monkeypatch):
+    h.install_cpu_stubs(monkeypatch)
+    yield
+    patches.restore()
+
+
+@pytest.fixture(params=["reference", "triton"])
+def be(request, monkeypatch):
+    backend = select("cpu", prefer=request.param)
+    monkeypatch.setattr(runtime, "backend_for", lambda device: backend)
+    return backend
+
+
+def _vllm_run(batch, step, **kw):
+    patches.restore()  # vLLM's own module globals
+    setup = h.make_setup(batch, spec=SPEC)
+    state = h.make_state(h.VllmState, setup)
+    return step(state, setup, batch, **kw)
+
+
+def _pack_run(be, batch, step, **kw):
+    status = patches.apply()
+    assert all(v == "applied" for v in status.values()), status
+    for name in ROUTES:
+        assert patches.route(name, lambda device: be)
+    setup = h.make_setup(batch, spec=SPEC)
+    route = Route(None, encoder=True, builders=True, decoder=True)
+    state = h.make_state(model_state_class(h.VllmState), setup, {"swa_backends_route": route})
+    assert state._swa_backend is be
+    before = dict(runtime.CALLS)
+    try:
+        snap = step(state, setup, batch, **kw)
+        # no routed call fell back to vLLM's kernel (a shim turns its route off when the pack raises)
+        assert all(patches.routes()[name] for name in ROUTES), patches.routes()
+        assert state._swa_trimmed is not None
+    finally:
+        for name in ROUTES:
+            patches.route(name, None)
+    called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS}
+    return snap, called
+
+
+def _eager(state, setup, batch):
+    h.add_requests(state, batch)
+    return h.run_step(state, setup, batch)
+
+
+def _compare(want, got):
+    problems = h.diff(want, got)
+    assert not problems, "\n".join(problems[:20])
+    return h.count_tensors(want)
+
+
+CASES = [(seed, name) for seed in (0, 1, 2) for name, _ in _cases.mixed_batches(seed)]
+
+
+@pytest.mark.parametrize("seed,name", CASES, ids=[f"{n}-{s}" for s, n in CASES])
+def test_eager_step_bit_identical(be, seed, name):
+    batch = dict(_cases.mixed_batches(seed))[name]
+    want = _vllm_run(batch, _eager)
+    got, called = _pack_run(be, batch, _eager)
+    n = _compare(want, got)
+    assert n > 10
+    # the step went through the pack: builders always, padding and the gather when the batch has them
+    assert called.get("swa_indices_and_lens", 0) > 0
+    if batch.R[: batch.num_reqs].any():
+        assert called.get("pad_replayed_slots", 0) == 1
+        assert not torch.equal(want["slot_mappings"], batch.slots)
+    if batch.num_decodes < batch.B_all:
+        assert called.get("prefill_gather_lens", 0) > 0
+    trims = (batch.q > batch.W)[batch.num_decodes: batch.num_reqs] & ~batch.keeps_rows[batch.num_decodes: batch.num_reqs]
+    assert (want["replay"] is not None) == bool(trims.any())
+    if want["replay"] is not None:
+        assert called.get("gather_replay_batch", 0) == 1
+
+
+@pytest.mark.parametrize("name", ["mixed", "graph-padding", "spec-decode+replay"])
+def test_eager_step_with_validation_on(be, name, monkeypatch):
+    """``SWA_BACKENDS_VALIDATE=1`` (the debug switch): the pack validates vLLM's real inputs
+    on the hot path and accepts them all (no route falls back), with the same results."""
+    monkeypatch.setattr(runtime, "VALIDATE", True)
+    batch = dict(_cases.mixed_batches(8))[name]
+    want = _vllm_run(batch, _eager)
+    got, called = _pack_run(be, batch, _eager)
+    _compare(want, got)
+    assert called.get("swa_indices_and_lens", 0) > 0
+
+
+def _piecewise(state, setup, batch, *, extra: int):
+    h.add_requests(state, batch)
+    kept = sum(min(int(q), batch.W) if (i >= batch.num_decodes and not batch.keeps_rows[i]) else int(q)
+               for i, q in enumerate(batch.q[: batch.num_reqs]))
+    state.replay_cudagraphs = h.FakeReplayGraphs([kept + extra, 4 * kept + 64])
+    setup.layers.trim_threshold = batch.W + 1  # every graph of more than W tokens breaks out to the replay batch
+    return h.run_step(state, setup, batch, mode=CUDAGraphMode.PIECEWISE)
+
+
+@pytest.mark.parametrize("extra", [0, 5])
+@pytest.mark.parametrize("name", ["mixed", "spec-decode+replay", "prefill-only"])
+def test_piecewise_replay_graph_padding(be, name, extra):
+    batch = dict(_cases.mixed_batches(3))[name]
+    want = _vllm_run(batch, _piecewise, extra=extra)
+    got, called = _pack_run(be, batch, _piecewise, extra=extra)
+    assert want["replay"] is not None and want["replay"]["run_graph"]
+    assert want["replay"]["num_padded"] == want["replay"]["rows"].numel() + extra
+    _compare(want, got)
+    assert called.get("gather_replay_batch", 0) == 1
+
+
+def _full(state, setup, batch):
+    h.add_requests(state, batch)
+    return h.run_step(state, setup, batch, mode=CUDAGraphMode.FULL, full=True)
+
+
+def test_full_graph_padded_requests(be):
+    batch = _cases.make_batch(_cases.np.random.default_rng(5), spec=SPEC, num_decodes=5, kinds=(), pad_reqs=3,
+                              pad_tokens=6)
+    want = _vllm_run(batch, _full)
+    got, called = _pack_run(be, batch, _full)
+    assert want["replay"] is None  # FULL graphs never trim
+    _compare(want, got)
+    assert called.get("swa_indices_and_lens", 0) > 0
+
+
+def _capture(state, setup, batch):
+    """vLLM's replay-graph capture: ``capture_inner_cudagraphs`` prepares a dummy batch for
+    each graph size; snapshot after every prepare."""
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+
+    h.add_requests(state, batch)
+    h.run_step(state, setup, batch)  # first prepare_attn: lazy buffers + warmup
+    snaps = []
+    graphs = h.FakeReplayGraphs([batch.W, 3 * batch.W, 4 * batch.W + 3])
+    state.replay_cudagraphs = graphs
+    orig = graphs.capture_replay_graphs
+
+    def capture(prepare):
+        def recording(desc):
+            prepare(desc)
+            snaps.append(h.snapshot_replay(state, setup))
+        orig(recording)
+
+    graphs.capture_replay_graphs = capture
+    bufs = InputBuffers(setup.cfg.scheduler_config.max_num_seqs, setup.cfg.scheduler_config.max_num_batched_tokens,
+                        h.DEV)
+    tables = h.FakeBlockTables(batch.block_tables, batch.slots.shape[0], 4096)
+    state.capture_inner_cudagraphs(bufs, tables, setup.attn_groups, setup.kv_cache_config)
+    return {"captures": snaps}
+
+
+def test_replay_graph_capture_dummy_batches(be):
+    batch = dict(_cases.mixed_batches(4))["mixed"]
+    want = _vllm_run(batch, _capture)
+    got, called = _pack_run(be, batch, _capture)
+    assert len(want["captures"]) == 3 and all(s["replay"] is not None for s in want["captures"])
+    _compare(want, got)
+    assert called.get("gather_replay_batch", 0) >= 3
+
+
+def test_two_steps_reuse_the_persistent_buffers(be):
+    """A second step on the same states (other batch sizes): the pack writes into the same
+    persistent buffers vLLM's kernels do, and the results stay identical."""
+    b1, b2 = (dict(_cases.mixed_batches(s))["mixed"] for s in (6, 7))
+
+    def two(state, setup, batch):
+        h.add_requests(state, b1)
+        first = h.run_step(state, setup, b1)
+        h.add_requests(state, b2)
+        return {"first": first, "second": h.run_step(state, setup, b2)}
+
+    want = _vllm_run(b1, two)
+    got, _ = _pack_run(be, b1, two)
+    _compare(want, got)
