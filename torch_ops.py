@@ -52,6 +52,7 @@ _SCALARS = {
     "W": "int", "Wr": "int", "block_size": "int", "ratio": "int", "top_k": "int", "slab_stride": "int",
     "window_offset": "int", "topk_offset": "int", "d_v": "int", "num_rows": "int", "num_rows_padded": "int",
     "index_width": "int", "num_tokens": "int", "sm_scale": "float", "any_replay": "bool",
+    "kv_format": "str", "fp8": "str", "return_lse": "bool",
 }
 # A ReplayPlan argument, as tensors and sizes (its window is the op's W).
 PLAN_FIELDS = ("kept", "trimmed", "dropped_before", "num_rows", "num_rows_padded")
@@ -167,6 +168,8 @@ def _param_schema(p: inspect.Parameter, alias: str | None) -> str:
         return f"{t} {p.name}"
     if p.default is None:
         return f"{t}? {p.name}=None"
+    if isinstance(p.default, str):
+        return f'{t} {p.name}="{p.default}"'
     return f"{t} {p.name}={p.default}"
 
 

@@ -5,7 +5,8 @@ Vendor kernels differ from the reference in three ways the wrappers must undo:
 * they mark "no valid index" differently (FlashMLA returns ``lse = +inf``; others leave the
   row to their own devices) -- the pack says zeros and ``lse = -inf``;
 * several return no LSE at all (FlashInfer's DSv4 decode, AITER's OPUS prefill) -- the
-  wrapper recomputes it here, an extra ``q . k`` pass over the valid entries;
+  wrapper recomputes it here, an extra ``q . k`` pass over the valid entries, only when the
+  caller asks for it (``return_lse=True``, the op's default; the serving path passes False);
 * they read a valid *prefix* of an index row, or a ragged (CSR) list -- the index layouts'
   own :func:`~swa_backends.common.ops.layouts.compact_rows` turns the pack's rows (PAD holes
   allowed anywhere inside the active length) into that form without a host synchronisation.
@@ -45,20 +46,22 @@ def lse_from_indices(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, l
     return lse
 
 
-def no_tokens(q: torch.Tensor, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+def no_tokens(q: torch.Tensor, d_v: int, return_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The reference's ``(out, lse)`` for a call with no query token (vendor kernels reject
     an empty batch, so the wrappers never launch one)."""
     T, H, _ = q.shape
-    return q.new_empty(T, H, d_v), torch.empty(T, H, dtype=torch.float32, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device) if return_lse else None
+    return q.new_empty(T, H, d_v), lse
 
 
-def zero_empty_rows(out: torch.Tensor, lse: torch.Tensor, indices: torch.Tensor,
-                    lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def zero_empty_rows(out: torch.Tensor, lse: torch.Tensor | None, indices: torch.Tensor,
+                    lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The pack's convention for a token with no valid index, whatever the vendor wrote
-    there: ``out = 0`` and ``lse = -inf`` (elementwise, no host sync)."""
+    there: ``out = 0`` and ``lse = -inf`` (elementwise, no host sync; ``lse`` None stays None)."""
     empty = ~valid_mask(indices, lens).any(dim=1)
     out = torch.where(empty[:, None, None], torch.zeros((), dtype=out.dtype, device=out.device), out)
-    lse = torch.where(empty[:, None], torch.full((), float("-inf"), device=lse.device), lse)
+    if lse is not None:
+        lse = torch.where(empty[:, None], torch.full((), float("-inf"), device=lse.device), lse)
     return out, lse
 
 

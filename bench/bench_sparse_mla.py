@@ -31,6 +31,13 @@ does not fit or is wrong is a recorded result, never the end of the run):
 5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640): latency per call in a CUDA graph,
    bandwidth over the KV bytes read, for the tl kernel's split-K settings, the default path and
    torch.
+6. ``--records [FMT[:FP8],...]``: the tl kernel reading a paged DeepSeek-V4/V4.1 record cache
+   (``kv_format``; default ``v4_fp8:e4m3fn``, the record SM90 and ROCm serve) beside the same
+   kernel on bf16 rows, same indices, same run: a correctness check per format on PAD patterns,
+   then decode-like calls (T 1..256, split-K, latency in a CUDA graph) and prefill calls (T 4K /
+   16K), each with ``ratio = bf16 time / records time`` (goal: >= 1.3 at T <= 256, where the
+   records' fewer bytes per row matter; >= 1.0 at prefill). The records hold the bf16 cache's rows,
+   written with the pack's torch writer (vLLM's quantizer) into 64-record pages.
 
 Raw JSON goes to ``--out`` (a directory gets ``bench_sparse_mla.json``); the tables print last.
 ``--budget`` (seconds, default 300) bounds the run: the table stops at 60% of it, the sweep at
@@ -52,6 +59,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -96,6 +104,14 @@ PLANS = {
     "tiny": dict(D=32, S=3000, table_H=(16,), table_T=(3,), table_K=(40, 70), quick_T=(3,), quick_K=(40,),
                  sweep=[(3, 16, 40)], check_T=9, check_K=70, spot=4, decode_H=(16,), decode_T=(1, 3), decode_K=40,
                  decode_splits=("auto", 1, 3), reps=1, torch_reps=1),
+}
+# --records (D_qk = d_v = 512 always: the records' geometry): rows in the cache, records per page,
+# decode-like and prefill token counts, heads, index width (SWA 128 + top-k 512), check tokens.
+RECORD_PLANS = {
+    "h200": dict(S=1 << 20, bs=64, decode_T=(1, 8, 32, 64, 128, 256), prefill_T=(4096, 16384), H=(64, 128), K=640,
+                 check_T=256, reps=5),
+    "gpu-smoke": dict(S=1 << 16, bs=64, decode_T=(1, 8), prefill_T=(256,), H=(64,), K=128, check_T=64, reps=2),
+    "tiny": dict(S=600, bs=16, decode_T=(1,), prefill_T=(5,), H=(2,), K=20, check_T=9, reps=1),
 }
 
 # The tl kernel's launch configs swept by --sweep (kernels/sparse_mla.py:Config fields). Two levers,
@@ -380,8 +396,8 @@ def build_kernels(device_info, tdev, wanted) -> dict[str, Kernel]:
             out[name] = Kernel(name, why_not="; ".join(why))
             continue
         try:
-            impl = v.load()
-            mod = sys.modules[f"swa_backends.kernels.{module}"]
+            impl = v.load()  # the variant: the Gluon kernel under the op's signature (kernels/__init__.py)
+            mod = importlib.import_module(f"swa_backends.kernels.{module}")
         except Exception as exc:
             out[name] = Kernel(name, why_not=f"import failed: {type(exc).__name__}: {str(exc)[:200]}")
             continue
@@ -436,6 +452,11 @@ def parse_args(argv=None):
                          "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1")
     ap.add_argument("--decode", action="store_true",
                     help="also decode-sized calls: tl split-K settings, the default path and torch (CUDA graphs)")
+    ap.add_argument("--records", nargs="?", const="v4_fp8:e4m3fn", default=None, metavar="FMT[:FP8],...",
+                    help="also time the tl kernel reading paged KV records beside bf16 rows (same indices; decode-like "
+                         "T <= 256 with split-K in CUDA graphs, and prefill): ratio = bf16 time / records time. "
+                         "Formats v4_fp8, v41_mxfp8, v41_nvfp4; flavour e4m3fn (default) or e4m3fnuz; "
+                         "default v4_fp8:e4m3fn")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; later sections are skipped past it")
     ap.add_argument("--smoke", action="store_true",
                     help="small sizes, every section; on a CPU under Triton's interpreter (plumbing only)")
@@ -486,7 +507,7 @@ def main(argv=None) -> int:
                       f"into a {plan['S']}-row cache; default = select(device).sparse_mla with validation off",
         },
         "not_run": {}, "dispatch": {}, "correctness": [], "compiled": [], "baseline": [], "table": [],
-        "sweep": [], "best": {}, "decode": [], "errors": [], "sections_s": {},
+        "sweep": [], "best": {}, "decode": [], "records": [], "errors": [], "sections_s": {},
     }
     meta = result["meta"]
 
@@ -667,6 +688,14 @@ def main(argv=None) -> int:
         run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, tl_mod, elapsed, err, save)
         section("decode", t0)
 
+    # ---- 6: --records: the tl kernel on paged KV records beside bf16 rows ------------------
+    if args.records:
+        t0 = time.time()
+        rplan = RECORD_PLANS["h200" if not args.smoke else ("gpu-smoke" if on_gpu else "tiny")]
+        meta["records_plan"] = rplan
+        run_records(args.records, rplan, result, dev, tdev, tl_mod, elapsed, args.budget, err, save)
+        section("records", t0)
+
     save()
     print_summary(result)
     log(f"raw results: {out_path}")
@@ -769,6 +798,105 @@ def run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, K, elapsed,
             save()
 
 
+def parse_records(text: str) -> list[tuple[str, str]]:
+    """``"v4_fp8,v41_mxfp8:e4m3fnuz"`` -> ``[("v4_fp8", "e4m3fn"), ("v41_mxfp8", "e4m3fnuz")]``."""
+    from swa_backends.common.ops import _records as R
+
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        fmt, _, fl = part.partition(":")
+        if fmt not in R.FORMATS or (fl and fl not in R.FORMATS[fmt].fp8_flavours):
+            raise SystemExit(f"--records {text!r}: expected FMT[:FP8] with FMT in {list(R.FORMATS)} and FP8 one of "
+                             f"the format's flavours {({n: f.fp8_flavours for n, f in R.FORMATS.items()})}")
+        out.append((fmt, fl or R.FORMATS[fmt].fp8_flavours[0]))
+    return out
+
+
+def run_records(spec: str, rp: dict, result: dict, dev, tdev, K, elapsed, budget, err, save) -> None:
+    """Section 6: the tl kernel on a record cache beside the same kernel on bf16 rows (the records
+    hold those rows quantized), same indices and sink, each call with the kernel's table config."""
+    from swa_backends.common.ops import _records as R
+
+    D = 512
+    scale = 1.0 / math.sqrt(D)
+    g = torch.Generator(device=dev).manual_seed(11)
+    rows = torch.randn(rp["S"], D, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    on_gpu = torch.cuda.is_available()
+    for fmt, fl in parse_records(spec):
+        name = f"{fmt}/{fl}"
+        bs = rp["bs"]
+        kv = R.new_cache(-(-rp["S"] // bs), bs, fmt, device=dev)
+        step = 1 << 15  # the torch writer's fp32 temporaries stay small
+        for c in range(0, rp["S"], step):
+            R.write(kv, rows[c:c + step], torch.arange(c, min(rp["S"], c + step), device=dev), fmt, fl)
+        _sync()
+        rec_kw = {"kv_format": fmt, "fp8": fl}
+        # correctness on PAD patterns, per head count, against the fp32 reference on the records
+        for H in rp["H"]:
+            q, idx, lens, sink = make_inputs(rp["check_T"], H, rp["K"], D, kv=rows, pads=True, seed=200 + H, dev=dev)
+            entry = {"kernel": f"triton records {name}", "H": H, "what": f"PAD patterns + sink, T {rp['check_T']}"}
+            try:
+                tracker = CompiledTracker((K._sparse_mla_fwd, K._sparse_mla_combine))
+                tracker.mark()
+                got = K.launch(q, kv, idx, lens, scale, D, sink, **rec_kw)
+                _sync()
+                want = REF(q, kv, idx, lens, scale, D, sink=sink, **rec_kw)
+                why = mismatch("sparse_mla", got, want)
+                rel = float((got[0].float() - want[0].float()).norm() / want[0].float().norm().clamp_min(1e-6))
+                entry.update(ok=why is None, rel_err=rel, why=why)
+                for info in tracker.new() if on_gpu else ():
+                    result["compiled"].append({"kernel": f"triton records {name}", "H": H, "label": "check", **info})
+            except Exception as exc:
+                entry.update(ok=False, why=err(f"records check {name} H={H}", exc))
+            result["correctness"].append(entry)
+            log(f"check records {name} H={H}: {'ok' if entry['ok'] else 'WRONG'} "
+                f"rel_err {entry.get('rel_err', float('nan')):.2e} {entry.get('why') or ''}")
+            if not entry["ok"]:
+                continue
+            for kind, T_list in (("decode", rp["decode_T"]), ("prefill", rp["prefill_T"])):
+                for T in T_list:
+                    row = {"format": name, "kind": kind, "T": T, "H": H, "K": rp["K"]}
+                    result["records"].append(row)
+                    if elapsed() > 0.97 * budget:
+                        row["skipped"] = "time budget"
+                        continue
+                    try:
+                        q, idx, lens, sink = make_inputs(T, H, rp["K"], D, kv=rows, seed=T + H, dev=dev)
+                        bf16 = lambda: K.launch(q, rows, idx, lens, scale, D, sink)  # noqa: E731
+                        rec = lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec_kw)  # noqa: E731
+                        spot = min(T, 4)
+                        got = rec()
+                        why = mismatch("sparse_mla", (got[0][:spot], got[1][:spot]),
+                                       REF(q[:spot], kv, idx[:spot], lens[:spot], scale, D, sink=sink, **rec_kw))
+                        if why is not None:
+                            row["why"] = f"wrong: {why}"
+                            continue
+                        row["bf16_splits"] = K.resolve(K.pick_config(T, H, D, D, rp["K"], tdev), T, H, D, D, rp["K"],
+                                                       tdev)["splits"]
+                        row["records_splits"] = K.resolve(K.pick_config(T, H, D, D, rp["K"], tdev, fmt), T, H, D, D,
+                                                          rp["K"], tdev, K.kv_spec(kv, fmt, fl, True, tdev))["splits"]
+                        if kind == "decode":
+                            row["bf16_us"], row["records_us"] = graph_us(bf16), graph_us(rec)
+                            row["ratio"] = row["bf16_us"] / row["records_us"]
+                            secs = row["records_us"] * 1e-6
+                        else:
+                            row["bf16_ms"] = timed(bf16, reps=rp["reps"])
+                            row["records_ms"] = timed(rec, reps=rp["reps"])
+                            row["ratio"] = row["bf16_ms"] / row["records_ms"]
+                            row["records_tflops"] = tflops(T, H, rp["K"], D, D, row["records_ms"])
+                            row["bf16_tflops"] = tflops(T, H, rp["K"], D, D, row["bf16_ms"])
+                            secs = row["records_ms"] * 1e-3
+                        row["records_kv_GBps"] = T * rp["K"] * R.FORMATS[fmt].record_bytes / secs / 1e9
+                    except Exception as exc:
+                        row["error"] = err(f"records {name} {kind} T={T} H={H}", exc)
+                    log(f"records {name} {kind} T={T} H={H}: ratio {row.get('ratio', float('nan')):.2f} "
+                        f"{row.get('why') or row.get('error') or ''}")
+                    save()
+                    if on_gpu:
+                        torch.cuda.empty_cache()
+        kv = None  # free this format's cache before the next one is written
+
+
 def print_summary(result: dict) -> None:
     meta, nan = result["meta"], float("nan")
     names = [n for n in KERNELS if any(n in r["runs"] for r in result["table"])]
@@ -803,6 +931,20 @@ def print_summary(result: dict) -> None:
             if b:
                 fields = ", ".join(f"{k}={v!r}" for k, v in b["fields"].items() if k != "splits")
                 log(f"  best for H={h}: {b['config']} (table config: {b['table_config']}); TUNED row: Config({fields})")
+    if result["records"]:
+        rp = meta.get("records_plan", {})
+        log(f"\n== --records (K {rp.get('K')}, sink, {rp.get('bs')}-record pages, {rp.get('S')} rows): the tl kernel on "
+            "records vs on bf16 rows, same indices; decode: us per call in a CUDA graph; prefill: ms; "
+            "ratio = bf16 / records (goal >= 1.3 at T <= 256, >= 1.0 at prefill) ==")
+        for r in result["records"]:
+            if "ratio" in r:
+                unit, b, x = ("us", r["bf16_us"], r["records_us"]) if r["kind"] == "decode" else \
+                    ("ms", r["bf16_ms"], r["records_ms"])
+                log(f"  {r['format']:<18} {r['kind']:<7} T={r['T']:>5} H={r['H']:>4}: bf16 {b:9.2f} {unit} | records "
+                    f"{x:9.2f} {unit} | ratio {r['ratio']:5.2f}x (splits {r.get('bf16_splits')}/{r.get('records_splits')})")
+            else:
+                log(f"  {r['format']:<18} {r['kind']:<7} T={r['T']:>5} H={r['H']:>4}: "
+                    f"{r.get('skipped') or r.get('error') or r.get('why')}")
     if result["decode"]:
         log(f"\n== --decode (K {meta['plan']['decode_K']}, sink): latency per call replayed in a CUDA graph, "
             "KV bytes read / latency ==")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,6 +26,10 @@ import torch
 from .device import KNOWN_ARCHS, DeviceInfo  # noqa: F401  (KNOWN_ARCHS re-exported)
 
 LAYOUTS = ("plain", "combined", "mixed", "csr")
+
+#: Ops whose calls name the format of their KV (``kv_format=``, default "rows"), with the keywords
+#: that came with it; a variant states the formats it reads in ``Variant.kv_formats``.
+KV_FORMAT_OPS: dict[str, tuple[str, ...]] = {"sparse_mla": ("kv_format", "fp8", "return_lse")}
 
 
 
@@ -129,6 +134,13 @@ class Variant:
     Triton kernels for triton-ascend need triton-ascend on an NPU but only Triton's
     interpreter on a CPU); ``warmup``: ``"module:attr"`` called by ``Backend.warmup()`` to
     compile what the serving path launches.
+
+    ``kv_formats`` (ops of :data:`KV_FORMAT_OPS`): the ``kv_format`` values it reads, an entry
+    ``"v4_fp8"`` for every FP8 flavour of the format or ``"v4_fp8/e4m3fn"`` for one; ``None``:
+    ``"rows"`` only -- except the variant named ``reference``, the op's torch reference, which
+    implements the whole contract. A call in another format gets a per-call reason ("reads KV
+    rows only ...") and dispatch runs the next variant. A call passing one of the op's
+    keywords that the implementation does not take (one written before them) gets a reason too.
     """
 
     op: str
@@ -147,6 +159,7 @@ class Variant:
     emulated_on: tuple[str, ...] = ()
     emulated_requires: tuple[str, ...] | None = None
     warmup: str | None = None
+    kv_formats: tuple[str, ...] | None = None
     description: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
@@ -192,18 +205,51 @@ class Variant:
         return reasons
 
     def input_reasons(self, args: tuple, kwargs: dict) -> list[str]:
-        """Per-call reasons (dtype of the data argument, the variant's own input check)."""
+        """Per-call reasons (the KV format, keywords its implementation does not take, dtype
+        of the data argument, the variant's own input check)."""
         reasons: list[str] = []
+        if self.op in KV_FORMAT_OPS:
+            why = self._format_reason(kwargs) or self._keyword_reason(kwargs)
+            if why:  # the input check may not understand the call: stop here
+                return [why]
         if self.dtypes is not None and args and isinstance(args[0], torch.Tensor) and args[0].dtype not in self.dtypes:
             reasons.append(f"requires dtype in {_fmt(self.dtypes)}, input has {args[0].dtype}")
         if self.input_check is not None:
-            reasons.extend(load_attr(self.input_check)(*args, **kwargs))
+            check = load_attr(self.input_check)
+            reasons.extend(check(*args, **_accepted(check, kwargs)))
         return reasons
+
+    @property
+    def reads_every_kv_format(self) -> bool:
+        return self.op in KV_FORMAT_OPS and self.kv_formats is None and self.name == "reference"
+
+    def _format_reason(self, kwargs: dict) -> str | None:
+        fmt = kwargs.get("kv_format", "rows")
+        if self.reads_every_kv_format:
+            return None
+        declared = self.kv_formats if self.kv_formats is not None else ("rows",)
+        if fmt in declared or f"{fmt}/{kwargs.get('fp8')}" in declared:
+            return None
+        shown = f"{fmt}/{kwargs['fp8']}" if kwargs.get("fp8") is not None else fmt
+        if declared == ("rows",):
+            return f"reads KV rows only (kv_format='rows'), the call has kv_format={shown!r}"
+        return f"reads kv_format in {_fmt(declared)}, the call has {shown!r}"
+
+    def _keyword_reason(self, kwargs: dict) -> str | None:
+        passed = [k for k in KV_FORMAT_OPS[self.op] if k in kwargs]
+        if not passed:
+            return None
+        missing = [k for k in passed if not _takes(self.load(), k)]
+        if missing:
+            return (f"its implementation {self.impl} takes no {', '.join(missing)} keyword (written before "
+                    f"{self.op} had it)")
+        return None
 
     @property
     def per_call(self) -> bool:
         """Whether dispatch must check inputs before picking this variant."""
-        return self.dtypes is not None or self.input_check is not None
+        return (self.dtypes is not None or self.input_check is not None
+                or (self.op in KV_FORMAT_OPS and not self.reads_every_kv_format))
 
     def load(self) -> Callable:
         """Import and return the implementation (cached)."""
@@ -211,6 +257,32 @@ class Variant:
         if fn is None:
             fn = self._cache["impl"] = load_attr(self.impl)
         return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _keywords(fn: Callable) -> frozenset | None:
+    """The keyword names ``fn`` takes (None: any, or unknown)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name``."""
+    names = _keywords(fn)
+    return names is None or name in names
+
+
+def _accepted(fn: Callable, kwargs: dict) -> dict:
+    """``kwargs`` without the keywords ``fn`` does not take (input checks written before an
+    op gained keywords see the call as they knew it)."""
+    if all(_takes(fn, k) for k in kwargs):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if _takes(fn, k)}
 
 
 def load_attr(path: str):

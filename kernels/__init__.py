@@ -9,6 +9,8 @@ only when asked for by name (``select("cpu", prefer="triton")``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..common.registry import Variant, import_reason, load_attr, register_probe
@@ -49,22 +51,52 @@ VARIANTS: tuple = tuple(
 
 # sparse_mla: three kernels, each its own variant. On sm90 the platform priority tries the two
 # Gluon kernels first; their per-call check (kernels/sparse_mla_gluon.py:input_check) sends
-# decode-sized calls and other head dims to the portable tl kernel.
+# decode-sized calls and other head dims to the portable tl kernel, and so does their format:
+# they read KV rows only, the tl kernel also every paged record format (both FP8 flavours).
 _ATTENTION = dict(index_layout="plain", clamps_window=True)
 _GLUON = dict(platforms=("cuda",), archs=("sm90",), min_capability=(9, 0), max_capability=(9, 0),
               dtypes=(torch.bfloat16, torch.float16), input_check="swa_backends.kernels.sparse_mla_gluon:input_check",
-              **_ATTENTION)
+              kv_formats=("rows",), **_ATTENTION)
+#: What the tl kernel reads (kv_format values; every FP8 flavour of each).
+TRITON_KV_FORMATS = ("rows", "v4_fp8", "v41_mxfp8", "v41_nvfp4")
+
+
+def _rows_kernel(module: str, q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                 return_lse=True):
+    """A Gluon kernel (written before ``kv_format`` / ``fp8`` / ``return_lse``) with the op's
+    signature: dispatch gives it rows only (``kv_formats``); its lse costs nothing extra (the
+    kernel computes it for its own softmax), so ``return_lse=False`` only drops it."""
+    out, lse = _kernel(module)(q, kv, indices, lens, sm_scale, d_v, sink=sink)
+    return out, (lse if return_lse else None)
+
+
+@functools.cache
+def _kernel(module: str):
+    return load_attr(f"swa_backends.kernels.{module}:sparse_mla")
+
+
+def gluon_ws_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                        return_lse=True):
+    """Variant ``gluon_ws``: :mod:`swa_backends.kernels.sparse_mla_gluon_ws`."""
+    return _rows_kernel("sparse_mla_gluon_ws", q, kv, indices, lens, sm_scale, d_v, sink=sink, return_lse=return_lse)
+
+
+def gluon_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                     return_lse=True):
+    """Variant ``gluon``: :mod:`swa_backends.kernels.sparse_mla_gluon`."""
+    return _rows_kernel("sparse_mla_gluon", q, kv, indices, lens, sm_scale, d_v, sink=sink, return_lse=return_lse)
+
 
 VARIANTS += (
     Variant(
-        op="sparse_mla", name="gluon_ws", impl="swa_backends.kernels.sparse_mla_gluon_ws:sparse_mla",
+        op="sparse_mla", name="gluon_ws", impl="swa_backends.kernels:gluon_ws_sparse_mla",
         requires=("triton", "gluon_ws"),
         description="persistent warp-specialised Gluon kernel (Hopper wgmma + mbarriers; D 512, H >= 64, "
                     "prefill-sized calls)",
         **_GLUON,
     ),
     Variant(
-        op="sparse_mla", name="gluon", impl="swa_backends.kernels.sparse_mla_gluon:sparse_mla",
+        op="sparse_mla", name="gluon", impl="swa_backends.kernels:gluon_sparse_mla",
         requires=("triton", "gluon"),
         description="one-item-per-program Gluon kernel (Hopper wgmma, cp.async look-ahead; D 512, H >= 64, "
                     "prefill-sized calls)",
@@ -73,8 +105,9 @@ VARIANTS += (
     Variant(
         op="sparse_mla", name="triton", impl="swa_backends.kernels.sparse_mla:sparse_mla",
         dtypes=(torch.bfloat16, torch.float16), warmup="swa_backends.kernels.sparse_mla:warmup",
+        kv_formats=TRITON_KV_FORMATS,
         description="portable Triton sparse-MLA forward (plain layout: PAD anywhere skipped; fp32 softmax; "
-                    "split-K decode)",
+                    "split-K decode); KV rows or paged V4 / V4.1 records dequantized in registers",
         **_ATTENTION, **_TRITON,
     ),
 )

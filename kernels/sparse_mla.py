@@ -43,6 +43,16 @@ Design (why it is shaped like this):
   this one where their scope allows (prefill-sized calls of D 512, H >= 64); this kernel
   (variant ``triton``) serves everything else, decode's split-K included.
 
+* Paged KV records (``kv_format`` ``v4_fp8`` / ``v41_mxfp8`` / ``v41_nvfp4``, vLLM's DeepSeek-V4
+  and V4.1 ``k_cache`` views): the constexpr ``KV_FMT`` swaps the row gather for
+  ``_gather_records``, which addresses each slot's page with the view's block stride (int64)
+  and dequantizes the tile in registers exactly as vLLM's gathers do; the same bf16 tile then
+  serves as K and V (D = d_v = 512). ``KV_FMT = 0`` compiles to the same code as before records
+  existed (the rows kernel's SASS and AMDGCN are unchanged). The FP8 flavour is per cache
+  (``fp8=``): FNUZ converts natively on AMD, through the OCP bits on NVIDIA (``FNUZ_NATIVE``).
+  Record configs: :data:`RECORDS_TUNED`.
+* ``return_lse=False`` drops the lse store (``WRITE_LSE``); split partials keep theirs.
+
 The clamp never enters: it lives in ``indices``/``lens`` built by the pack's index builders.
 Launch configs come from :data:`TUNED` (keyed by shape, filled from H200 sweeps of
 ``bench/bench_sparse_mla.py``, which passes explicit configs to :func:`launch`).
@@ -61,6 +71,7 @@ import triton
 import triton.language as tl
 
 from ..common.errors import KernelUnavailable
+from ..common.ops import _records
 
 LOG2E = 1.4426950408889634
 # Fixed when this module is imported, as Triton fixes it when the kernels are decorated. Triton 3.9's
@@ -106,6 +117,74 @@ def _gather(KV, idx, valid, offs_c, ncols, stride_kv, EVEN: tl.constexpr):
     else:
         x = tl.load(KV + rows[:, None] + offs_c[None, :], mask=valid[:, None] & (offs_c[None, :] < ncols), other=0.0)
     return x
+
+
+@triton.jit
+def _e4m3_to_f32(u8, FP8: tl.constexpr):
+    """e4m3 bytes as fp32. ``FP8`` 0: OCP (e4m3fn); 1: FNUZ (e4m3fnuz) converted natively (AMD,
+    the interpreter); 2: FNUZ through the OCP conversion (NVIDIA has no FNUZ type). In 2 the
+    value is twice the FNUZ one (the caller's scale exponent is one lower), except for the
+    bytes the flavours read differently: 0x80 (FNUZ NaN, OCP -0) and +-0x7F (FNUZ +-240, OCP NaN)."""
+    if FP8 == 1:
+        f = u8.to(tl.float8e4b8, bitcast=True).to(tl.float32)
+    else:
+        f = u8.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        if FP8 == 2:
+            f = tl.where((u8 & 0x7F) == 0x7F, tl.where(u8 == 0x7F, 480.0, -480.0), f)
+            f = tl.where(u8 == 0x80, float("nan"), f)
+    return f
+
+
+@triton.jit
+def _gather_records(KV, idx, valid, stride_blk, BS: tl.constexpr, KV_FMT: tl.constexpr, FP8: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """Slots ``idx`` of a paged record cache, dequantized to ``[BLOCK_N, 512]`` bf16 in registers,
+    as vLLM's gathers dequantize (``common/ops/_records.py``): page ``slot // BS`` at ``stride_blk``
+    bytes per block (int64), token ``slot % BS`` in it. ``KV_FMT`` 1: V4 (584 B: 448 e4m3 + 64
+    bf16 RoPE, the page's UE8M0 scales after its data), 2: V4.1 MXFP8 (528 B), 3: V4.1 NVFP4
+    (288 B). Invalid slots are masked (no memory traffic) and read as 0."""
+    s = tl.where(valid, idx, 0)
+    page = KV + (s // BS).to(tl.int64) * stride_blk
+    off = (s % BS).to(tl.int64)
+    # UE8M0 code c scales by 2^(c - 127); FNUZ through OCP bits reads twice the value: one lower
+    BIAS: tl.constexpr = 128.0 if FP8 == 2 else 127.0
+    if KV_FMT == 1:
+        # [BLOCK_N, 8, 64]: seven 64-dim groups of e4m3 bytes, each with its scale code, then the RoPE group
+        j = tl.arange(0, 8)
+        col = j[:, None] * 64 + tl.arange(0, 64)[None, :]
+        data = page + off * 576
+        nope = valid[:, None, None] & (col < 448)[None, :, :]
+        u8 = tl.load(data[:, None, None] + col[None, :, :], mask=nope, other=0)
+        codes = tl.load((page + BS * 576 + off * 8)[:, None] + j[None, :], mask=valid[:, None] & (j < 7)[None, :],
+                        other=0)
+        x = _e4m3_to_f32(u8, FP8) * tl.exp2(codes.to(tl.float32) - BIAS)[:, :, None]
+        # the RoPE group: 64 bf16 per record, broadcast over the groups and kept in the last
+        rope_ptr = (data + 448).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptr[:, None] + tl.arange(0, 64)[None, :], mask=valid[:, None], other=0.0)
+        k = tl.where((j < 7)[None, :, None], x.to(tl.bfloat16), rope[:, None, :])
+        return tl.reshape(k, (BLOCK_N, 512))
+    elif KV_FMT == 2:
+        j = tl.arange(0, 16)
+        col = j[:, None] * 32 + tl.arange(0, 32)[None, :]
+        rec = page + off * 528
+        u8 = tl.load(rec[:, None, None] + col[None, :, :], mask=valid[:, None, None], other=0)
+        codes = tl.load((rec + 512)[:, None] + j[None, :], mask=valid[:, None], other=0)
+        x = _e4m3_to_f32(u8, FP8) * tl.exp2(codes.to(tl.float32) - BIAS)[:, :, None]
+        return tl.reshape(x.to(tl.bfloat16), (BLOCK_N, 512))
+    else:
+        # NVFP4: 32 groups of 8 bytes; element 2i is the low nibble of byte i
+        j = tl.arange(0, 32)
+        col = j[:, None] * 8 + tl.arange(0, 8)[None, :]
+        rec = page + off * 288
+        b = tl.load(rec[:, None, None] + col[None, :, :], mask=valid[:, None, None], other=0).to(tl.int32)
+        code = tl.interleave(b & 15, b >> 4)
+        mc = code & 7
+        m = (mc & 1).to(tl.float32)
+        mag = tl.where(mc < 2, m * 0.5, (1.0 + m * 0.5) * tl.exp2((mc >> 1).to(tl.float32) - 1.0))
+        val = tl.where(code >= 8, -mag, mag)
+        sf = tl.load((rec + 256)[:, None] + j[None, :], mask=valid[:, None], other=0)
+        x = val * sf.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+        return tl.reshape(x.to(tl.bfloat16), (BLOCK_N, 512))
 
 
 @triton.jit
@@ -157,13 +236,19 @@ def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale, gate, DOT_F32: tl.constexpr
 @triton.jit
 def _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale, m_i, l_i, acc, gate,
           SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, DOT_F32: tl.constexpr,
-          SPLIT_S: tl.constexpr):
-    """One KV tile: gather its rows once (V = the same rows' first d_v columns), attend."""
-    k = _gather(KV, idx, valid, offs_d, D, stride_kv, EVEN_D)
-    if SAME_TILE:
-        v = k  # V = the first d_v columns of the K tile, already gathered
+          SPLIT_S: tl.constexpr, KV_FMT: tl.constexpr, FP8: tl.constexpr, BS: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """One KV tile: gather its rows once (V = the same rows' first d_v columns), attend. Record
+    formats: the tile is the records dequantized in registers (D = d_v = 512, one tile)."""
+    if KV_FMT == 0:
+        k = _gather(KV, idx, valid, offs_d, D, stride_kv, EVEN_D)
+        if SAME_TILE:
+            v = k  # V = the first d_v columns of the K tile, already gathered
+        else:
+            v = _gather(KV, idx, valid, offs_v, DV, stride_kv, EVEN_DV)
     else:
-        v = _gather(KV, idx, valid, offs_v, DV, stride_kv, EVEN_DV)
+        k = _gather_records(KV, idx, valid, stride_kv, BS, KV_FMT, FP8, BLOCK_N)
+        v = k
     return _attend(q, k, v, valid, m_i, l_i, acc, qk_scale, gate, DOT_F32, SPLIT_S)
 
 
@@ -179,8 +264,12 @@ def _sparse_mla_fwd(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     HAS_SINK: tl.constexpr, PARTIAL: tl.constexpr, SKIP_EMPTY: tl.constexpr, DOT_F32: tl.constexpr,
-    SPLIT_S: tl.constexpr,
+    SPLIT_S: tl.constexpr, KV_FMT: tl.constexpr = 0, FP8: tl.constexpr = 0, BS: tl.constexpr = 1,
+    WRITE_LSE: tl.constexpr = True,
 ):
+    # KV_FMT 0: KV rows (stride_kv between rows); 1-3: a paged record cache (stride_kv between
+    # blocks, BS records per block, FP8 the flavour: see _gather_records). WRITE_LSE: store lse
+    # (one pass only; split partials always carry theirs to the combine).
     # program -> (token, d_v block, head block), head block fastest so the programs that
     # read the same token's rows run side by side (the second one hits L2)
     pid = tl.program_id(0)
@@ -218,10 +307,12 @@ def _sparse_mla_fwd(
         if SKIP_EMPTY:
             if tl.reduce(valid.to(tl.int32), 0, _max_fn) > 0:
                 m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
-                                      m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
+                                      m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S,
+                                      KV_FMT, FP8, BS, BLOCK_N)
         else:
             m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
-                                  m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S)
+                                  m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S,
+                                  KV_FMT, FP8, BS, BLOCK_N)
 
     has = l_i > 0.0
     if PARTIAL:
@@ -245,8 +336,9 @@ def _sparse_mla_fwd(
         lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         o_ptrs = OUT + t * stride_ot + offs_h[:, None].to(tl.int64) * stride_oh + offs_v[None, :]
         tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=h_ok[:, None] & v_ok[None, :])
-        if vb == 0:
-            tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
+        if WRITE_LSE:
+            if vb == 0:
+                tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
 
 
 # the split count and the split strides vary with T and K: not specialised (one kernel)
@@ -256,7 +348,7 @@ def _sparse_mla_combine(
     H, DV, SPLITS,
     stride_ps, stride_pt, stride_ph, stride_lps, stride_lpt,
     stride_ot, stride_oh, stride_lt,
-    MAX_SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINK: tl.constexpr, WRITE_LSE: tl.constexpr = True,
 ):
     """Merge the splits of one (token, head, d_v block): weights 2^(lse2_s - max).
 
@@ -285,9 +377,10 @@ def _sparse_mla_combine(
     else:
         denom = tl.where(has, total, 1.0)
     tl.store(OUT + t * stride_ot + h * stride_oh + offs_v, (acc / denom).to(OUT.dtype.element_ty), mask=offs_v < DV)
-    if tl.program_id(2) == 0:
-        lse = tl.where(has, (m + tl.log2(tl.where(has, total, 1.0))) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + t * stride_lt + h, lse)
+    if WRITE_LSE:
+        if tl.program_id(2) == 0:
+            lse = tl.where(has, (m + tl.log2(tl.where(has, total, 1.0))) * 0.6931471805599453, float("-inf"))
+            tl.store(LSE + t * stride_lt + h, lse)
 
 
 # ---------------------------------------------------------------------------------------
@@ -349,20 +442,40 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
     ("*", 1 << 30, 1 << 30, Config(block_h=64, block_n=32, num_warps=4, num_stages=2)),
 )
 
+# Record caches (D = d_v = 512; each tile dequantized in registers before its MMAs), keyed by
+# (platform, max heads). Chosen offline from what Triton 3.9 compiles (registers, spills, shared
+# memory: tests/test_sparse_mla_records.py compiles them for sm90 and gfx942); not yet timed.
+RECORDS_TUNED: tuple[tuple[str, int, Config], ...] = (
+    # sm90, Triton 3.9 (ptxas -v): 16 heads x 32 records, 8 warps: 208-218 registers, no spill
+    # (V4, MXFP8; NVFP4 spills 152 B); 32-head blocks spill ~450 B whatever the warps/rows
+    ("cuda", 32, Config(block_h=16, block_n=32, num_warps=8, num_stages=2)),
+    # 64 heads x 32 records with S split across the warpgroups: 128 KB shared, no spill (all three
+    # formats; without split_s V4 spills 28 B); 64 records spill 312 B
+    ("cuda", 1 << 30, Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True)),
+    # gfx942 (V4, the only record on ROCm; FNUZ converted natively): 32 heads x 16 records, 166
+    # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill
+    ("rocm", 1 << 30, Config(block_h=32, block_n=16, num_warps=8, num_stages=1)),
+    ("*", 1 << 30, Config(block_h=64, block_n=32, num_warps=4, num_stages=2)),
+)
+
+
 def _platform(device: torch.device) -> str:
     if device.type == "cuda":
         return "rocm" if getattr(torch.version, "hip", None) else "cuda"
     return device.type
 
 
-def table_config(platform: str, D: int, H: int) -> Config:
-    """The first :data:`TUNED` row for this platform, ``D_qk`` and head count."""
+def table_config(platform: str, D: int, H: int, kv_format: str = "rows") -> Config:
+    """The first :data:`TUNED` row (:data:`RECORDS_TUNED` for a record cache) for this
+    platform, ``D_qk`` and head count."""
+    if kv_format != "rows":
+        return next(c for p, hmax, c in RECORDS_TUNED if p in (platform, "*") and H <= hmax)
     return next(c for p, dmax, hmax, c in TUNED if p in (platform, "*") and D <= dmax and H <= hmax)
 
 
-def pick_config(T: int, H: int, D: int, d_v: int, K: int, device: torch.device) -> Config:
+def pick_config(T: int, H: int, D: int, d_v: int, K: int, device: torch.device, kv_format: str = "rows") -> Config:
     """The table's config for this shape; :func:`resolve` clips it to the shape."""
-    return table_config(_platform(device), D, H)
+    return table_config(_platform(device), D, H, kv_format)
 
 
 def _pow2(x: int) -> int:
@@ -375,10 +488,39 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch.device) -> dict:
+@dataclass(frozen=True)
+class KVSpec:
+    """What the kernel reads and writes besides the shapes: ``fmt`` the KV format's constexpr
+    (0 rows, 1-3 records: ``_records.FORMATS``), ``fp8`` the e4m3 conversion (see
+    ``_e4m3_to_f32``), ``block_size`` records per page, ``write_lse``."""
+
+    fmt: int = 0
+    fp8: int = 0
+    block_size: int = 1
+    write_lse: bool = True
+
+
+ROWS = KVSpec()
+# FNUZ bytes: converted natively where the compiler has the type (AMD), else through the OCP
+# conversion (NVIDIA; the interpreter, where tests also run the native one).
+FNUZ_NATIVE = {"rocm": True, "cuda": False, "cpu": False}
+
+
+def kv_spec(kv, kv_format: str, fp8: str | None, return_lse: bool, device: torch.device) -> KVSpec:
+    if kv_format == "rows":
+        return ROWS if return_lse else KVSpec(write_lse=False)
+    fmt = _records.FORMATS[kv_format]
+    flavour = _records.flavour(fmt, fp8)
+    mode = 0 if flavour == "e4m3fn" else (1 if FNUZ_NATIVE.get(_platform(device), False) else 2)
+    return KVSpec(fmt.code, mode, int(kv.shape[1]), bool(return_lse))
+
+
+def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch.device,
+            kvs: KVSpec = ROWS) -> dict:
     """Concrete launch parameters for one call (no device work: graph-safe)."""
     block_d = max(16, _pow2(D))
-    dv_split = max(1, min(cfg.dv_split, _pow2(d_v) // 16))
+    # a record tile is dequantized whole (512 columns): K and V are the same registers
+    dv_split = 1 if kvs.fmt else max(1, min(cfg.dv_split, _pow2(d_v) // 16))
     block_dv = max(16, _pow2(d_v) // dv_split)
     num_dvb = triton.cdiv(d_v, block_dv)
     block_h = max(16, min(_pow2(cfg.block_h), _pow2(H)))
@@ -401,7 +543,7 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     return dict(block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv,
                 num_dvb=num_dvb, splits=splits, chunk=chunk, same_tile=(num_dvb == 1 and block_dv == block_d),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, skip_empty=cfg.skip_empty,
-                split_s=cfg.split_s)
+                split_s=cfg.split_s, kv_fmt=kvs.fmt, fp8=kvs.fp8, bs=kvs.block_size, write_lse=kvs.write_lse)
 
 
 # ---------------------------------------------------------------------------------------
@@ -436,14 +578,15 @@ def _shrink(cfg: Config) -> Config | None:
     return None
 
 
-def _fallbacks(cfg: Config, platform: str, D: int, H: int) -> list[Config]:
+def _fallbacks(cfg: Config, platform: str, D: int, H: int, kvs: KVSpec = ROWS) -> list[Config]:
     """What to try when ``cfg`` does not compile with this Triton: the table's config for
     the shape, then the same tiles without the optional features (split_s, skip_empty),
     then the plainest small config. Each keeps the requested ``splits``."""
     plain = Config(block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
                    num_stages=min(cfg.num_stages, 2), dv_split=cfg.dv_split)
     out = []
-    for c in (table_config(platform, D, H), plain, Config(block_h=64, block_n=32, num_warps=4, num_stages=1)):
+    fmt = "rows" if not kvs.fmt else "records"
+    for c in (table_config(platform, D, H, fmt), plain, Config(block_h=64, block_n=32, num_warps=4, num_stages=1)):
         c = c.replace(splits=cfg.splits)
         if c != cfg and c not in out:
             out.append(c)
@@ -455,7 +598,8 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1][:200] if lines else ''}"
 
 
-def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None, fit: bool = True):
+def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | None = None, fit: bool = True,
+           kv_format: str = "rows", fp8: str | None = None, return_lse: bool = True):
     """:func:`sparse_mla` with an explicit :class:`Config` (benchmarks and sweeps); with
     ``config=None`` the table's.
 
@@ -464,23 +608,27 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
     for the shape, warning once with the reason; when it does not fit the device (shared
     memory, registers), retry with smaller ones. Either is remembered per shape, so it
     costs one extra compile per process. ``fit=False`` raises instead (sweeps).
+    ``kv_format`` / ``fp8`` / ``return_lse``: as the op (``return_lse=False``: lse is None).
     """
     T, H, D = q.shape
     K = indices.shape[1]
     out = _empty(T, H, d_v, dtype=q.dtype, device=q.device)
-    lse = _empty(T, H, dtype=torch.float32, device=q.device)
+    lse = _empty(T, H, dtype=torch.float32, device=q.device) if return_lse else None
     if T == 0 or H == 0:
         return out, lse
     if K == 0:  # nothing to read anywhere (and no zero-size pointer reaches a launch)
         out.zero_()
-        lse.fill_(float("-inf"))
+        if lse is not None:
+            lse.fill_(float("-inf"))
         return out, lse
     if config is None:
-        config = pick_config(T, H, D, d_v, K, q.device)
-    # the kernel reads q rows, kv rows and index rows with unit inner stride
+        config = pick_config(T, H, D, d_v, K, q.device, kv_format)
+    kvs = kv_spec(kv, kv_format, fp8, return_lse, q.device)
+    # the kernel reads q rows, kv rows and index rows with unit inner stride (a record cache:
+    # validated, its pages read in place)
     if q.stride(2) != 1:
         q = q.contiguous()
-    if kv.stride(1) != 1:
+    if not kvs.fmt and kv.stride(1) != 1:
         kv = kv.contiguous()
     if indices.stride(1) != 1:
         indices = indices.contiguous()
@@ -488,17 +636,17 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
     sink = sink.contiguous() if sink is not None else None
     args = (q, kv, indices, lens, sm_scale, d_v, sink, out, lse)
     # split-K (partial kernel + combine) and one pass are separate compiles: separate keys
-    r = resolve(config, T, H, D, d_v, K, q.device)
-    key = (config, q.device, q.dtype, H, D, d_v, sink is not None, r["splits"] > 1)
+    r = resolve(config, T, H, D, d_v, K, q.device, kvs)
+    key = (config, q.device, q.dtype, H, D, d_v, sink is not None, r["splits"] > 1, kvs)
     cfg = _FITTED.get(key)
     if cfg is not None:
-        _run(*args, r if cfg == config else resolve(cfg, T, H, D, d_v, K, q.device))
+        _run(*args, r if cfg == config else resolve(cfg, T, H, D, d_v, K, q.device, kvs))
         return out, lse
-    _FITTED[key] = _fit(config, args, fit)
+    _FITTED[key] = _fit(config, args, fit, kvs)
     return out, lse
 
 
-def _fit(config: Config, args: tuple, fit: bool) -> Config:
+def _fit(config: Config, args: tuple, fit: bool, kvs: KVSpec = ROWS) -> Config:
     """Run ``config`` (first use of a shape key), falling back as :func:`launch` says;
     returns the config that ran."""
     q, indices, d_v = args[0], args[2], args[5]
@@ -512,7 +660,7 @@ def _fit(config: Config, args: tuple, fit: bool) -> Config:
         if cfg in tried:
             continue
         tried.add(cfg)
-        r = resolve(cfg, T, H, D, d_v, K, q.device)
+        r = resolve(cfg, T, H, D, d_v, K, q.device, kvs)
         if _COMPILE_FIRST:  # compile without launching: an error here is the compiler's
             try:
                 _run(*args, r, warmup=True)
@@ -520,7 +668,7 @@ def _fit(config: Config, args: tuple, fit: bool) -> Config:
                 if not fit:
                     raise
                 failures.append(f"{cfg.short()} does not compile with Triton {triton.__version__} ({_reason(exc)})")
-                queue = [c for c in _fallbacks(cfg, _platform(q.device), D, H) if c not in tried] + queue
+                queue = [c for c in _fallbacks(cfg, _platform(q.device), D, H, kvs) if c not in tried] + queue
                 continue
         try:
             _run(*args, r)
@@ -532,8 +680,9 @@ def _fit(config: Config, args: tuple, fit: bool) -> Config:
             queue.insert(0, smaller)
             continue
         if failures:
+            what = "" if not kvs.fmt else f", records {kvs}"
             msg = (f"sparse_mla: launch config {config.short()} replaced by {cfg.short()} for H={H}, D_qk={D}, "
-                   f"d_v={d_v}, {q.dtype}: " + "; ".join(failures))
+                   f"d_v={d_v}, {q.dtype}{what}: " + "; ".join(failures))
             if msg not in _WARNED:
                 _WARNED.add(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=4)
@@ -547,13 +696,17 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
     returns what was compiled (warmup: Triton's compiled kernels, forward kernel first)."""
     T, H, D = q.shape
     has_sink = sink is not None
-    sink_arg = sink if has_sink else lse  # never read without HAS_SINK
+    lse_arg = lse if lse is not None else out  # never written without WRITE_LSE
+    sink_arg = sink if has_sink else lse_arg  # never read without HAS_SINK
     grid = (T * r["num_hb"] * r["num_dvb"], r["splits"])
     meta = dict(BLOCK_H=r["block_h"], BLOCK_N=r["block_n"],
                 BLOCK_D=r["block_d"], BLOCK_DV=r["block_dv"], SAME_TILE=r["same_tile"], EVEN_D=(D == r["block_d"]),
                 EVEN_DV=(d_v % r["block_dv"] == 0), HAS_SINK=has_sink, SKIP_EMPTY=r["skip_empty"], DOT_F32=_INTERPRET,
                 SPLIT_S=r["split_s"],
                 num_warps=r["num_warps"], num_stages=r["num_stages"])
+    if r.get("kv_fmt"):  # rows: the kernel's defaults (the compile key of the rows kernel unchanged)
+        meta.update(KV_FMT=r["kv_fmt"], FP8=r["fp8"], BS=r["bs"])
+    write_lse = r.get("write_lse", True)
     qk_scale = float(sm_scale) * LOG2E
 
     compiled = []
@@ -564,13 +717,15 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
         else:
             kernel[grid](*a, **kw)
 
+    # rows: the row stride; records: the block stride (bytes from one page to the next)
+    stride_kv = kv.stride(0) if not r.get("kv_fmt") else _records.block_stride(kv)
     if r["splits"] == 1:
         go(_sparse_mla_fwd, grid,
-           q, kv, indices, lens, sink_arg, out, lse,
+           q, kv, indices, lens, sink_arg, out, lse_arg,
            H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
-           q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-           out.stride(0), out.stride(1), lse.stride(0), 0, 0,
-           qk_scale, PARTIAL=False, **meta)
+           q.stride(0), q.stride(1), stride_kv, indices.stride(0),
+           out.stride(0), out.stride(1), lse_arg.stride(0), 0, 0,
+           qk_scale, PARTIAL=False, **meta, **({} if write_lse else {"WRITE_LSE": False}))
         return compiled
     S = r["splits"]
     o_part = _empty(S, T, H, d_v, dtype=torch.float32, device=q.device)
@@ -578,53 +733,63 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
     go(_sparse_mla_fwd, grid,
        q, kv, indices, lens, sink_arg, o_part, l_part,
        H, D, d_v, r["chunk"], r["num_hb"], r["num_dvb"],
-       q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+       q.stride(0), q.stride(1), stride_kv, indices.stride(0),
        o_part.stride(1), o_part.stride(2), l_part.stride(1), o_part.stride(0), l_part.stride(0),
        qk_scale, PARTIAL=True, **meta)
     block_dvc = min(_pow2(d_v), COMBINE_BLOCK_DV)
     go(_sparse_mla_combine, (T, H, triton.cdiv(d_v, block_dvc)),
-       o_part, l_part, sink_arg, out, lse,
+       o_part, l_part, sink_arg, out, lse_arg,
        H, d_v, S,
        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
-       out.stride(0), out.stride(1), lse.stride(0),
-       MAX_SPLITS=MAX_SPLITS, BLOCK_DV=block_dvc, HAS_SINK=has_sink, num_warps=4)
+       out.stride(0), out.stride(1), lse_arg.stride(0),
+       MAX_SPLITS=MAX_SPLITS, BLOCK_DV=block_dvc, HAS_SINK=has_sink, num_warps=4,
+       **({} if write_lse else {"WRITE_LSE": False}))
     return compiled
 
 
-def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)``: the Triton kernel (plain layout).
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+               return_lse=True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(out [T, H, d_v] q.dtype, lse [T, H] fp32 or None)``: the Triton kernel (plain layout).
 
     Same signature and semantics as the reference; inputs are validated by the op's
     ``validate`` in front of it (``select(...).sparse_mla``). PAD (-1) and ``j >= lens``
     are skipped, PAD inside the active length included; the sink joins the denominator
-    only; a token with nothing valid gives zeros and ``lse = -inf``.
+    only; a token with nothing valid gives zeros and ``lse = -inf``. A record cache
+    (``kv_format`` not "rows") is read in place, each tile dequantized in registers.
     """
-    return launch(q, kv, indices, lens, sm_scale, d_v, sink)
+    return launch(q, kv, indices, lens, sm_scale, d_v, sink, kv_format=kv_format, fp8=fp8, return_lse=return_lse)
 
 
 def warmup(backend, *, num_heads=(64, 128), qk_head_dim: int = 512, v_head_dim: int = 512,
-           attn_dtypes=(torch.bfloat16,), attn_sink=(False, True), **_other) -> list[str]:
+           attn_dtypes=(torch.bfloat16,), attn_sink=(False, True), kv_records=(), **_other) -> list[str]:
     """``Backend.warmup()`` hook: compile (by real launches, through ``backend``) every
     specialisation the serving path uses for these head counts, dtypes and sink settings:
     the one-pass kernel (prefill) and the split-K partial kernel + combine (decode). The
-    shape of a step (tokens, index width, lengths) never selects another kernel. Unknown
-    keyword arguments (other hooks') are ignored. Returns the ops it ran (none on a CPU:
-    the interpreter compiles nothing)."""
+    shape of a step (tokens, index width, lengths) never selects another kernel.
+    ``kv_records``: ``(kv_format, fp8, block_size)`` of the record caches the model reads (e.g.
+    ROCm gfx942: ``(("v4_fp8", "e4m3fnuz", 64), ("v4_fp8", "e4m3fn", 16))`` for its SWA and
+    compressed caches), each a kernel of its own. Unknown keyword arguments (other hooks') are
+    ignored. Returns the ops it ran (none on a CPU: the interpreter compiles nothing)."""
     if (not backend.device.runnable or backend.device.platform == "cpu"
             or "triton" not in backend.variants.get("sparse_mla", ())):
         return []
     dev = torch.device(backend.device.torch_device)
     D, d_v = qk_head_dim, v_head_dim
     many = _num_sms(dev) if dev.type == "cuda" else 4  # enough programs that nothing splits
+    caches = [(torch.randn(64, D, device=dev).to(dtype), dtype, {}) for dtype in attn_dtypes]
+    for fmt, fp8, bs in kv_records:
+        kv = _records.new_cache(max(1, -(-64 // bs)), bs, fmt, device=dev)  # zeros: valid records of 0
+        caches.append((kv, torch.bfloat16, {"kv_format": fmt, "fp8": fp8}))
     for H in num_heads:
-        for dtype in attn_dtypes:
-            kv = torch.randn(64, D, device=dev).to(dtype)
+        for kv, dtype, rec in caches:
+            Dq = _records.HEAD_DIM if rec else D
+            dv = _records.HEAD_DIM if rec else d_v
             for sink_on in attn_sink:
                 sink = torch.zeros(H, device=dev) if sink_on else None
                 for T in (1, many):
-                    q = torch.randn(T, H, D, device=dev).to(dtype)
+                    q = torch.randn(T, H, Dq, device=dev).to(dtype)
                     idx = torch.randint(0, 64, (T, 256), device=dev, dtype=torch.int32)
                     lens = torch.full((T,), 256, device=dev, dtype=torch.int32)
-                    backend.sparse_mla(q, kv, idx, lens, 1.0 / math.sqrt(D), d_v,
-                                       **({"sink": sink} if sink is not None else {}))
+                    backend.sparse_mla(q, kv, idx, lens, 1.0 / math.sqrt(Dq), dv,
+                                       **({"sink": sink} if sink is not None else {}), **rec)
     return ["sparse_mla"]

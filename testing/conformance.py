@@ -219,7 +219,15 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         kw = {"out": (_poison((Tn + 1,), INDEX_DTYPE, dev), _poison((Tn * K,), INDEX_DTYPE, dev))} if poison else {}
         return (idx, lens), kw
     if op == "sparse_mla":
-        return sparse_mla_case(rng, dev)
+        # one call in four reads a paged record cache (every format and flavour), one in five
+        # asks for no lse
+        if rng.random() < 0.25:
+            args, kw = sparse_mla_record_case(rng, dev)
+        else:
+            args, kw = sparse_mla_case(rng, dev)
+        if rng.random() < 0.2:
+            kw["return_lse"] = False
+        return args, kw
     if op == "gather_replay_batch":
         if batch is None:
             b = random_batch(rng, long_prefill=True)
@@ -307,6 +315,48 @@ def sparse_mla_case(rng: np.random.Generator, dev, *, T: int | None = None, H: i
     return (q, kv, idx.to(dev), lens.to(dev), float(1.0 / math.sqrt(D)), d_v), kw
 
 
+def sparse_mla_record_case(rng: np.random.Generator, dev, *, kv_format: str | None = None, fp8: str | None = None,
+                           T: int | None = None, H: int | None = None, K: int | None = None,
+                           block_size: int | None = None, num_blocks: int | None = None,
+                           block_stride: int | None = None, sink: bool | None = None, scale: float = 1.0) -> Case:
+    """A ``sparse_mla`` call on a paged record cache (``_records``): random rows written as
+    ``kv_format`` records with vLLM's quantizer into a cache whose every other byte is random
+    garbage (page padding, block stride past the page), indices of slots with PAD holes inside
+    and past the length, tokens with nothing to read, optional sink. D_qk = d_v = 512, q bf16."""
+    from ..common.ops import _records
+
+    fmt = _records.FORMATS[kv_format if kv_format is not None else str(rng.choice(list(_records.FORMATS)))]
+    fp8 = fp8 if fp8 is not None else str(rng.choice(fmt.fp8_flavours))
+    T = T if T is not None else int(rng.integers(0, 6))
+    H = H if H is not None else int(rng.choice([1, 2, 3, 8]))
+    K = K if K is not None else int(rng.integers(1, 50))
+    bs = block_size if block_size is not None else int(rng.choice([1, 4, 16, 64]))
+    nb = num_blocks if num_blocks is not None else int(rng.integers(1, 5)) + 64 // bs
+    page = bs * fmt.record_bytes
+    stride = block_stride if block_stride is not None else page + int(rng.choice([0, 0, 64, 576, 1000]))
+    g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    buf = torch.randint(0, 256, (nb, stride), generator=g, dtype=torch.uint8)  # garbage, not zeros
+    kv = buf.as_strided((nb, bs, fmt.record_bytes), (stride, fmt.record_bytes, 1))
+    S = nb * bs
+    rows = (torch.randn(S, _records.HEAD_DIM, generator=g) * scale).to(torch.bfloat16)
+    _records.write(kv, rows, torch.arange(S), fmt.name, fp8)
+    q = torch.randn(T, H, _records.HEAD_DIM, generator=g).to(torch.bfloat16)
+    idx = torch.tensor(rng.integers(0, S, size=(T, K)), dtype=INDEX_DTYPE)
+    idx[torch.tensor(rng.random((T, K)) < 0.15)] = PAD
+    lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=INDEX_DTYPE)
+    if T:
+        lens[torch.tensor(rng.random(T) < 0.1)] = 0
+    kw: dict = {"kv_format": fmt.name}
+    if not fmt.fp8_fixed or rng.random() < 0.5:
+        kw["fp8"] = fp8
+    if sink if sink is not None else rng.random() < 0.4:
+        kw["sink"] = torch.randn(H, generator=g).to(dev)
+    buf = buf.to(dev)
+    kv = buf.as_strided((nb, bs, fmt.record_bytes), (stride, fmt.record_bytes, 1))
+    return (q.to(dev), kv, idx.to(dev), lens.to(dev), float(1.0 / math.sqrt(_records.HEAD_DIM)),
+            _records.HEAD_DIM), kw
+
+
 def rows_case(op: str, rng: np.random.Generator, dev, *, poison: bool = False) -> Case:
     N = int(rng.integers(1, 60))
     trailing = [(), (3,), (7,), (2, 5), (33,)][int(rng.integers(0, 5))]
@@ -347,6 +397,10 @@ def mismatch(op: str, got, want, *, rtol: float = 1e-2) -> str | None:
     no NaN) for ``sparse_mla``."""
     if op == "sparse_mla":
         (o, l), (wo, wl) = got, want
+        if wl is None or l is None:  # return_lse=False: (out, None)
+            if l is not None or wl is not None:
+                return f"lse {'None' if l is None else 'a tensor'}, expected {'None' if wl is None else 'a tensor'}"
+            l, wl = torch.zeros(o.shape[:2]), torch.zeros(wo.shape[:2])
         o, l = o.float().cpu(), l.float().cpu()
         wo, wl = wo.float().cpu(), wl.float().cpu()
         if o.shape != wo.shape or l.shape != wl.shape:

@@ -138,9 +138,44 @@ def _plan_mutations(plan: ReplayPlan, rng):
     return res
 
 
+def _sparse_mla_keywords(bound: dict):
+    """``kv_format`` / ``fp8`` / ``return_lse`` (strings and a bool: no generic mutation reaches
+    them) and record caches that break the layout contract."""
+    from swa_backends.common.ops import _records
+
+    fmt = bound.get("kv_format", "rows")
+    kv = bound.get("kv")
+    res = [("kv_format:unknown", ("kw", "kv_format", "fp8_ds_mla"), "error"),
+           ("kv_format:bytes-per-token", ("kw", "kv_format", 584), "error"),
+           ("return_lse:not-a-bool", ("kw", "return_lse", "no"), "error"),
+           ("return_lse:flipped", ("kw", "return_lse", not bound.get("return_lse", True)), "either")]
+    if fmt == "rows":
+        res += [("kv_format:records-of-rows", ("kw", "kv_format", "v4_fp8"), "error"),
+                ("fp8:with-rows", ("kw", "fp8", "e4m3fn"), "error")]
+        return res
+    f = _records.FORMATS[fmt]
+    other = next(n for n in _records.FORMATS if n != fmt)
+    res += [("kv_format:rows-of-records", ("kw", "kv_format", "rows"), "error"),
+            ("kv_format:another-record", ("kw", "kv_format", other), "error"),
+            ("fp8:unknown", ("kw", "fp8", "e5m2"), "error")]
+    if not f.fp8_fixed:
+        res.append(("fp8:None", ("kw", "fp8", None), "error"))
+        swap = next(x for x in f.fp8_flavours if x != bound.get("fp8"))
+        res.append(("fp8:other-flavour", ("kw", "fp8", swap), "either"))  # valid: another meaning, same on both
+    else:
+        res.append(("fp8:fnuz-scales", ("kw", "fp8", "e4m3fnuz"), "error"))
+    if isinstance(kv, torch.Tensor) and kv.dim() == 3 and kv.shape[0] > 1 and kv.shape[1] > 1:
+        nb, bs, R = kv.shape
+        res.append(("kv:overlapping-pages", kv.as_strided(kv.shape, (bs * R - 2, R, 1)), "error"))
+        res.append(("kv:records-not-packed", kv.transpose(0, 1), "error"))
+    return res
+
+
 def _specific(op: str, bound: dict, rng):
     """Contract violations no generic mutation reaches."""
     res = []
+    if op == "sparse_mla":
+        res += _sparse_mla_keywords(bound)
     qsl = bound.get("query_start_loc")
     if isinstance(qsl, torch.Tensor) and qsl.numel() > 2:
         res.append(("query_start_loc:decreasing", qsl.flip(0), "error"))
@@ -243,10 +278,10 @@ def cases_for(op: str, rng: np.random.Generator) -> list[tuple]:
     out = []
     for label, name, new, exp in muts:
         b = dict(bound)
-        b[name] = new
-        a = tuple(b[n] for n in names if sig.parameters[n].kind in (sig.parameters[n].POSITIONAL_ONLY,
-                                                                    sig.parameters[n].POSITIONAL_OR_KEYWORD))
-        kw = {n: b[n] for n in names if sig.parameters[n].kind == sig.parameters[n].KEYWORD_ONLY}
+        b[name] = new  # a keyword the valid call left at its default is added (kv_format, fp8, ...)
+        a = tuple(b[n] for n in b if sig.parameters[n].kind in (sig.parameters[n].POSITIONAL_ONLY,
+                                                                sig.parameters[n].POSITIONAL_OR_KEYWORD))
+        kw = {n: b[n] for n in b if sig.parameters[n].kind == sig.parameters[n].KEYWORD_ONLY}
         out.append((label, a, kw, exp))
     return out
 
@@ -324,24 +359,30 @@ def run_case(op: str, fn, args, kwargs, expect: str, reference) -> dict:
         if rstatus != "ok":
             return {"outcome": "disagree", "detail": f"backend returned, reference raised: {str(want)[:200]}"}
         if op == "sparse_mla":  # tokens that read a non-finite value are unspecified (SPEC 2.7)
-            res, want = _finite_tokens(args, res), _finite_tokens(args, want)
+            res, want = _finite_tokens(args, kwargs, res), _finite_tokens(args, kwargs, want)
         why = _nan_aware_mismatch(op, res, want)
         if why:
             return {"outcome": "wrong", "detail": why[:300]}
     return {"outcome": "ok", "detail": ""}
 
 
-def _finite_tokens(args, result):
-    """``sparse_mla``'s result with every token that reads a non-finite q or kv value zeroed."""
+def _finite_tokens(args, kwargs, result):
+    """``sparse_mla``'s result with every token that reads a non-finite q or kv value zeroed
+    (a record cache: its records dequantized)."""
     q, kv, indices, lens = args[:4]
     out, lse = result
+    fmt = kwargs.get("kv_format", "rows")
+    if fmt != "rows":
+        from swa_backends.common.ops import _records
+
+        kv = _records.dequantize(kv, torch.arange(_records.num_slots(kv)), fmt, kwargs.get("fp8"))
     bad_rows = ~torch.isfinite(kv.float()).all(dim=1)
     j = torch.arange(indices.shape[1])
     read = (j[None, :] < lens[:, None]) & (indices >= 0)
     reads_bad = (read & bad_rows[indices.clamp(min=0).long()]).any(dim=1) if kv.shape[0] else torch.zeros(
         q.shape[0], dtype=torch.bool)
     bad = reads_bad | ~torch.isfinite(q.float()).all(dim=2).all(dim=1)
-    return out.masked_fill(bad[:, None, None], 0), lse.masked_fill(bad[:, None], 0)
+    return out.masked_fill(bad[:, None, None], 0), (lse.masked_fill(bad[:, None], 0) if lse is not None else None)
 
 
 def _nan_aware_mismatch(op: str, got, want) -> str | None:
@@ -360,8 +401,10 @@ def _nan_aware_mismatch(op: str, got, want) -> str | None:
     if not _same(gm, wm):
         return "NaN in different places"
     if op == "sparse_mla":  # inf, -inf and NaN are placeholders now: compare what is left exactly enough
+        if (g[1] is None) != (w[1] is None):  # return_lse=False: lse is None on both sides
+            return mismatch(op, g, w)
         return None if all(torch.allclose(a.float().cpu(), b.float().cpu(), rtol=2e-2, atol=2e-2, equal_nan=True)
-                           for a, b in zip(g, w)) else mismatch(op, g, w)
+                           for a, b in zip(g, w) if a is not None) else mismatch(op, g, w)
     return mismatch(op, g, w)
 
 

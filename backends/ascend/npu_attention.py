@@ -26,7 +26,10 @@ Adaptation, exactly the reference semantics:
   underflows to exactly 0 in fp32, no -inf arithmetic in the kernel);
 * the op's output has all D = 512 value columns (shared K/V): the first ``d_v`` are returned;
   ``lse`` (``[1, T, H]``, natural log, sink excluded) becomes ``[T, H]``; tokens with
-  nothing to read get zeros and ``lse = -inf`` whatever the op wrote.
+  nothing to read get zeros and ``lse = -inf`` whatever the op wrote;
+* ``return_lse`` is passed as the op's ``return_softmax_lse`` (False: ``(out, None)``);
+* the op reads bf16/fp16 rows here: the variant reads ``kv_format="rows"`` (the registry
+  default); record caches go to the next variant.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def op_namespace():
     return ns, None
 
 
-def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
+def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                return_lse=True) -> list[str]:
     why = []
     if q.shape[2] != SERVED.head_dim:
         why.append(f"npu_sparse_flash_mla needs head dim {SERVED.head_dim}, got {q.shape[2]}")
@@ -77,11 +81,12 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     return why
 
 
-def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
-    """The reference's ``(out, lse)`` computed by ``npu_sparse_flash_mla``."""
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
+    """The reference's ``(out, lse)`` computed by ``npu_sparse_flash_mla`` (KV rows; ``lse``
+    None with ``return_lse=False``)."""
     T, H, D = q.shape
     if T == 0:
-        return no_tokens(q, d_v)
+        return no_tokens(q, d_v, return_lse)
     ns, why = op_namespace()
     if ns is None:
         raise RuntimeError(why)
@@ -101,6 +106,6 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     out, lse = ns.npu_sparse_flash_mla(
         q.contiguous(), ori_kv=kv.view(S, 1, D), ori_sparse_indices=ori_indices, ori_topk_length=topk_length,
         cu_seqlens_q=cu_q, cu_seqlens_ori_kv=cu_kv, sinks=sinks.contiguous(), metadata=metadata,
-        softmax_scale=float(sm_scale), topk_value_mode=1, return_softmax_lse=True, **mode)
-    out, lse = zero_empty_rows(out[..., :d_v], lse.reshape(T, H), indices, lens)
-    return out.contiguous(), lse.contiguous()
+        softmax_scale=float(sm_scale), topk_value_mode=1, return_softmax_lse=bool(return_lse), **mode)
+    out, lse = zero_empty_rows(out[..., :d_v], lse.reshape(T, H) if return_lse else None, indices, lens)
+    return out.contiguous(), (lse.contiguous() if lse is not None else None)

@@ -32,7 +32,10 @@ part padded to 4; both segments index the same ``kv``, passed as both pools):
 * ``kv [S, 512]`` is viewed as S pages of one token (``[S, 1, 1, 512]``): a page split of a
   contiguous pool addresses the same memory, index = slot;
 * heads are zero-padded to the next supported count; the LSE the kernel does not return is
-  recomputed (:func:`swa_backends.backends.adapters.lse_from_indices`, an extra q.k pass).
+  recomputed (:func:`swa_backends.backends.adapters.lse_from_indices`, an extra q.k pass) only
+  with ``return_lse=True``; the serving path passes False and gets ``(out, None)``;
+* the wrapper hands FlashInfer bf16 rows (``kv`` viewed as one-token pages): the variants read
+  ``kv_format="rows"`` (the registry default); record caches go to the next variant.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def workspace(device: torch.device) -> torch.Tensor:
     return ws
 
 
-def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
+def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                return_lse=True) -> list[str]:
     why = []
     if q.shape[2] != HEAD_DIM or d_v != HEAD_DIM:
         why.append(f"FlashInfer DSv4 decode needs D_qk = d_v = {HEAD_DIM}, got {q.shape[2]} / {d_v}")
@@ -85,18 +89,20 @@ def _prepare(q, kv, indices, lens, sink):
     return qp.contiguous(), sp, masked, pool
 
 
-def _finish(out, q, kv, indices, lens, sm_scale, H):
+def _finish(out, q, kv, indices, lens, sm_scale, H, return_lse):
     out = out[:, :H]
-    lse = lse_from_indices(q, kv, indices, lens, sm_scale)
+    lse = lse_from_indices(q, kv, indices, lens, sm_scale) if return_lse else None
     out, lse = zero_empty_rows(out, lse, indices, lens)
     return out.to(q.dtype).contiguous(), lse
 
 
-def sparse_mla_sm10x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
-    """SM100/SM103 (TRTLLM-GEN): the reference's ``(out, lse)``."""
+def sparse_mla_sm10x(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                     return_lse=True):
+    """SM100/SM103 (TRTLLM-GEN): the reference's ``(out, lse)`` (``lse`` None with
+    ``return_lse=False``)."""
     T, H, _ = q.shape
     if T == 0:
-        return no_tokens(q, d_v)
+        return no_tokens(q, d_v, return_lse)
     fn, why = find_flashinfer_dsv4()
     if fn is None:
         raise RuntimeError(why)
@@ -108,14 +114,16 @@ def sparse_mla_sm10x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
              seq_lens=torch.full((T,), SWA_COLUMNS, dtype=torch.int32, device=dev),
              bmm1_scale=float(sm_scale), bmm2_scale=1.0, sinks=sp, kv_layout="HND",
              cum_seq_lens_q=torch.arange(T + 1, dtype=torch.int32, device=dev), max_q_len=1)
-    return _finish(out, q, kv, indices, lens, sm_scale, H)
+    return _finish(out, q, kv, indices, lens, sm_scale, H, return_lse)
 
 
-def sparse_mla_sm12x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
-    """SM120/SM121 (FlashInfer's sparse backend): the reference's ``(out, lse)``."""
+def sparse_mla_sm12x(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                     return_lse=True):
+    """SM120/SM121 (FlashInfer's sparse backend): the reference's ``(out, lse)`` (``lse`` None
+    with ``return_lse=False``)."""
     T, H, _ = q.shape
     if T == 0:
-        return no_tokens(q, d_v)
+        return no_tokens(q, d_v, return_lse)
     fn, why = find_flashinfer_dsv4()
     if fn is None:
         raise RuntimeError(why)
@@ -134,5 +142,5 @@ def sparse_mla_sm12x(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
              compressed_kv_cache=pool if extra is not None else None,
              bmm1_scale=float(sm_scale), bmm2_scale=1.0, sinks=sp, kv_layout="NHD",
              swa_topk_lens=win_lens, extra_sparse_indices=extra, extra_sparse_topk_lens=extra_lens)
-    return _finish(out, q, kv, indices, lens, sm_scale, H)
+    return _finish(out, q, kv, indices, lens, sm_scale, H, return_lse)
 

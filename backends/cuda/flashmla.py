@@ -59,7 +59,8 @@ def _served_heads(q: torch.Tensor) -> tuple[int, ...]:
     return HEADS.get(cap[0], HEADS[10])
 
 
-def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
+def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                return_lse=True) -> list[str]:
     """Per-call reasons this kernel cannot take the call (dispatch falls through)."""
     why = []
     if q.shape[2] not in D_QK:
@@ -72,11 +73,12 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     return why
 
 
-def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
-    """The reference's ``(out, lse)`` computed by FlashMLA's sparse prefill kernel."""
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
+    """The reference's ``(out, lse)`` computed by FlashMLA's sparse prefill kernel (KV rows
+    only: the variant declares ``kv_format="rows"``, dispatch sends records elsewhere)."""
     T, H, D = q.shape
     if T == 0:
-        return no_tokens(q, d_v)
+        return no_tokens(q, d_v, return_lse)
     mod, why = find_flashmla()
     if mod is None:
         raise RuntimeError(why)
@@ -89,5 +91,7 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
         qp, kv.unsqueeze(1), idx.unsqueeze(1), float(sm_scale), d_v, attn_sink=sp, topk_length=lens)
     if heads != H:
         out, lse = out[:, :H].contiguous(), lse[:, :H].contiguous()
+    if not return_lse:  # FlashMLA computes it anyway: nothing to save but the touch-up
+        return out, None
     lse.masked_fill_(lse == float("inf"), float("-inf"))  # nothing to read: the pack's -inf
     return out, lse

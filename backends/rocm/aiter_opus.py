@@ -20,8 +20,11 @@ Adaptation, exactly the reference semantics:
 * ``kv`` is the prefix source; the extend source is empty (``indptr`` all 0);
 * without a sink the wrapper passes ``-1e30`` per head: ``exp`` underflows to exactly 0 in
   fp32, so it changes nothing and keeps -inf arithmetic out of the kernel;
-* ``out`` is the full D = d_v = 512 columns; the LSE is recomputed (an extra q.k pass) and
-  tokens with nothing to read get zeros and ``lse = -inf``.
+* ``out`` is the full D = d_v = 512 columns; the LSE is recomputed (an extra q.k pass) only
+  with ``return_lse=True`` (the serving path passes False: ``(out, None)``), and tokens with
+  nothing to read get zeros and ``lse = -inf``;
+* OPUS reads bf16/fp16 rows only (its fp8 sibling has no scales, so no V4 record): the variant
+  reads ``kv_format="rows"`` (the registry default), record caches go to the Triton kernel.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 NO_SINK = -1e30
 
 
-def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
+def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
+                return_lse=True) -> list[str]:
     why = []
     if q.shape[0] < MIN_QUERIES:
         why.append(f"AITER OPUS prefill is used for >= {MIN_QUERIES} queries (vLLM's threshold), got {q.shape[0]}")
@@ -47,11 +51,12 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     return why
 
 
-def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
-    """The reference's ``(out, lse)`` computed by AITER's ``pa_sparse_prefill_opus``."""
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
+    """The reference's ``(out, lse)`` computed by AITER's ``pa_sparse_prefill_opus`` (KV rows;
+    ``lse`` None with ``return_lse=False``)."""
     T, H, D = q.shape
     if T == 0:
-        return no_tokens(q, d_v)
+        return no_tokens(q, d_v, return_lse)
     fn, why = find_opus()
     if fn is None:
         raise RuntimeError(why)
@@ -60,6 +65,6 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
     no_extend = torch.zeros(T + 1, dtype=torch.int32, device=q.device)
     sinks = sink if sink is not None else torch.full((H,), NO_SINK, dtype=torch.float32, device=q.device)
     out = fn(q.contiguous(), kv, values, indptr, kv, values[:1], no_extend, sinks.contiguous(), float(sm_scale))
-    lse = lse_from_indices(q, kv, indices, lens, sm_scale)
+    lse = lse_from_indices(q, kv, indices, lens, sm_scale) if return_lse else None
     out, lse = zero_empty_rows(out[..., :d_v], lse, indices, lens)
     return out.contiguous(), lse

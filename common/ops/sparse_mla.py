@@ -2,6 +2,14 @@
 
 The clamp never enters the kernel: it lives in ``indices``/``lens`` (built by the pack's
 clamping index builders).
+
+KV comes as rows (``kv_format="rows"``: ``kv [S, D_qk]`` of q's dtype, an index is a row) or as
+one layer's paged DeepSeek-V4/V4.1 record cache as vLLM stores it (``kv_format`` one of
+``v4_fp8`` / ``v41_mxfp8`` / ``v41_nvfp4``: ``kv`` the uint8 view ``[num_blocks, block_size,
+record_bytes]``, an index is a slot ``block * block_size + offset``, ``fp8`` the cache's FP8
+flavour), with the same index / length / PAD / sink contract; layouts and the dequant in
+``_records.py``. ``return_lse=False`` returns ``(out, None)``: nothing computes a log-sum-exp
+nobody reads (wrappers of kernels that return none skip their extra pass).
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import check_finite, check_int, check_range, check_tensor, fail
+from . import _records
+from ._records import HEAD_DIM, KV_FORMATS, ROWS
 from ._results import Results
 
 NAME = "sparse_mla"
@@ -20,13 +30,28 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CHUNK_BYTES = 256 * 2**20
 
 
-def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> None:
+def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=None, return_lse=True) -> None:
+    fmt = _records.check_format(NAME, kv_format, fp8)
+    if not isinstance(return_lse, bool):
+        fail(NAME, "return_lse", return_lse, "a bool")
+    if fmt is not None and isinstance(q, torch.Tensor) and q.dtype != torch.bfloat16:
+        fail(NAME, "q", q, f"dtype bfloat16 with kv_format={kv_format!r} (records dequantize to bf16, as in vLLM)")
     check_tensor(NAME, "q", q, dtypes=DTYPES, ndim=3)
     T, H, D = q.shape
     dev = q.device
-    check_tensor(NAME, "kv", kv, dtypes=q.dtype, ndim=2, device=dev)
-    if kv.shape[1] != D:
-        fail(NAME, "kv", kv, f"shape [S, {D}] (D_qk of q)")
+    if fmt is None:
+        if isinstance(kv, torch.Tensor) and kv.dtype == torch.uint8 and kv.dim() == 3:
+            fail(NAME, "kv", kv, f"rows [S, {D}] of {q.dtype} with kv_format='rows' (a uint8 record cache needs "
+                                 f"kv_format in {KV_FORMATS[1:]} and its fp8 flavour)")
+        check_tensor(NAME, "kv", kv, dtypes=q.dtype, ndim=2, device=dev)
+        if kv.shape[1] != D:
+            fail(NAME, "kv", kv, f"shape [S, {D}] (D_qk of q)")
+        num_rows = kv.shape[0]
+    else:
+        if D != HEAD_DIM:
+            fail(NAME, "q", q, f"head dim {HEAD_DIM} (D_qk of a {kv_format} record) in shape [T, H, {HEAD_DIM}]")
+        _records.check_cache(NAME, kv, fmt, dev)
+        num_rows = _records.num_slots(kv)
     check_tensor(NAME, "indices", indices, dtypes=INDEX_DTYPE, ndim=2, device=dev)
     if indices.shape[0] != T:
         fail(NAME, "indices", indices, f"{T} rows (one per query token)")
@@ -34,6 +59,8 @@ def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> None:
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
         fail(NAME, "sm_scale", sm_scale, "a finite float > 0")
     check_int(NAME, "d_v", d_v, min_value=1)
+    if fmt is not None and d_v != HEAD_DIM:
+        fail(NAME, "d_v", d_v, f"{HEAD_DIM} for kv_format={kv_format!r} (value = the whole dequantized record)")
     if d_v > D:
         fail(NAME, "d_v", d_v, f"<= D_qk={D} (value = first d_v columns of kv)")
     if sink is not None:
@@ -41,34 +68,37 @@ def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> None:
         # -inf: a head without a sink (padded heads); +inf or NaN would make every row 0 or NaN
         check_finite(NAME, "sink", sink, allow_neg_inf=True)
     check_range(NAME, "lens", lens, low=0, high=indices.shape[1] + 1)
-    check_range(NAME, "indices", indices, low=0, high=kv.shape[0], allow_pad=True)
+    check_range(NAME, "indices", indices, low=0, high=num_rows, allow_pad=True)
 
 
-def reference(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)``.
+def reference(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=None,
+              return_lse=True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)``; ``lse`` is None with ``return_lse=False``.
 
     For token ``t``: scores ``s_j = sm_scale * q[t] . kv[indices[t, j]]`` over valid ``j``
     (``j < lens[t]`` and not PAD), in fp32; ``lse = log(sum_j exp(s_j))`` (natural log,
     sink excluded); ``out = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink[h]))`` with
     ``v_j = kv[indices[t, j], :d_v]`` (no sink: plain softmax). No valid index: zeros and
-    ``lse = -inf``.
+    ``lse = -inf``. Record formats: ``kv[i]`` is slot ``i``'s record dequantized to bf16 as
+    vLLM does (``_records.dequantize``).
     """
     T, H, D = q.shape
     K = indices.shape[1]
     out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
-        return out, lse
+        return out, (lse if return_lse else None)
+    rows_of = _row_reader(kv, D, kv_format, fp8)
     chunk = max(1, _CHUNK_BYTES // max(1, K * D * 4))
     j = torch.arange(K, device=q.device)
     for s in range(0, T, chunk):
         e = min(T, s + chunk)
         idx = indices[s:e].to(torch.int64)
         ok = (j[None, :] < lens[s:e, None]) & (idx != PAD)
-        if kv.shape[0] == 0:  # nothing to read (validation: every entry is PAD or past lens)
+        if rows_of is None:  # nothing to read (validation: every entry is PAD or past lens)
             rows = torch.zeros(e - s, K, D, dtype=torch.float32, device=q.device)
         else:
-            rows = kv.index_select(0, torch.where(ok, idx, 0).reshape(-1)).reshape(e - s, K, D).float()
+            rows = rows_of(torch.where(ok, idx, 0).reshape(-1)).reshape(e - s, K, D).float()
             # rows a token does not read become exact zeros, so a NaN in an unread row (row 0
             # above) cannot leak through 0 * NaN; no host synchronisation
             rows = torch.where(ok[..., None], rows, 0.0)
@@ -80,8 +110,33 @@ def reference(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> tuple[torch.
         p = p.masked_fill(~ok[:, None, :], 0.0)
         out[s:e] = torch.einsum("thk,tkd->thd", p, rows[..., :d_v]).to(q.dtype)
         lse[s:e] = l
-    return out, lse
+    return out, (lse if return_lse else None)
 
 
-RESULTS = Results(("out", "lse"), lambda a: {"out": ((*a["q"].shape[:2], a["d_v"]), a["q"].dtype),
-                             "lse": (tuple(a["q"].shape[:2]), torch.float32)}, out=None)
+def _row_reader(kv, D: int, kv_format: str, fp8):
+    """``rows(ids) -> [N, D]`` reading rows or dequantizing records; None when ``kv`` holds none."""
+    if kv_format == ROWS:
+        return (lambda ids: kv.index_select(0, ids)) if kv.shape[0] else None
+    if _records.num_slots(kv) == 0:
+        return None
+    return lambda ids: _records.dequantize(kv, ids, kv_format, fp8)
+
+
+class _SparseMlaResults(Results):
+    """``lse`` is optional in Python (``return_lse=False`` -> None); a custom op's schema returns
+    a tensor there: an empty ``[0]`` fp32 one, turned back into None for the Python caller."""
+
+    def from_python(self, result, names):
+        out, lse = result
+        return out, (lse if lse is not None else out.new_empty(0, dtype=torch.float32))
+
+
+def _shapes(a):
+    T, H = a["q"].shape[:2]
+    lse = (T, H) if a.get("return_lse", True) is not False else (0,)
+    return {"out": ((T, H, a["d_v"]), a["q"].dtype), "lse": (lse, torch.float32)}
+
+
+RESULTS = _SparseMlaResults(
+    ("out", "lse"), _shapes, out=None,
+    pack=lambda t, a: (t["out"], t["lse"] if a.get("return_lse", True) is not False else None))
