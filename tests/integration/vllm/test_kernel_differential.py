@@ -6,7 +6,7 @@ vLLM launches it, and the pack's adapter (``swa_backends.integrations.vllm.runti
 code the patches and the model state call) runs on the same inputs and identically poisoned
 output buffers; every written tensor must be bit-identical.
 
-Where vLLM's kernels come from (``_vllm_kernels.load``): the installed vLLM, or -- on a GPU
+Where vLLM's kernels come from (``swa_backends.testing.vllm_kernels.load``): the installed vLLM, or -- on a GPU
 machine without vLLM -- copies of its two source files named by ``SWA_VLLM_KERNELS_DIR``.
 Without either the module is skipped. Runs on CUDA when there is a device (``SWA_DIFF_DEVICE``
 overrides), else on the CPU with Triton's interpreter (``TRITON_INTERPRET=1``, and for an
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import _cases
-import _vllm_kernels as vk
+from swa_backends.testing import vllm_kernels as vk
 from swa_backends import select
 from swa_backends.integrations.vllm import runtime
 
