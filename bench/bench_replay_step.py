@@ -1,0 +1,319 @@
+"""One serving step's replay metadata: the pack against vLLM 0.33's own kernel sequence.
+
+    . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/bench_replay_step.py --out DIR
+    python bench/bench_replay_step.py --out DIR --smoke   # no GPU: tiny sizes, Triton's interpreter
+
+vLLM's kernels come from :mod:`swa_backends.testing.vllm_kernels` (the installed vLLM, or copies
+of its ``model_state.py`` and ``sparse_swa.py`` named by ``SWA_VLLM_KERNELS_DIR``: vLLM's wheel
+cannot travel to the GPU machine); without them the vLLM column is a reason and the pack's
+columns still run.
+
+One step = what DeepSeek-V4.1's model state and its sparse-SWA metadata builder launch for
+replay metadata in vLLM 0.33, on the five step shapes of ``bench_triton_ops.py`` (1x1K, 1x16K,
+8x4K+32 decodes, 32x4K+128 decodes, 16x1K+240 decodes; decodes first, as vLLM orders a batch;
+every third prefill replays from 896 after a 1024-token hit; W 128, block 64, 5 slot groups,
+0/2/4 cacheable; decoder replay keeps each prefill's last 128 rows):
+
+* **vllm** -- vLLM's kernels launched as at its call sites (``testing/vllm_kernels.py``):
+  ``_pad_replayed_slots_kernel``; ``_compute_swa_indices_and_lens_kernel`` twice (decode rows
+  into the decode buffer, prefill rows with ``token_offset`` into the prefill buffer);
+  ``ComputePrefillMetadataKernel``; the ``PAD_SLOT_ID`` fill and ``_gather_replay_batch_kernel``.
+* **pack** -- the same step through the pack as vLLM runs it with the pack installed
+  (``integrations/vllm/runtime.py``: the functions the patches and the model state call, into
+  the same kind of buffers).
+* **pack_fused** -- ``prepare_replay_step`` (replay start from the request states, padding,
+  window indices of every token into one buffer, the decoder gather: one launch) plus
+  ``prefill_gather_lens``: what one launch costs; vLLM keeps decode and prefill window indices
+  in two buffers, so the integration cannot hand this layout to vLLM's builders as they are.
+
+Left out of every column alike, as the same work either way: the host-side planning
+(``replay_start`` from the request states, ``kept_lens``, ``dropped_before``) and its uploads;
+vLLM's ``token_to_req_indices`` (a common-metadata op every builder shares; vLLM's SWA kernel
+reads it, the pack's does not: leaving it out flatters vLLM); ``is_valid_token`` (built by
+vLLM's builder for both); the decode-lens tail fill.
+
+GPU time: events around the whole step, median of 200 steps, L2 flushed and warm
+(``bench_triton_ops.gpu_pair``). Host time: back-to-back steps without a sync, validation off,
+the three columns timed in interleaved rounds. Before timing, the outputs of all three are
+compared (bit-identical, vLLM's graph-padding rows aside: SPEC §3.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_triton_ops as bto  # noqa: E402  (sets TRITON_INTERPRET for --smoke before Triton loads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import swa_backends  # noqa: E402
+from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out  # noqa: E402
+from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
+from swa_backends.common.validation import set_validation  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
+from swa_backends.testing import vllm_kernels as vk  # noqa: E402
+
+W, BS, G = bto.W, bto.BS, bto.G
+STEPS = dict(bto.STEPS)
+SMOKE_STEPS = {"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}
+COLUMNS = ("vllm", "pack", "pack_fused")
+
+
+class ServingStep:
+    """Inputs of one step and, per column, its own output buffers (vLLM's persistent buffers
+    in vLLM's layouts)."""
+
+    def __init__(self, prefills: int, q: int, decodes: int, dev, rng):
+        qs = [1] * decodes + [q] * prefills
+        pre = np.array([False] * decodes + [True] * prefills)
+        B = len(qs)
+        prefix = np.zeros(B, np.int64)
+        R = np.zeros(B, np.int64)
+        prefix[:decodes] = rng.integers(200, 4000, decodes)
+        for i in range(prefills):
+            if i % 3 == 2:
+                R[decodes + i] = prefix[decodes + i] = 896
+        q_a = np.array(qs, np.int64)
+        seq = prefix + q_a
+        self.B, self.T, self.D, self.P = B, int(q_a.sum()), decodes, prefills
+        self.qsl_np = np.concatenate([[0], np.cumsum(q_a)]).astype(np.int32)
+        blocks = int(np.ceil(seq.max() / BS)) + 1
+        table = rng.permutation(B * blocks).reshape(B, blocks).astype(np.int32)
+        positions = np.concatenate([np.arange(s - a, s) for a, s in zip(q_a, seq)])
+        req = np.repeat(np.arange(B), q_a)
+        tok = table[req, positions // BS].astype(np.int64) * BS + positions % BS
+        t = lambda a, dt: torch.tensor(a, dtype=dt, device=dev)  # noqa: E731
+        self.qsl, self.seq, self.R = t(self.qsl_np, INDEX_DTYPE), t(seq, INDEX_DTYPE), t(R, INDEX_DTYPE)
+        self.positions = t(positions, SLOT_DTYPE)
+        self.slots0 = t(np.stack([tok * (g + 1) + g for g in range(G)]), SLOT_DTYPE)
+        self.cacheable = t(np.arange(0, G, 2), INDEX_DTYPE)
+        self.table = t(table, INDEX_DTYPE)
+        self.prefilling = t(pre, torch.bool)
+        self.idx = t(np.arange(B), INDEX_DTYPE)
+        self.valid = torch.ones(self.T, dtype=torch.bool, device=dev)
+        # decoder replay: each prefill keeps its last W rows (the pack's planner decides as vLLM's does)
+        plan = swa_backends.plan_replay_batch(self.qsl_np, pre, np.zeros(B, bool), W)
+        self.kept = plan.kept.numpy().astype(np.int32) if plan is not None else np.diff(self.qsl_np).astype(np.int32)
+        self.n = int(self.kept.sum())
+        dropped_np = runtime.dropped_before(self.kept, self.qsl_np)
+        self.dropped = t(dropped_np, INDEX_DTYPE)
+        trimmed = runtime.trimmed_on_device(self.dropped, torch.empty(B, dtype=torch.bool, device=dev))
+        self.plan = runtime.replay_plan(self.kept, self.qsl_np, self.n, W, dropped=dropped_np,
+                                        device_tensors=(self.dropped, trimmed), device=dev)
+        self.t2r = vk.token_to_req_indices(self.qsl, self.T)
+        self.dev = dev
+
+    def buffers(self) -> dict:
+        """vLLM's per-builder and model-state buffers, poisoned."""
+        T, B, dev = self.T, self.B, self.dev
+        e = lambda shape, dt: torch.full(shape, -77, dtype=dt, device=dev)  # noqa: E731
+        return {"slots": self.slots0.clone(), "dec_idx": e((T, 1, W), INDEX_DTYPE), "dec_lens": e((T,), INDEX_DTYPE),
+                "pre_idx": e((T, 1, W), INDEX_DTYPE), "pre_lens": e((T,), INDEX_DTYPE),
+                "gather_lens": e((B,), INDEX_DTYPE), "rows": e((T,), torch.int64), "kqsl": e((B + 1,), INDEX_DTYPE),
+                "kpos": e((T,), torch.int64), "kslots": e((G, T), torch.int64), "kkv": e((B,), INDEX_DTYPE)}
+
+
+def vllm_step(K, s: ServingStep, b: dict):
+    """vLLM 0.33's launches for the step (model state, then the SWA builder, then the gather)."""
+    D, T = s.D, s.T
+    vk.pad_replayed_slots(K, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+    vk.swa_indices_and_lens(K, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS, s.R,
+                            num_tokens=D, token_offset=0)
+    vk.swa_indices_and_lens(K, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS, s.R,
+                            num_tokens=T - D, token_offset=D)
+    if s.P:
+        vk.prefill_gather_lens(K, b["gather_lens"], s.seq, s.qsl, s.R, s.P, s.D, W)
+    return vk.gather_replay_batch(K, s.qsl, s.dropped, s.seq, s.R, s.positions, b["slots"], b["rows"], b["kqsl"],
+                                  b["kpos"], b["kslots"], b["kkv"], W, s.B, T, s.n)
+
+
+def pack_step(be, s: ServingStep, b: dict, gather_out: dict):
+    """The same step as vLLM runs it with the pack installed (the integration's runtime calls)."""
+    D, T = s.D, s.T
+    runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+    runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                 num_tokens=D, token_offset=0)
+    runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                 num_tokens=T - D, token_offset=D)
+    runtime.prefill_gather_lens(be, b["gather_lens"], s.seq, s.qsl, s.R, s.P, s.D, W)
+    runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
+
+
+def fused_out(s: ServingStep, b: dict) -> dict:
+    out = prepare_out(s.B, s.T, W, s.dev, s.plan, G)
+    out["swa_indices"] = b["pre_idx"][:, 0]  # one [T, W] buffer for every token
+    out["swa_lens"] = b["pre_lens"]
+    return out
+
+
+def fused_step(be, s: ServingStep, b: dict, out: dict):
+    """``prepare_replay_step`` (one launch) plus ``prefill_gather_lens`` over the prefills."""
+    be.prepare_replay_step(s.R, s.idx, s.prefilling, s.qsl, s.seq, s.positions, b["slots"], s.cacheable, s.table, BS,
+                           W, W, index_width=W, plan=s.plan, out=out)
+    if s.P:
+        D, P = s.D, s.P
+        be.prefill_gather_lens(s.qsl[D: D + P + 1], s.seq[D: D + P], out["replay_start"][D: D + P], W,
+                               out=b["gather_lens"][:P])
+
+
+def gather_out_view(s: ServingStep, b: dict) -> dict:
+    n = s.n
+    return {"rows": b["rows"][:n], "query_start_loc": b["kqsl"], "positions": b["kpos"][:n],
+            "slot_mappings": runtime.kept_slot_view(b["kslots"], G, n), "kv_start": b["kkv"]}
+
+
+def check(s: ServingStep, want: dict, kept_want, got: dict, gather: dict, *, fused: bool) -> None:
+    """``got`` (a pack column's buffers) against vLLM's (or, without vLLM, the reference's)."""
+    D, T, n = s.D, s.T, s.n
+    same = lambda a, b, what: torch.equal(a, b) or _fail(what)  # noqa: E731
+    same(got["slots"], want["slots"], "padded slot mappings")
+    if fused:
+        same(got["pre_idx"][:D, 0], want["dec_idx"][:D, 0], "decode window indices")
+        same(got["pre_lens"][:D], want["dec_lens"][:D], "decode window lengths")
+        same(got["pre_idx"][D:T, 0], want["pre_idx"][: T - D, 0], "prefill window indices")
+        same(got["pre_lens"][D:T], want["pre_lens"][: T - D], "prefill window lengths")
+    else:
+        same(got["dec_idx"][:D], want["dec_idx"][:D], "decode window indices")
+        same(got["dec_lens"][:D], want["dec_lens"][:D], "decode window lengths")
+        same(got["pre_idx"][: T - D], want["pre_idx"][: T - D], "prefill window indices")
+        same(got["pre_lens"][: T - D], want["pre_lens"][: T - D], "prefill window lengths")
+    same(got["gather_lens"][: s.P], want["gather_lens"][: s.P], "prefill gather lengths")
+    same(gather["rows"][:n], want["rows"][:n], "kept rows")
+    same(gather["query_start_loc"], want["kqsl"], "kept query_start_loc")
+    same(gather["positions"][:n], want["kpos"][:n], "kept positions")
+    same(gather["slot_mappings"], kept_want, "kept slot mappings")
+    same(gather["kv_start"], want["kkv"], "kept kv_start")
+
+
+def _fail(what: str):
+    raise AssertionError(f"{what} differ from vLLM's")
+
+
+def host_interleaved(fns: dict, calls: int, rounds: int) -> dict:
+    """Host us per step of each column, rounds interleaved (drift hits all alike)."""
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            f = fns[k]
+            if bto.SMOKE:
+                times[k].append(bto._host_median(f, 2))
+                continue
+            f()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            times[k].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def run_step(name, shape, K, be, ref, dev, rng) -> dict:
+    s = ServingStep(*shape, dev, rng)
+    bufs = {c: s.buffers() for c in COLUMNS}
+    pack_gather = gather_out_view(s, bufs["pack"])
+    fout = fused_out(s, bufs["pack_fused"])
+    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather),
+           "pack_fused": lambda: fused_step(be, s, bufs["pack_fused"], fout)}
+    if K is not None:
+        kept_want = vllm_step(K, s, bufs["vllm"])
+        fns = {"vllm": lambda: vllm_step(K, s, bufs["vllm"]), **fns}
+        oracle = "vllm"
+    else:  # no vLLM kernels: the torch reference through the integration stands in as the oracle
+        pack_step(ref, s, bufs["vllm"], gather_out_view(s, bufs["vllm"]))
+        kept_want = runtime.kept_slot_view(bufs["vllm"]["kslots"], G, s.n)
+        oracle = "reference"
+    fns["pack"]()
+    fns["pack_fused"]()
+    check(s, bufs["vllm"], kept_want, bufs["pack"], pack_gather, fused=False)
+    check(s, bufs["vllm"], kept_want, bufs["pack_fused"], fout["replay_batch"], fused=True)
+    row = {"step": name, "B": s.B, "T": s.T, "decodes": s.D, "prefills": s.P, "kept_rows": s.n,
+           "checked_against": oracle}
+    for col, f in fns.items():
+        row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f).items()})
+    host = host_interleaved(fns, calls=300 if not bto.SMOKE else 2, rounds=7 if not bto.SMOKE else 1)
+    row.update({f"{col}_host_us": v for col, v in host.items()})
+    if K is not None:
+        for col in ("pack", "pack_fused"):
+            for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
+                row[f"{col}_vs_vllm_{k}"] = row[f"{col}_{k}"] / row[f"vllm_{k}"]
+    return row
+
+
+def print_table(res) -> None:
+    print(f"\n{res['meta']['gpu']}: one step's replay metadata, us (ratio to vLLM's sequence)")
+    print(f"vLLM kernels: {res['meta']['vllm_kernels']}")
+    hdr = f"{'step':>12} {'col':>10} {'GPU flushed':>16} {'GPU warm':>16} {'host':>16}"
+    print(hdr)
+    for row in res["steps"]:
+        for col in COLUMNS:
+            if f"{col}_host_us" not in row:
+                continue
+            cells = []
+            for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
+                v = row[f"{col}_{k}"]
+                r = row.get(f"{col}_vs_vllm_{k}")
+                cells.append(f"{v:8.2f}" + (f" ({r:4.2f})" if r is not None else "       "))
+            print(f"{row['step']:>12} {col:>10} " + " ".join(f"{c:>16}" for c in cells))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="What each column measures: the module docstring and bench/README.md.")
+    ap.add_argument("--out", required=True, help="directory for the JSON")
+    ap.add_argument("--quick", action="store_true", help="the first step shape only")
+    ap.add_argument("--smoke", action="store_true",
+                    help="no GPU: tiny steps through Triton's interpreter (checks the script; numbers mean nothing)")
+    ap.add_argument("--vllm-kernels", default=None,
+                    help=f"folder with vLLM's model_state.py and sparse_swa.py (default: ${vk.ENV}, else the installed vLLM)")
+    a = ap.parse_args(argv)
+    steps = STEPS
+    if a.smoke:
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            print("--smoke runs on a CPU-only machine under TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        bto.SMOKE = True
+        steps = SMOKE_STEPS
+    elif not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    if a.quick:
+        steps = dict(list(steps.items())[:1])
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cpu") if bto.SMOKE else torch.device("cuda", torch.cuda.current_device())
+    set_validation(False)
+    be = swa_backends.select(dev, prefer="triton")
+    ref = swa_backends.select(dev, prefer="reference")
+    K, origin = vk.load(a.vllm_kernels)
+    res = {"meta": {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": "cpu (smoke)" if bto.SMOKE else torch.cuda.get_device_name(dev), "smoke": bto.SMOKE,
+        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "vllm_kernels": origin, "vllm_ran": K is not None, "W": W, "block_size": BS, "groups": G,
+        "method": "GPU us: events around the whole step, median of 200 steps, L2 flushed (256 MB zeroed before each) "
+                  "and warm (a GPU sleep instead); host us: back-to-back steps without sync, validation off, the "
+                  "columns in interleaved rounds (median of 7 rounds of 300 steps)",
+    }, "steps": []}
+    rng = np.random.default_rng(0)
+    for name, shape in steps.items():
+        res["steps"].append(run_step(name, shape, K, be, ref, dev, rng))
+    path = out_dir / "bench_replay_step.json"
+    path.write_text(json.dumps(res, indent=1, default=str))
+    print_table(res)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
