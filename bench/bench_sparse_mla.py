@@ -91,7 +91,7 @@ from swa_backends.testing.conformance import mismatch  # noqa: E402
 REF = OPS["sparse_mla"].reference
 
 # What one run measures. "tiny" walks the same code on a CPU through the interpreter
-# (tests/test_bench_sparse_mla.py), so a GPU run never meets an untried line; "gpu-smoke" is the
+# (tests/e2e/test_bench_sparse_mla.py), so a GPU run never meets an untried line; "gpu-smoke" is the
 # same on a GPU at D 512 with enough tokens (>= 132 (token, 64-head) programs) for the Gluon kernels.
 PLANS = {
     "h200": dict(D=512, S=1 << 20, table_H=(64, 128), table_T=(4096, 16384), table_K=(640, 1152),

@@ -444,7 +444,7 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 
 # Record caches (D = d_v = 512; each tile dequantized in registers before its MMAs), keyed by
 # (platform, max heads). Chosen offline from what Triton 3.9 compiles (registers, spills, shared
-# memory: tests/test_sparse_mla_records.py compiles them for sm90 and gfx942); not yet timed.
+# memory: tests/kernels/test_sparse_mla_records.py compiles them for sm90 and gfx942); not yet timed.
 RECORDS_TUNED: tuple[tuple[str, int, Config], ...] = (
     # sm90, Triton 3.9 (ptxas -v): 16 heads x 32 records, 8 warps: 208-218 registers, no spill
     # (V4, MXFP8; NVFP4 spills 152 B); 32-head blocks spill ~450 B whatever the warps/rows

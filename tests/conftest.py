@@ -15,6 +15,10 @@ import sys
 import pytest
 import torch
 
+# helpers imported from more than one test folder (_tritons, platform_helpers); pytest's default
+# "prepend" import mode only puts each test file's own folder on sys.path
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     try:  # Triton 3.6's interpreter on NumPy >= 2.4 (testing/interpreter.py)
@@ -43,11 +47,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The fuzz suite's counts (tests/test_fuzz.py), one line per backend that ran."""
+    """The fuzz suite's counts (tests/dispatch/test_fuzz.py), one line per backend that ran."""
     fuzz = sys.modules.get("test_fuzz")
     if fuzz is None or not getattr(fuzz, "RESULTS", None):
         return
-    terminalreporter.write_sep("-", "fuzz suite (tests/fuzz_cases.py): outcomes per backend")
+    terminalreporter.write_sep("-", "fuzz suite (tests/dispatch/fuzz_cases.py): outcomes per backend")
     for backend, counts in fuzz.RESULTS.items():
         tried = sum(counts.values())
         failed = sum(counts[k] for k in fuzz.FAILURES)

@@ -26,7 +26,7 @@ from swa_backends.integrations.vllm import runtime
 
 
 def test_importing_the_pack_imports_no_integration_and_no_vllm():
-    """(tests/test_architecture.py checks the import direction in the source.)"""
+    """(tests/package/test_architecture.py checks the import direction in the source.)"""
     code = ("import sys, swa_backends, swa_backends.plugin; "
             "bad = sorted(m for m in sys.modules if m.startswith(('swa_backends.integrations', 'vllm'))); "
             "print(bad); assert not bad, bad")

@@ -1,0 +1,54 @@
+"""The sparse-MLA benchmark script keeps working: without a GPU, ``--smoke`` runs its whole
+pipeline (torch baseline, correctness per kernel, the table with the default dispatch path, a tl
+config sweep, decode split-K) on tiny sizes, in a subprocess started as a person would start it
+(from the repository root, TRITON_INTERPRET unset: the script turns Triton's interpreter on for
+itself). Under the interpreter only the torch baseline, the tl kernel and the CPU default path
+run; the Gluon kernels are listed as not run, with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU --smoke compiles every kernel (minutes)")
+def test_bench_smoke(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sparse_mla.py"), "--out", str(tmp_path),
+                           "--smoke"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "bench_sparse_mla.json").read_text())
+    meta = result["meta"]
+    assert meta["interpret"] is True and meta["smoke"] is True
+    assert meta["plan"]["D"] == 32  # the tiny plan: every section ran on the interpreter
+    assert all(v != "unknown" for v in meta["kernel_sha256_16"].values())
+    assert not result["errors"]
+    # the Gluon kernels do not run in the interpreter, and the output says so
+    assert set(result["not_run"]) == {"gluon", "gluon_ws"}
+    assert all("TRITON_INTERPRET=1" in why for why in result["not_run"].values())
+    assert "TRITON_INTERPRET=1" in proc.stdout and "only the torch baseline, the tl kernel" in proc.stdout
+    checks = [c for c in result["correctness"] if c.get("ok") is not None]
+    assert {c["kernel"] for c in checks} >= {"torch", "triton", "default"} and all(c["ok"] for c in checks)
+    # the torch baseline is measured on its own, first, for every cell; every cell has each kernel and its ratio
+    assert result["baseline"] and all("ms" in r for r in result["baseline"])
+    assert result["table"]
+    for row in result["table"]:
+        assert set(row["runs"]) == {"torch", "triton", "default"}, row["runs"]
+        assert all(r.get("tflops", 0) > 0 for r in row["runs"].values()), row["runs"]
+        assert row["runs"]["triton"]["correct"] and row["runs"]["triton"]["label"].startswith("table ")
+        assert row["runs"]["default"]["label"] == "reference"  # what dispatch runs on a CPU
+        assert set(row["vs_torch"]) == {"torch", "triton", "default"}
+    assert result["dispatch"]["chosen"] == ["reference"]
+    # --smoke also runs a short tl config sweep and decode's split-K settings
+    assert result["sweep"] and {r["status"] for r in result["sweep"]} == {"ok"}
+    assert all(result["best"].values())
+    assert result["decode"] and all(v.get("correct") for r in result["decode"] for v in r["variants"])
+    assert any(v["name"].startswith("triton splits=") for r in result["decode"] for v in r["variants"])

@@ -1,0 +1,240 @@
+"""``torch.ops.swa_backends``: every op's schema, fake implementation and dispatch.
+
+``torch.library.opcheck`` (schema/mutation claims, fake tensors, autograd registration,
+AOT dispatch with dynamic shapes) runs on random serving-like cases from
+``common/conformance.py`` -- functional and ``out=`` forms, poisoned buffers -- and every
+result is compared with the torch reference. The CUDA variant of the same checks is marked
+``gpu`` (``python -m pytest -m gpu tests/entry_points/test_torch_ops.py`` on the H200).
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from swa_backends import OPS, plan_replay_batch, select
+from swa_backends.testing.conformance import case_for, mismatch, to_device
+from swa_backends.common.types import ReplayBatch
+
+torch_ops = pytest.importorskip("swa_backends.torch_ops")  # defines the ops in this process
+ns = torch.ops.swa_backends
+
+# ops whose Python form takes out= (and so have an _out custom op)
+OUT_OPS = sorted(set(OPS) - {"pad_replayed_slots", "sparse_mla", "prepare_replay_step"})
+# prepare_replay_step (where the build has it): with/without a plan, functional/out
+PREPARE_FORMS = {"prepare_replay_step", "prepare_replay_step_plan", "prepare_replay_step_out",
+                 "prepare_replay_step_plan_out"} if "prepare_replay_step" in OPS else set()
+CASES = 6  # per op and device; half with poisoned out= buffers
+
+
+def _op_and_args(op: str, args: tuple, kwargs: dict):
+    """The custom op and its arguments for a conformance case (what torch_ops.call runs)."""
+    fn, a, k, _ = torch_ops.lower(op, *args, **kwargs)
+    return fn, a, k
+
+
+def _check_op(op: str, device: str, seed: int) -> None:
+    rng = np.random.default_rng([seed, list(OPS).index(op)])
+    for i in range(CASES):
+        args, kwargs = case_for(op, rng, "cpu", poison=bool(i % 2))
+        # (a ReplayPlan stays on the host: the op copies what it needs to the device)
+        args, kwargs = to_device(args, device), to_device(kwargs, device)
+        # opcheck runs the op several times on its own copy (it writes the out= buffers)
+        fn, a, k = _op_and_args(op, *copy.deepcopy((args, kwargs)))
+        torch.library.opcheck(fn, a, k)
+        want = OPS[op].reference(*to_device(args, "cpu"), **to_device(kwargs, "cpu"))
+        got = torch_ops.call(op, *args, **kwargs)
+        why = mismatch(op, got, want)
+        assert why is None, f"{op} case {i} on {device}: {why}"
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_opcheck_and_reference_cpu(op):
+    _check_op(op, "cpu", seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", list(OPS))
+def test_opcheck_and_reference_cuda(op):
+    _check_op(op, "cuda", seed=12)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_cuda_dispatch_uses_the_cuda_backend():
+    b = torch_ops.backend_for(torch.device("cuda", torch.cuda.current_device()))
+    assert b.device.platform in ("cuda", "rocm")
+    assert b is torch_ops.backend_for("cuda")
+
+
+def test_every_op_is_registered_with_its_forms():
+    names = set(torch_ops.OP_NAMES)
+    assert set(OPS) <= names
+    assert {f"{op}_out" for op in OUT_OPS} <= names
+    assert names == set(OPS) | {f"{op}_out" for op in OUT_OPS} | PREPARE_FORMS
+    for name in names:
+        schema = getattr(ns, name).default._schema
+        mutable = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        if name == "pad_replayed_slots":
+            assert mutable == {"slot_mappings"} and not schema.returns
+        elif name in PREPARE_FORMS:  # pads slot_mappings in place; out forms also write their buffers
+            assert "slot_mappings" in mutable and all(m == "slot_mappings" or m.startswith("out_") for m in mutable)
+            assert bool(schema.returns) is not name.endswith("_out")
+        elif name.endswith("_out"):
+            assert mutable and all(m.startswith("out") for m in mutable) and not schema.returns, name
+        else:
+            assert not mutable, name
+
+
+def test_dynamic_token_count_traces():
+    """Without num_tokens or valid, T is a value (query_start_loc[-1]): the fake kernel
+    returns an unbacked size and opcheck's dynamic AOT trace still passes."""
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        args, kwargs = case_for("swa_indices_and_lens", rng, "cpu", poison=False)
+        kwargs.pop("num_tokens")
+        kwargs.pop("valid", None)
+        torch.library.opcheck(ns.swa_indices_and_lens, args, kwargs)
+        got = ns.swa_indices_and_lens(*args, **kwargs)
+        assert mismatch("swa_indices_and_lens", got, OPS["swa_indices_and_lens"].reference(*args, **kwargs)) is None
+
+
+def test_in_place_pad_matches_reference():
+    rng = np.random.default_rng(5)
+    hits = 0
+    for _ in range(20):
+        args, kwargs = case_for("pad_replayed_slots", rng, "cpu")
+        mine = args[0].clone()
+        ns.pad_replayed_slots(mine, *args[1:], **kwargs)
+        want = OPS["pad_replayed_slots"].reference(args[0].clone(), *args[1:], **kwargs)
+        assert torch.equal(mine, want)
+        hits += int(not torch.equal(mine, args[0]))
+    assert hits > 0, "no case padded anything: the generator lost its replaying requests"
+
+
+def test_validation_errors_pass_through_torch_ops():
+    x = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"gather_rows: rows=9: expected values in \[0, 5\)"):
+        ns.gather_rows(x, torch.tensor([0, 9]))
+    with pytest.raises(ValueError, match="scatter_rows"):
+        ns.scatter_rows(x, torch.tensor([0, 1], dtype=torch.int32), 4)
+
+
+def test_real_kernel_dispatches_to_the_selected_backend(monkeypatch):
+    """The real implementation asks backend_for(tensor.device) -> select(), cached per device."""
+    torch_ops.clear_backends()
+    assert torch_ops.backend_for("cpu") is torch_ops.backend_for(torch.device("cpu"))
+    real = select("cpu")
+    seen = []
+
+    class Spy:
+        def __getattr__(self, name):
+            def fn(*args, **kwargs):
+                seen.append((name, args[0].device.type))
+                return getattr(real, name)(*args, **kwargs)
+
+            return fn
+
+    monkeypatch.setattr(torch_ops, "_backend", lambda device: Spy())
+    x = torch.arange(12.0).view(6, 2)
+    rows = torch.tensor([1, 4])
+    assert torch.equal(ns.gather_rows(x, rows), x[rows])
+    assert seen == [("gather_rows", "cpu")]
+    monkeypatch.undo()
+    torch_ops.clear_backends()
+
+
+def _serving_step(t: dict, plan_args: tuple, W: int, Wr: int, q, kv, hidden):
+    """One encoder + decoder step through the custom ops only (what a model would call)."""
+    swa = torch.ops.swa_backends
+    R = swa.batch_replay_start(t["replay_start"], t["idx"], t["is_prefilling"])
+    slots = t["slot_mappings"].clone()
+    swa.pad_replayed_slots(slots, t["cacheable_groups"], t["query_start_loc"], t["positions"][: t["T"]], R, Wr)
+    idx, lens = swa.swa_indices_and_lens(t["query_start_loc"], t["seq_lens"], t["block_table"], t["block_size"], W, R,
+                                         num_tokens=t["T"])
+    pidx, plens = swa.plain_indices(idx, lens)
+    out, lse = swa.sparse_mla(q, kv, pidx, plens, 0.125, 16)
+    rows, qsl, pos, sub_slots, kv_start = swa.gather_replay_batch(
+        *plan_args, t["query_start_loc"], t["seq_lens"], R, t["positions"], slots, W)
+    sub = swa.gather_rows(hidden, rows[: plan_args[3]])
+    back = swa.scatter_rows(sub * 2, rows[: plan_args[3]], hidden.shape[0])
+    return slots, out, lse, kv_start, back
+
+
+def test_torch_compile_traces_a_serving_step():
+    """fullgraph torch.compile (aot_eager: fake kernels + functionalisation of the in-place
+    op) gives the eager result."""
+    from swa_backends.testing.conformance import random_batch
+
+    rng = np.random.default_rng(8)
+    b = random_batch(rng, long_prefill=True, W=16, block_size=16)
+    t = b.tensors("cpu")
+    T = b.T
+    t.update(T=T, block_size=b.block_size, idx=torch.arange(b.B, dtype=torch.int32))
+    t["positions"] = t["positions"][:T]
+    t["slot_mappings"] = t["slot_mappings"][:, :T].contiguous()
+    plan = plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+    assert plan is not None
+    g = torch.Generator().manual_seed(0)
+    S = int(t["block_table"].max().item() + 1) * b.block_size
+    q = torch.randn(T, 2, 32, generator=g)
+    kv = torch.randn(S, 32, generator=g)
+    hidden = torch.randn(T, 8, generator=g)
+    args = (t, torch_ops.plan_arguments(plan), b.W, b.Wr, q, kv, hidden)
+    eager = _serving_step(*args)
+    compiled = torch.compile(_serving_step, backend="aot_eager", fullgraph=True)(*args)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c) if e.dtype != torch.float32 else torch.allclose(e, c, equal_nan=True)
+    # and the eager path is the reference
+    R = OPS["batch_replay_start"].reference(t["replay_start"], t["idx"], t["is_prefilling"])
+    want = OPS["pad_replayed_slots"].reference(t["slot_mappings"].clone(), t["cacheable_groups"],
+                                               t["query_start_loc"], t["positions"], R, b.Wr)
+    assert torch.equal(eager[0], want)
+    batch = OPS["gather_replay_batch"].reference(plan, t["query_start_loc"], t["seq_lens"], R, t["positions"], want, b.W)
+    assert torch.equal(eager[3], batch.kv_start)
+
+
+def test_call_returns_the_python_forms():
+    rng = np.random.default_rng(9)
+    args, kwargs = case_for("gather_replay_batch", rng, "cpu", poison=True)
+    got = torch_ops.call("gather_replay_batch", *args, **kwargs)
+    assert isinstance(got, ReplayBatch) and got.rows is kwargs["out"]["rows"]
+    args, kwargs = case_for("gather_replay_batch", rng, "cpu", poison=False)
+    got = torch_ops.call("gather_replay_batch", *args, **kwargs)
+    assert mismatch("gather_replay_batch", got, OPS["gather_replay_batch"].reference(*args, **kwargs)) is None
+
+
+def test_importing_the_package_defines_no_op():
+    """`import swa_backends` has no side effects: the ops appear only after register()."""
+    code = ("import torch, swa_backends\n"
+            "assert not hasattr(torch.ops.swa_backends, 'gather_rows')\n"
+            "import swa_backends.plugin as p\n"
+            "p.register()\n"
+            "assert hasattr(torch.ops.swa_backends, 'gather_rows')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.skipif("prepare_replay_step" not in OPS, reason="this build has no prepare_replay_step op")
+def test_prepare_replay_step_all_four_forms():
+    """With and without a plan, functional and out=: opcheck and the reference, each form."""
+    rng = np.random.default_rng(21)
+    seen = set()
+    for _ in range(60):
+        args, kwargs = case_for("prepare_replay_step", rng, "cpu", poison=bool(rng.random() < 0.5))
+        form = (kwargs.get("plan") is not None, kwargs.get("out") is not None)
+        if form in seen:
+            continue
+        seen.add(form)
+        fn, a, k = _op_and_args("prepare_replay_step", *copy.deepcopy((args, kwargs)))
+        torch.library.opcheck(fn, a, k)
+        want = OPS["prepare_replay_step"].reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        got = torch_ops.call("prepare_replay_step", *args, **kwargs)
+        assert mismatch("prepare_replay_step", got, want) is None, form
+        if len(seen) == 4:
+            break
+    assert len(seen) == 4, seen

@@ -1,0 +1,104 @@
+"""Compile every Triton kernel specialisation of the serving path for a GPU target, on a
+machine without that GPU (``python tests/kernels/aot_compile.py cuda:90 hip:gfx942``).
+
+The interpreter (CPU tests) runs the kernels' Python, not Triton's compiler: a kernel can
+pass there and still fail to compile (non-constexpr globals, a variable typed differently
+in two branches, ...). This script runs ``Backend.warmup()``'s exact calls with every
+launch replaced by an offline compile for each target (Triton's own binder, specialisation
+and ``triton.compile``; no driver, no device), then a few random conformance cases per op.
+Prints one line per compiled kernel and ``compiled N`` at the end; exits non-zero on any
+compile error. Run in its own process: kernels must be decorated in compiled mode.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    sys.exit("aot_compile: TRITON_INTERPRET=1 is set; kernels must be decorated in compiled mode")
+
+import swa_backends  # noqa: E402,F401  (the installed pack: pip install -e . in this environment)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.compiler import compile as triton_compile  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from swa_backends.testing.conformance import case_for  # noqa: E402
+from swa_backends.common.device import DeviceInfo  # noqa: E402
+from swa_backends.common.ops import HOST_OPS  # noqa: E402
+
+
+def parse_target(spec: str) -> GPUTarget:
+    backend, _, arch = spec.partition(":")
+    if backend == "cuda":
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip":
+        return GPUTarget("hip", arch, 64)
+    raise SystemExit(f"aot_compile: target {spec!r}: expected cuda:<capability> or hip:<gfx arch>")
+
+
+def main(argv: list[str]) -> int:
+    targets = [parse_target(t) for t in (argv or ["cuda:90"])]
+    from swa_backends.kernels import METADATA_KERNELS, _launch
+
+    # a CUDA DeviceInfo whose tensors live on the CPU: compiled mode, nothing launched
+    device = DeviceInfo("cuda", "sm90", name="offline compile", torch_device="cpu", capability=(9, 0))
+    done: dict[tuple, float] = {}
+
+    def compile_only(self, key, grid, *args):
+        for target in targets:
+            if (target.arch, self.name, key) in done:
+                continue
+            backend = make_backend(target)
+            binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
+            bound, specialization, options = binder(*args)
+            options, signature, constexprs, attrs = self.fn._pack_args(backend, {"debug": False}, bound,
+                                                                       specialization, options)
+            t0 = time.time()
+            ck = triton_compile(ASTSource(self.fn, signature, constexprs, attrs), target=target,
+                                options=options.__dict__)
+            done[(target.arch, self.name, key)] = time.time() - t0
+            print(f"{target.backend}:{target.arch} {self.name} {key} {done[(target.arch, self.name, key)]:.2f}s",
+                  flush=True)
+
+    _launch.Kernel.__call__ = compile_only
+    impls = {}
+    for op, (impl, _) in METADATA_KERNELS.items():
+        module, _, attr = impl.partition(":")
+        impls[op] = getattr(importlib.import_module(f"swa_backends.kernels.{module}"), attr)
+
+    class Offline:
+        """What the warmup hook needs of a Backend: the device, the chosen variants, the ops."""
+
+        def __init__(self):
+            self.device = device
+            self.variants = {op: ("triton",) for op in impls}
+            for op, fn in impls.items():
+                setattr(self, op, fn)
+            for name, fn in HOST_OPS.items():
+                setattr(self, name, fn)
+
+    from swa_backends.kernels.warmup import warmup
+
+    warmup(Offline(), W=128, block_size=64, num_groups=5, hidden_sizes=(7168,), hidden_dtypes=(torch.bfloat16,))
+    rng = np.random.default_rng(0)
+    for op, fn in impls.items():
+        for _ in range(4):
+            args, kwargs = case_for(op, rng, "cpu")
+            fn(*args, **kwargs)
+    missing = set(_launch.KERNELS) - {name for _, name, _ in done}
+    if missing:
+        print(f"never compiled: {sorted(missing)}", file=sys.stderr)
+        return 1
+    print(f"compiled {len(done)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

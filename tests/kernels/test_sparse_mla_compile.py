@@ -1,0 +1,36 @@
+"""The sparse-MLA kernels compile for NVIDIA sm90 and AMD gfx942 offline (no GPU), with
+every Triton the host has (this interpreter's, and e.g. the H200's Triton 3.6 in another
+venv: tests/helpers/_tritons.py): the shipped configs and the split-K decode path
+(tests/kernels/aot_compile_sparse_mla.py, in its own process: compiled mode). Triton 3.6 failed a
+pass on configs 3.9 compiled (on the H200), hence both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from swa_backends.common.registry import probe
+
+from _tritons import NO_TRITON, ids, pythons, triton_version
+
+
+@pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
+@pytest.mark.parametrize("python", pythons(), ids=ids)
+def test_sparse_mla_compiles_offline_for_sm90_and_gfx942(python):
+    version = triton_version(python)
+    if version is None:
+        pytest.skip(f"{python}: no such interpreter, or no Triton there")
+    script = Path(__file__).with_name("aot_compile_sparse_mla.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([python, str(script), "cuda:90", "hip:gfx942"], env=env, capture_output=True,
+                         text=True, timeout=900)
+    fails = [line for line in out.stderr.splitlines() if line.startswith("FAIL")]
+    assert out.returncode == 0, f"Triton {version}: " + "\n".join(fails) + out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].startswith("compiled ")
+    for needle in ("cuda:90 _sparse_mla_fwd [cuda table H=64", "cuda:90 _sparse_mla_combine",
+                   "hip:gfx942 _sparse_mla_fwd [rocm table H=64", "hip:gfx942 _sparse_mla_combine"):
+        assert any(line.startswith(needle) for line in lines), f"Triton {version}: {needle}"

@@ -1,0 +1,117 @@
+"""The two Gluon sparse-MLA kernels (variants ``gluon_ws`` and ``gluon``) compile for sm_90a
+offline (no GPU) with every Triton the host has (this interpreter's, and e.g. the H200's
+Triton 3.6 named in SWA_EXTRA_TRITON_PYTHONS): with and without sink, within 227 KB of
+shared memory, without a register spill or a serialised wgmma (tests/kernels/aot_compile_sparse_mla_gluon.py
+--report, in its own process: compiled mode). Skipped, with the reason, where the Triton has
+no Gluon Hopper API. Also: their per-call scope on a faked sm90, their reasons in explain(),
+and that importing the pack imports no Gluon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swa_backends.common.registry import probe
+
+from _tritons import NO_TRITON, ids, pythons, triton_version
+
+
+@pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
+@pytest.mark.parametrize("python", pythons(), ids=ids)
+def test_gluon_kernel_compiles_offline_for_sm90(python):
+    version = triton_version(python)
+    if version is None:
+        pytest.skip(f"{python}: no such interpreter, or no Triton there")
+    script = Path(__file__).with_name("aot_compile_sparse_mla_gluon.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([python, str(script), "--report"], env=env, capture_output=True, text=True, timeout=600)
+    if out.stdout.startswith("SKIP:"):
+        pytest.skip(f"Triton {version}: {out.stdout.strip()}")
+    fails = [line for line in out.stderr.splitlines() if line.startswith("FAIL")]
+    assert out.returncode == 0, f"Triton {version}: " + "\n".join(fails) + out.stdout[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "compiled 4", lines[-1]
+    every = [ln for ln in lines if ln.startswith("cuda:90 _sparse_mla_gluon")]
+    ws = [ln for ln in every if "[gluon_ws" in ln]
+    one = [ln for ln in every if "[gluon_ws" not in ln]
+    assert len(ws) == 2 and len(one) == 2, every  # each without and with a sink
+    for ln in ws:
+        # each consumer warpgroup: S at wgmma N 64 (64x64x16) and P V at N 256; fits; no
+        # ptxas serialisation; no spills
+        assert "HGMMA.64x64x16" in ln and "HGMMA.64x256x16" in ln and "fits" in ln and "PTXAS" not in ln, ln
+        assert "spill=0/0" in ln, ln
+    for ln in one:
+        assert "spill=0/0" in ln and "HGMMA.64x256x16" in ln and "fits" in ln, ln
+        # two wgmma waits (S, then P V) and no ptxas serialisation of the wgmma chains
+        assert "wgmma_waits=2" in ln and "PTXAS" not in ln, ln
+        if version.startswith("3.6"):  # one proxy fence, before Q K^T with nothing else in flight
+            assert "MEMBAR=1" in ln, ln
+
+
+def test_import_pulls_in_no_gluon():
+    code = ("import sys, swa_backends; from swa_backends.kernels import sparse_mla; "
+            "print(any(m.startswith('triton.experimental.gluon') or m.endswith('sparse_mla_gluon') for m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_gluon_variants_are_declared_for_sm90_only_and_lead_its_chain():
+    import swa_backends as sb
+
+    sm80 = {c.variant: c for c in sb.explain("cuda:sm80").table if c.op == "sparse_mla"}
+    for name in ("gluon_ws", "gluon"):
+        assert any("requires arch in (sm90)" in r for r in sm80[name].reasons), sm80[name]
+    sm90 = sb.explain("cuda:sm90")
+    names = [c.variant for c in sm90.table if c.op == "sparse_mla"]
+    # the pack's own chain on sm90: FlashMLA (when vLLM is there), then ws, one-item, tl, reference
+    assert names.index("gluon_ws") < names.index("gluon") < names.index("triton") < names.index("reference")
+
+
+def test_gluon_scope_rules_without_a_gpu():
+    """input_check()'s shape rules, with the SM count stubbed (a CPU host): every reason the
+    triton variant keeps a call is a sentence naming it."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = r'''
+import torch
+from swa_backends.kernels import sparse_mla_gluon as G
+if G.api_reason():
+    print("SKIP", G.api_reason()); raise SystemExit
+G.num_sms = lambda index: 132  # an sm90 with 132 SMs
+G._device_index = lambda t: 0
+class FakeQ:
+    is_cuda = True
+    def __init__(self, T, H, D, dtype=torch.bfloat16):
+        self.shape, self.dtype, self.device = (T, H, D), dtype, torch.device("cuda", 0)
+    def stride(self, i): return (self.shape[1] * self.shape[2], self.shape[2], 1)[i]
+kv = torch.empty(4, 512, dtype=torch.bfloat16)
+idx = torch.empty(4, 640, dtype=torch.int32)
+lens = torch.empty(4, dtype=torch.int32)
+def why(q, d_v=512, kv=kv): return "; ".join(G.input_check(q, kv, idx, lens, 0.04, d_v)) or "None"
+print(why(FakeQ(300, 64, 512)))
+print(why(FakeQ(300, 128, 512)))
+print(why(FakeQ(100, 64, 512)))
+print(why(FakeQ(66, 128, 512)))
+print(why(FakeQ(300, 32, 512)))
+print(why(FakeQ(300, 64, 576)))
+print(why(FakeQ(300, 64, 512), d_v=256))
+print(why(FakeQ(300, 64, 512, torch.float16)))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    if lines and lines[0].startswith("SKIP"):
+        pytest.skip(lines[0])
+    assert lines[0] == "None" and lines[1] == "None"  # prefill, H 64 and 128
+    assert "decode-sized" in lines[2]  # 100 programs < 132 SMs
+    assert lines[3] == "None"  # 66 tokens x 2 head blocks = 132 programs
+    assert "H=32" in lines[4]
+    assert "D_qk=576" in lines[5]
+    assert "d_v=256" in lines[6]
+    assert "kv dtype torch.bfloat16 differs" in lines[7]

@@ -1,0 +1,178 @@
+"""The Gluon (Hopper) sparse-MLA kernels -- variants ``gluon_ws`` and ``gluon`` -- on an sm90 GPU
+(``-m gpu``), against the fp32 torch reference: random data (never zeros), PAD holes inside
+the length, whole PAD tiles, lens 0, short rows, odd T, H 64 / 96 / 128, with and without
+sink, bf16 and fp16, poisoned outputs; and the dispatch: which calls take which kernel, what
+``explain()`` says, graph capture, warmup, and a kernel that fails to build.
+
+    python -m pytest -q -m gpu tests/kernels/test_sparse_mla_gluon_gpu.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+import torch
+
+from swa_backends import KernelUnavailable, select
+
+from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
+
+pytestmark = pytest.mark.gpu
+VARIANTS = ("gluon_ws", "gluon")
+MODULES = {"gluon_ws": "swa_backends.kernels.sparse_mla_gluon_ws", "gluon": "swa_backends.kernels.sparse_mla_gluon"}
+
+
+@pytest.fixture(scope="module")
+def mods():
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("needs an sm90 (Hopper) GPU")
+    return {name: importlib.import_module(path) for name, path in MODULES.items()}
+
+
+def _poison(fn):
+    """Run a variant with torch.empty returning NaN-poisoned buffers: unwritten outputs show."""
+    real = torch.empty
+
+    def empty(*a, **k):
+        t = real(*a, **k)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = empty
+    try:
+        out = fn()
+    finally:
+        torch.empty = real
+    torch.cuda.synchronize()
+    return out
+
+
+def _run(mods, which, args, kw):
+    return _poison(lambda: mods[which].sparse_mla(*args, **kw))
+
+
+@pytest.mark.parametrize("H", [64, 128, 96])
+@pytest.mark.parametrize("K", [640, 1152, 128, 77])
+@pytest.mark.parametrize("which", VARIANTS)
+def test_both_kernels(mods, cache, H, K, which):
+    for sink in (False, True):
+        args, kw = case(cache, 300, H, K, torch.bfloat16, sink=sink, seed=H + K)
+        check(_run(mods, which, args, kw), args, kw)
+
+
+@pytest.mark.parametrize("which", VARIANTS)
+def test_fp16(mods, cache, which):
+    args, kw = case(cache, 300, 64, 640, torch.float16, sink=True, seed=3)
+    check(_run(mods, which, args, kw), args, kw)
+
+
+@pytest.mark.parametrize("which", VARIANTS)
+def test_all_valid_long_rows(mods, cache, which):
+    args, kw = case(cache, 264, 128, 2048, torch.bfloat16, sink=True, seed=4, pads=False)
+    check(_run(mods, which, args, kw), args, kw)
+
+
+@pytest.mark.parametrize("H", [64, 128])
+def test_ws_many_tokens_with_runs_of_empty_ones(mods, cache, H):
+    """The persistent ws kernel over many more (token, head block) items than SMs (many items
+    per program): runs of empty items (no pairs: Q freed at once, the row sums' alternate
+    slots), lengths that end inside a pair or on its edge; and every item empty."""
+    args, kw = case(cache, 1500, H, 640, torch.bfloat16, sink=True, seed=H + 11)
+    g = torch.Generator(device="cuda").manual_seed(H)
+    choices = torch.tensor([0, 1, 63, 64, 65, 128, 129, 640], device="cuda", dtype=torch.int32)
+    lens = choices[torch.randint(0, len(choices), (1500,), generator=g, device="cuda")]
+    lens[200:700] = 0  # several empty items in a row for every program
+    args = args[:3] + (lens,) + args[4:]
+    check(_run(mods, "gluon_ws", args, kw), args, kw)
+    empty = args[:3] + (torch.zeros_like(lens),) + args[4:]
+    out, lse = _run(mods, "gluon_ws", empty, kw)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+@pytest.mark.parametrize("which", VARIANTS)
+def test_large_scores_and_all_empty(mods, cache, which):
+    """Scores far from 0 (the online max moves a lot) and a batch where nothing is valid."""
+    args, kw = case(cache, 200, 64, 640, torch.bfloat16, sink=True, seed=5)
+    q = args[0] * 8
+    args = (q,) + args[1:]
+    check(_run(mods, which, args, kw), args, kw)
+    empty = (args[0], args[1], torch.full_like(args[2], -1), args[3], args[4], args[5])
+    out, lse = _run(mods, which, empty, kw)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+@pytest.mark.parametrize("H", [64, 96, 128])
+def test_dispatch_takes_gluon_ws_for_prefill(mods, cache, H):
+    backend = select("cuda")
+    args, kw = case(cache, 300, H, 640, torch.bfloat16, sink=True, seed=11)
+    chain = [n for n in backend.variants["sparse_mla"] if n != "flashmla"]
+    assert chain[:2] == ["gluon_ws", "gluon"], backend.variants["sparse_mla"]
+    expected = backend.variants["sparse_mla"][0]  # flashmla where vLLM's FlashMLA is importable, else gluon_ws
+    assert backend.variant_for("sparse_mla", *args, **kw) == expected
+    check(backend.sparse_mla(*args, **kw), args, kw)
+
+
+def test_dispatch_sends_what_gluon_does_not_take_to_the_tl_kernel_with_reasons(mods, cache):
+    backend = select("cuda", prefer={"sparse_mla": "triton"})  # the pack's own chain without FlashMLA
+    chain = select("cuda")
+    args, _ = case(cache, 300, 64, 640, torch.bfloat16, sink=False, seed=12)
+    q, kv, idx, lens = args[:4]
+    for name, call in {"decode-sized": (q[:4], kv, idx[:4], lens[:4], args[4], D),
+                       "H=32": (q[:, :32].contiguous(), kv, idx, lens, args[4], D),
+                       "d_v=256": (q, kv, idx, lens, args[4], 256)}.items():
+        why = mods["gluon"].input_check(*call)
+        assert why, name
+        assert chain.variant_for("sparse_mla", *call) in ("flashmla", "triton"), name
+        assert backend.variant_for("sparse_mla", *call) == "triton"
+    assert chain.variant_for("sparse_mla", q.float(), kv.float(), idx, lens, args[4], D) == "reference"
+
+
+@pytest.mark.parametrize("H", [64, 128])
+def test_cuda_graph_capture(mods, cache, H):
+    backend = select("cuda", prefer={"sparse_mla": "gluon_ws"})
+    args, kw = case(cache, 264, H, 640, torch.bfloat16, sink=True, seed=9)
+    want = backend.sparse_mla(*args, **kw)
+    g, got = capture(lambda: backend.sparse_mla(*args, **kw))
+    args[0].mul_(0.5)
+    g.replay()
+    torch.cuda.synchronize()
+    check(got, args, kw)
+    assert not torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("H", [64, 128])
+def test_warmup_compiles_what_serving_launches(mods, cache, H):
+    backend = select("cuda")
+    backend.warmup(num_heads=(H,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
+    fns = [mods["gluon_ws"]._sparse_mla_gluon_ws_fwd]
+    before = [sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns]
+    assert all(b >= 1 for b in before) or "flashmla" in backend.variants["sparse_mla"]
+    for T, K in ((300, 128), (2048, 640)):
+        args, kw = case(cache, T, H, K, torch.bfloat16, sink=True, seed=T)
+        backend.sparse_mla(*args, **kw)
+    assert [sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns] == before
+
+
+def test_a_kernel_that_fails_to_build_is_a_reason_and_the_next_variant_runs(mods, cache, monkeypatch):
+    """gluon_ws does not compile (injected): one warning, the same call runs gluon (a correct
+    result), and explain() shows the failure as gluon_ws's reason from then on."""
+    ws = mods["gluon_ws"]
+    monkeypatch.setattr(ws, "_BUILT", set())
+
+    def broken(*a, **k):
+        raise RuntimeError("PassManager::run failed (injected by the test)")
+
+    monkeypatch.setattr(ws._sparse_mla_gluon_ws_fwd, "warmup", broken)
+    backend = select("cuda", prefer=None)
+    backend._chains["sparse_mla"] = tuple(v for v in backend._chains["sparse_mla"] if v.name != "flashmla")
+    args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=True, seed=21)
+    with pytest.warns(RuntimeWarning, match="gluon_ws.*failed to build"):
+        got = backend.sparse_mla(*args, **kw)
+    check(got, args, kw)
+    assert backend.variant_for("sparse_mla", *args, **kw) == "gluon"
+    row = next(c for c in backend.explain().table if c.op == "sparse_mla" and c.variant == "gluon_ws")
+    assert row.status == "rejected" and any("injected by the test" in r for r in row.reasons)
+    with pytest.raises(KernelUnavailable):
+        ws.sparse_mla(*args, **kw)
+    warnings.resetwarnings()

@@ -1,0 +1,37 @@
+"""Every Triton kernel specialisation of the serving path compiles for NVIDIA sm90 and AMD
+gfx942 offline (no GPU), with every Triton the host has (this interpreter's, and e.g. the
+H200's Triton 3.6 in another venv: tests/helpers/_tritons.py): the CPU interpreter runs the
+kernels' Python, this runs Triton's compiler on them (tests/kernels/aot_compile.py, in its own
+process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _tritons import NO_TRITON, ids, pythons, triton_version
+
+from swa_backends.common.registry import probe
+
+
+@pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
+@pytest.mark.parametrize("python", pythons(), ids=ids)
+def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
+    version = triton_version(python)
+    if version is None:
+        pytest.skip(f"{python}: no such interpreter, or no Triton there")
+    script = Path(__file__).with_name("aot_compile.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([python, str(script), "cuda:90", "hip:gfx942"], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, f"Triton {version}: " + out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].startswith("compiled ")
+    for kernel in ("prepare_replay_step.", "gather_replay_batch.", "swa_indices_and_lens."):
+        assert any(line.startswith(f"cuda:90 {kernel}") for line in lines), kernel
+    assert any(line.startswith("hip:gfx942 rows._copy_rows") for line in lines)
+

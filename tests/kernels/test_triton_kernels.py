@@ -1,0 +1,382 @@
+"""The portable Triton kernels of the metadata and data-movement ops, run on the CPU under
+Triton's interpreter (``select("cpu", prefer="triton")``) against the torch reference.
+
+Bit-for-bit: every op here is integer bookkeeping or a data copy. Cases come from
+``common.conformance`` (serving-like batches, poisoned ``out=`` buffers half the time),
+driven by hypothesis seeds; explicit tests cover odd sizes, stray writes, unaligned and
+strided rows, validation and warmup. Interpreter runs are kept small (the whole file runs
+in well under a minute on two cores).
+
+The interpreter is process-wide (``TRITON_INTERPRET=1``), so on a machine with a GPU these
+tests are skipped: there the same kernels run compiled (tests/kernels/test_triton_gpu.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import zlib
+
+import numpy as np
+import pytest
+from _tritons import NO_TRITON
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swa_backends import SelectionError, select
+from swa_backends.testing.conformance import POISON_INT, case_for, mismatch, random_batch, run_op
+from swa_backends.common.ops import OPS
+from swa_backends.common.registry import probe
+from swa_backends.dispatch import all_variants
+from swa_backends.common.types import PAD, SLOT_DTYPE
+from swa_backends.common.validation import validation
+from swa_backends.kernels import METADATA_KERNELS
+
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(),
+                       reason="interpreter tests run in CPU-only processes (TRITON_INTERPRET is process-wide); "
+                              "the GPU runs the compiled kernels in tests/kernels/test_triton_gpu.py"),
+    pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON)),
+]
+
+KERNEL_OPS = tuple(METADATA_KERNELS)  # this module's ops, straight from the declarations
+# Interpreter cost per case differs ~20x between ops: more examples where they are cheap.
+EXAMPLES = {"combined_indices": 30, "prepare_replay_step": 40, "swa_indices_and_lens": 40, "mixed_indices": 40,
+            "plain_indices": 40, "indices_to_csr": 40}
+
+
+@pytest.fixture(scope="module")
+def tb():
+    """The CPU backend with every Triton variant (interpreted)."""
+    return select("cpu", prefer="triton")
+
+
+def _check(tb, op, args, kwargs):
+    got, want = run_op(op, getattr(tb, op), args, kwargs, "cpu")
+    why = mismatch(op, got, want)
+    assert why is None, f"{op}: {why}"
+    return got, want
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def test_prefer_triton_selects_every_kernel(tb):
+    for op in KERNEL_OPS:
+        assert tb.variants[op] == ("triton",), op
+    plain = select("cpu")
+    table = {(c.op, c.variant): c for c in plain.explain().table}
+    for op in KERNEL_OPS:
+        assert plain.variants[op] == ("reference",)
+        cand = table[(op, "triton")]
+        assert cand.status == "rejected" and any("interpreter" in r for r in cand.reasons), cand
+        assert cand.verified == "emulated"
+
+
+def test_interpreter_mode_is_the_processes_own():
+    """The product never switches Triton's mode: on a CPU the suite starts interpreted
+    (conftest), and the compiled ``triton`` probe says why it does not apply."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    from swa_backends.common.registry import probe
+
+    assert probe("triton_interpreter") is None
+    assert "TRITON_INTERPRET=1" in probe("triton")
+    with pytest.raises(SelectionError, match="TRITON_INTERPRET=1 is set"):
+        select("cuda:sm90", prefer="triton")
+
+
+@pytest.mark.parametrize("op", KERNEL_OPS)
+def test_same_signature_as_reference(tb, op):
+    impl = all_variants()[op]["triton"].load()
+    assert inspect.signature(impl) == inspect.signature(OPS[op].reference)
+
+
+# --------------------------------------------------------------------------- conformance
+
+
+@pytest.mark.parametrize("op", KERNEL_OPS)
+def test_conformance_random_batches(tb, op):
+    @settings(max_examples=EXAMPLES.get(op, 60))
+    @given(seed=st.integers(0, 2**32 - 1))
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        args, kwargs = case_for(op, rng, "cpu")
+        _check(tb, op, args, kwargs)
+
+    run()
+
+
+@pytest.mark.parametrize("op", KERNEL_OPS)
+def test_poisoned_out_is_fully_written(tb, op):
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        args, kwargs = case_for(op, rng, "cpu", poison=True)
+        got, _ = _check(tb, op, args, kwargs)
+
+
+ODD_BATCHES = {
+    "empty batch": dict(max_reqs=0),
+    "one decode-sized batch": dict(max_reqs=1, max_q=1),
+    "W=1": dict(W=1, block_size=1),
+    "block 1, many requests": dict(max_reqs=40, max_q=5, block_size=1, W=3),
+    "wide window, one group": dict(W=200, num_groups=1, max_q=300, max_reqs=2),
+    "no padded columns": dict(max_padded=0),
+}
+
+
+@pytest.mark.parametrize("name", list(ODD_BATCHES))
+@pytest.mark.parametrize("op", [op for op in KERNEL_OPS if op not in ("gather_rows", "scatter_rows", "indices_to_csr",
+                                                                      "batch_replay_start")])
+def test_odd_sizes(tb, op, name):
+    rng = np.random.default_rng(zlib.crc32(f"{op}/{name}".encode()))
+    for _ in range(2):
+        kw = dict(ODD_BATCHES[name])
+        if op == "gather_replay_batch" or (op == "prepare_replay_step" and rng.random() < 0.5):
+            kw["long_prefill"] = True
+            kw["max_reqs"] = max(1, kw.get("max_reqs", 6))
+            kw["max_q"] = max(kw.get("max_q", 48), 2 * kw.get("W", 128) + 2)
+            kw["W"] = kw.get("W", int(rng.choice([1, 3, 8])))
+        batch = random_batch(rng, **kw)
+        if op == "gather_replay_batch" and not (batch.prefilling & (batch.q > batch.W)).any():
+            continue
+        args, kwargs = case_for(op, rng, "cpu", batch=batch)
+        _check(tb, op, args, kwargs)
+
+
+@pytest.mark.parametrize("T,K", [(0, 5), (3, 0), (1, 1), (17, 129), (70, 3)])
+def test_indices_to_csr_shapes(tb, T, K):
+    rng = np.random.default_rng(T * 131 + K)
+    idx = torch.tensor(rng.integers(-1, 9, size=(T, K)), dtype=torch.int32)
+    lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=torch.int32)
+    _check(tb, "indices_to_csr", (idx, lens), {})
+    _check(tb, "indices_to_csr", (idx, lens),
+           {"out": (torch.full((T + 1,), POISON_INT, dtype=torch.int32), torch.full((T * K,), POISON_INT, dtype=torch.int32))})
+
+
+# --------------------------------------------------------------------------- stray writes
+
+
+def test_pad_replayed_slots_writes_only_replayed_cacheable_slots(tb):
+    """Columns past query_start_loc[B] (with positions inside the last request's replay
+    window, to tempt a kernel that mis-assigns them), window groups and tokens outside
+    [R, R + Wr) keep their exact values; only the reference's PADs appear."""
+    rng = np.random.default_rng(11)
+    for _ in range(6):
+        b = random_batch(rng, max_reqs=5, max_q=40, num_groups=4, max_padded=0)
+        if not (b.R > 0).any():
+            continue
+        t = b.tensors("cpu")
+        extra = 9
+        G = b.num_groups
+        slots = torch.tensor(rng.integers(10**6, 2 * 10**6, size=(G, b.T + extra + 4)), dtype=SLOT_DTYPE)
+        slots[:, : b.T] = t["slot_mappings"][:, : b.T]
+        last_R = int(b.R[-1]) if b.B else 0
+        positions = torch.cat([t["positions"][: b.T], torch.full((extra,), max(last_R, 1), dtype=SLOT_DTYPE)])
+        cacheable = torch.tensor([g for g in range(G) if g % 2 == 0], dtype=torch.int32)
+        args = (slots, cacheable, t["query_start_loc"], positions, t["replay_start"], b.Wr)
+        got, want = _check(tb, "pad_replayed_slots", args, {})
+        changed = got != slots
+        assert not changed[:, b.T:].any()
+        assert not changed[1::2].any()  # window groups untouched
+        assert (got[changed] == PAD).all()
+
+
+def plan_for_batch(b):
+    from swa_backends.common.ops import plan_replay_batch
+
+    return plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+
+
+def test_gather_replay_batch_graph_padding_is_pad(tb):
+    rng = np.random.default_rng(5)
+    from swa_backends.common.ops import plan_replay_batch
+
+    b = random_batch(rng, long_prefill=True, max_reqs=4, W=8, max_q=30)
+    t = b.tensors("cpu")
+    pre = b.prefilling
+    plan = plan_replay_batch(b.qsl, pre, np.zeros(b.B, bool), b.W, pad_to=[4096])
+    assert plan.num_rows_padded == 4096
+    got, _ = _check(tb, "gather_replay_batch",
+                    (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W),
+                    {})
+    n = plan.num_rows
+    assert (got.slot_mappings[:, n:] == PAD).all() and (got.rows[n:] == 0).all()
+
+
+@pytest.mark.parametrize("op", ["swa_indices_and_lens", "prepare_replay_step", "combined_indices"])
+@pytest.mark.parametrize("block_size", [3, 24])
+def test_block_size_not_a_power_of_two(tb, op, block_size):
+    """The window kernels split positions into block-table column and offset with shifts
+    for power-of-two block sizes and an integer division otherwise: the second path too."""
+    rng = np.random.default_rng(block_size * 7 + len(op))
+    for _ in range(3):
+        b = random_batch(rng, block_size=block_size, W=int(rng.choice([8, 130])), max_q=150, max_reqs=5,
+                         long_prefill=op == "prepare_replay_step")
+        args, kwargs = case_for(op, rng, "cpu", batch=b)
+        _check(tb, op, args, kwargs)
+
+
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+def test_sub_batch_long_kept_runs_and_many_groups(tb, op):
+    """A request keeping more rows than one program step (``keeps_rows`` on a long prefill:
+    several programs per request) and more slot groups than one tile holds."""
+    from swa_backends.common.ops import plan_replay_batch
+
+    all_variants()[op]["triton"].load()
+    from swa_backends.kernels.gather_replay_batch import BLOCK, GB
+
+    rng = np.random.default_rng(21)
+    split = False
+    for num_groups in (GB + 3, 2, GB + 1):
+        b = random_batch(rng, W=8, max_q=2 * BLOCK + 40, max_reqs=4, num_groups=num_groups, long_prefill=True)
+        long = np.flatnonzero(b.prefilling & (b.q > b.W))
+        keeps = np.zeros(b.B, bool)
+        keeps[long[1:]] = True
+        t = b.tensors("cpu")
+        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(rng.integers(1, 300)) + b.T)
+        if op == "gather_replay_batch":
+            args = (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"],
+                    t["slot_mappings"], b.W)
+            kwargs = {}
+        else:
+            args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+            kwargs["plan"] = plan
+        _check(tb, op, args, kwargs)
+        S = next(iter(plan._launch_cache.values()))[5]  # programs per request
+        assert S == max(1, -(-int(plan.kept.max()) // BLOCK))
+        split |= S > 1
+    assert split, "no case spread a request over several programs"
+
+
+@pytest.mark.parametrize("op, slot_arg", [("gather_replay_batch", 5), ("prepare_replay_step", 6)])
+def test_slot_mappings_strided_along_tokens(tb, op, slot_arg):
+    """``slot_mappings`` whose token stride is not 1 (a transposed ``[T, G]`` buffer): the
+    kernels' general path (their usual path assumes unit token stride, a launch-key
+    specialisation), against the reference."""
+    rng = np.random.default_rng(31 + slot_arg)
+    done = 0
+    for _ in range(8):
+        b = random_batch(rng, W=8, max_q=60, max_reqs=4, num_groups=3, long_prefill=True)
+        args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+        if op == "prepare_replay_step":
+            kwargs["plan"] = plan_for_batch(b)
+        sm = args[slot_arg]
+        strided = sm.t().contiguous().t()  # same values, strides (1, G)
+        if sm.shape[0] < 2 or sm.shape[1] < 2:
+            continue
+        assert strided.stride(1) != 1 and torch.equal(strided, sm)
+        args = args[:slot_arg] + (strided,) + args[slot_arg + 1:]
+        _check(tb, op, args, kwargs)
+        done += 1
+    assert done
+
+
+def test_pad_replayed_slots_no_launch_without_replay(tb):
+    from swa_backends.kernels import _launch
+
+    rng = np.random.default_rng(4)
+    b = random_batch(rng, max_reqs=4)
+    t = b.tensors("cpu")
+    args = (t["slot_mappings"], t["cacheable_groups"], t["query_start_loc"], t["positions"][: b.T],
+            torch.zeros_like(t["replay_start"]), b.Wr)
+    before = _launch.total_launches()
+    _check(tb, "pad_replayed_slots", args, {"any_replay": False})
+    assert _launch.total_launches() == before
+    _check(tb, "pad_replayed_slots", args, {"any_replay": None})  # unknown on the host: one launch
+    assert _launch.total_launches() == before + (1 if b.T and len(b.cacheable) else 0)
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8,
+                                   torch.uint8, torch.bool, torch.int64, torch.complex64])
+@pytest.mark.parametrize("trailing", [(), (1,), (3,), (7168,), (2, 3, 5), (0,)])
+def test_rows_any_trailing_shape_and_dtype(tb, dtype, trailing):
+    rng = np.random.default_rng(zlib.crc32(f"{dtype}/{trailing}".encode()))
+    N = 9 if trailing != (7168,) else 5
+    n = 4 if trailing != (7168,) else 3
+    if dtype == torch.bool:
+        x = torch.tensor(rng.random((N, *trailing)) < 0.5)
+    elif dtype.is_complex:
+        x = torch.randn(N, *trailing, dtype=dtype)
+    else:
+        x = (torch.randn(N, *trailing) * 50).to(dtype)
+    rows = torch.tensor(rng.permutation(N)[:n], dtype=SLOT_DTYPE)
+    _check(tb, "gather_rows", (x, rows), {})
+    _check(tb, "scatter_rows", (x[:n].contiguous(), rows, N), {"out": torch.ones((N, *trailing), dtype=dtype)})
+
+
+def test_rows_unaligned_and_strided_inputs(tb):
+    from swa_backends.kernels import rows as rows_mod
+
+    rng = np.random.default_rng(3)
+    D, N = 36, 11
+    base = torch.randn(N * D + 3).to(torch.bfloat16)
+    x = base[1 : 1 + N * D].view(N, D)  # 2-byte offset: moved as 2-byte words
+    assert x.data_ptr() % 4 == 2
+    assert rows_mod._plan(x, torch.empty(1, D, dtype=torch.bfloat16))[0] == 2
+    rows = torch.tensor(rng.permutation(N)[:6], dtype=SLOT_DTYPE)
+    _check(tb, "gather_rows", (x, rows), {})
+    xt = torch.randn(D, N).t()  # rows not contiguous
+    _check(tb, "gather_rows", (xt, rows), {})
+    _check(tb, "scatter_rows", (xt[:6], rows, N), {})
+    out = torch.full((6, D), 3.0).to(torch.bfloat16)
+    got = tb.gather_rows(x, rows, out=out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, x[rows])
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def test_bad_input_raises_before_any_launch(tb):
+    from swa_backends.kernels import _launch
+
+    rng = np.random.default_rng(2)
+    b = random_batch(rng, max_reqs=3, num_groups=2)
+    t = b.tensors("cpu")
+    before = _launch.total_launches()
+    slots = t["slot_mappings"].clone()
+    with pytest.raises(ValueError, match="pad_replayed_slots: cacheable_groups=5"):
+        tb.pad_replayed_slots(slots, torch.tensor([5], dtype=torch.int32), t["query_start_loc"],
+                              t["positions"][: b.T], t["replay_start"], b.Wr)
+    assert torch.equal(slots, t["slot_mappings"])
+    with pytest.raises(ValueError, match="swa_indices_and_lens: W=0"):
+        tb.swa_indices_and_lens(t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, 0,
+                                t["replay_start"], num_tokens=b.T)
+    with pytest.raises(ValueError, match="gather_rows: rows"):
+        tb.gather_rows(torch.zeros(3, 4), torch.tensor([0, 3]))
+    assert _launch.total_launches() == before
+    with validation(False):  # the hot path skips validation; valid input still matches
+        args, kwargs = case_for("swa_indices_and_lens", rng, "cpu")
+        _check(tb, "swa_indices_and_lens", args, kwargs)
+
+
+# --------------------------------------------------------------------------- warmup
+
+
+def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
+    tb = select("cpu", prefer="triton")
+    ran = tb.warmup(W=8, block_size=16, num_groups=3, hidden_sizes=(40,), top_k=16, compress_ratios=(4, 16))
+    assert "swa_backends.kernels.warmup:warmup" in ran  # (sparse_mla's own hook runs too: nothing on a CPU)
+    from swa_backends.kernels import _launch
+
+    launched = {name for name, _ in _launch.LAUNCHED}
+    assert launched >= set(_launch.KERNELS), f"never launched: {set(_launch.KERNELS) - launched}"
+    after_warmup = set(_launch.LAUNCHED)
+    # serving-like steps of other sizes, replaying and trimming, through every op
+    rng = np.random.default_rng(99)
+    for op in KERNEL_OPS:
+        for _ in range(2):
+            if op in ("gather_rows", "scatter_rows"):
+                N, n = 23, 6
+                x = torch.randn(N, 40).to(torch.bfloat16)
+                rows = torch.tensor(np.sort(rng.permutation(N)[:n]), dtype=SLOT_DTYPE)
+                args, kwargs = ((x, rows), {}) if op == "gather_rows" else ((x[:n].clone(), rows, N), {})
+            else:
+                b = random_batch(rng, W=8, block_size=16, num_groups=3, long_prefill=True, max_q=30)
+                args, kwargs = case_for(op, rng, "cpu", batch=b)
+            _check(tb, op, args, kwargs)
+    new = set(_launch.LAUNCHED) - after_warmup
+    assert not new, f"serving-like calls launched specialisations warmup missed: {new}"

@@ -1,0 +1,145 @@
+"""The pack's launch path (``kernels/_launch.py``) without a GPU: what :class:`Kernel` hands
+Triton's compiled launcher after a key's first launch, launch hooks, ``check_keys``; and the
+benchmark script's CPU smoke mode in its own process.
+
+On the GPU the same path runs for real: tests/kernels/test_triton_gpu.py checks it against Triton's
+own launch path with ``check_keys``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from _tritons import NO_TRITON
+import torch
+
+from swa_backends.common.registry import probe
+
+pytestmark = pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeCompiled:
+    """What ``Kernel`` keeps of a compiled kernel; ``run`` records the launcher calls."""
+
+    function = 1234
+    packed_metadata = (4, 1, 0)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("meta", grid, stream)
+
+
+class FakeJit:
+    """A stand-in for a ``triton.jit`` function: parameters, and ``fn[grid](*args)``
+    (Triton's own launch path) returning the compiled kernel."""
+
+    def __init__(self, names, ck):
+        self.params = [SimpleNamespace(name=n) for n in names]
+        self.ck = ck
+        self.slow_launches = []
+        self.fn = self  # Kernel names itself after fn.fn
+
+    def __getitem__(self, grid):
+        def launch(*args):
+            self.slow_launches.append((grid, args))
+            return self.ck
+
+        return launch
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    from swa_backends.kernels import _launch
+
+    monkeypatch.setattr(_launch, "check_keys", False)
+    ck = FakeCompiled()
+    names = ["x_ptr", "n", "y_ptr", "z_ptr", "BLOCK"]
+    jit = FakeJit(names, ck)
+    k = _launch.Kernel(jit, name="test_launch.fake")
+    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    # what the first real launch binds on a GPU: device and stream getters, Triton's runtime knobs
+    k._runtime = ((lambda: 0), (lambda dev: 777), hooks)
+    yield k, jit, ck, hooks
+    _launch.KERNELS.pop("test_launch.fake", None)
+
+
+def test_first_launch_takes_tritons_path_then_the_compiled_launcher(kernel):
+    k, jit, ck, _ = kernel
+    x, y = torch.arange(4), torch.ones(3)
+    k(("key",), (5, 1, 1), x, 10, y, None, 64)
+    assert len(jit.slow_launches) == 1 and ck.calls == []
+    k(("key",), (6, 2, 1), x, 11, y, None, 64)
+    assert len(jit.slow_launches) == 1
+    # Triton's launcher layout: grid, stream, function, packed metadata, launch metadata,
+    # hooks, then every argument (constexprs included), exactly as JITFunction.run passes them
+    assert ck.calls == [(6, 2, 1, 777, 1234, (4, 1, 0), None, None, None, x, 11, y, None, 64)]
+    assert k.launches == 2
+
+
+def test_each_key_is_compiled_through_tritons_path_once(kernel):
+    k, jit, ck, _ = kernel
+    x, y = torch.arange(4), torch.ones(3)
+    for key in (("a",), ("b",), ("a",), ("b",)):
+        k(key, (1, 1, 1), x, 1, y, None, 64)
+    assert len(jit.slow_launches) == 2 and len(ck.calls) == 2
+
+
+def test_launch_hooks_get_launch_metadata(kernel):
+    k, _, ck, hooks = kernel
+    x, y = torch.arange(4), torch.ones(3)
+    k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    hooks.launch_enter_hook = print
+    k(("key",), (3, 1, 1), x, 1, y, None, 64)
+    call = ck.calls[-1]
+    assert call[6] == ("meta", (3, 1, 1), 777) and call[7] is print and call[9] is x
+
+
+def test_check_keys_sends_every_launch_through_triton_and_catches_a_missing_specialisation(kernel, monkeypatch):
+    from swa_backends.kernels import _launch
+
+    k, jit, ck, _ = kernel
+    x, y = torch.arange(4), torch.ones(3)
+    monkeypatch.setattr(_launch, "check_keys", True)
+    k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    assert len(jit.slow_launches) == 2 and ck.calls == []
+    jit.ck = FakeCompiled()  # Triton compiled another kernel for the same key
+    with pytest.raises(AssertionError, match="two compiled kernels"):
+        k(("key",), (1, 1, 1), x, 1, y, None, 64)
+
+
+def _run(args, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs the full benchmark")
+def test_bench_triton_ops_smoke(tmp_path):
+    proc = _run([str(ROOT / "bench" / "bench_triton_ops.py"), "--out", str(tmp_path), "--smoke"], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "bench_triton_ops.json").read_text())
+    assert res["meta"]["smoke"] is True
+    for key in ("gather_replay_batch", "prepare_replay_step", "gather_rows", "scatter_rows"):
+        assert res[key], key
+    # host time per call through the pack's launch path and through Triton's kernel[grid] (check_keys)
+    assert res["empty_launch_paths"]["host_us_pack"] > 0 and res["empty_launch_paths"]["host_us_triton_path"] > 0
+    for row in res["gather_replay_batch"]:
+        for k in ("triton_gpu_us_flushed", "triton_gpu_us_warm", "triton_host_us", "triton_host_us_triton_path",
+                  "triton_host_us_no_out", "reference_gpu_us_flushed", "reference_host_us"):
+            assert row[k] > 0, k
+    for key in ("swa_indices_and_lens_64k", "pad_replayed_slots_64k", "prepare_replay_step_64k"):
+        assert res[key]["triton_us_flushed"] > 0 and res[key]["triton_us_warm"] > 0
+    assert res["prepare_replay_step"][0]["fused_host_us"] > 0 and res["gather_rows"][0]["triton_us"] > 0
+    assert "gather_replay_batch" in proc.stdout and "L2-flushed" in proc.stdout and "TRITON_INTERPRET=1" in proc.stdout

@@ -1,0 +1,150 @@
+"""The layering of the package, read from its source: every import goes down the layers
+(contract -> kernels -> platform backends -> dispatch -> PCP composite -> integration), no
+import circle, and the test tooling (``swa_backends.testing``) stays out of the product."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT_DIRS = ("common", "kernels", "backends", "testing", "integrations")
+TOP_MODULES = ("__init__", "__main__", "dispatch", "pcp", "torch_ops", "plugin", "cli")
+
+# bottom-up; a module may import its own layer or lower ones. The package root is the public
+# API (it re-exports the contract, dispatch and the PCP composite); integrations build on it.
+LAYERS = {"common": 0, "kernels": 1, "backends": 2, "dispatch": 3, "pcp": 4, "__init__": 5, "torch_ops": 5,
+          "integrations": 6, "plugin": 7, "cli": 7, "__main__": 8, "testing": 9}
+# imports that go up on purpose, each inside a function: the CLI's check / matrix / --emulate
+# commands load the test tooling only when asked
+ALLOWED_UP = {("cli", "testing")}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(["swa_backends", *parts])
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _sources() -> dict[str, Path]:
+    files = [ROOT / f"{m}.py" for m in TOP_MODULES]
+    for d in PRODUCT_DIRS:
+        files += sorted((ROOT / d).rglob("*.py"))
+    return {_module_name(f): f for f in files if f.exists()}
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, bool]]:
+    """``(imported swa_backends module, at module level)`` for every import in ``path``."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    top_level = {id(n) for n in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target] + [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "swa_backends":
+                found.append((name, id(node) in top_level))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    sources = _sources()
+    graph: dict[str, set[str]] = {}
+    for module, path in sources.items():
+        deps = set()
+        for name, _ in _imports(module, path):
+            while name not in sources and "." in name:
+                name = name.rsplit(".", 1)[0]  # 'pkg.module.attr' -> the module that defines it
+            if name in sources and name != module:
+                deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def test_every_import_goes_down_the_layers():
+    sources = _sources()
+    bad = []
+    for module, path in sources.items():
+        me = _layer(module)
+        for name, _ in _imports(module, path):
+            other = _layer(name)
+            if other in LAYERS and LAYERS[other] > LAYERS[me] and (me, other) not in ALLOWED_UP:
+                bad.append(f"{module} imports {name} ({me} -> {other})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_circle():
+    graph = _graph()
+    sources = _sources()
+    # module-level imports only: a lazy import inside a function cannot close a circle at import time
+    level = {m: {d for d in graph[m] if any(n == d or n.startswith(d + ".") for n, top in _imports(m, sources[m])
+                                             if top)} for m in graph}
+    seen, stack, cycles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            cycles.append(stack[stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for d in level[m]:
+            visit(d)
+        stack.pop()
+
+    for m in level:
+        visit(m)
+    # a package imports its own submodules (__init__ re-exports): not a circle of logic
+    cycles = [c for c in cycles if not all(x.startswith(c[0]) or c[0].startswith(x) for x in c)]
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_product_loads_no_test_tooling_and_no_vendor_package():
+    """Import, select and run on the CPU: no Triton, no vendor package, no test tooling. Then
+    assess a CUDA device: its probes may import Triton (a CUDA requirement), still no other
+    platform's vendor package and no test tooling."""
+    code = (
+        "import sys, torch, swa_backends as sb\n"
+        "vendors = ('vllm', 'vllm_ascend', 'flashinfer', 'aiter', 'torch_npu', 'flash_mla')\n"
+        "def loaded(names): return sorted(m for m in sys.modules if m.startswith('swa_backends.testing') "
+        "or m.split('.')[0] in names)\n"
+        "be = sb.select('cpu')\n"
+        "x = torch.arange(12.).reshape(4, 3); be.gather_rows(x, torch.tensor([2, 0]))\n"
+        "import swa_backends.torch_ops, swa_backends.plugin\n"
+        "print(loaded(('triton',) + vendors))\n"
+        "sb.explain('cuda:sm90'); sb.capabilities('rocm:gfx942')\n"
+        "print(loaded(('torch_npu', 'vllm_ascend', 'flash_mla')))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-2:] == ["[]", "[]"], out.stdout
+
+
+@pytest.mark.parametrize("module", ["swa_backends.kernels.sparse_mla", "swa_backends.kernels.rows"])
+def test_kernel_files_read_no_environment_switch(module):
+    """What runs is decided by dispatch (and shown by explain()), never by an environment
+    variable read in a kernel file (TRITON_INTERPRET is Triton's own, read where Triton reads it)."""
+    src = (ROOT / (module.split(".", 1)[1].replace(".", "/") + ".py")).read_text()
+    reads = [ln.strip() for ln in src.splitlines() if "os.environ" in ln and "TRITON_INTERPRET" not in ln]
+    assert not reads, reads
