@@ -48,8 +48,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_triton_ops as bto  # noqa: E402  (sets TRITON_INTERPRET for --smoke before Triton loads)
+# the sibling script (python puts the script's folder first on sys.path): its step shapes and
+# timing helpers; importing it sets TRITON_INTERPRET for --smoke before Triton loads
+import bench_triton_ops as bto  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -48,8 +48,9 @@ def test_smoke_without_vllm(tmp_path):
     assert (mixed["decodes"], mixed["prefills"], mixed["kept_rows"]) == (3, 3, 3 + 3 * 128)
 
 
-def test_check_catches_a_difference():
+def test_check_catches_a_difference(monkeypatch):
     """The comparison the benchmark runs before timing fails on a single changed entry."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as running the script does
     bench = _load_bench()
     rng = __import__("numpy").random.default_rng(1)
     s = bench.ServingStep(2, 140, 2, torch.device("cpu"), rng)

@@ -1,6 +1,6 @@
 """vLLM 0.33's DeepSeek-V4.1 replay-metadata preparation, built without a model (needs vLLM).
 
-As in ``/work/notes/try_model_state.py``: a ``DeepseekV41ModelState`` on a ``MagicMock``
+A ``DeepseekV41ModelState`` on a ``MagicMock``
 config with every field it and the sparse-SWA metadata builders read set explicitly, real
 ``SlidingWindowMLASpec`` KV-cache groups with real metadata builders (FlashMLA's and
 FlashInfer's DeepSeek-V4.1 SWA builders) in real ``AttentionGroup``s, real
