@@ -6,9 +6,9 @@ launch). Triton returns the compiled kernel, which :class:`Kernel` keeps under `
 key)``; later launches of that key call the compiled kernel's own launcher
 (``CompiledKernel.run``, Triton's code) with the same arguments ``JITFunction.run`` passes it,
 profiler launch hooks included. What that skips is Triton's per-call binding and
-specialisation, which costs most of the host time of a small launch (a whole
-``gather_replay_batch`` call: 24.2-24.3 µs through ``kernel[grid]``, 12.0-12.4 µs through the
-compiled launcher, on the H200 machine with torch 2.11 and Triton 3.6; ``bench/README.md``).
+specialisation, which costs about half the host time of a small launch (a whole
+``gather_replay_batch`` call: 45.9 µs through ``kernel[grid]``, 21.0 µs through the compiled
+launcher, on an H200 machine with torch 2.11 and Triton 3.6; ``bench/README.md``).
 
 Skipping it is sound only because the pack's key fixes everything Triton specialises on:
 :func:`jit` declares every runtime ``int`` parameter ``do_not_specialize`` and every pointer
