@@ -34,13 +34,14 @@ from swa_backends.common.device import DeviceInfo  # noqa: E402
 from swa_backends.common.ops import HOST_OPS  # noqa: E402
 
 
-def parse_target(spec: str) -> GPUTarget:
+def parse_target(spec: str, prog: str = "aot_compile") -> GPUTarget:
+    """``cuda:<capability>`` or ``hip:<gfx arch>`` as Triton's target (shared by the aot scripts here)."""
     backend, _, arch = spec.partition(":")
     if backend == "cuda":
         return GPUTarget("cuda", int(arch), 32)
     if backend == "hip":
         return GPUTarget("hip", arch, 64)
-    raise SystemExit(f"aot_compile: target {spec!r}: expected cuda:<capability> or hip:<gfx arch>")
+    raise SystemExit(f"{prog}: target {spec!r}: expected cuda:<capability> or hip:<gfx arch>")
 
 
 def main(argv: list[str]) -> int:

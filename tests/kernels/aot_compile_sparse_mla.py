@@ -37,18 +37,15 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
+import aot_compile  # noqa: E402  (this folder: first on sys.path when run as a script or from its tests)
+
 
 # Shared memory a block may use: H100/H200 227 KB (opt-in), MI300 (gfx942) LDS 64 KB.
 SMEM_LIMIT = {"90": 232448, "gfx942": 65536}
 
 
 def parse_target(spec: str) -> GPUTarget:
-    backend, _, arch = spec.partition(":")
-    if backend == "cuda":
-        return GPUTarget("cuda", int(arch), 32)
-    if backend == "hip":
-        return GPUTarget("hip", arch, 64)
-    raise SystemExit(f"aot_compile_sparse_mla: target {spec!r}: expected cuda:<capability> or hip:<gfx arch>")
+    return aot_compile.parse_target(spec, prog="aot_compile_sparse_mla")
 
 
 class _Offline:
