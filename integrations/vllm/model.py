@@ -5,7 +5,7 @@ Imported only by vLLM's model registry (``install()`` registers
 name ``DeepseekV41ForCausalLM``). Everything here goes through vLLM's supported extension
 points; the only patches are the three module globals of :mod:`.patches`.
 
-* :class:`DeepseekV41ForCausalLM` subclasses the class vLLM picks on this platform
+* ``DeepseekV41ForCausalLM`` (:func:`model_class`) subclasses the class vLLM picks on this platform
   (``vllm.models.deepseek_v41.DeepseekV41ForCausalLM``: NVIDIA or AMD), same name. Before the
   layers are built it computes :func:`swa_backends.capabilities` from vLLM's config
   (:func:`.config.decide`); encoder replay the pack turns off is turned off in vLLM
@@ -21,6 +21,10 @@ points; the only patches are the three module globals of :mod:`.patches`.
   (:class:`ReplayGraphsMixin`), and the warmup of every pack kernel the step launches.
 
 Any failure in this module's own code is one warning and vLLM's path for that piece.
+
+Importing this module imports no vLLM: the model class is built on first access (the
+registry's ``getattr``, through the module's ``__getattr__``) on top of the class vLLM
+defines, and the forward-context helpers are imported where they are called.
 """
 
 from __future__ import annotations
@@ -30,8 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from vllm.forward_context import get_forward_context, override_forward_context
-from vllm.models.deepseek_v41 import DeepseekV41ForCausalLM as _VllmDeepseekV41ForCausalLM
 
 from . import log_once, patches, runtime
 from .config import Decision, decide
@@ -179,8 +181,9 @@ def model_state_class(base: type) -> type:
     return _swapped(base, ModelStateMixin)
 
 
-class DeepseekV41ForCausalLM(_VllmDeepseekV41ForCausalLM):
-    """vLLM's DeepSeek-V4.1 (this platform's class), its replay metadata through swa_backends."""
+class ModelMixin:
+    """On top of vLLM's DeepSeek-V4.1 (this platform's class): its replay metadata through
+    swa_backends (the pack's ``DeepseekV41ForCausalLM`` is this mixin on vLLM's class)."""
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         route = _before_build(vllm_config)
@@ -207,6 +210,27 @@ class DeepseekV41ForCausalLM(_VllmDeepseekV41ForCausalLM):
             log_once(logging.WARNING, "the pack's model state could not be built on %s (%s: %s)", base.__name__,
                      type(exc).__name__, exc)
             return base
+
+
+_MODEL_CLASS: list[type] = []
+
+
+def model_class() -> type:
+    """``DeepseekV41ForCausalLM``: :class:`ModelMixin` on the class vLLM picks on this platform
+    (imports vLLM; built once)."""
+    if not _MODEL_CLASS:
+        from vllm.models.deepseek_v41 import DeepseekV41ForCausalLM as base
+
+        cls = type("DeepseekV41ForCausalLM", (ModelMixin, base), {"__module__": __name__, "__doc__": (
+            "vLLM's DeepSeek-V4.1 (this platform's class), its replay metadata through swa_backends.")})
+        _MODEL_CLASS.append(cls)
+    return _MODEL_CLASS[0]
+
+
+def __getattr__(name: str):
+    if name == "DeepseekV41ForCausalLM":  # what vLLM's registry looks up
+        return model_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -366,6 +390,8 @@ class ReplayLayersMixin:
         be = runtime.backend_for(hidden_states.device)
         rows = replay_batch.rows
         inputs = (hidden_states, *states)
+        from vllm.forward_context import override_forward_context
+
         with override_forward_context(replay_batch.forward_context):
             if replay_batch.run_graph is not None:
                 row_outputs = replay_batch.run_graph(rows, inputs)
@@ -386,6 +412,8 @@ class ReplayGraphsMixin:
         num_rows = rows.shape[0]
         for buf, t in zip(self.input_buffers, inputs):
             runtime.gather_rows(be, t, rows, out=buf[:num_rows])
+        from vllm.forward_context import get_forward_context
+
         batch_descriptor = get_forward_context().batch_descriptor
         assert batch_descriptor is not None
         num_tokens = batch_descriptor.num_tokens

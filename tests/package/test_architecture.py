@@ -141,6 +141,38 @@ def test_the_product_loads_no_test_tooling_and_no_vendor_package():
     assert out.stdout.strip().splitlines()[-2:] == ["[]", "[]"], out.stdout
 
 
+ENGINES_AND_VENDORS = ("vllm", "vllm_ascend", "flashinfer", "aiter", "torch_npu", "flash_mla")
+
+
+def _module_level_imports(path: Path) -> list[str]:
+    """Top-level package names imported when ``path`` is imported: module body, class bodies
+    and top-level ``if``/``try`` blocks; not function bodies (those run when called)."""
+    found: list[str] = []
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.Import):
+                found.extend(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.append(node.module.split(".")[0])
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                visit(getattr(node, field, []) or [])
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def test_no_module_imports_an_engine_or_vendor_package_when_imported():
+    """Every module of the package, the vLLM integration and the test tooling included, can be
+    imported without vLLM, vllm-ascend or a vendor kernel package: those are imported inside
+    the functions that need them (their absence becomes a reason, never an ImportError)."""
+    bad = {m: sorted(set(n for n in _module_level_imports(p) if n in ENGINES_AND_VENDORS))
+           for m, p in _sources().items()}
+    assert not {m: v for m, v in bad.items() if v}, bad
+
+
 @pytest.mark.parametrize("module", ["swa_backends.kernels.sparse_mla", "swa_backends.kernels.rows"])
 def test_kernel_files_read_no_environment_switch(module):
     """What runs is decided by dispatch (and shown by explain()), never by an environment
