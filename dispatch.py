@@ -353,6 +353,12 @@ class Backend:
         raise SelectionError(f"{op}: no chosen variant accepts these inputs on {self.device}", reasons)
 
     def _failed(self, op: str, v: Variant, exc: KernelUnavailable) -> None:
+        """A whole-variant failure is remembered (skipped from now on, shown by explain());
+        a per-specialisation one only sends this call on (the kernel remembers its key)."""
+        if not getattr(exc, "whole_variant", True):
+            warnings.warn(f"{op}: variant {v.name!r} on {self.device} cannot build this call ({exc}); running the "
+                          "next variant for calls like it", RuntimeWarning, stacklevel=3)
+            return
         why = f"failed to build in this process: {exc}"
         with self._lock:
             self.failures.setdefault(op, {})[v.name] = why
@@ -395,7 +401,7 @@ class Backend:
                         return v.load()(*args, **kwargs)
                     except KernelUnavailable as exc:
                         self._failed(op, v, exc)
-                        start = i + 1
+                        start = i + 1  # this call: the next variant
 
         functools.update_wrapper(call, spec.reference)
         call.__name__ = op

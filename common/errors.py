@@ -31,6 +31,14 @@ class KernelUnavailable(RuntimeError):
     """A variant's kernel cannot be built for a call (its compiler failed on it).
 
     Raised by a variant's implementation *before it writes anything*; dispatch then runs the
-    next variant of the op's chain and shows the failure as that variant's reason in
-    ``Backend.explain()`` for the rest of the process.
+    next variant of the op's chain. ``whole_variant`` (the default): the failure does not
+    depend on the call (e.g. the installed Triton cannot build the kernel at all), so dispatch
+    skips the variant from then on and shows the failure as its reason in
+    ``Backend.explain()``. ``whole_variant=False``: only this call's specialisation (a shape,
+    a record format) failed; the kernel remembers it and raises again at once for the same
+    specialisation, and every other call still gets the variant.
     """
+
+    def __init__(self, *args, whole_variant: bool = True):
+        super().__init__(*args)
+        self.whole_variant = whole_variant

@@ -561,6 +561,8 @@ _RESOURCE_ERRORS = tuple(getattr(triton.runtime.errors, n) for n in ("OutOfResou
                          if hasattr(triton.runtime.errors, n))
 # (requested config, shape key) -> the config that compiled and launched; filled on first use.
 _FITTED: dict = {}
+#: specialisation key -> why no config of it compiled (KernelUnavailable for that key only)
+_UNBUILDABLE: dict = {}
 # Fallback messages already warned about (each once per process).
 _WARNED: set = set()
 
@@ -642,7 +644,13 @@ def launch(q, kv, indices, lens, sm_scale, d_v, sink=None, *, config: Config | N
     if cfg is not None:
         _run(*args, r if cfg == config else resolve(cfg, T, H, D, d_v, K, q.device, kvs))
         return out, lse
-    _FITTED[key] = _fit(config, args, fit, kvs)
+    if key in _UNBUILDABLE:  # tried and failed in this process: no second round of compiles
+        raise KernelUnavailable(_UNBUILDABLE[key], whole_variant=False)
+    try:
+        _FITTED[key] = _fit(config, args, fit, kvs)
+    except KernelUnavailable as exc:
+        _UNBUILDABLE[key] = str(exc)
+        raise
     return out, lse
 
 
@@ -688,7 +696,7 @@ def _fit(config: Config, args: tuple, fit: bool, kvs: KVSpec = ROWS) -> Config:
                 warnings.warn(msg, RuntimeWarning, stacklevel=4)
         return cfg
     raise KernelUnavailable(f"no launch config of the tl kernel compiles for H={H}, D_qk={D}, d_v={d_v}, {q.dtype} "
-                            f"with Triton {triton.__version__}: " + "; ".join(failures))
+                            f"with Triton {triton.__version__}: " + "; ".join(failures), whole_variant=False)
 
 
 def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: bool = False) -> list:

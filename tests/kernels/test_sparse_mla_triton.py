@@ -301,6 +301,41 @@ def test_nothing_compiles_raises_with_every_reason(kmod, monkeypatch):
         kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=32, split_s=True, splits=1))
 
 
+def test_a_shape_that_fails_to_build_does_not_disable_the_variant(backend, kmod, monkeypatch):
+    """No config compiles for one head count (injected): that call runs the next variant of
+    the chain (the reference here) with one warning, the same shape again fails at once
+    without a second round of compiles, and a call of another shape still runs the kernel."""
+    real_run = kmod._run
+    compiles = []
+
+    def run(*a, warmup=False):
+        q = a[0]
+        if q.shape[1] == 3:
+            compiles.append(q.shape[1])
+            raise RuntimeError("PassManager::run failed (injected)")
+        return real_run(*a, warmup=warmup)
+
+    monkeypatch.setattr(kmod, "_run", run)
+    monkeypatch.setattr(kmod, "_COMPILE_FIRST", True)
+    monkeypatch.setattr(kmod, "_FITTED", {})
+    monkeypatch.setattr(kmod, "_UNBUILDABLE", {})
+    chain = (variant("sparse_mla", "triton"), variant("sparse_mla", "reference"))
+    monkeypatch.setitem(backend._chains, "sparse_mla", chain)
+    bad = _to(*_pad_batch(torch.bfloat16, True, H=3, seed=6))
+    with pytest.warns(RuntimeWarning, match="cannot build this call"):
+        _check(backend.sparse_mla(*bad[0], **bad[1]), *bad)
+    n = len(compiles)
+    assert n >= 1
+    with pytest.raises(KernelUnavailable, match="no launch config"):
+        kmod.launch(*bad[0], **bad[1])
+    assert len(compiles) == n  # remembered: no second round
+    assert "triton" not in backend.failures.get("sparse_mla", {})
+    ok = _to(*_pad_batch(torch.bfloat16, True, H=4, seed=7))
+    _check(backend.sparse_mla(*ok[0], **ok[1]), *ok)
+    assert backend.variant_for("sparse_mla", *ok[0], **ok[1]) == "triton"
+    assert any(k[3] == 4 for k in kmod._FITTED)  # the kernel ran for H = 4
+
+
 def test_resolve_splits_only_when_grid_is_small(kmod):
     dev = torch.device("cpu")  # 4 "SMs" off-GPU
     big = kmod.resolve(kmod.Config(), 4096, 64, 512, 512, 640, dev)
