@@ -30,11 +30,23 @@ _state = threading.local()
 _default: bool | None = None
 
 
+ENV = "SWA_BACKENDS_VALIDATE"
+
+
+def env_setting() -> bool | None:
+    """``SWA_BACKENDS_VALIDATE`` read as a switch: None when unset or empty, else False for
+    0/false/no/off and True for anything else (the one parser of the variable)."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if not raw:
+        return None
+    return raw not in ("0", "false", "no", "off")
+
+
 def _env_default() -> bool:
     global _default
     if _default is None:
-        raw = os.environ.get("SWA_BACKENDS_VALIDATE", "1").strip().lower()
-        _default = raw not in ("0", "false", "no", "off")
+        setting = env_setting()
+        _default = True if setting is None else setting
     return _default
 
 

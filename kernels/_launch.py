@@ -53,6 +53,15 @@ def jit(fn=None, *, align: tuple[str, ...] = ()):
     return deco(fn) if fn is not None else deco
 
 
+def _hook(h):
+    """A launch hook as the launcher should get it: None when there is nothing to call
+    (Triton 3.9 keeps an empty ``HookChain`` there, never None: passing it would build the
+    launch metadata and call two empty chains on every launch)."""
+    if h is None or (getattr(h, "calls", None) is not None and not h.calls):
+        return None
+    return h
+
+
 class Kernel:
     """A Triton kernel plus the pack's cache of its compiled specialisations.
 
@@ -81,7 +90,7 @@ class Kernel:
             ck = self._compiled.get((dev, key))
             if ck is not None:
                 stream = get_stream(dev)
-                enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+                enter, leave = _hook(knobs.launch_enter_hook), _hook(knobs.launch_exit_hook)
                 meta = ck.launch_metadata(grid, stream, *args) if enter is not None or leave is not None else None
                 ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, leave, *args)
                 return

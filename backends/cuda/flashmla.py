@@ -88,10 +88,13 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="row
     width = max(WIDTH_MULTIPLE, round_up(K, WIDTH_MULTIPLE))
     idx = indices if width == K else torch.nn.functional.pad(indices, (0, width - K), value=PAD)
     out, _max_logits, lse = mod.flash_mla_sparse_fwd(
-        qp, kv.unsqueeze(1), idx.unsqueeze(1), float(sm_scale), d_v, attn_sink=sp, topk_length=lens)
+        qp, kv.unsqueeze(1), idx.unsqueeze(1), float(sm_scale), d_v, attn_sink=sp,
+        topk_length=lens.contiguous())  # the vendor reads it flat; validation allows a strided view (no copy if flat)
     if heads != H:
-        out, lse = out[:, :H].contiguous(), lse[:, :H].contiguous()
+        out = out[:, :H].contiguous()
     if not return_lse:  # FlashMLA computes it anyway: nothing to save but the touch-up
         return out, None
+    if heads != H:
+        lse = lse[:, :H].contiguous()
     lse.masked_fill_(lse == float("inf"), float("-inf"))  # nothing to read: the pack's -inf
     return out, lse

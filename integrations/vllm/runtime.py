@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ...common.types import PAD, ReplayPlan
-from ...common.validation import set_validation
+from ...common.validation import env_setting, set_validation
 from ...dispatch import Backend, select
 
 #: routed calls per op name in this process
@@ -34,12 +34,9 @@ _lock = threading.Lock()
 _scratch: dict[str, torch.Tensor] = {}
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-#: validate the pack's inputs on the hot path (debug): only with SWA_BACKENDS_VALIDATE set true
-VALIDATE = _env_flag("SWA_BACKENDS_VALIDATE")
+#: validate the pack's inputs on the hot path (debug): only with SWA_BACKENDS_VALIDATE set to a true
+#: value (the pack's own parser; unset means off here, where the pack's default elsewhere is on)
+VALIDATE = env_setting() is True
 PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
 
 

@@ -106,6 +106,24 @@ def test_launch_hooks_get_launch_metadata(kernel):
     assert call[6] == ("meta", (3, 1, 1), 777) and call[7] is print and call[9] is x
 
 
+def test_empty_hook_chains_are_no_hooks(kernel):
+    """Triton 3.9 keeps a HookChain in each launch-hook knob (never None): empty, the launcher
+    gets None and no launch metadata is built; with a hook added, both reach the launcher."""
+    HookChain = getattr(pytest.importorskip("triton.knobs"), "HookChain", None)
+    if HookChain is None:
+        pytest.skip("this Triton's launch-hook knobs hold plain callables or None")
+    k, _, ck, hooks = kernel
+    x, y = torch.arange(4), torch.ones(3)
+    k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    hooks.launch_enter_hook, hooks.launch_exit_hook = HookChain(), HookChain(reversed=True)
+    k(("key",), (2, 1, 1), x, 1, y, None, 64)
+    assert ck.calls[-1][6:9] == (None, None, None)
+    hooks.launch_enter_hook.add(print)
+    k(("key",), (3, 1, 1), x, 1, y, None, 64)
+    call = ck.calls[-1]
+    assert call[6] == ("meta", (3, 1, 1), 777) and call[7] is hooks.launch_enter_hook and call[8] is None
+
+
 def test_check_keys_sends_every_launch_through_triton_and_catches_a_missing_specialisation(kernel, monkeypatch):
     from swa_backends.kernels import _launch
 
