@@ -149,12 +149,18 @@ def check_int(op: str, name: str, value: object, *, min_value: int | None = None
     return value
 
 
-def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
-    """A caller-provided output buffer: exact shape, dtype, device, contiguous. (That it
-    shares no memory with an input is checked for every op at once: ``OpSpec.check_writes``.)"""
+def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+              row_stride: bool = False) -> None:
+    """A caller-provided output buffer: exact shape, dtype, device, contiguous -- or, with
+    ``row_stride`` (a 2-D buffer), contiguous rows that may lie further apart (a slice of a
+    wider persistent buffer). (That it shares no memory with an input is checked for every op
+    at once: ``OpSpec.check_writes``.)"""
     check_tensor(op, name, out, dtypes=dtype, shape=shape, device=device)
     assert isinstance(out, torch.Tensor)
-    if not out.is_contiguous():
+    if row_stride and out.dim() == 2:
+        if out.shape[1] > 1 and out.stride(1) != 1 or out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+            fail(op, name, f"strides {tuple(out.stride())}", f"contiguous rows, stride(0) >= {out.shape[1]}")
+    elif not out.is_contiguous():
         fail(op, name, out, "a contiguous tensor")
 
 

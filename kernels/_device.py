@@ -60,9 +60,11 @@ def pow2_shift(block_size: int) -> int:
 
 
 @triton.jit
-def write_graph_padding(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK: tl.constexpr, GB: tl.constexpr):
+def write_graph_padding(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad, BLOCK: tl.constexpr,
+                        GB: tl.constexpr):
     """Graph padding of the decoder sub-batch, block ``pid`` of rows ``[n, n_pad)``: row 0,
-    its position, every slot PAD (``gather_replay_batch`` and the fused prepare)."""
+    its position, every slot PAD (``gather_replay_batch`` and the fused prepare; ``os_g``:
+    the output slot mappings' row stride)."""
     r = tl.arange(0, BLOCK)
     g = tl.arange(0, GB)
     o = n + pid * BLOCK + r
@@ -73,5 +75,5 @@ def write_graph_padding(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad
     for g0 in range(0, G, GB):
         gg = g0 + g
         gm = (gg[:, None] < G) & m[None, :]
-        tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
+        tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
                  mask=gm)

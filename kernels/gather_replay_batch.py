@@ -41,7 +41,7 @@ MAX_REQUEST_PROGRAMS = 4096  # bound on B * S (programs per request S >= 1)
 
 @jit
 def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
-                         rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
+                         rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
                          B, G, n, n_pad, W, S, req_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
                          UNIT_T: tl.constexpr):
     pid = tl.program_id(0)
@@ -80,14 +80,14 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
             sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
             tl.store(rows_ptr + o, row, mask=m)
             tl.store(opos_ptr + o, p, mask=m)
-            tl.store(oslot_ptr + g[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
+            tl.store(oslot_ptr + g[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
             for g0 in range(GB, G, GB):  # more than GB groups (rare)
                 gg = g0 + g
                 gm = (gg[:, None] < G) & m[None, :]
                 sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
-                tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
+                tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
     else:
-        write_graph_padding(pid - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
+        write_graph_padding(pid - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad, BLOCK, GB)
 
 _K = Kernel(_gather_replay_batch)
 _KEYS = ((False,), (True,))  # by UNIT_T
@@ -136,7 +136,8 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
        seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
        replay_start if replay_start.is_contiguous() else replay_start.contiguous(),
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
-       rows, oqsl, opos, oslot, kv, B, G, n, n_pad, W, S, req_progs, BLOCK, GB, s_t == 1)
+       rows, oqsl, opos, oslot, oslot.stride(0) if G > 1 else n_pad, kv, B, G, n, n_pad, W, S, req_progs, BLOCK, GB,
+       s_t == 1)
     return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad)
 
 

@@ -104,8 +104,8 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
 
 @triton.jit
 def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
-                         n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
-                         B, G, n_pad, W, Wr, S, DO_PAD: tl.constexpr, BLOCK: tl.constexpr, GB: tl.constexpr,
+                         n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
+                         kv_ptr, B, G, W, Wr, S, DO_PAD: tl.constexpr, BLOCK: tl.constexpr, GB: tl.constexpr,
                          KB: tl.constexpr, UNIT_T: tl.constexpr):
     """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry and
     ``kv_start`` (the first of its ``S`` programs), and every ``S``-th block of its kept
@@ -149,7 +149,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
             sl = tl.where(replayed[None, :] & (cacheable[:, None] != 0), PAD, sl)
         tl.store(rows_ptr + o, row, mask=m)
         tl.store(opos_ptr + o, p, mask=m)
-        tl.store(oslot_ptr + g[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
+        tl.store(oslot_ptr + g[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
         for g0 in range(GB, G, GB):  # more than GB groups (rare)
             gg = g0 + g
             gm = (gg[:, None] < G) & m[None, :]
@@ -157,14 +157,14 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
             if DO_PAD:
                 more = _cacheable(groups_ptr, n_groups, gg, KB)
                 sl = tl.where(replayed[None, :] & (more[:, None] != 0), PAD, sl)
-            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * n_pad + o[None, :], sl, mask=gm)
+            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
 
 
 @jit
 def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
                          rs_out_ptr, swa_ptr, swa_s0, lens_ptr,
-                         drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, kv_ptr,
+                         drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
                          B, T, G, width, n, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
                          req_progs,
                          DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -179,9 +179,10 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
         if pid < tok_tiles + req_progs:
             _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
                                  s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr,
-                                 opos_ptr, oslot_ptr, kv_ptr, B, G, n_pad, W, Wr, S, DO_PAD, BLOCK, GB, KB, UNIT_T)
+                                 opos_ptr, oslot_ptr, os_g, kv_ptr, B, G, W, Wr, S, DO_PAD, BLOCK, GB, KB, UNIT_T)
         else:
-            write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, G, n, n_pad, BLOCK, GB)
+            write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad,
+                                BLOCK, GB)
     else:
         b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         mb = b < B
@@ -219,9 +220,10 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         rows, oqsl, opos, oslot, kv = (rb["rows"], rb["query_start_loc"], rb["positions"], rb["slot_mappings"],
                                        rb["kv_start"])
         grid = (tok_tiles + req_progs + pad_progs, 1, 1)
+        os_g = oslot.stride(0) if G > 1 else n_pad
     else:
         dropped = trimmed = rows = oqsl = opos = oslot = kv = None
-        n = n_pad = req_progs = 0
+        n = n_pad = req_progs = os_g = 0
         S = 1
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
@@ -235,7 +237,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
        cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
        block_table, bt_s0, bt_s1, block_table.shape[1],
-       rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, kv,
+       rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, os_g, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
        tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None

@@ -52,7 +52,8 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
         for key, (shape, dtype) in out_shapes(plan, G).items():
             if key not in out:
                 fail(NAME, "out", sorted(out), f"a buffer for {key!r}")
-            check_out(NAME, f"out[{key!r}]", out[key], shape=shape, dtype=dtype, device=dev)
+            check_out(NAME, f"out[{key!r}]", out[key], shape=shape, dtype=dtype, device=dev,
+                      row_stride=key == "slot_mappings")  # e.g. vLLM's [:, :n_pad] of a [G, max_tokens] buffer
 
 
 def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:

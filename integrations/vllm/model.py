@@ -320,7 +320,7 @@ class ModelStateMixin:
         plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np,
                                    device_tensors=(dropped, trimmed), device=input_batch.positions.device)
         G = slot_mappings.shape[0]
-        kept_slot_mappings = runtime.kept_slot_view(self._kept_slot_mappings, G, num_padded)
+        kept_slot_mappings = self._kept_slot_mappings[:G, :num_padded]  # vLLM's own view (row-strided)
         out = {"rows": self._kept_rows[:num_padded], "query_start_loc": self._kept_query_start_loc[: num_reqs + 1],
                "positions": self._kept_positions[:num_padded], "slot_mappings": kept_slot_mappings,
                "kv_start": self._kept_kv_start[:num_reqs]}

@@ -240,21 +240,14 @@ def trimmed_on_device(dropped_before: torch.Tensor, out: torch.Tensor) -> torch.
     return torch.gt(dropped_before[1:], dropped_before[:-1], out=out)
 
 
-def kept_slot_view(buffer: torch.Tensor, num_groups: int, num_padded: int) -> torch.Tensor:
-    """A contiguous ``[num_groups, num_padded]`` view at the start of vLLM's persistent
-    ``_kept_slot_mappings`` storage (the pack writes contiguous ``out=`` buffers; vLLM's
-    ``[:, :num_padded]`` slice has a row stride of ``max_num_tokens``). Graph-stable: a
-    replay graph of a given size always sees the same addresses."""
-    return buffer.view(-1)[: num_groups * num_padded].view(num_groups, num_padded)
-
-
 def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings,
                         window: int, out: dict) -> None:
     """vLLM's ``_gather_replay_batch_kernel[(num_reqs,)](...)`` plus its ``PAD_SLOT_ID``
     fill of the padded slot columns: one launch of the pack's op into ``out`` (vLLM's
     ``_kept_rows``, ``_kept_query_start_loc``, ``_kept_positions``, the kept slot mappings
     and ``_kept_kv_start``). Padded rows (``num_rows .. num_rows_padded``) get row 0, its
-    position and PAD slots (vLLM leaves rows and positions there as they were)."""
+    position and PAD slots (vLLM leaves rows and positions there as they were). ``out["slot_mappings"]``
+    may be vLLM's own ``[:, :n_pad]`` slice of its ``[G, max_num_tokens]`` buffer (row-strided)."""
     CALLS["gather_replay_batch"] += 1
     B = plan.num_reqs
     with _hot():
@@ -338,6 +331,6 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
     return ran
 
 
-__all__ = ["CALLS", "PAD", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows", "kept_slot_view",
+__all__ = ["CALLS", "PAD", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows",
            "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "reserve", "scatter_rows", "swa_indices_and_lens",
            "swa_rows", "trimmed_on_device", "warm_up"]

@@ -272,6 +272,72 @@ def test_slot_mappings_strided_along_tokens(tb, op, slot_arg):
     assert done
 
 
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+def test_out_slot_mappings_may_be_row_strided(tb, op):
+    """``out``'s sub-batch slot mappings as a ``[:, :n_pad]`` slice of a wider poisoned
+    ``[G, n_pad + 7]`` buffer (vLLM's persistent ``_kept_slot_mappings``): the same values as
+    the reference, nothing written past the slice."""
+    from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out
+    from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out
+
+    rng = np.random.default_rng(43)
+    done = 0
+    for _ in range(10):
+        b = random_batch(rng, W=8, max_q=60, max_reqs=4, num_groups=3, long_prefill=True)
+        plan = plan_for_batch(b)
+        if plan is None:
+            continue
+        args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+        slot_arg = 5 if op == "gather_replay_batch" else 6
+        G, n_pad = args[slot_arg].shape[0], plan.num_rows_padded
+        wide = torch.full((G, n_pad + 7), POISON_INT, dtype=SLOT_DTYPE)
+        if op == "gather_replay_batch":
+            args = (plan,) + args[1:]
+            out = gather_out(plan, G, "cpu")
+            out["slot_mappings"] = wide[:, :n_pad]
+            got = tb.gather_replay_batch(*args, out=out)
+            want = OPS[op].reference(*args)
+            kept, kept_want = got.slot_mappings, want.slot_mappings
+        else:
+            kwargs = {**kwargs, "plan": plan}
+            out = prepare_out(args[1].shape[0], args[5].shape[0],
+                              kwargs.get("index_width") or args[10], "cpu", plan, G)
+            out["replay_batch"]["slot_mappings"] = wide[:, :n_pad]
+            ref_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+            got = tb.prepare_replay_step(*args, **kwargs, out=out)
+            want = OPS[op].reference(*ref_args, **kwargs)
+            kept, kept_want = got.replay_batch.slot_mappings, want.replay_batch.slot_mappings
+        assert kept.data_ptr() == wide.data_ptr() and kept.stride(0) == n_pad + 7
+        assert torch.equal(kept, kept_want)
+        assert (wide[:, n_pad:] == POISON_INT).all()
+        done += 1
+    assert done
+
+
+def test_out_slot_mappings_rows_must_be_contiguous_and_apart():
+    """Row-strided is allowed; overlapping rows or a non-unit inner stride are a ValueError
+    naming the buffer, before anything is written."""
+    from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out
+
+    rng = np.random.default_rng(44)
+    while True:
+        b = random_batch(rng, W=8, max_q=60, max_reqs=4, num_groups=3, long_prefill=True)
+        plan = plan_for_batch(b)
+        if plan is not None and plan.num_rows_padded > 1:
+            break
+    args, _ = case_for("gather_replay_batch", rng, "cpu", batch=b, poison=False)
+    args = (plan,) + args[1:]
+    G, n_pad = args[5].shape[0], plan.num_rows_padded
+    be = select("cpu")
+    for bad in (torch.full((n_pad, G), 9, dtype=SLOT_DTYPE).t(),  # inner stride G
+                torch.full((G * n_pad,), 9, dtype=SLOT_DTYPE).as_strided((G, n_pad), (n_pad - 1, 1))):  # rows overlap
+        out = gather_out(plan, G, "cpu")
+        out["slot_mappings"] = bad
+        with validation(True), pytest.raises(ValueError, match=r"out\['slot_mappings'\]"):
+            be.gather_replay_batch(*args, out=out)
+        assert (bad == 9).all()
+
+
 def test_pad_replayed_slots_no_launch_without_replay(tb):
     from swa_backends.kernels import _launch
 

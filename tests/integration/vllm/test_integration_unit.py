@@ -223,16 +223,17 @@ def test_swa_rows_layout_check():
 
 @pytest.mark.parametrize("variant", BACKENDS)
 def test_gather_into_a_strided_persistent_buffer(variant):
-    """vLLM's ``_kept_slot_mappings`` is [G, max_tokens]; the adapter writes a contiguous
-    [G, n_pad] view at its start. The sub-batch equals the pack's own plan on the batch."""
+    """vLLM's ``_kept_slot_mappings`` is [G, max_tokens]; the adapter writes vLLM's own
+    [:, :n_pad] view of it (row-strided), as vLLM's kernel does. The sub-batch equals the
+    pack's own plan on the batch, and nothing outside the view is written."""
     be = select("cpu", prefer=variant)
     b = dict(_cases.mixed_batches(0))["mixed"]
     kept = np.where(b.is_prefilling, np.minimum(b.q, b.W), b.q)
     n = int(kept.sum())
     G = b.slots.shape[0]
     big = torch.full((G, 4096), 5, dtype=torch.int64)
-    view = runtime.kept_slot_view(big, G, n + 2)
-    assert view.is_contiguous() and view.data_ptr() == big.data_ptr()
+    view = big[:, : n + 2]
+    assert view.stride() == (4096, 1) and view.data_ptr() == big.data_ptr()
     plan = runtime.replay_plan(kept, b.qsl_np, n + 2, b.W)
     out = {"rows": torch.empty(n + 2, dtype=torch.int64), "query_start_loc": torch.empty(b.B_all + 1, dtype=torch.int32),
            "positions": torch.empty(n + 2, dtype=torch.int64), "slot_mappings": view,
@@ -241,7 +242,7 @@ def test_gather_into_a_strided_persistent_buffer(variant):
     want = reference_backend().gather_replay_batch(plan, b.qsl, b.seq, b.R_t, b.positions, b.slots, b.W)
     for key in out:
         assert torch.equal(out[key], getattr(want, key)), key
-    assert (big.view(-1)[G * (n + 2):] == 5).all()  # nothing written past the view
+    assert (big[:, n + 2:] == 5).all()  # nothing written past the view
     dropped = torch.from_numpy(runtime.dropped_before(kept, b.qsl_np))
     assert torch.equal(runtime.trimmed_on_device(dropped, torch.empty(b.B_all, dtype=torch.bool)), plan.trimmed)
 

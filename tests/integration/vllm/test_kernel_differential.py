@@ -149,7 +149,7 @@ def test_gather_replay_batch(be, seed, name, pad_to):
     plan = runtime.replay_plan(kept, b.qsl_np, n_pad, b.W, dropped=dropped_np, device_tensors=(dropped, trimmed),
                                device=b.positions.device)
     assert torch.equal(plan.trimmed, trimmed.cpu())
-    kept_g = runtime.kept_slot_view(mine["slots"], G, n_pad)
+    kept_g = mine["slots"][:, :n_pad]  # vLLM's own [:, :n_pad] view of its [G, max_tokens] buffer
     out = {"rows": mine["rows"][:n_pad], "query_start_loc": mine["qsl"][: B + 1], "positions": mine["pos"][:n_pad],
            "slot_mappings": kept_g, "kv_start": mine["kv"][:B]}
     runtime.gather_replay_batch(be, plan, b.qsl, b.seq, b.R_t, b.positions, b.slots, b.W, out)
