@@ -51,7 +51,7 @@ OP_NAMES: list[str] = []
 _SCALARS = {
     "W": "int", "Wr": "int", "block_size": "int", "ratio": "int", "top_k": "int", "slab_stride": "int",
     "window_offset": "int", "topk_offset": "int", "d_v": "int", "num_rows": "int", "num_rows_padded": "int",
-    "index_width": "int", "num_tokens": "int", "sm_scale": "float", "any_replay": "bool",
+    "index_width": "int", "num_tokens": "int", "token_offset": "int", "sm_scale": "float", "any_replay": "bool",
     "kv_format": "str", "fp8": "str", "return_lse": "bool",
 }
 # A ReplayPlan argument, as tensors and sizes (its window is the op's W).

@@ -4,7 +4,7 @@ calls it" column spends its host time (one 8x4K+32d step, validation off).
     . bench/gpu_env.sh && python3 bench/profile_replay_step.py [--vllm-kernels .vllm_kernels]
 
 Prints, twice, host µs per call (back-to-back calls, no sync) of the whole step through the pack's
-adapters and through vLLM's kernels, of each adapter (``integrations/vllm/runtime.py``), of the
+adapters, through vLLM's kernels and through the fused path, of each adapter (``integrations/vllm/runtime.py``), of the
 pack's ``pad_replayed_slots`` called directly, of vLLM's pad and decode-rows SWA kernels and of one
 small torch op; then a cProfile of 300 adapter steps (by own time).
 """
@@ -56,10 +56,13 @@ def main(argv=None) -> int:
     s = brs.ServingStep(8, 4096, 32, dev, np.random.default_rng(0))
     b, bv = s.buffers(), s.buffers()
     g = brs.gather_out_view(s, b)
+    bf = s.buffers()
+    fout = brs.fused_out(s, bf)
     D, W, BS = s.D, brs.W, brs.BS
     fns = {
         "pack_step": lambda: brs.pack_step(be, s, b, g),
         "vllm_step": lambda: brs.vllm_step(K, s, bv),
+        "pack_fused": lambda: brs.fused_step(be, s, bf, fout),
         "rt.pad": lambda: rt.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B),
         "rt.swa_dec": lambda: rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid,
                                                       s.table, BS, s.R, num_tokens=D, token_offset=0),

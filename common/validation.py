@@ -235,13 +235,18 @@ def checks_writes(fn):
     return wrapper
 
 
-def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc") -> None:
-    """``qsl[0] == 0``, non-decreasing, and ``qsl[-1] <= num_tokens`` when it is known."""
+def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc",
+                          from_zero: bool = True) -> None:
+    """``qsl[0] == 0`` (``>= 0`` with ``from_zero=False``: ops that read only query lengths
+    take a slice of a batch's requests), non-decreasing, and ``qsl[-1] <= num_tokens`` when
+    it is known."""
     if not value_checks_enabled() or qsl.numel() == 0:
         return
     values = qsl.detach().to("cpu", torch.int64)
-    if int(values[0]) != 0:
+    if from_zero and int(values[0]) != 0:
         fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
+    if not from_zero and int(values[0]) < 0:
+        fail(op, name, values.tolist()[:8], "query_start_loc[0] >= 0")
     steps = values[1:] - values[:-1]
     if bool((steps < 0).any()):
         bad = int(torch.nonzero(steps < 0)[0])

@@ -29,19 +29,20 @@ BLOCK_W = 128
 
 @jit
 def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr,
-                          B, T, width, n_steps, block_size, bs_shift, W,
+                          B, T, t_off, width, n_steps, block_size, bs_shift, W,
                           HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # output row; batch token t + t_off
     j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = t < T
-    req = find_request(qsl_ptr, B, t, n_steps)
+    ta = t + t_off
+    req = find_request(qsl_ptr, B, ta, n_steps)
     ok = m & (req < B)
     if HAS_VALID:
         ok = ok & (tl.load(valid_ptr + t, mask=m, other=0) != 0)
     seq = tl.load(seq_ptr + req, mask=ok, other=0)
     end = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
     R = tl.load(rs_ptr + req, mask=ok, other=0)
-    pos = seq - (end - t)
+    pos = seq - (end - ta)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)
     if tl.program_id(1) == 0:
@@ -60,16 +61,19 @@ _K = Kernel(_swa_indices_and_lens)
 
 
 def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
-                         index_width=None, valid=None, num_tokens=None, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+                         index_width=None, valid=None, num_tokens=None, token_offset=None,
+                         out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices int32 [T, index_width], lens int32 [T])``.
 
     Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``,
     ``indices[t, j] = slot(lo(p) + j)`` for ``j < lens`` through the block table, PAD after.
     Invalid tokens (past ``query_start_loc[B]`` or ``valid[t]`` False): ``lens = 0``, row
     all PAD. T is ``num_tokens``, else ``len(valid)``, else ``query_start_loc[-1]`` (a
-    host read: pass ``num_tokens`` on a hot path or inside a graph). One launch.
+    host read: pass ``num_tokens`` on a hot path or inside a graph). Row ``t`` is batch token
+    ``token_offset + t``. One launch.
     """
-    T = resolve_num_tokens(query_start_loc, num_tokens, valid)
+    off = token_offset or 0
+    T = resolve_num_tokens(query_start_loc, num_tokens, valid, off)
     width = W if index_width is None else index_width
     dev = query_start_loc.device
     if out is None:
@@ -83,6 +87,6 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     _K((has_valid,), grid,
        contiguous(query_start_loc), contiguous(seq_lens), contiguous(replay_start), block_table,
        block_table.stride(0), block_table.stride(1), block_table.shape[1], contiguous(valid) if has_valid else None,
-       indices, indices.stride(0), lens, B, T, width, B.bit_length(), block_size, pow2_shift(block_size), W,
+       indices, indices.stride(0), lens, B, T, off, width, B.bit_length(), block_size, pow2_shift(block_size), W,
        has_valid, BLOCK_T, BLOCK_W)
     return out

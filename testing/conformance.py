@@ -170,14 +170,22 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         width = b.W + int(rng.integers(0, 3))
         n_tok = T + b.num_padded
         kw: dict = {"index_width": width, "num_tokens": n_tok}
+        if rng.random() < 0.3:  # a window of the batch's tokens (vLLM's decode or prefill rows)
+            off = int(rng.integers(0, n_tok + 1))
+            n_tok -= off
+            kw.update(num_tokens=n_tok, token_offset=off)
         if rng.random() < 0.3:
             kw["valid"] = torch.tensor(rng.random(n_tok) < 0.8, device=dev)
         if poison:
             kw["out"] = (_poison((n_tok, width), INDEX_DTYPE, dev), _poison((n_tok,), INDEX_DTYPE, dev))
         return (t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, b.W, t["replay_start"]), kw
     if op == "prefill_gather_lens":
-        kw = {"out": _poison((b.B,), INDEX_DTYPE, dev)} if poison else {}
-        return (t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W), kw
+        lo, hi = 0, b.B
+        if b.B and rng.random() < 0.3:  # a slice of the requests (vLLM's prefills), qsl not from 0
+            lo = int(rng.integers(0, b.B + 1))
+            hi = int(rng.integers(lo, b.B + 1))
+        kw = {"out": _poison((hi - lo,), INDEX_DTYPE, dev)} if poison else {}
+        return (t["query_start_loc"][lo: hi + 1], t["seq_lens"][lo:hi], t["replay_start"][lo:hi], b.W), kw
     if op == "combined_indices":
         ratio = int(rng.choice([0, 4, 128]))
         top_k = int(rng.choice([0, 4, 16, 64]))

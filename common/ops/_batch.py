@@ -35,11 +35,13 @@ def token_view(
     num_tokens: int,
     *,
     valid: torch.Tensor | None = None,
+    token_offset: int = 0,
 ) -> TokenView:
+    """Token ``i`` of the view is token ``token_offset + i`` of the batch (``valid[i]`` masks it)."""
     dev = query_start_loc.device
     qsl = query_start_loc.to(torch.int64)
     B = qsl.shape[0] - 1
-    t = torch.arange(num_tokens, device=dev, dtype=torch.int64)
+    t = torch.arange(token_offset, token_offset + num_tokens, device=dev, dtype=torch.int64)
     if B <= 0:
         zeros = torch.zeros_like(t)
         return TokenView(zeros, torch.zeros_like(t, dtype=torch.bool), zeros, zeros)
@@ -58,15 +60,16 @@ def token_view(
     return TokenView(req, ok, pos, offset)
 
 
-def resolve_num_tokens(query_start_loc: torch.Tensor, num_tokens: int | None, valid: torch.Tensor | None) -> int:
+def resolve_num_tokens(query_start_loc: torch.Tensor, num_tokens: int | None, valid: torch.Tensor | None,
+                       token_offset: int = 0) -> int:
     """T for ops whose token count is not carried by a tensor: ``num_tokens``, else the
-    length of ``valid``, else ``query_start_loc[-1]`` (one host read; pass ``num_tokens``
-    on a hot path or inside a graph)."""
+    length of ``valid``, else ``query_start_loc[-1] - token_offset`` (one host read; pass
+    ``num_tokens`` on a hot path or inside a graph)."""
     if num_tokens is not None:
         return num_tokens
     if valid is not None:
         return valid.shape[0]
-    return int(query_start_loc[-1]) if query_start_loc.numel() else 0
+    return max(int(query_start_loc[-1]) - token_offset, 0) if query_start_loc.numel() else 0
 
 
 def nonempty_table(block_table: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,10 @@ from ..validation import (
 from ._batch import token_view
 
 
-def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, num_tokens: int | None = None) -> int:
+def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, num_tokens: int | None = None,
+                from_zero: bool = True) -> int:
     """``query_start_loc`` int32 [B+1] (+ ``seq_lens``/``replay_start`` int32 [B] on its device).
+    ``from_zero=False``: ``query_start_loc`` may start above 0 (see :func:`check_query_start_loc`).
 
     Returns B. Value checks: monotonic ``query_start_loc`` ending at most at ``num_tokens``,
     ``seq_lens >= q`` (a request's KV includes its own queries), ``replay_start >= 0``.
@@ -32,7 +34,7 @@ def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, n
         check_tensor(op, "seq_lens", seq_lens, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
     if replay_start is not None:
         check_tensor(op, "replay_start", replay_start, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
-    check_query_start_loc(op, query_start_loc, num_tokens=num_tokens)
+    check_query_start_loc(op, query_start_loc, num_tokens=num_tokens, from_zero=from_zero)
     if value_checks_enabled() and B > 0:
         if seq_lens is not None:
             q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)

@@ -15,14 +15,16 @@ NAME = "prefill_gather_lens"
 def validate(query_start_loc, seq_lens, replay_start, W, *, out=None) -> None:
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
     check_window(NAME, "W", W)
-    B = check_batch(NAME, query_start_loc, seq_lens, replay_start)
+    # only query lengths are read: a slice of a batch's requests (its prefills) needs no shift to 0
+    B = check_batch(NAME, query_start_loc, seq_lens, replay_start, from_zero=False)
     if out is not None:
         check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=query_start_loc.device)
     check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
 
 
 def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.Tensor:
-    """int32 [B]: ``q + min(max(prefix - R, 0), W - 1)``; the chunk gathers window KV of
+    """int32 [B]: ``q + min(max(prefix - R, 0), W - 1)`` with ``q = qsl[b+1] - qsl[b]`` (so
+    ``query_start_loc`` may be a slice of a batch's, not starting at 0); the chunk gathers window KV of
     positions ``[seq_len - gather_len, seq_len)``. The first replay chunk (prefix = R)
     gathers exactly from R."""
     q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)

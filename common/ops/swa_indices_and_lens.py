@@ -20,13 +20,15 @@ NAME = "swa_indices_and_lens"
 
 
 def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
-             index_width=None, valid=None, num_tokens=None, out=None) -> None:
+             index_width=None, valid=None, num_tokens=None, token_offset=None, out=None) -> None:
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
     dev = query_start_loc.device
     check_window(NAME, "W", W)
     check_window(NAME, "block_size", block_size)
     if num_tokens is not None:
         check_int(NAME, "num_tokens", num_tokens, min_value=0)
+    if token_offset is not None:
+        check_int(NAME, "token_offset", token_offset, min_value=0)
     if valid is not None:
         check_tensor(NAME, "valid", valid, dtypes=torch.bool, ndim=1, device=dev)
         if num_tokens is not None and valid.shape[0] != num_tokens:
@@ -34,7 +36,9 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
     if index_width is not None:
         check_int(NAME, "index_width", index_width, min_value=W, max_value=MAX_WINDOW, why="MAX_WINDOW")
     T = resolve_num_tokens(query_start_loc, num_tokens, valid) if num_tokens is not None or valid is not None else None
-    B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T)
+    # with token_offset the rows are a window of the batch's tokens (e.g. its decode rows):
+    # the batch may extend past it
+    B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T if token_offset is None else None)
     check_block_table(NAME, block_table, B, dev)
     if out is not None:
         if not isinstance(out, tuple) or len(out) != 2:
@@ -49,20 +53,24 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
 
 
 def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
-              index_width=None, valid=None, num_tokens=None, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+              index_width=None, valid=None, num_tokens=None, token_offset=None,
+              out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices int32 [T, index_width], lens int32 [T])``.
 
     Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``,
     ``indices[t, j] = slot(lo(p) + j)`` for ``j < lens`` through the block table
     (``block_table[b, pos // bs] * bs + pos % bs``), PAD after. Invalid tokens (past
     ``query_start_loc[B]`` or ``valid[t]`` False): ``lens = 0``, row all PAD.
-    T is ``num_tokens``, else ``len(valid)``, else ``query_start_loc[-1]`` (a host read).
+    Row ``t`` is token ``token_offset + t`` of the batch (default 0; ``valid`` is indexed by
+    row). T is ``num_tokens``, else ``len(valid)``, else ``query_start_loc[-1] -
+    token_offset`` (a host read).
     """
-    T = resolve_num_tokens(query_start_loc, num_tokens, valid)
+    off = token_offset or 0
+    T = resolve_num_tokens(query_start_loc, num_tokens, valid, off)
     width = W if index_width is None else index_width
     dev = query_start_loc.device
     table = nonempty_table(block_table)
-    view = token_view(query_start_loc, seq_lens, T, valid=valid)
+    view = token_view(query_start_loc, seq_lens, T, valid=valid, token_offset=off)
     R = view.take(replay_start)
     lo = swa_lo(view.pos, W, R)
     lens = torch.where(view.valid, view.pos - lo + 1, torch.zeros_like(lo))

@@ -251,7 +251,6 @@ class ModelStateMixin:
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
-                runtime.reserve(device, 2 * self.max_num_reqs + 1)
             if route.decoder and self.decoder_replay_layers is not None and self.pcp_size == 1:
                 self._swa_trimmed = torch.zeros(self._kept_kv_start.shape[0], dtype=torch.bool, device=device)
                 if self.replay_cudagraphs is not None:

@@ -163,9 +163,9 @@ class PrefillMetadataShim(_Shim):
         be = self._backend(prefill_gather_lens.device)
         if be is not None:
             try:
-                runtime.prefill_gather_lens(be, prefill_gather_lens, seq_lens, query_start_loc, replay_start,
-                                            int(num_prefills), int(num_decodes), int(window_size))
-                return None
+                if runtime.prefill_gather_lens(be, prefill_gather_lens, seq_lens, query_start_loc, replay_start,
+                                               int(num_prefills), int(num_decodes), int(window_size)):
+                    return None
             except Exception as exc:  # noqa: BLE001
                 self._failed(exc)
         return self._swa_original(prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills,

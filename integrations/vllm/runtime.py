@@ -31,7 +31,6 @@ CALLS: collections.Counter = collections.Counter()
 
 _backends: dict[str, Backend] = {}
 _lock = threading.Lock()
-_scratch: dict[str, torch.Tensor] = {}
 
 
 #: validate the pack's inputs on the hot path (debug): only with SWA_BACKENDS_VALIDATE set to a true
@@ -86,59 +85,6 @@ def pad_replayed_slots(be: Backend, slot_mappings, cacheable_groups, query_start
                               replay_start[:num_reqs], window)
 
 
-def _scratch_buffer(slot: str, like: torch.Tensor, n: int) -> torch.Tensor:
-    """``n`` entries of a persistent per-device buffer (see :func:`reserve`)."""
-    key = f"{slot}:{like.device}"
-    buf = _scratch.get(key)
-    if buf is None or buf.shape[0] < n or buf.dtype != like.dtype:
-        buf = torch.zeros(max(n, 1024), dtype=like.dtype, device=like.device)
-        _scratch[key] = buf
-    return buf[:n]
-
-
-def _token_window(query_start_loc: torch.Tensor, token_offset: int, num_tokens: int) -> torch.Tensor:
-    """``clamp(query_start_loc - token_offset, 0, num_tokens)`` in a persistent buffer: token
-    ``t`` of the result is token ``t + token_offset`` of the batch; the requests before the
-    window (decodes, for vLLM's prefill rows) and after it (prefills, for its decode rows)
-    become empty, so the result is a valid ``query_start_loc`` of ``num_tokens`` tokens with
-    the same ``B``. Two small device ops, no host read."""
-    out = _scratch_buffer("qsl", query_start_loc, query_start_loc.shape[0])
-    torch.sub(query_start_loc, token_offset, out=out)
-    return out.clamp_(0, num_tokens)
-
-
-def _from_zero(query_start_loc: torch.Tensor) -> torch.Tensor:
-    """``query_start_loc - query_start_loc[0]`` (a slice of requests), on the device."""
-    out = _scratch_buffer("qsl_slice", query_start_loc, query_start_loc.shape[0])
-    return torch.sub(query_start_loc, query_start_loc[0], out=out)
-
-
-def reserve(device, max_reqs: int) -> None:
-    """Allocate the persistent scratch buffers for batches of up to ``max_reqs`` requests on
-    ``device`` now (the model state's construction), so that no call allocates later --
-    inside a CUDA-graph capture in particular."""
-    dev = torch.device(device)
-    n = max(int(max_reqs) + 1, 1024)
-    for slot in ("qsl", "qsl_slice", "swa_replay_start", "gather_replay_start"):
-        key = f"{slot}:{dev}"
-        buf = _scratch.get(key)
-        if buf is None or buf.shape[0] < n:
-            _scratch[key] = torch.zeros(n, dtype=torch.int32, device=dev)
-
-
-def _per_request(values: torch.Tensor, n: int, slot: str) -> torch.Tensor:
-    """``values[:n]``; when vLLM hands fewer than ``n`` entries (FULL graphs pad the batch with
-    empty requests but pass the real requests' ``replay_start`` only; vLLM's kernels read past
-    it), the entries copied into a persistent per-device buffer with zeros after: the padding
-    requests own no token, so the value is never read for a result."""
-    if values.shape[0] >= n:
-        return values[:n]
-    out = _scratch_buffer(slot, values, n)
-    out[: values.shape[0]].copy_(values)
-    out[values.shape[0]:].zero_()
-    return out
-
-
 def swa_rows(swa_indices: torch.Tensor, num_tokens: int, index_width: int) -> torch.Tensor | None:
     """``swa_indices`` (vLLM's ``[N, 1, width]`` buffer) as the pack's contiguous
     ``[num_tokens, index_width]`` rows, or None when its layout is not that (then the
@@ -160,42 +106,46 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
     """vLLM's ``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL(swa_indices, swa_lens, window_size,
     index_width, left, right, query_start_loc, seq_lens, token_to_req_indices, is_valid_token,
     block_table, block_size, replay_start, num_tokens=, token_offset=)`` without image
-    widening. Output row ``i`` is token ``i + token_offset``: the pack's op gets the batch's
-    ``query_start_loc`` moved onto that token window on the device (:func:`_token_window`;
-    requests outside it become empty), ``valid=is_valid_token[token_offset:][:num_tokens]``,
-    ``num_tokens`` and ``out=(rows, swa_lens[:num_tokens])``. Returns False (nothing written) when the output
-    buffer's layout is not the pack's; the caller then runs vLLM's kernel."""
+    widening: one launch of the pack's op with the same ``token_offset`` (output row ``i`` is
+    batch token ``i + token_offset``), ``valid=is_valid_token[token_offset:][:num_tokens]``
+    and ``out=(rows, swa_lens[:num_tokens])``. The requests are the first
+    ``min(len(query_start_loc) - 1, len(replay_start))``: FULL graphs pad the batch with
+    requests that own no token and hand the real requests' ``replay_start`` only. Returns
+    False (nothing written) when the output buffer's layout is not the pack's; the caller
+    then runs vLLM's kernel."""
     if num_tokens == 0:
         return True
     rows = swa_rows(swa_indices, num_tokens, index_width)
     if rows is None:
         return False
     CALLS["swa_indices_and_lens"] += 1
-    B = query_start_loc.shape[0] - 1
+    B = min(query_start_loc.shape[0] - 1, replay_start.shape[0])
     with _hot():
-        qsl = _token_window(query_start_loc, token_offset, num_tokens)
-        be.swa_indices_and_lens(qsl, seq_lens[:B], block_table, block_size, window_size,
-                                _per_request(replay_start, B, "swa_replay_start"),
-                                index_width=index_width,
+        be.swa_indices_and_lens(query_start_loc[: B + 1], seq_lens[:B], block_table, block_size, window_size,
+                                replay_start[:B], index_width=index_width,
                                 valid=is_valid_token[token_offset: token_offset + num_tokens],
-                                num_tokens=num_tokens, out=(rows, swa_lens[:num_tokens]))
+                                num_tokens=num_tokens, token_offset=token_offset, out=(rows, swa_lens[:num_tokens]))
     return True
 
 
 def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills: int,
-                        num_decodes: int, window_size: int) -> None:
+                        num_decodes: int, window_size: int) -> bool:
     """vLLM's ``_COMPUTE_PREFILL_METADATA_KERNEL(prefill_gather_lens, seq_lens, query_start_loc,
     replay_start, num_prefills, num_decodes, window_size)``: the prefills are requests
-    ``num_decodes .. num_decodes + num_prefills - 1`` (their ``query_start_loc`` slice is
-    moved to start at 0 on the device)."""
+    ``num_decodes .. num_decodes + num_prefills - 1``; the pack's op reads only their query
+    lengths, so their ``query_start_loc`` slice goes in as it is. Returns False (nothing
+    written) when vLLM hands fewer per-request entries than that range (its kernel would read
+    past them); the caller then runs vLLM's kernel."""
     if num_prefills == 0:
-        return
-    CALLS["prefill_gather_lens"] += 1
+        return True
     d, p = num_decodes, num_prefills
+    if min(replay_start.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1) < d + p or prefill_gather_lens.shape[0] < p:
+        return False
+    CALLS["prefill_gather_lens"] += 1
     with _hot():
-        be.prefill_gather_lens(_from_zero(query_start_loc[d: d + p + 1]), seq_lens[d: d + p],
-                               _per_request(replay_start[d:], p, "gather_replay_start"), window_size,
+        be.prefill_gather_lens(query_start_loc[d: d + p + 1], seq_lens[d: d + p], replay_start[d: d + p], window_size,
                                out=prefill_gather_lens[:p])
+    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -332,5 +282,5 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
 
 
 __all__ = ["CALLS", "PAD", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows",
-           "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "reserve", "scatter_rows", "swa_indices_and_lens",
+           "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "scatter_rows", "swa_indices_and_lens",
            "swa_rows", "trimmed_on_device", "warm_up"]

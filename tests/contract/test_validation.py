@@ -81,6 +81,21 @@ def test_bad_input_names_the_argument(op, build, where, bad, name):
     assert msg.startswith(f"{op}: {name}") and "expected" in msg, msg
 
 
+def test_token_windows_and_request_slices_are_checked():
+    args, kw = _swa_args()
+    BE.swa_indices_and_lens(*args, num_tokens=2, token_offset=4)  # the second request's rows: valid
+    with pytest.raises(ValueError, match=r"swa_indices_and_lens: token_offset=-1: expected"):
+        BE.swa_indices_and_lens(*args, num_tokens=2, token_offset=-1)
+    qsl, seq, _, _, W, R = args
+    BE.prefill_gather_lens(qsl[1:], seq[1:], R[1:], W)  # a slice of requests: qsl may start above 0
+    with pytest.raises(ValueError, match=r"prefill_gather_lens: query_start_loc=.*expected query_start_loc\[0\] >= 0"):
+        BE.prefill_gather_lens(torch.tensor([-2, 2], dtype=i32), seq[1:], R[1:], W)
+    with pytest.raises(ValueError, match=r"prefill_gather_lens: query_start_loc=.*non-decreasing"):
+        BE.prefill_gather_lens(torch.tensor([6, 4, 5], dtype=i32), seq, R, W)
+    with pytest.raises(ValueError, match=r"swa_indices_and_lens: query_start_loc=.*== 0"):
+        BE.swa_indices_and_lens(qsl[1:], seq[1:], args[2], 4, W, R[1:], num_tokens=2)
+
+
 def test_every_op_rejects_a_non_tensor_first_argument():
     for op in sb.OPS:
         args, kw = case_for(op, np.random.default_rng(1), "cpu")

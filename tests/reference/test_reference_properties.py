@@ -111,6 +111,33 @@ def test_swa_indices_and_lens(seed, W, block_size, extra_width, masked):
 
 
 @settings(max_examples=EXAMPLES)
+@given(seed=seeds, **batch_knobs, data=st.data())
+def test_token_windows_and_request_slices_are_slices_of_the_whole(seed, W, block_size, data):
+    """``token_offset`` rows are the whole batch's rows from that token on (vLLM builds its
+    decode and prefill rows so); ``prefill_gather_lens`` of a slice of requests (query_start_loc
+    not from 0) is that slice of the whole result."""
+    b = _batch(seed, W, block_size)
+    t = b.tensors("cpu")
+    T = b.T + b.num_padded
+    valid = torch.from_numpy(np.random.default_rng(seed).random(T) < 0.8)
+    args = (t["query_start_loc"], t["seq_lens"], t["block_table"], block_size, W, t["replay_start"])
+    idx, lens = BE.swa_indices_and_lens(*args, num_tokens=T, valid=valid)
+    off = data.draw(st.integers(0, T))
+    n = data.draw(st.integers(0, T - off))
+    w_idx, w_lens = BE.swa_indices_and_lens(*args, num_tokens=n, token_offset=off, valid=valid[off: off + n])
+    assert torch.equal(w_idx, idx[off: off + n]) and torch.equal(w_lens, lens[off: off + n])
+    if off <= b.T:  # T resolved from query_start_loc: the rest of the batch's tokens
+        r_idx, _ = BE.swa_indices_and_lens(*args, token_offset=off)
+        assert torch.equal(r_idx, BE.swa_indices_and_lens(*args)[0][off:])
+    gl = BE.prefill_gather_lens(t["query_start_loc"], t["seq_lens"], t["replay_start"], W)
+    d = data.draw(st.integers(0, b.B))
+    p = data.draw(st.integers(0, b.B - d))
+    part = BE.prefill_gather_lens(t["query_start_loc"][d: d + p + 1], t["seq_lens"][d: d + p],
+                                  t["replay_start"][d: d + p], W)
+    assert torch.equal(part, gl[d: d + p])
+
+
+@settings(max_examples=EXAMPLES)
 @given(seed=seeds, **batch_knobs)
 def test_prefill_gather_lens_covers_every_clamped_window(seed, W, block_size):
     b = _batch(seed, W, block_size)

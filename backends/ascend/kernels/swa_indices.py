@@ -17,14 +17,15 @@ MAX_BLOCK_W = 256
 
 @triton.jit
 def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx_ptr, lens_ptr,
-                T, B, block_size, W, width,
+                T, t_off, B, block_size, W, width,
                 HAS_VALID: tl.constexpr, STEPS: tl.constexpr, BLOCK_W: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_W)
     for t_ in range(pid, T, nprog):
-        t = pid * 0 + t_  # a tensor in both compiled and interpreted mode
-        b = request_of(qsl_ptr, t, B, STEPS)
+        t = pid * 0 + t_  # a tensor in both compiled and interpreted mode; the output row
+        ta = t + t_off  # the batch token it describes
+        b = request_of(qsl_ptr, ta, B, STEPS)
         ok = b < B
         if HAS_VALID:  # constexpr switch: the caller's extra mask of padded tokens
             ok = ok & (tl.load(valid_ptr + t).to(tl.int1))
@@ -32,7 +33,7 @@ def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx
         end = tl.load(qsl_ptr + b + 1, mask=ok, other=0)
         seq = tl.load(seq_ptr + b, mask=ok, other=0)
         R = tl.load(r_ptr + b, mask=ok, other=0)
-        pos = seq - (end - start) + (t - start)
+        pos = seq - (end - start) + (ta - start)
         lo = tl.maximum(tl.maximum(pos - W + 1, 0), R)  # the clamp contract
         n = tl.where(ok, pos - lo + 1, 0)
         tl.store(lens_ptr + t, n)
@@ -48,9 +49,11 @@ def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx
 
 
 def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
-                         index_width=None, valid=None, num_tokens=None, out=None):
-    """The reference's ``(indices, lens)``; T as the reference resolves it."""
-    T = resolve_num_tokens(query_start_loc, num_tokens, valid)
+                         index_width=None, valid=None, num_tokens=None, token_offset=None, out=None):
+    """The reference's ``(indices, lens)``; T as the reference resolves it; row ``t`` is batch
+    token ``token_offset + t``."""
+    off = token_offset or 0
+    T = resolve_num_tokens(query_start_loc, num_tokens, valid, off)
     width = W if index_width is None else index_width
     dev = query_start_loc.device
     if out is None:
@@ -67,7 +70,7 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     _swa_kernel[(programs,)](
         query_start_loc, seq_lens, replay_start, table, table.stride(0),
         valid if valid is not None else query_start_loc, dst_idx, lens,
-        T, B, block_size, W, width,
+        T, off, B, block_size, W, width,
         HAS_VALID=valid is not None, STEPS=search_steps(B), BLOCK_W=block_w)
     if dst_idx is not idx:
         idx.copy_(dst_idx)
