@@ -276,19 +276,25 @@ def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanatio
     return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table))
 
 
-def select(device=None, *, config=None, prefer=None, matrix=None) -> "Backend":
+def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool = True) -> "Backend":
     """A :class:`Backend` for ``device`` (None: this process's accelerator, else CPU).
 
     ``prefer``: a variant name for every op that has it (``"triton"``), or a mapping
     ``op -> name``; a preferred variant that cannot run raises :class:`SelectionError`
     with its reasons. ``config``: a :class:`ServingConfig` (or its fields as a mapping)
     for ``.capabilities``. ``matrix``: a path or :class:`Matrix` instead of the shipped one.
+    ``checked=False``: the device ops never validate, whatever the process's validation
+    switch says (a serving engine's hot path whose inputs are its own, validated once in
+    its tests; no per-call switch to read or flip). With the default they validate while
+    the switch is on (:func:`~swa_backends.set_validation`).
     """
+    if not isinstance(checked, bool):
+        fail("select", "checked", checked, "a bool")
     info, config, matrix = _inputs(device, config, matrix)
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
     expl = Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table))
-    return Backend(info, chains, caps, expl)
+    return Backend(info, chains, caps, expl, checked=checked)
 
 
 # ---------------------------------------------------------------------------------------
@@ -306,8 +312,10 @@ class Backend:
     """
 
     def __init__(self, device: DeviceInfo, chains: Mapping[str, tuple[Variant, ...]],
-                 caps: Capabilities, explanation: Explanation):
+                 caps: Capabilities, explanation: Explanation, *, checked: bool = True):
         self.device = device
+        #: False: the device ops never validate (``select(checked=False)``)
+        self.checked = checked
         self.capabilities = caps
         self._chains = dict(chains)
         self._explanation = explanation
@@ -321,7 +329,8 @@ class Backend:
             setattr(self, name, fn)
 
     def __repr__(self) -> str:
-        return f"Backend({self.device}, " + ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items()) + ")"
+        ops = ", ".join(f"{op}={'|'.join(n)}" for op, n in self.variants.items())
+        return f"Backend({self.device}, " + ("" if self.checked else "unchecked, ") + ops + ")"
 
     def explain(self) -> Explanation:
         """The selection table; a variant whose kernel failed to build since is ``rejected``
@@ -378,7 +387,14 @@ class Backend:
             if platform_check is not None:
                 platform_check(device, *args, **kwargs)
 
-        if len(chain) == 1 and not chain[0].per_call:
+        if len(chain) == 1 and not chain[0].per_call and not self.checked:
+            only = chain[0]
+
+            def call(*args, **kwargs):  # first call: load the variant, then it is the attribute itself
+                impl = only.load()
+                setattr(self, op, impl)
+                return impl(*args, **kwargs)
+        elif len(chain) == 1 and not chain[0].per_call:
             only = chain[0]
             impl = None
 
@@ -391,8 +407,10 @@ class Backend:
                     impl = only.load()
                 return impl(*args, **kwargs)
         else:
+            checked = self.checked
+
             def call(*args, **kwargs):
-                if validation_enabled():
+                if checked and validation_enabled():
                     validate(*args, **kwargs)
                 start = 0
                 while True:

@@ -298,7 +298,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cpu") if bto.SMOKE else torch.device("cuda", torch.cuda.current_device())
     set_validation(False)
-    be = swa_backends.select(dev, prefer="triton")
+    be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
     ref = swa_backends.select(dev, prefer="reference")
     K, origin = vk.load(a.vllm_kernels)
     res = {"meta": {

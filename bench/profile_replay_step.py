@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         return 2
     set_validation(False)
     dev = torch.device("cuda", torch.cuda.current_device())
-    be = swa_backends.select(dev, prefer="triton")
+    be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
     K, origin = vk.load(a.vllm_kernels)
     if K is None:
         print(f"vLLM's kernels: {origin}")

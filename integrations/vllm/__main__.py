@@ -1,12 +1,14 @@
 """The pack's decision for a vLLM configuration, without starting a server.
 
-``python -m swa_backends.integrations.vllm [--device D] <vllm serve engine arguments>``
+``python -m swa_backends.integrations.vllm [--swa-device D] [--swa-platform P] <vllm serve engine arguments>``
 builds vLLM's ``VllmConfig`` from the same engine arguments ``vllm serve`` takes
 (``EngineArgs``) and prints, as JSON, the ``ServingConfig`` the integration derives, the
 pack's encoder/decoder decision with its reasons, and what vLLM itself does with encoder
-replay. ``--device``: a fake ``platform:arch`` (``cuda:sm90``, ``rocm:gfx942``) to judge
-another machine (default: vLLM's device here). Run it where vLLM can build the config (the
-model's config files reachable; a device vLLM recognises, or ``--device``).
+replay. ``--swa-device``: a fake ``platform:arch`` (``cuda:sm90``, ``rocm:gfx942``) to judge
+another machine (default: vLLM's device here; the ``--swa-`` prefix keeps clear of vLLM's own
+``--device``); ``--swa-platform``: the platform vLLM's own encoder gate assumes. Run it where
+vLLM can build the config (the model's config files reachable; a device vLLM recognises, or
+``--swa-device``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ buffers vLLM passed (its persistent, graph-captured buffers). The patches, the m
 state and the tests (including the differential against vLLM's kernels, which can run on a
 machine without vLLM) all go through these functions.
 
-Hot-path policy: validation is off around every call unless ``SWA_BACKENDS_VALIDATE`` is
-set to a true value in the environment (a debug switch: the value checks read the device);
+Hot-path policy: the backend :func:`backend_for` selects never validates
+(``select(checked=False)``: vLLM's inputs are checked by the differential tests, not per
+call) unless ``SWA_BACKENDS_VALIDATE`` is set to a true value in the environment (a debug
+switch: the value checks read the device);
 ``SWA_BACKENDS_VLLM_PREFER`` forces a variant for every op (``triton`` makes the CPU run the
 Triton kernels under the interpreter; tests use it). :data:`CALLS` counts the routed calls
 per op (tests read it to prove the path went through the pack).
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from ...common.types import PAD, ReplayPlan
-from ...common.validation import env_setting, set_validation
+from ...common.validation import env_setting
 from ...dispatch import Backend, select
 
 #: routed calls per op name in this process
@@ -40,34 +42,27 @@ PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
 
 
 def backend_for(device) -> Backend:
-    """The pack's backend for a torch device (cached per device)."""
-    key = str(device)
+    """The pack's backend for a torch device (cached per device; ``"cuda"`` is the current
+    CUDA device, so it shares the backend of ``"cuda:N"``)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = str(dev)
     be = _backends.get(key)
     if be is None:
         with _lock:
             be = _backends.get(key)
             if be is None:
                 prefer = os.environ.get(PREFER_ENV) or None
-                be = select(torch.device(device), prefer=prefer)
+                be = select(dev, prefer=prefer, checked=VALIDATE)
                 _backends[key] = be
     return be
 
 
-class _Hot:
-    """``with _hot():`` -- validation as the hot path wants it, restored after."""
-
-    __slots__ = ("prev",)
-
-    def __enter__(self):
-        self.prev = set_validation(VALIDATE)
-
-    def __exit__(self, *exc):
-        set_validation(self.prev)
-        return False
-
-
-def _hot() -> _Hot:
-    return _Hot()
+def _head(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t[:n]``, or ``t`` itself when it has exactly ``n`` rows (vLLM mostly hands
+    exact-size views; a slice is a new tensor object, ~1 µs of host time)."""
+    return t if t.shape[0] == n else t[:n]
 
 
 # ---------------------------------------------------------------------------------------
@@ -80,9 +75,8 @@ def pad_replayed_slots(be: Backend, slot_mappings, cacheable_groups, query_start
     """vLLM's ``_pad_replayed_slots_kernel[(num_reqs,)](slot_mappings, stride, cacheable_groups,
     query_start_loc, positions, replay_start, window, PAD_SLOT_ID, ...)`` (in place)."""
     CALLS["pad_replayed_slots"] += 1
-    with _hot():
-        be.pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc[: num_reqs + 1], positions,
-                              replay_start[:num_reqs], window)
+    be.pad_replayed_slots(slot_mappings, cacheable_groups, _head(query_start_loc, num_reqs + 1), positions,
+                          _head(replay_start, num_reqs), window)
 
 
 def swa_rows(swa_indices: torch.Tensor, num_tokens: int, index_width: int) -> torch.Tensor | None:
@@ -90,9 +84,9 @@ def swa_rows(swa_indices: torch.Tensor, num_tokens: int, index_width: int) -> to
     ``[num_tokens, index_width]`` rows, or None when its layout is not that (then the
     caller keeps vLLM's kernel)."""
     if swa_indices.dim() == 3 and swa_indices.shape[1] == 1:
-        rows = swa_indices[:num_tokens, 0]
+        rows = _head(swa_indices, num_tokens)[:, 0]
     elif swa_indices.dim() == 2:
-        rows = swa_indices[:num_tokens]
+        rows = _head(swa_indices, num_tokens)
     else:
         return None
     if rows.shape[1] != index_width or not rows.is_contiguous():
@@ -120,11 +114,10 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
         return False
     CALLS["swa_indices_and_lens"] += 1
     B = min(query_start_loc.shape[0] - 1, replay_start.shape[0])
-    with _hot():
-        be.swa_indices_and_lens(query_start_loc[: B + 1], seq_lens[:B], block_table, block_size, window_size,
-                                replay_start[:B], index_width=index_width,
-                                valid=is_valid_token[token_offset: token_offset + num_tokens],
-                                num_tokens=num_tokens, token_offset=token_offset, out=(rows, swa_lens[:num_tokens]))
+    valid = is_valid_token[token_offset: token_offset + num_tokens] if token_offset else _head(is_valid_token, num_tokens)
+    be.swa_indices_and_lens(_head(query_start_loc, B + 1), _head(seq_lens, B), block_table, block_size, window_size,
+                            _head(replay_start, B), index_width=index_width, valid=valid, num_tokens=num_tokens,
+                            token_offset=token_offset, out=(rows, _head(swa_lens, num_tokens)))
     return True
 
 
@@ -142,9 +135,8 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     if min(replay_start.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1) < d + p or prefill_gather_lens.shape[0] < p:
         return False
     CALLS["prefill_gather_lens"] += 1
-    with _hot():
-        be.prefill_gather_lens(query_start_loc[d: d + p + 1], seq_lens[d: d + p], replay_start[d: d + p], window_size,
-                               out=prefill_gather_lens[:p])
+    be.prefill_gather_lens(query_start_loc[d: d + p + 1], seq_lens[d: d + p], replay_start[d: d + p], window_size,
+                           out=_head(prefill_gather_lens, p))
     return True
 
 
@@ -200,23 +192,20 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
     may be vLLM's own ``[:, :n_pad]`` slice of its ``[G, max_num_tokens]`` buffer (row-strided)."""
     CALLS["gather_replay_batch"] += 1
     B = plan.num_reqs
-    with _hot():
-        be.gather_replay_batch(plan, query_start_loc[: B + 1], seq_lens[:B], replay_start[:B], positions, slot_mappings,
-                               window, out=out)
+    be.gather_replay_batch(plan, _head(query_start_loc, B + 1), _head(seq_lens, B), _head(replay_start, B), positions,
+                           slot_mappings, window, out=out)
 
 
 def gather_rows(be: Backend, x: torch.Tensor, rows: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x.index_select(0, rows)`` (or ``torch.index_select(x, 0, rows, out=out)``)."""
     CALLS["gather_rows"] += 1
-    with _hot():
-        return be.gather_rows(x, rows, out=out)
+    return be.gather_rows(x, rows, out=out)
 
 
 def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
     """``y.new_zeros((num_rows, ...)).index_copy_(0, rows, y)``."""
     CALLS["scatter_rows"] += 1
-    with _hot():
-        return be.scatter_rows(y, rows, num_rows)
+    return be.scatter_rows(y, rows, num_rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -247,37 +236,36 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
     pos[:T] = torch.tensor([seq[0] - 1, *range(prefix[1], seq[1])], dtype=i64)
     slots = torch.arange(max(num_groups, 1) * T_pad, dtype=i64, device=dev).view(-1, T_pad)
     ran: list[str] = []
-    with _hot():
-        if pad:
-            be.pad_replayed_slots(slots.clone(), torch.zeros(1, dtype=i32, device=dev), qsl, pos, R, W)
-            ran.append("pad_replayed_slots")
-        if swa:
-            valid = torch.ones(T_pad, dtype=torch.bool, device=dev)
-            out = (torch.empty(T_pad, width, dtype=i32, device=dev), torch.empty(T_pad, dtype=i32, device=dev))
-            be.swa_indices_and_lens(qsl, seq_t, table, bs, W, R, index_width=width, valid=valid, num_tokens=T_pad,
-                                    out=out)
-            ran.append("swa_indices_and_lens")
-        if gather_lens:
-            be.prefill_gather_lens(qsl, seq_t, R, W, out=torch.empty(2, dtype=i32, device=dev))
-            ran.append("prefill_gather_lens")
-        if gather:
-            kept = np.array([1, 2], dtype=np.int32)
-            plan = replay_plan(kept, np.array([0, 1, 4], dtype=np.int32), 5, W)
-            out = {"rows": torch.empty(5, dtype=i64, device=dev), "query_start_loc": torch.empty(3, dtype=i32, device=dev),
-                   "positions": torch.empty(5, dtype=i64, device=dev),
-                   "slot_mappings": torch.empty(slots.shape[0], 5, dtype=i64, device=dev),
-                   "kv_start": torch.empty(2, dtype=i32, device=dev)}
-            be.gather_replay_batch(plan, qsl, seq_t, R, pos, slots, W, out=out)
-            ran.append("gather_replay_batch")
-        if rows:
-            idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)
-            for tail, dtype in rows:
-                x = torch.zeros(T, *tail, dtype=dtype, device=dev)
-                buf = torch.empty(3, *tail, dtype=dtype, device=dev)
-                be.gather_rows(x, idx, out=buf)
-                be.gather_rows(x, idx)
-                be.scatter_rows(buf, idx, T)
-            ran += ["gather_rows", "scatter_rows"]
+    if pad:
+        be.pad_replayed_slots(slots.clone(), torch.zeros(1, dtype=i32, device=dev), qsl, pos, R, W)
+        ran.append("pad_replayed_slots")
+    if swa:
+        valid = torch.ones(T_pad, dtype=torch.bool, device=dev)
+        out = (torch.empty(T_pad, width, dtype=i32, device=dev), torch.empty(T_pad, dtype=i32, device=dev))
+        be.swa_indices_and_lens(qsl, seq_t, table, bs, W, R, index_width=width, valid=valid, num_tokens=T_pad,
+                                out=out)
+        ran.append("swa_indices_and_lens")
+    if gather_lens:
+        be.prefill_gather_lens(qsl, seq_t, R, W, out=torch.empty(2, dtype=i32, device=dev))
+        ran.append("prefill_gather_lens")
+    if gather:
+        kept = np.array([1, 2], dtype=np.int32)
+        plan = replay_plan(kept, np.array([0, 1, 4], dtype=np.int32), 5, W)
+        out = {"rows": torch.empty(5, dtype=i64, device=dev), "query_start_loc": torch.empty(3, dtype=i32, device=dev),
+               "positions": torch.empty(5, dtype=i64, device=dev),
+               "slot_mappings": torch.empty(slots.shape[0], 5, dtype=i64, device=dev),
+               "kv_start": torch.empty(2, dtype=i32, device=dev)}
+        be.gather_replay_batch(plan, qsl, seq_t, R, pos, slots, W, out=out)
+        ran.append("gather_replay_batch")
+    if rows:
+        idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)
+        for tail, dtype in rows:
+            x = torch.zeros(T, *tail, dtype=dtype, device=dev)
+            buf = torch.empty(3, *tail, dtype=dtype, device=dev)
+            be.gather_rows(x, idx, out=buf)
+            be.gather_rows(x, idx)
+            be.scatter_rows(buf, idx, T)
+        ran += ["gather_rows", "scatter_rows"]
     return ran
 
 

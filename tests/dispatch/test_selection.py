@@ -6,7 +6,9 @@ import copy
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 import yaml
 
 import swa_backends as sb
@@ -378,3 +380,27 @@ def test_unclamped_attention_path_turns_encoder_off(monkeypatch):
     assert not caps.encoder_replay.enabled
     assert any("sparse_mla/maskmode4 reads its window without the replay-start clamp" in r
                for r in caps.encoder_replay.reasons)
+
+
+@pytest.mark.parametrize("prefer", [None, "triton"])
+def test_unchecked_backend_never_validates_and_gives_the_same_results(prefer):
+    """``select(checked=False)``: no op validates (the process switch stays on); valid
+    inputs give what a checked backend gives, for single-variant and per-call chains alike."""
+    from swa_backends import validation_enabled
+    from swa_backends.testing.conformance import case_for
+
+    checked, unchecked = sb.select("cpu", prefer=prefer), sb.select("cpu", prefer=prefer, checked=False)
+    assert checked.checked and not unchecked.checked and validation_enabled()
+    rng = np.random.default_rng(3)
+    for op in ("swa_indices_and_lens", "prefill_gather_lens", "pad_replayed_slots", "sparse_mla"):
+        args, kw = case_for(op, rng, "cpu", poison=False)
+        clone = lambda v: v.clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
+        a = getattr(checked, op)(*[clone(x) for x in args], **kw)
+        b = getattr(unchecked, op)(*[clone(x) for x in args], **kw)
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert (x is None and y is None) or torch.equal(x, y), op
+    bad = (torch.tensor([-2, 1], dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
+           torch.tensor([0], dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match="prefill_gather_lens: query_start_loc"):
+        checked.prefill_gather_lens(*bad)
+    assert unchecked.prefill_gather_lens(*bad).tolist() == [3]

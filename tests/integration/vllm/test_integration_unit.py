@@ -257,26 +257,29 @@ def test_warm_up_launches_each_op(variant):
 
 
 def test_hot_path_validation_is_off_unless_asked(monkeypatch):
+    """``backend_for`` selects an unchecked backend (no validation, whatever the process
+    switch says) unless ``SWA_BACKENDS_VALIDATE`` is true; ``"cuda"``-style names without an
+    index share one backend per device."""
     from swa_backends import validation_enabled
 
-    seen = []
-    be = select("cpu")
-
-    class Spy:
-        def __getattr__(self, name):
-            def call(*a, **k):
-                seen.append(validation_enabled())
-                return getattr(be, name)(*a, **k)
-            return call
-
-    x = torch.arange(12.0).view(6, 2)
-    rows = torch.tensor([1, 4])
-    monkeypatch.setattr(runtime, "VALIDATE", False)
-    runtime.gather_rows(Spy(), x, rows)
-    monkeypatch.setattr(runtime, "VALIDATE", True)
-    runtime.gather_rows(Spy(), x, rows)
-    assert seen == [False, True]
-    assert validation_enabled()  # restored
+    i32 = torch.int32
+    # query_start_loc starting below 0: validation rejects it; the kernel reads only differences
+    bad = (torch.tensor([-2, 1], dtype=i32), torch.tensor([3], dtype=i32), torch.tensor([0], dtype=i32), 4)
+    for validate in (False, True):
+        monkeypatch.setattr(runtime, "VALIDATE", validate)
+        monkeypatch.setattr(runtime, "_backends", {})
+        be = runtime.backend_for("cpu")
+        assert be.checked is validate and runtime.backend_for(torch.device("cpu")) is be
+        assert validation_enabled()  # the process switch is on either way
+        if validate:
+            with pytest.raises(ValueError, match="prefill_gather_lens: query_start_loc"):
+                be.prefill_gather_lens(*bad)
+        else:
+            assert be.prefill_gather_lens(*bad).tolist() == [3]
+            assert be.prefill_gather_lens(*bad).tolist() == [3]  # the loaded variant itself, from now on
+    assert "unchecked" in repr(select("cpu", checked=False))
+    with pytest.raises(ValueError, match="select: checked=1"):
+        select("cpu", checked=1)
 
 
 def test_register_never_raises(monkeypatch, caplog):

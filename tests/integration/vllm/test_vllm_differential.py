@@ -44,7 +44,7 @@ def _stubs(monkeypatch):
 
 @pytest.fixture(params=["reference", "triton"])
 def be(request, monkeypatch):
-    backend = select("cpu", prefer=request.param)
+    backend = select("cpu", prefer=request.param, checked=False)  # as runtime.backend_for selects it
     monkeypatch.setattr(runtime, "backend_for", lambda device: backend)
     return backend
 
@@ -113,10 +113,16 @@ def test_eager_step_bit_identical(be, seed, name):
 
 
 @pytest.mark.parametrize("name", ["mixed", "graph-padding", "spec-decode+replay"])
-def test_eager_step_with_validation_on(be, name, monkeypatch):
-    """``SWA_BACKENDS_VALIDATE=1`` (the debug switch): the pack validates vLLM's real inputs
-    on the hot path and accepts them all (no route falls back), with the same results."""
+def test_eager_step_with_validation_on(name, monkeypatch):
+    """``SWA_BACKENDS_VALIDATE=1`` (the debug switch: ``backend_for`` selects a checked
+    backend): the pack validates vLLM's real inputs on the hot path and accepts them all (no
+    route falls back), with the same results."""
     monkeypatch.setattr(runtime, "VALIDATE", True)
+    monkeypatch.setattr(runtime, "_backends", {})
+    monkeypatch.setenv(runtime.PREFER_ENV, "triton")
+    be = runtime.backend_for("cpu")
+    assert be.checked
+    monkeypatch.setattr(runtime, "backend_for", lambda device: be)
     batch = dict(_cases.mixed_batches(8))[name]
     want = _vllm_run(batch, _eager)
     got, called = _pack_run(be, batch, _eager)
