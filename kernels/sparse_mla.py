@@ -443,19 +443,24 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 )
 
 # Record caches (D = d_v = 512; each tile dequantized in registers before its MMAs), keyed by
-# (platform, max heads). Chosen offline from what Triton 3.9 compiles (registers, spills, shared
-# memory: tests/kernels/test_sparse_mla_records.py compiles them for sm90 and gfx942); not yet timed.
-RECORDS_TUNED: tuple[tuple[str, int, Config], ...] = (
-    # sm90, Triton 3.9 (ptxas -v): 16 heads x 32 records, 8 warps: 208-218 registers, no spill
-    # (V4, MXFP8; NVFP4 spills 152 B); 32-head blocks spill ~450 B whatever the warps/rows
-    ("cuda", 32, Config(block_h=16, block_n=32, num_warps=8, num_stages=2)),
-    # 64 heads x 32 records with S split across the warpgroups: 128 KB shared, no spill (all three
-    # formats; without split_s V4 spills 28 B); 64 records spill 312 B
-    ("cuda", 1 << 30, Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True)),
+# (platform, max heads, formats). cuda rows: the fastest of a sweep on an H200 (torch 2.11,
+# Triton 3.6, K 640, T 256 and 4K, all three formats; bench/README.md), checked offline
+# against Triton 3.9's ptxas for sm90 (tests/kernels/test_sparse_mla_records.py prints
+# registers and spills).
+RECORDS_TUNED: tuple[tuple[str, int, tuple[str, ...] | str, Config], ...] = (
+    # 16 heads, NVFP4: 8 warps x 32 records. 64 records time 1.1-1.3x faster on Triton 3.6 but
+    # spill 3 KB under Triton 3.9 (this row: ~150 B); 4 warps are 4x slower (the wider dequant)
+    ("cuda", 32, ("v41_nvfp4",), Config(block_h=16, block_n=32, num_warps=8, num_stages=2)),
+    # 16 heads, V4 / MXFP8: 4 warps x 32 records, 1.3-1.8x the 8-warp row (no spill on 3.9)
+    ("cuda", 32, "*", Config(block_h=16, block_n=32, num_warps=4, num_stages=2)),
+    # 64 heads x 64 records with S split across the warpgroups (the bf16 rows' config): 1.2-1.4x
+    # the 32-record tiles at T 4K and 1.2x at T 256, every format (spills on 3.9: 0-108 B)
+    ("cuda", 1 << 30, "*", Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # gfx942 (V4, the only record on ROCm; FNUZ converted natively): 32 heads x 16 records, 166
-    # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill
-    ("rocm", 1 << 30, Config(block_h=32, block_n=16, num_warps=8, num_stages=1)),
-    ("*", 1 << 30, Config(block_h=64, block_n=32, num_warps=4, num_stages=2)),
+    # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill (compiled offline,
+    # not timed: no AMD hardware here)
+    ("rocm", 1 << 30, "*", Config(block_h=32, block_n=16, num_warps=8, num_stages=1)),
+    ("*", 1 << 30, "*", Config(block_h=64, block_n=32, num_warps=4, num_stages=2)),
 )
 
 
@@ -469,7 +474,8 @@ def table_config(platform: str, D: int, H: int, kv_format: str = "rows") -> Conf
     """The first :data:`TUNED` row (:data:`RECORDS_TUNED` for a record cache) for this
     platform, ``D_qk`` and head count."""
     if kv_format != "rows":
-        return next(c for p, hmax, c in RECORDS_TUNED if p in (platform, "*") and H <= hmax)
+        return next(c for p, hmax, fmts, c in RECORDS_TUNED
+                    if p in (platform, "*") and H <= hmax and (fmts == "*" or kv_format in fmts))
     return next(c for p, dmax, hmax, c in TUNED if p in (platform, "*") and D <= dmax and H <= hmax)
 
 

@@ -651,9 +651,9 @@ def _aot_main(targets: list[str]) -> int:
     """Compile every record format's table configs (one pass and split-K decode) offline for each
     target with Triton's compiler (tests/kernels/aot_compile_sparse_mla.py's binder); one line each with
     the shared memory (and on sm90 ptxas' registers / spills); exit 1 when one does not compile
-    or does not fit the target's shared memory, or (sm90: the OCP V4 and MXFP8 records NVIDIA
-    serves) spills. FNUZ records on NVIDIA (a gfx942 cache; converted through the OCP bits) and
-    NVFP4 at 16 heads spill a little."""
+    or does not fit the target's shared memory. Spills are printed, not failed: the cuda rows
+    of RECORDS_TUNED were chosen by timing them on an H200 (Triton 3.6), where the fastest
+    rows spill under Triton 3.9's ptxas."""
     sys.path.insert(0, str(HERE))
     import aot_compile_sparse_mla as A  # noqa: PLC0415
 
@@ -677,8 +677,6 @@ def _aot_main(targets: list[str]) -> int:
                     if target.backend == "cuda" and name == "_sparse_mla_fwd":
                         regs, spill = _ptxas(k)
                         line += f" regs={regs} spill={spill}"
-                        if spill and fl == "e4m3fn" and fmt != "v41_nvfp4":  # what SM90 / SM100 serve
-                            failures.append(f"{line}: spills")
                     print(line, flush=True)
 
                 K._sparse_mla_fwd = A._Offline(fwd, target, record)
