@@ -1,0 +1,100 @@
+"""Launch configs of the tl kernel on paged KV records, timed on a GPU: what ``RECORDS_TUNED``
+in ``kernels/sparse_mla.py`` was chosen from.
+
+    . bench/gpu_env.sh && python3 bench/sweep_records_configs.py --out DIR [--formats v4_fp8,...]
+
+For each record format (OCP e4m3 flavour) and shape (H 64 / T 4K, H 128 / T 256, H 16 / T 4K,
+H 16 / T 256; K 640 random indices over a 1M-slot cache, 64 records per page): the tl kernel
+on the bf16 rows (its table config), on the records with the table config, and with each
+candidate config (``CANDIDATES``); each result is checked against the table config's output
+(bf16 tolerance) before it is timed. Median of 5 calls, CUDA events around each call, no L2
+flush (the same method for every column). Writes ``DIR/sweep_records_configs.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+# the sibling script (python puts the script's folder first on sys.path): inputs and timing
+import bench_sparse_mla as bsm  # noqa: E402
+
+import torch  # noqa: E402
+
+from swa_backends.common.ops import _records as R  # noqa: E402
+from swa_backends.kernels import sparse_mla as K  # noqa: E402
+
+D, KK, S, BS = 512, 640, 1 << 20, 64
+SHAPES = ((64, 4096), (128, 256), (16, 4096), (16, 256))
+CANDIDATES = (
+    K.Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True),
+    K.Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True),
+    K.Config(block_h=32, block_n=64, num_warps=8, num_stages=2),
+    K.Config(block_h=32, block_n=32, num_warps=8, num_stages=2),
+    K.Config(block_h=16, block_n=64, num_warps=8, num_stages=2),
+    K.Config(block_h=16, block_n=64, num_warps=4, num_stages=2),
+    K.Config(block_h=16, block_n=64, num_warps=4, num_stages=1),
+    K.Config(block_h=16, block_n=32, num_warps=8, num_stages=2),
+    K.Config(block_h=16, block_n=32, num_warps=4, num_stages=2),
+)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--formats", default="v4_fp8,v41_mxfp8,v41_nvfp4")
+    ap.add_argument("--budget", type=float, default=400.0, help="seconds; later configs are skipped past it")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    a.out.mkdir(parents=True, exist_ok=True)
+    end = time.time() + a.budget
+    scale = 1.0 / math.sqrt(D)
+    g = torch.Generator(device=dev).manual_seed(11)
+    rows = torch.randn(S, D, generator=g, device=dev).to(torch.bfloat16)
+    res = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                    "triton": __import__("triton").__version__, "K": KK, "cache_slots": S, "page": BS,
+                    "time": "median of 5 calls, ms"}, "rows": []}
+    for fmt in a.formats.split(","):
+        kv = R.new_cache(S // BS, BS, fmt, device=dev)
+        for c in range(0, S, 1 << 15):
+            R.write(kv, rows[c:c + (1 << 15)], torch.arange(c, c + (1 << 15), device=dev), fmt, "e4m3fn")
+        rec = {"kv_format": fmt, "fp8": "e4m3fn"}
+        for H, T in SHAPES:
+            q, idx, lens, sink = bsm.make_inputs(T, H, KK, D, kv=rows, seed=T + H, dev=dev)
+            table = K.pick_config(T, H, D, D, KK, dev, fmt)
+            want = K.launch(q, kv, idx, lens, scale, D, sink, **rec)
+            row = {"format": fmt, "H": H, "T": T, "table": table.short(),
+                   "bf16_ms": bsm.timed(lambda: K.launch(q, rows, idx, lens, scale, D, sink), reps=5),
+                   "table_ms": bsm.timed(lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec), reps=5),
+                   "configs": {}}
+            for cfg in CANDIDATES:
+                if cfg.block_h > H or time.time() > end:
+                    continue
+                try:
+                    run = lambda: K.launch(q, kv, idx, lens, scale, D, sink, config=cfg, fit=False, **rec)  # noqa: E731
+                    got = run()
+                    if not torch.allclose(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2):
+                        row["configs"][cfg.short()] = "wrong"
+                        continue
+                    row["configs"][cfg.short()] = bsm.timed(run, reps=5)
+                except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
+                    row["configs"][cfg.short()] = f"error: {type(exc).__name__}"
+            timed_ = sorted((v, k) for k, v in row["configs"].items() if isinstance(v, float))
+            print(f"{fmt:10} H {H:3} T {T:5}: bf16 {row['bf16_ms']:.3f} ms, table {table.short()} "
+                  f"{row['table_ms']:.3f} ms ({row['bf16_ms'] / row['table_ms']:.2f}x bf16); fastest: "
+                  + ", ".join(f"{k} {v:.3f} ({row['bf16_ms'] / v:.2f}x)" for v, k in timed_[:3]), flush=True)
+            res["rows"].append(row)
+            (a.out / "sweep_records_configs.json").write_text(json.dumps(res, indent=1))
+        kv = None
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
