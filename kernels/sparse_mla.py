@@ -448,13 +448,13 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 # against Triton 3.9's ptxas for sm90 (tests/kernels/test_sparse_mla_records.py prints
 # registers and spills).
 RECORDS_TUNED: tuple[tuple[str, int, tuple[str, ...] | str, Config], ...] = (
-    # 16 heads, NVFP4: 8 warps x 32 records. 64 records time 1.1-1.3x faster on Triton 3.6 but
+    # 16 heads, NVFP4: 8 warps x 32 records. 64 records time ~1.1x faster on Triton 3.6 but
     # spill 3 KB under Triton 3.9 (this row: ~150 B); 4 warps are 4x slower (the wider dequant)
     ("cuda", 32, ("v41_nvfp4",), Config(block_h=16, block_n=32, num_warps=8, num_stages=2)),
-    # 16 heads, V4 / MXFP8: 4 warps x 32 records, 1.3-1.8x the 8-warp row (no spill on 3.9)
+    # 16 heads, V4 / MXFP8: 4 warps x 32 records, 1.4-1.8x the 8-warp row (no spill on 3.9)
     ("cuda", 32, "*", Config(block_h=16, block_n=32, num_warps=4, num_stages=2)),
     # 64 heads x 64 records with S split across the warpgroups (the bf16 rows' config): 1.2-1.4x
-    # the 32-record tiles at T 4K and 1.2x at T 256, every format (spills on 3.9: 0-108 B)
+    # the 32-record tiles at T 4K and 1.2-1.3x at T 256, every format (spills on 3.9: 0-108 B)
     ("cuda", 1 << 30, "*", Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # gfx942 (V4, the only record on ROCm; FNUZ converted natively): 32 heads x 16 records, 166
     # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill (compiled offline,
