@@ -263,12 +263,12 @@ def plan_arguments(plan: ReplayPlan, device=None) -> tuple:
         raise ValueError(f"gather_replay_batch: plan={plan!r}: expected a ReplayPlan from plan_replay_batch")
     if device is None:
         return plan.kept, plan.trimmed, plan.dropped_before, plan.num_rows, plan.num_rows_padded
-    dropped, trimmed = plan.device_tensors(torch.device(device))
-    key = f"kept:{torch.device(device)}"
-    kept = plan._device_cache.get(key)
-    if kept is None:
-        kept = plan._device_cache[key] = plan.kept.to(device)
-    return kept, trimmed, dropped, plan.num_rows, plan.num_rows_padded
+    dev = torch.device(device)
+    dropped = plan.device_dropped_before(dev)
+    copies = plan._device_cache.get(f"kept,trimmed:{dev}")
+    if copies is None:
+        copies = plan._device_cache[f"kept,trimmed:{dev}"] = (plan.kept.to(dev), plan.trimmed.to(dev))
+    return copies[0], copies[1], dropped, plan.num_rows, plan.num_rows_padded
 
 
 def replay_batch(outputs, num_rows: int) -> ReplayBatch:

@@ -109,9 +109,8 @@ class ServingStep:
         self.n = int(self.kept.sum())
         dropped_np = runtime.dropped_before(self.kept, self.qsl_np)
         self.dropped = t(dropped_np, INDEX_DTYPE)
-        trimmed = runtime.trimmed_on_device(self.dropped, torch.empty(B, dtype=torch.bool, device=dev))
         self.plan = runtime.replay_plan(self.kept, self.qsl_np, self.n, W, dropped=dropped_np,
-                                        device_tensors=(self.dropped, trimmed), device=dev)
+                                        device_dropped=self.dropped)
         self.t2r = vk.token_to_req_indices(self.qsl, self.T)
         self.dev = dev
 

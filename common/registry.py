@@ -137,8 +137,8 @@ class Variant:
 
     ``kv_formats`` (ops of :data:`KV_FORMAT_OPS`): the ``kv_format`` values it reads, an entry
     ``"v4_fp8"`` for every FP8 flavour of the format or ``"v4_fp8/e4m3fn"`` for one; ``None``:
-    ``"rows"`` only -- except the variant named ``reference``, the op's torch reference, which
-    implements the whole contract. A call in another format gets a per-call reason ("reads KV
+    ``"rows"`` only; ``"*"``: every format the op defines, now and later (the op's torch
+    reference, which implements the whole contract). A call in another format gets a per-call reason ("reads KV
     rows only ...") and dispatch runs the next variant. A call passing one of the op's
     keywords that the implementation does not take (one written before them) gets a reason too.
     """
@@ -159,7 +159,7 @@ class Variant:
     emulated_on: tuple[str, ...] = ()
     emulated_requires: tuple[str, ...] | None = None
     warmup: str | None = None
-    kv_formats: tuple[str, ...] | None = None
+    kv_formats: tuple[str, ...] | str | None = None
     description: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
@@ -221,7 +221,7 @@ class Variant:
 
     @property
     def reads_every_kv_format(self) -> bool:
-        return self.op in KV_FORMAT_OPS and self.kv_formats is None and self.name == "reference"
+        return self.op in KV_FORMAT_OPS and self.kv_formats == "*"
 
     def _format_reason(self, kwargs: dict) -> str | None:
         fmt = kwargs.get("kv_format", "rows")

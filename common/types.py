@@ -74,13 +74,33 @@ class ReplayPlan:
     def num_reqs(self) -> int:
         return self.kept.shape[0]
 
-    def device_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(dropped_before, trimmed)`` on ``device``, copied once per plan and device."""
+    @classmethod
+    def from_kept(cls, kept, query_start_loc_host, num_rows_padded: int, window: int, *,
+                  dropped_before=None) -> "ReplayPlan":
+        """The plan of a decision already made: ``kept`` rows per request (host ints) over a
+        batch's host ``query_start_loc`` ([B+1] or longer), ``dropped_before`` derived
+        (``query_start_loc - [0, cumsum(kept)]``) unless given; no checks (a planner's
+        result: ``plan_replay_batch``, or a serving engine's own planning)."""
+        import numpy as np
+
+        kept = np.asarray(kept).astype(np.int32, copy=False)
+        qsl = np.asarray(query_start_loc_host)[: kept.shape[0] + 1]
+        if dropped_before is None:
+            cum = np.zeros(kept.shape[0] + 1, dtype=np.int64)
+            np.cumsum(kept, out=cum[1:])
+            dropped_before = qsl - cum
+        return cls(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(kept < np.diff(qsl)),
+                   dropped_before=torch.from_numpy(np.asarray(dropped_before).astype(np.int32, copy=False)),
+                   num_rows=int(kept.sum()), num_rows_padded=int(num_rows_padded), window=int(window))
+
+    def device_dropped_before(self, device: torch.device) -> torch.Tensor:
+        """``dropped_before`` on ``device``, copied once per plan and device: all a device op
+        reads of the plan besides its sizes (request ``b`` is trimmed where ``dropped_before``
+        grows, ``dropped_before[b+1] > dropped_before[b]``, so ``trimmed`` needs no copy)."""
         key = str(device)
         cached = self._device_cache.get(key)
         if cached is None:
-            cached = (self.dropped_before.to(device), self.trimmed.to(device))
-            self._device_cache[key] = cached
+            cached = self._device_cache[key] = self.dropped_before.to(device)
         return cached
 
 

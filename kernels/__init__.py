@@ -36,7 +36,7 @@ METADATA_KERNELS = {
     "plain_indices": ("plain_indices:plain_indices", "tokens x columns tiles"),
     "indices_to_csr": ("indices_to_csr:indices_to_csr", "three launches: counts, scan, compaction"),
     "gather_replay_batch": ("gather_replay_batch:gather_replay_batch",
-                            "one launch; graph-safe once the plan's device copy exists (plan.device_tensors)"),
+                            "one launch; graph-safe once the plan's device copy exists (plan.device_dropped_before)"),
     "gather_rows": ("rows:gather_rows", "wide word copies, int64 offsets"),
     "scatter_rows": ("rows:scatter_rows", "memset + wide word copies, int64 offsets"),
     "prepare_replay_step": ("prepare_replay_step:prepare_replay_step",

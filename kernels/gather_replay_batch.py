@@ -11,7 +11,7 @@ Request programs, then padding programs, in one 1-D grid:
 * the padding programs write rows ``[n, n_pad)``: row 0, its position, every slot PAD.
 
 Global-memory round trips per program, all independent loads of a round issued together:
-one for the request's scalars (``qsl``, ``dropped``, ``trimmed``, ``seq_lens``,
+one for the request's scalars (``qsl``, ``dropped`` -- trimmed where it grows --, ``seq_lens``,
 ``replay_start``), one for its source rows' position and every group's slot (a
 ``[GB, BLOCK]`` tile), then the stores. No search: a request program knows its rows from
 its own two boundaries. ``S`` (programs per request) comes from the plan's longest kept
@@ -40,7 +40,7 @@ MAX_REQUEST_PROGRAMS = 4096  # bound on B * S (programs per request S >= 1)
 
 
 @jit
-def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
+def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
                          B, G, n, n_pad, W, S, req_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
                          UNIT_T: tl.constexpr):
@@ -58,7 +58,7 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, 
         d1 = tl.load(drop_ptr + b + 1, mask=has, other=0)
         R = tl.load(rs_ptr + b, mask=has, other=0)
         seq = tl.load(seq_ptr + b, mask=has, other=0)
-        trimmed = tl.load(trim_ptr + b, mask=has, other=0) != 0
+        trimmed = d1 > d0  # rows dropped inside the request: kept < q
         start = q0 - d0
         end = tl.where(has, q1 - d1, start)
         if s == 0:
@@ -94,20 +94,20 @@ _KEYS = ((False,), (True,))  # by UNIT_T
 
 
 def plan_launch(plan, positions) -> tuple:
-    """``(dropped_before, trimmed, B, n, n_pad, S, req_progs, pad_progs, grid)``: what a
-    launch takes from ``plan`` on ``positions``' device -- the plan's device tensors
-    (``plan.device_tensors``), its sizes, the programs per request ``S`` (from its longest
+    """``(dropped_before, B, n, n_pad, S, req_progs, pad_progs, grid)``: what a
+    launch takes from ``plan`` on ``positions``' device -- the plan's ``dropped_before``
+    there (``plan.device_dropped_before``), its sizes, the programs per request ``S`` (from its longest
     kept run), the request and padding program counts and the gather launch's grid. Made
     once per plan and device (``plan._launch_cache``)."""
     entry = plan._launch_cache.get(positions.get_device())
     if entry is not None:
         return entry
-    dropped, trimmed = plan.device_tensors(positions.device)
+    dropped = plan.device_dropped_before(positions.device)
     n, n_pad, B = plan.num_rows, plan.num_rows_padded, plan.num_reqs
     longest = int(plan.kept.max()) if B else 0
     S = max(1, min(-(-longest // BLOCK), MAX_REQUEST_PROGRAMS // max(B, 1)))
     req_progs, pad_progs = max(B, 1) * S, -(-(n_pad - n) // BLOCK)
-    entry = (dropped, trimmed, B, n, n_pad, S, req_progs, pad_progs, (req_progs + pad_progs, 1, 1))
+    entry = (dropped, B, n, n_pad, S, req_progs, pad_progs, (req_progs + pad_progs, 1, 1))
     plan._launch_cache[positions.get_device()] = entry
     return entry
 
@@ -119,12 +119,12 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
     ``query_start_loc``, ``positions``, ``slot_mappings`` and ``kv_start`` (``max(R,
     seq_len - W)`` for trimmed requests, ``R`` otherwise). Rows past ``num_rows`` (graph
     padding) gather row 0 with every slot PAD. One launch; no host synchronisation once the
-    plan's device copy exists (``plan.device_tensors(device)``, made on first use).
+    plan's device copy exists (``plan.device_dropped_before(device)``, made on first use).
     """
     entry = plan._launch_cache.get(positions.get_device())
     if entry is None:
         entry = plan_launch(plan, positions)
-    dropped, trimmed, B, n, n_pad, S, req_progs, _, grid = entry
+    dropped, B, n, n_pad, S, req_progs, _, grid = entry
     G = slot_mappings.shape[0]
     if out is None:
         out = allocate_out(plan, G, positions.device)
@@ -132,7 +132,7 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
                                    out["kv_start"])
     s_g, s_t = slot_mappings.stride()
     _K(_KEYS[s_t == 1], grid,
-       query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(), dropped, trimmed,
+       query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(), dropped,
        seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
        replay_start if replay_start.is_contiguous() else replay_start.contiguous(),
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,

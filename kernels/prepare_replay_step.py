@@ -104,7 +104,7 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
 
 @triton.jit
 def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
-                         n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
+                         n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
                          kv_ptr, B, G, W, Wr, S, DO_PAD: tl.constexpr, BLOCK: tl.constexpr, GB: tl.constexpr,
                          KB: tl.constexpr, UNIT_T: tl.constexpr):
     """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry and
@@ -120,7 +120,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
     q1 = tl.load(qsl_ptr + b + 1, mask=has, other=0)
     d1 = tl.load(drop_ptr + b + 1, mask=has, other=0)
     seq = tl.load(seq_ptr + b, mask=has, other=0)
-    trimmed = tl.load(trim_ptr + b, mask=has, other=0) != 0
+    trimmed = d1 > d0  # rows dropped inside the request: kept < q
     R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, has)
     start = q0 - d0
     end = tl.where(has, q1 - d1, start)
@@ -164,7 +164,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
 def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
                          rs_out_ptr, swa_ptr, swa_s0, lens_ptr,
-                         drop_ptr, trim_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
+                         drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
                          B, T, G, width, n, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
                          req_progs,
                          DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -178,7 +178,7 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
     elif HAS_PLAN:
         if pid < tok_tiles + req_progs:
             _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
-                                 s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, trim_ptr, rows_ptr, oqsl_ptr,
+                                 s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr,
                                  opos_ptr, oslot_ptr, os_g, kv_ptr, B, G, W, Wr, S, DO_PAD, BLOCK, GB, KB, UNIT_T)
         else:
             write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad,
@@ -215,14 +215,14 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         entry = plan._launch_cache.get(positions.get_device())
         if entry is None:
             entry = plan_launch(plan, positions)
-        dropped, trimmed, _, n, n_pad, S, req_progs, pad_progs, _ = entry
+        dropped, _, n, n_pad, S, req_progs, pad_progs, _ = entry
         rb = out["replay_batch"]
         rows, oqsl, opos, oslot, kv = (rb["rows"], rb["query_start_loc"], rb["positions"], rb["slot_mappings"],
                                        rb["kv_start"])
         grid = (tok_tiles + req_progs + pad_progs, 1, 1)
         os_g = oslot.stride(0) if G > 1 else n_pad
     else:
-        dropped = trimmed = rows = oqsl = opos = oslot = kv = None
+        dropped = rows = oqsl = opos = oslot = kv = None
         n = n_pad = req_progs = os_g = 0
         S = 1
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
@@ -237,7 +237,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
        cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
        block_table, bt_s0, bt_s1, block_table.shape[1],
-       rs, swa, swa.stride(0), lens, dropped, trimmed, rows, oqsl, opos, oslot, os_g, kv,
+       rs, swa, swa.stride(0), lens, dropped, rows, oqsl, opos, oslot, os_g, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
        tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None

@@ -7,7 +7,7 @@ so an unknown device or a missing vendor package always has something correct to
 from __future__ import annotations
 
 from ...common.ops import OPS
-from ...common.registry import Variant
+from ...common.registry import KV_FORMAT_OPS, Variant
 
 _ALL = ("cpu", "cuda", "rocm", "ascend")
 
@@ -18,6 +18,7 @@ VARIANTS = tuple(
         impl=f"{spec.reference.__module__}:{spec.reference.__name__}",
         platforms=_ALL,
         index_layout="plain" if name == "sparse_mla" else None,
+        kv_formats="*" if name in KV_FORMAT_OPS else None,  # the reference is the whole contract
         description="torch reference (vectorised, fp32 softmax for attention)",
     )
     for name, spec in OPS.items()

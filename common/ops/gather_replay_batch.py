@@ -85,6 +85,11 @@ def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> N
         fail(op, "plan", f"request {i} keeps {int(kept[i])} of {int(q[i])} rows",
              "a plan made from this batch's query_start_loc (plan_replay_batch): 0 <= kept <= q per request, "
              f"the kept rows adding up to num_rows={plan.num_rows}")
+    trimmed = plan.trimmed.to("cpu")
+    if not torch.equal(trimmed, kept < q):
+        i = int(torch.nonzero(trimmed != (kept < q))[0])
+        fail(op, "plan.trimmed", f"plan.trimmed[{i}]={bool(trimmed[i])}",
+             f"kept < q per request (request {i} keeps {int(kept[i])} of {int(q[i])} rows)")
 
 
 def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *, out=None) -> ReplayBatch:
@@ -96,7 +101,8 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
     """
     dev = positions.device
     n, n_pad = plan.num_rows, plan.num_rows_padded
-    dropped, trimmed = plan.device_tensors(dev)
+    dropped = plan.device_dropped_before(dev)
+    trimmed = dropped[1:] > dropped[:-1]  # kept < q
     qsl = query_start_loc.to(torch.int64)
     out_qsl = qsl - dropped.to(torch.int64)
     o = torch.arange(n_pad, device=dev, dtype=torch.int64)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, ReplayPlan
+from ..types import MAX_POSITION, MAX_WINDOW, ReplayPlan
 from ..validation import check_int, fail
 
 NAME = "plan_replay_batch"
@@ -64,9 +64,7 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
     trimmed = kept < q
     if not trimmed.any():
         return None
-    cum = np.concatenate([[0], np.cumsum(kept)])
-    dropped_before = qsl - cum
-    n = int(cum[-1])
+    n = int(kept.sum())
     if pad_to is None:
         n_pad = n
     elif isinstance(pad_to, int):
@@ -76,12 +74,5 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
     else:
         fits = [s for s in pad_to if s >= n]
         n_pad = min(fits) if fits else n
-    return ReplayPlan(
-        kept=torch.from_numpy(kept.astype(np.int32)).to(INDEX_DTYPE),
-        trimmed=torch.from_numpy(trimmed),
-        dropped_before=torch.from_numpy(dropped_before.astype(np.int32)).to(INDEX_DTYPE),
-        num_rows=n,
-        num_rows_padded=n_pad,
-        window=W,
-    )
+    return ReplayPlan.from_kept(kept, qsl, n_pad, W)
 

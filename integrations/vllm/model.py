@@ -247,25 +247,25 @@ class ModelStateMixin:
         route = getattr(model, "swa_backends_route", None) or Route(None)
         self.swa_backends_route = route
         self._swa_backend = None
-        self._swa_trimmed = None
+        self._swa_gather = False  # the decoder sub-batch gathered by the pack
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
             if route.decoder and self.decoder_replay_layers is not None and self.pcp_size == 1:
-                self._swa_trimmed = torch.zeros(self._kept_kv_start.shape[0], dtype=torch.bool, device=device)
+                self._swa_gather = True
                 if self.replay_cudagraphs is not None:
                     self.replay_cudagraphs.__class__ = _swapped(type(self.replay_cudagraphs), ReplayGraphsMixin)
         except Exception as exc:  # noqa: BLE001
             log_once(logging.WARNING, "the pack's decoder sub-batch is off (%s: %s); vLLM's gather runs",
                      type(exc).__name__, exc)
-            self._swa_trimmed = None
+            self._swa_gather = False
 
     def _warm_up_replay_kernels(self, input_batch, slot_mappings) -> None:
         """vLLM's warmup for what stays vLLM's (the pad kernel's own ``warmup`` goes to the
         pack when routed), then one launch of every pack kernel this model state and its
         builders run: ``_prepare_replay_batch`` and the first prepare_attn never launch
         them during vLLM's startup (its dummy batches never replay or trim)."""
-        gather = self._swa_trimmed is not None
+        gather = self._swa_gather
         layers = self.decoder_replay_layers
         if gather:  # vLLM's own gather kernel never runs: skip its compile
             self.decoder_replay_layers = None
@@ -296,12 +296,12 @@ class ModelStateMixin:
         """vLLM's sub-batch, gathered by the pack's ``gather_replay_batch`` into vLLM's
         persistent buffers; everything around the launch is vLLM's (PCP keeps vLLM's whole
         method: the pack turns decoder replay off under PCP)."""
-        if self._swa_trimmed is None or self.pcp_size > 1:
+        if not self._swa_gather or self.pcp_size > 1:
             return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
         try:
             return self._swa_kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
         except Exception as exc:  # noqa: BLE001 - vLLM's gather rewrites every output
-            self._swa_trimmed = None
+            self._swa_gather = False
             log_once(logging.WARNING, "gather_replay_batch through the pack failed (%s: %s); vLLM's gather runs "
                      "from now on", type(exc).__name__, exc)
             return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
@@ -315,9 +315,7 @@ class ModelStateMixin:
         num_tokens = int(kept_lens.sum())
         dropped_np = runtime.dropped_before(kept_lens, qsl_np)
         dropped = self._dropped_before.copy_to_uva(dropped_np)
-        trimmed = runtime.trimmed_on_device(dropped, self._swa_trimmed[:num_reqs])
-        plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np,
-                                   device_tensors=(dropped, trimmed), device=input_batch.positions.device)
+        plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np, device_dropped=dropped)
         G = slot_mappings.shape[0]
         kept_slot_mappings = self._kept_slot_mappings[:G, :num_padded]  # vLLM's own view (row-strided)
         out = {"rows": self._kept_rows[:num_padded], "query_start_loc": self._kept_query_start_loc[: num_reqs + 1],

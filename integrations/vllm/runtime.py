@@ -155,31 +155,16 @@ def dropped_before(kept_lens: np.ndarray, query_start_loc_np: np.ndarray) -> np.
 
 
 def replay_plan(kept_lens: np.ndarray, query_start_loc_np: np.ndarray, num_padded: int, window: int, *,
-                dropped: np.ndarray | None = None, device_tensors: tuple[torch.Tensor, torch.Tensor] | None = None,
-                device: torch.device | None = None) -> ReplayPlan:
+                dropped: np.ndarray | None = None, device_dropped: torch.Tensor | None = None) -> ReplayPlan:
     """vLLM's planning result (``kept_lens``, the host ``query_start_loc``, the padded size)
     as the pack's :class:`ReplayPlan` (vLLM's own planning -- graph policy, DP agreement,
-    idle batches, trim threshold -- decided ``kept_lens``). ``device_tensors``:
-    ``(dropped_before, trimmed)`` already on ``device`` (vLLM's UVA upload and
-    :func:`trimmed_on_device`), so the plan makes no host-to-device copy of its own."""
-    B = kept_lens.shape[0]
-    kept = kept_lens.astype(np.int32, copy=False)
-    if dropped is None:
-        dropped = dropped_before(kept_lens, query_start_loc_np)
-    trimmed = kept < np.diff(query_start_loc_np[: B + 1])
-    cache = {}
-    if device_tensors is not None:
-        cache[str(device)] = device_tensors
-    return ReplayPlan(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(trimmed),
-                      dropped_before=torch.from_numpy(dropped), num_rows=int(kept.sum()),
-                      num_rows_padded=int(num_padded), window=int(window), _device_cache=cache)
-
-
-def trimmed_on_device(dropped_before: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``trimmed[b] = dropped_before[b+1] > dropped_before[b]`` (rows dropped inside request
-    ``b``), computed where ``dropped_before`` lives -- what vLLM's gather kernel tests on the
-    device (``kept_end - kept_begin < end - begin``)."""
-    return torch.gt(dropped_before[1:], dropped_before[:-1], out=out)
+    idle batches, trim threshold -- decided ``kept_lens``). ``device_dropped``: the plan's
+    ``dropped_before`` already on the device (vLLM's UVA upload), so the plan makes no
+    host-to-device copy of its own."""
+    plan = ReplayPlan.from_kept(kept_lens, query_start_loc_np, num_padded, window, dropped_before=dropped)
+    if device_dropped is not None:
+        plan._device_cache[str(device_dropped.device)] = device_dropped
+    return plan
 
 
 def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings,
@@ -271,4 +256,4 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
 
 __all__ = ["CALLS", "PAD", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows",
            "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "scatter_rows", "swa_indices_and_lens",
-           "swa_rows", "trimmed_on_device", "warm_up"]
+           "swa_rows", "warm_up"]

@@ -155,3 +155,22 @@ def test_validation_env_switch_read_on_first_use():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+
+
+def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
+    """The device side reads only ``dropped_before`` (a request is trimmed where it grows): a
+    plan whose ``trimmed`` says otherwise is refused, not half-believed."""
+    import dataclasses
+
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        b = random_batch(rng, W=4, long_prefill=True)
+        plan = sb.plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+        if plan is not None:
+            break
+    t = b.tensors("cpu")
+    args = (t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W)
+    BE.gather_replay_batch(plan, *args)
+    bad = dataclasses.replace(plan, trimmed=~plan.trimmed, _device_cache={}, _launch_cache={})
+    with pytest.raises(ValueError, match=r"gather_replay_batch: plan.trimmed='plan.trimmed\[\d+\]=\w+': expected kept < q"):
+        BE.gather_replay_batch(bad, *args)

@@ -179,7 +179,11 @@ def _specific(op: str, bound: dict, rng):
     qsl = bound.get("query_start_loc")
     if isinstance(qsl, torch.Tensor) and qsl.numel() > 2:
         res.append(("query_start_loc:decreasing", qsl.flip(0), "error"))
-        res.append(("query_start_loc:past-the-tokens", qsl + 10_000, "error"))
+        # prefill_gather_lens reads only query lengths: a shifted query_start_loc is a slice of a
+        # larger batch's (SPEC 2.5), valid; everywhere else it points past the tokens
+        res.append(("query_start_loc:past-the-tokens", qsl + 10_000,
+                    "either" if op == "prefill_gather_lens" else "error"))
+        res.append(("query_start_loc:below-zero", qsl - 10_000, "error"))
     R = bound.get("replay_start")
     if isinstance(R, torch.Tensor) and R.numel():
         res.append(("replay_start:above-positions", R + 1_000_000, "error"))

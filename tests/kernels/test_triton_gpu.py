@@ -262,8 +262,7 @@ def copy_into(dst, src) -> None:
         dst.copy_(src)
     elif isinstance(dst, ReplayPlan):
         assert (dst.num_rows, dst.num_rows_padded, dst.num_reqs) == (src.num_rows, src.num_rows_padded, src.num_reqs)
-        for d, s in zip(dst.device_tensors(dst_device(dst)), (src.dropped_before, src.trimmed)):
-            d.copy_(s)
+        dst.device_dropped_before(dst_device(dst)).copy_(src.dropped_before)
     elif isinstance(dst, (tuple, list)):
         for d, s in zip(dst, src):
             copy_into(d, s)

@@ -243,7 +243,7 @@ def test_sub_batch_long_kept_runs_and_many_groups(tb, op):
             args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
             kwargs["plan"] = plan
         _check(tb, op, args, kwargs)
-        S = next(iter(plan._launch_cache.values()))[5]  # programs per request
+        S = next(iter(plan._launch_cache.values()))[4]  # programs per request
         assert S == max(1, -(-int(plan.kept.max()) // BLOCK))
         split |= S > 1
     assert split, "no case spread a request over several programs"

@@ -145,10 +145,8 @@ def test_gather_replay_batch(be, seed, name, pad_to):
     mine = {k: v.clone() for k, v in bufs.items()}
     kept_w = vk.gather_replay_batch(KERNELS, b.qsl, dropped, b.seq, b.R_t, b.positions, b.slots, bufs["rows"],
                                     bufs["qsl"], bufs["pos"], bufs["slots"], bufs["kv"], b.W, B, n, n_pad)
-    trimmed = runtime.trimmed_on_device(dropped, torch.empty(B, dtype=torch.bool, device=DEVICE))
-    plan = runtime.replay_plan(kept, b.qsl_np, n_pad, b.W, dropped=dropped_np, device_tensors=(dropped, trimmed),
-                               device=b.positions.device)
-    assert torch.equal(plan.trimmed, trimmed.cpu())
+    plan = runtime.replay_plan(kept, b.qsl_np, n_pad, b.W, dropped=dropped_np, device_dropped=dropped)
+    assert plan.device_dropped_before(b.positions.device) is dropped  # no copy of the plan's own
     kept_g = mine["slots"][:, :n_pad]  # vLLM's own [:, :n_pad] view of its [G, max_tokens] buffer
     out = {"rows": mine["rows"][:n_pad], "query_start_loc": mine["qsl"][: B + 1], "positions": mine["pos"][:n_pad],
            "slot_mappings": kept_g, "kv_start": mine["kv"][:B]}

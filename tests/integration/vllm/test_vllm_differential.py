@@ -70,7 +70,7 @@ def _pack_run(be, batch, step, **kw):
         snap = step(state, setup, batch, **kw)
         # no routed call fell back to vLLM's kernel (a shim turns its route off when the pack raises)
         assert all(patches.routes()[name] for name in ROUTES), patches.routes()
-        assert state._swa_trimmed is not None
+        assert state._swa_gather
     finally:
         for name in ROUTES:
             patches.route(name, None)
