@@ -297,6 +297,28 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
     return Backend(info, chains, caps, expl, checked=checked)
 
 
+@functools.lru_cache(maxsize=None)
+def _cached_backend(device: str, prefer: str | None, checked: bool) -> "Backend":
+    return select(device, prefer=prefer, checked=checked)
+
+
+def backend_for(device, *, prefer: str | None = None, checked: bool = True) -> "Backend":
+    """``select(device, prefer=prefer, checked=checked)``, one per process and arguments: the
+    backend of the tensors on a torch ``device`` (``"cuda"`` without an index is the current
+    CUDA device, so it shares ``"cuda:N"``'s). The custom ops and the vLLM integration take
+    their backends from here; :func:`clear_backends` forgets them."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return _cached_backend(str(d), prefer, checked)
+
+
+def clear_backends() -> None:
+    """Forget the backends :func:`backend_for` made (after changing the matrix, a fake
+    device, probes...)."""
+    _cached_backend.cache_clear()
+
+
 # ---------------------------------------------------------------------------------------
 # the backend object
 # ---------------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ the five sub-batch tensors after them. :func:`call` runs any op with its Python 
 
 from __future__ import annotations
 
-import functools
 import inspect
 import string
 
@@ -40,7 +39,8 @@ import torch
 
 from .common.ops import OPS, OpSpec
 from .common.types import ReplayBatch, ReplayPlan
-from .dispatch import Backend, select
+from . import dispatch as _dispatch
+from .dispatch import Backend
 
 NAMESPACE = "swa_backends"
 
@@ -70,24 +70,15 @@ _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
 # ---------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _backend(device: str) -> Backend:
-    return select(device)
-
-
 def backend_for(device: torch.device | str) -> Backend:
-    """The backend the ops use for tensors on ``device`` (``select(device)``, cached)."""
-    d = torch.device(device)
-    if d.type == "cpu":
-        return _backend("cpu")
-    if d.index is None and d.type == "cuda":
-        d = torch.device("cuda", torch.cuda.current_device())
-    return _backend(str(d))
+    """The backend the ops use for tensors on ``device`` (``dispatch.backend_for``: one
+    ``select(device)`` per device and process)."""
+    return _dispatch.backend_for(device)
 
 
 def clear_backends() -> None:
     """Forget the cached backends (after changing the matrix, a fake device, probes...)."""
-    _backend.cache_clear()
+    _dispatch.clear_backends()
 
 
 # ---------------------------------------------------------------------------------------

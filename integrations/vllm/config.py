@@ -10,7 +10,7 @@ built without a model. See ``swa-backends info --config KEY=VALUE`` for the same
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...common.config import ServingConfig
 from ...dispatch import Capabilities, capabilities
@@ -164,7 +164,6 @@ class Decision:
     vllm_encoder: bool
     vllm_encoder_reason: str | None
     must_keep_encoder: str | None = None
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def encoder(self) -> bool:

@@ -19,21 +19,17 @@ from __future__ import annotations
 
 import collections
 import os
-import threading
 
 import numpy as np
 import torch
 
 from ...common.types import PAD, ReplayPlan
 from ...common.validation import env_setting
-from ...dispatch import Backend, select
+from ...dispatch import Backend
+from ...dispatch import backend_for as dispatch_backend_for
 
 #: routed calls per op name in this process
 CALLS: collections.Counter = collections.Counter()
-
-_backends: dict[str, Backend] = {}
-_lock = threading.Lock()
-
 
 #: validate the pack's inputs on the hot path (debug): only with SWA_BACKENDS_VALIDATE set to a true
 #: value (the pack's own parser; unset means off here, where the pack's default elsewhere is on)
@@ -42,21 +38,10 @@ PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
 
 
 def backend_for(device) -> Backend:
-    """The pack's backend for a torch device (cached per device; ``"cuda"`` is the current
-    CUDA device, so it shares the backend of ``"cuda:N"``)."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    key = str(dev)
-    be = _backends.get(key)
-    if be is None:
-        with _lock:
-            be = _backends.get(key)
-            if be is None:
-                prefer = os.environ.get(PREFER_ENV) or None
-                be = select(dev, prefer=prefer, checked=VALIDATE)
-                _backends[key] = be
-    return be
+    """The pack's backend for a torch device: unchecked unless :data:`VALIDATE`, the variant
+    ``SWA_BACKENDS_VLLM_PREFER`` names forced (``dispatch.backend_for``: one per device and
+    settings, and ``"cuda"`` shares ``"cuda:N"``'s)."""
+    return dispatch_backend_for(device, prefer=os.environ.get(PREFER_ENV) or None, checked=VALIDATE)
 
 
 def _head(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -404,3 +404,18 @@ def test_unchecked_backend_never_validates_and_gives_the_same_results(prefer):
     with pytest.raises(ValueError, match="prefill_gather_lens: query_start_loc"):
         checked.prefill_gather_lens(*bad)
     assert unchecked.prefill_gather_lens(*bad).tolist() == [3]
+
+
+def test_backend_for_caches_per_device_and_settings():
+    """``dispatch.backend_for``: one backend per (device, prefer, checked) for the process (the
+    custom ops and the vLLM integration share it); ``clear_backends`` forgets them."""
+    from swa_backends.dispatch import backend_for, clear_backends
+
+    a = backend_for("cpu")
+    assert backend_for(torch.device("cpu")) is a and a.checked
+    b = backend_for("cpu", checked=False)
+    assert b is not a and not b.checked and backend_for("cpu", checked=False) is b
+    c = backend_for("cpu", prefer="triton")
+    assert c.variants["swa_indices_and_lens"] == ("triton",) and c is not a
+    clear_backends()
+    assert backend_for("cpu") is not a

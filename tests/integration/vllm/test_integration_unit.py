@@ -268,7 +268,6 @@ def test_hot_path_validation_is_off_unless_asked(monkeypatch):
     bad = (torch.tensor([-2, 1], dtype=i32), torch.tensor([3], dtype=i32), torch.tensor([0], dtype=i32), 4)
     for validate in (False, True):
         monkeypatch.setattr(runtime, "VALIDATE", validate)
-        monkeypatch.setattr(runtime, "_backends", {})
         be = runtime.backend_for("cpu")
         assert be.checked is validate and runtime.backend_for(torch.device("cpu")) is be
         assert validation_enabled()  # the process switch is on either way

@@ -118,7 +118,6 @@ def test_eager_step_with_validation_on(name, monkeypatch):
     backend): the pack validates vLLM's real inputs on the hot path and accepts them all (no
     route falls back), with the same results."""
     monkeypatch.setattr(runtime, "VALIDATE", True)
-    monkeypatch.setattr(runtime, "_backends", {})
     monkeypatch.setenv(runtime.PREFER_ENV, "triton")
     be = runtime.backend_for("cpu")
     assert be.checked
