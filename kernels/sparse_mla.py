@@ -593,7 +593,8 @@ def _fallbacks(cfg: Config, platform: str, D: int, H: int, kvs: KVSpec = ROWS) -
     plain = Config(block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
                    num_stages=min(cfg.num_stages, 2), dv_split=cfg.dv_split)
     out = []
-    fmt = "rows" if not kvs.fmt else "records"
+    # the format's own table row (RECORDS_TUNED may name formats)
+    fmt = "rows" if not kvs.fmt else next(n for n, f in _records.FORMATS.items() if f.code == kvs.fmt)
     for c in (table_config(platform, D, H, fmt), plain, Config(block_h=64, block_n=32, num_warps=4, num_stages=1)):
         c = c.replace(splits=cfg.splits)
         if c != cfg and c not in out:
@@ -718,9 +719,9 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
                 EVEN_DV=(d_v % r["block_dv"] == 0), HAS_SINK=has_sink, SKIP_EMPTY=r["skip_empty"], DOT_F32=_INTERPRET,
                 SPLIT_S=r["split_s"],
                 num_warps=r["num_warps"], num_stages=r["num_stages"])
-    if r.get("kv_fmt"):  # rows: the kernel's defaults (the compile key of the rows kernel unchanged)
+    if r["kv_fmt"]:  # rows: the kernel's defaults (the compile key of the rows kernel unchanged)
         meta.update(KV_FMT=r["kv_fmt"], FP8=r["fp8"], BS=r["bs"])
-    write_lse = r.get("write_lse", True)
+    write_lse = r["write_lse"]
     qk_scale = float(sm_scale) * LOG2E
 
     compiled = []
@@ -732,7 +733,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
             kernel[grid](*a, **kw)
 
     # rows: the row stride; records: the block stride (bytes from one page to the next)
-    stride_kv = kv.stride(0) if not r.get("kv_fmt") else _records.block_stride(kv)
+    stride_kv = kv.stride(0) if not r["kv_fmt"] else _records.block_stride(kv)
     if r["splits"] == 1:
         go(_sparse_mla_fwd, grid,
            q, kv, indices, lens, sink_arg, out, lse_arg,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from swa_backends.testing.conformance import mismatch, sparse_mla_record_case
 
 if __name__ == "__main__":  # run as a script (--aot, below): the shared helpers, as tests/conftest.py adds them
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
-from _tritons import NO_TRITON, ids, pythons, triton_version  # noqa: E402
+from _tritons import NO_TRITON, ids, pythons, run_compile_script  # noqa: E402
 
 REF = OPS["sparse_mla"].reference
 I32 = torch.int32
@@ -370,11 +369,7 @@ def test_return_lse_false_gives_none_and_the_same_out(kmod, monkeypatch, records
     out, lse = kmod.launch(*args, **kw, config=cfg)
     out2, none = kmod.launch(*args, **kw, config=cfg, return_lse=False)
     assert none is None and torch.equal(out, out2)
-    ref_out, ref_none = REF(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args],
-                            **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
-                            return_lse=False)
-    assert ref_none is None
-    _check((out2, None), args, {**kw, "return_lse": False})
+    _check((out2, None), args, {**kw, "return_lse": False})  # the reference without lse: out only
 
 
 def test_return_lse_through_dispatch(backend):
@@ -644,7 +639,6 @@ def test_encoder_replay_on_faked_rocm_reads_v4_records(kmod, arch, fp8):
 # ---------------------------------------------------------------------------------------
 
 HERE = Path(__file__).resolve().parent
-SMEM_LIMIT = {"90": 232448, "gfx942": 65536, "gfx950": 163840}
 
 
 def _aot_main(targets: list[str]) -> int:
@@ -672,10 +666,10 @@ def _aot_main(targets: list[str]) -> int:
                 def record(name, k, secs, label=label, cfg=cfg, fmt=fmt, fl=fl):
                     shared = k.metadata.shared
                     line = f"{spec} {fmt}/{fl} {name} [{label}: {cfg.short()}] smem={shared}"
-                    if shared > SMEM_LIMIT.get(arch, 1 << 30):
+                    if shared > A.SMEM_LIMIT.get(arch, 1 << 30):
                         failures.append(f"{line}: more shared memory than {arch} has")
                     if target.backend == "cuda" and name == "_sparse_mla_fwd":
-                        regs, spill = _ptxas(k)
+                        regs, spill = _ptxas(k, A)
                         line += f" regs={regs} spill={spill}"
                     print(line, flush=True)
 
@@ -698,18 +692,10 @@ def _aot_main(targets: list[str]) -> int:
     return 1 if failures else 0
 
 
-def _ptxas(k) -> tuple[int | None, int | None]:
+def _ptxas(k, A) -> tuple[int | None, int | None]:
     import re
-    import tempfile
 
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as d:
-        ptx = Path(d) / "k.ptx"
-        ptx.write_text(k.asm["ptx"])
-        arch = "sm_90a" if ".target sm_90a" in k.asm["ptx"] else "sm_90"
-        v = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", str(ptx), "-o", str(Path(d) / "o")],
-                           capture_output=True, text=True).stderr
+    v = A.ptxas_verbose(k)
     regs = re.search(r"Used (\d+) registers", v)
     spill = re.search(r"(\d+) bytes spill stores", v)
     return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
@@ -719,13 +705,8 @@ def _ptxas(k) -> tuple[int | None, int | None]:
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_record_configs_compile_for_sm90_gfx942_gfx950(python):
     """With every Triton the host has (tests/helpers/_tritons.py; checked by hand with 3.6, 3.8 and 3.9)."""
-    version = triton_version(python)
-    if version is None:
-        pytest.skip(f"{python}: no such interpreter, or no Triton there")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     targets = ("cuda:90", "hip:gfx942", "hip:gfx950")
-    out = subprocess.run([python, __file__, "--aot", *targets], env=env, capture_output=True,
-                         text=True, timeout=900, cwd=HERE)
+    version, out = run_compile_script(python, __file__, "--aot", *targets, cwd=HERE)
     assert out.returncode == 0, f"Triton {version}: " + out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     for fmt, fl in COMBOS:
@@ -811,6 +792,16 @@ def test_records_on_gpu(fmt, fp8, T, H, K):
         graph.replay()
         torch.cuda.synchronize()
     assert torch.equal(captured[0], got[0])
+
+
+def test_compile_fallback_starts_from_the_formats_own_table_row(kmod):
+    """A config that does not compile falls back to the table's row for *this* record format
+    (RECORDS_TUNED names formats), not to the first row any record matches."""
+    for fmt in R.FORMATS:
+        kvs = kmod.kv_spec(R.new_cache(1, 16, fmt), fmt, "e4m3fn", True, torch.device("cpu"))
+        want = kmod.table_config("cuda", 512, 16, fmt)
+        odd = want.replace(num_stages=3)
+        assert kmod._fallbacks(odd, "cuda", 512, 16, kvs)[0] == want, fmt
 
 
 @pytest.mark.gpu
