@@ -68,7 +68,6 @@ W, BS, G = bto.W, bto.BS, bto.G
 STEPS = dict(bto.STEPS)
 SMOKE_STEPS = {"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}
 COLUMNS = ("vllm", "pack", "pack_fused")
-LEAD_CYCLES = 4_000_000
 
 
 class ServingStep:
@@ -242,9 +241,10 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
     row = {"step": name, "B": s.B, "T": s.T, "decodes": s.D, "prefills": s.P, "kept_rows": s.n,
            "checked_against": oracle}
     for col, f in fns.items():
-        # every column sleeps the GPU ~2 ms before each step: a step's launches take up to ~0.35 ms
-        # of host time on the H200 machine, past the default lead, and GPU time is to be device time
-        row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f, lead_cycles=LEAD_CYCLES).items()})
+        # every column sleeps the GPU ~2 ms before each step (the lead bench_triton_ops gives its
+        # host-heavy torch reference): a step's launches take up to ~0.35 ms of host time on the
+        # H200 machine, past the default lead, and GPU time is to be device time
+        row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f, lead_cycles=bto.REFERENCE_LEAD_CYCLES).items()})
     host = host_interleaved(fns, calls=300 if not bto.SMOKE else 2, rounds=7 if not bto.SMOKE else 1)
     row.update({f"{col}_host_us": v for col, v in host.items()})
     if K is not None:

@@ -3,8 +3,9 @@ calls it" column spends its host time (one 8x4K+32d step, validation off).
 
     . bench/gpu_env.sh && python3 bench/profile_replay_step.py [--vllm-kernels .vllm_kernels]
 
-Prints, twice, host µs per call (back-to-back calls, no sync) of the whole step through the pack's
-adapters, through vLLM's kernels and through the fused path, of each adapter (``integrations/vllm/runtime.py``), of the
+Prints, twice, host µs per call (back-to-back calls, no sync, median of 5 rounds:
+``bench_triton_ops.host_us``) of the whole step through the pack's adapters, through vLLM's
+kernels and through the fused path, of each adapter (``integrations/vllm/runtime.py``), of the
 pack's ``pad_replayed_slots`` called directly, of vLLM's pad and decode-rows SWA kernels and of one
 small torch op; then a cProfile of 300 adapter steps (by own time).
 """
@@ -15,7 +16,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 
 import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
 import numpy as np
@@ -25,18 +25,6 @@ import swa_backends
 from swa_backends.common.validation import set_validation
 from swa_backends.integrations.vllm import runtime as rt
 from swa_backends.testing import vllm_kernels as vk
-
-
-def host(f, n=500):
-    for _ in range(20):
-        f()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return us
 
 
 def main(argv=None) -> int:
@@ -75,7 +63,7 @@ def main(argv=None) -> int:
         "torch.sub": lambda: torch.sub(s.qsl, 3),
     }
     for _ in range(2):
-        print({k: round(host(f), 1) for k, f in fns.items()})
+        print({k: round(brs.bto.host_us(f, calls=500), 1) for k, f in fns.items()})
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(300):

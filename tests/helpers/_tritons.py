@@ -74,6 +74,21 @@ def triton_version(python: str) -> str | None:
     return version
 
 
+def run_compile_script(python: str, script, *args: str, timeout: int = 900, cwd=None):
+    """``(triton version, CompletedProcess)`` of ``python script *args`` in compiled mode
+    (TRITON_INTERPRET removed from the environment); the calling test is skipped when
+    ``python`` is missing or has no Triton (see :func:`triton_version`)."""
+    version = triton_version(python)
+    if version is None:
+        import pytest
+
+        pytest.skip(f"{python}: no such interpreter, or no Triton there")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([python, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout,
+                         cwd=cwd)
+    return version, out
+
+
 def ids(python: str) -> str:
     return "this-python" if python == sys.executable else python
 

@@ -44,6 +44,27 @@ def parse_target(spec: str, prog: str = "aot_compile") -> GPUTarget:
     raise SystemExit(f"{prog}: target {spec!r}: expected cuda:<capability> or hip:<gfx arch>")
 
 
+def specialise(fn, target: GPUTarget, args, kwargs=None) -> tuple:
+    """What Triton's launcher would do for ``fn(*args, **kwargs)`` on ``target`` before
+    compiling (its binder, specialisation and option packing), with no driver:
+    ``(signature, constexprs, attrs, options)``. ``fn`` a ``@triton.jit`` (or Gluon) function."""
+    backend = make_backend(target)
+    kwargs = dict(kwargs or {}, debug=False)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return signature, constexprs, attrs, options
+
+
+def compile_specialised(fn, target: GPUTarget, spec: tuple, source=ASTSource) -> tuple:
+    """``triton.compile`` of a :func:`specialise` result: ``(compiled kernel, seconds)``
+    (``source``: ``GluonASTSource`` for Gluon kernels)."""
+    signature, constexprs, attrs, options = spec
+    t0 = time.time()
+    k = triton_compile(source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return k, time.time() - t0
+
+
 def main(argv: list[str]) -> int:
     targets = [parse_target(t) for t in (argv or ["cuda:90"])]
     from swa_backends.kernels import METADATA_KERNELS, _launch
@@ -56,15 +77,8 @@ def main(argv: list[str]) -> int:
         for target in targets:
             if (target.arch, self.name, key) in done:
                 continue
-            backend = make_backend(target)
-            binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
-            bound, specialization, options = binder(*args)
-            options, signature, constexprs, attrs = self.fn._pack_args(backend, {"debug": False}, bound,
-                                                                       specialization, options)
-            t0 = time.time()
-            ck = triton_compile(ASTSource(self.fn, signature, constexprs, attrs), target=target,
-                                options=options.__dict__)
-            done[(target.arch, self.name, key)] = time.time() - t0
+            _, done[(target.arch, self.name, key)] = compile_specialised(self.fn, target,
+                                                                         specialise(self.fn, target, args))
             print(f"{target.backend}:{target.arch} {self.name} {key} {done[(target.arch, self.name, key)]:.2f}s",
                   flush=True)
 

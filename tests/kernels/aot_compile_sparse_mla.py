@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,15 +32,24 @@ import swa_backends  # noqa: E402,F401  (the installed pack: pip install -e . in
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.compiler import compile as triton_compile  # noqa: E402
-from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 import aot_compile  # noqa: E402  (this folder: first on sys.path when run as a script or from its tests)
 
 
-# Shared memory a block may use: H100/H200 227 KB (opt-in), MI300 (gfx942) LDS 64 KB.
-SMEM_LIMIT = {"90": 232448, "gfx942": 65536}
+# Shared memory a block may use: H100/H200 227 KB (opt-in), MI300 (gfx942) LDS 64 KB, MI350 (gfx950) 160 KB.
+SMEM_LIMIT = {"90": 232448, "gfx942": 65536, "gfx950": 163840}
+
+
+def ptxas_verbose(k) -> str:
+    """``ptxas -v`` of a compiled sm90 kernel's PTX (its register and spill report)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        ptx = Path(d) / "k.ptx"
+        ptx.write_text(k.asm["ptx"])
+        arch = "sm_90a" if ".target sm_90a" in k.asm["ptx"] else "sm_90"
+        return subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", str(ptx), "-o", str(Path(d) / "o")],
+                              capture_output=True, text=True).stderr
 
 
 def parse_target(spec: str) -> GPUTarget:
@@ -58,19 +66,13 @@ class _Offline:
         self.seen: set = set()
 
     def _compile(self, args, kwargs):
-        backend = make_backend(self.target)
-        kwargs = dict(kwargs, debug=False)
-        binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = self.fn._pack_args(backend, kwargs, bound, specialization, options)
+        spec = aot_compile.specialise(self.fn, self.target, args, kwargs)
+        signature, constexprs, attrs, options = spec
         key = (str(signature), str(constexprs), str(attrs), str(sorted(options.__dict__.items())))
         if key in self.seen:
             return
         self.seen.add(key)
-        t0 = time.time()
-        k = triton_compile(ASTSource(self.fn, signature, constexprs, attrs), target=self.target,
-                           options=options.__dict__)
-        self.record(self.fn.__name__, k, time.time() - t0)
+        self.record(self.fn.__name__, *aot_compile.compile_specialised(self.fn, self.target, spec))
 
     def warmup(self, *args, grid, **kwargs):
         self._compile(args, kwargs)
@@ -86,13 +88,10 @@ def sass_report(k) -> str:
 
     bindir = Path(get_ptxas(90).path).parent
     cuobjdump = bindir / "cuobjdump"
+    v = ptxas_verbose(k)
     with tempfile.TemporaryDirectory() as d:
-        ptx, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
-        ptx.write_text(k.asm["ptx"])
+        cubin = Path(d) / "k.cubin"
         cubin.write_bytes(k.asm["cubin"])
-        arch = "sm_90a" if ".target sm_90a" in k.asm["ptx"] else "sm_90"
-        v = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", str(ptx), "-o", str(Path(d) / "o.cubin")],
-                           capture_output=True, text=True).stderr
         sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     regs = re.search(r"Used (\d+) registers", v)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", v)

@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -32,9 +31,8 @@ import swa_backends  # noqa: E402,F401  (the installed pack: pip install -e . in
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import make_backend  # noqa: E402
-from triton.compiler import compile as triton_compile  # noqa: E402
-from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+import aot_compile  # noqa: E402  (this folder: first on sys.path when run as a script or from its tests)
 
 SMEM_LIMIT = 232448
 
@@ -95,13 +93,8 @@ def main(argv: list[str]) -> int:
 
     def compile_offline(fn, name, sink_on, args, kwargs):
         nonlocal count
-        backend = make_backend(target)
-        kwargs = dict(kwargs, debug=False)
-        binder = create_function_from_signature(fn.signature, fn.params, backend)
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-        t0 = time.time()
-        k = triton_compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        k, seconds = aot_compile.compile_specialised(fn, target, aot_compile.specialise(fn, target, args, kwargs),
+                                                     source=GluonASTSource)
         count += 1
         shared = k.metadata.shared
         label = f"{name}{' sink' if sink_on else ''}"
@@ -123,7 +116,7 @@ def main(argv: list[str]) -> int:
         if not fits:
             failures.append(f"{label}: {shared} B of shared memory > {SMEM_LIMIT}")
         print(f"cuda:90 {fn.fn.__name__} [{label}] smem={shared} {'fits' if fits else 'DOES NOT FIT'} "
-              f"{time.time() - t0:.1f}s{extra}", flush=True)
+              f"{seconds:.1f}s{extra}", flush=True)
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             stem = dump / label.replace(" ", "_")

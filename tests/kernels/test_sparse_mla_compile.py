@@ -6,27 +6,18 @@ pass on configs 3.9 compiled (on the H200), hence both."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from swa_backends.common.registry import probe
-
-from _tritons import NO_TRITON, ids, pythons, triton_version
+from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_sparse_mla_compiles_offline_for_sm90_and_gfx942(python):
-    version = triton_version(python)
-    if version is None:
-        pytest.skip(f"{python}: no such interpreter, or no Triton there")
-    script = Path(__file__).with_name("aot_compile_sparse_mla.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([python, str(script), "cuda:90", "hip:gfx942"], env=env, capture_output=True,
-                         text=True, timeout=900)
+    version, out = run_compile_script(python, Path(__file__).with_name("aot_compile_sparse_mla.py"), "cuda:90",
+                                      "hip:gfx942")
     fails = [line for line in out.stderr.splitlines() if line.startswith("FAIL")]
     assert out.returncode == 0, f"Triton {version}: " + "\n".join(fails) + out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()

@@ -15,20 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from swa_backends.common.registry import probe
-
-from _tritons import NO_TRITON, ids, pythons, triton_version
+from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_gluon_kernel_compiles_offline_for_sm90(python):
-    version = triton_version(python)
-    if version is None:
-        pytest.skip(f"{python}: no such interpreter, or no Triton there")
-    script = Path(__file__).with_name("aot_compile_sparse_mla_gluon.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([python, str(script), "--report"], env=env, capture_output=True, text=True, timeout=600)
+    version, out = run_compile_script(python, Path(__file__).with_name("aot_compile_sparse_mla_gluon.py"), "--report",
+                                      timeout=600)
     if out.stdout.startswith("SKIP:"):
         pytest.skip(f"Triton {version}: {out.stdout.strip()}")
     fails = [line for line in out.stderr.splitlines() if line.startswith("FAIL")]

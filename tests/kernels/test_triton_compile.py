@@ -6,28 +6,17 @@ process)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from _tritons import NO_TRITON, ids, pythons, triton_version
-
-from swa_backends.common.registry import probe
+from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
-    version = triton_version(python)
-    if version is None:
-        pytest.skip(f"{python}: no such interpreter, or no Triton there")
-    script = Path(__file__).with_name("aot_compile.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([python, str(script), "cuda:90", "hip:gfx942"], env=env, capture_output=True,
-                         text=True, timeout=900)
+    version, out = run_compile_script(python, Path(__file__).with_name("aot_compile.py"), "cuda:90", "hip:gfx942")
     assert out.returncode == 0, f"Triton {version}: " + out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("compiled ")

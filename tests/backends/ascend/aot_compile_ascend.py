@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 import os
 import sys
-import time
+from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
     sys.exit("aot_compile_ascend: TRITON_INTERPRET=1 is set; kernels must be decorated in compiled mode")
@@ -23,12 +23,12 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
 import swa_backends  # noqa: E402,F401  (the installed pack: pip install -e . in this environment)
 
 import numpy as np  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.compiler import compile as triton_compile  # noqa: E402
-from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 from swa_backends.testing.conformance import case_for  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))  # the offline-compile steps, shared
+import aot_compile  # noqa: E402
 
 KERNELS = {"gather_rows": ("rows", "gather_rows"), "scatter_rows": ("rows", "scatter_rows"),
            "swa_indices_and_lens": ("swa_indices", "swa_indices_and_lens"),
@@ -36,26 +36,19 @@ KERNELS = {"gather_rows": ("rows", "gather_rows"), "scatter_rows": ("rows", "sca
 
 
 def main(argv: list[str]) -> int:
-    targets = []
-    for spec in argv or ["cuda:90"]:
-        backend, _, arch = spec.partition(":")
-        targets.append(GPUTarget("cuda", int(arch), 32) if backend == "cuda" else GPUTarget("hip", arch, 64))
+    targets = [aot_compile.parse_target(t, prog="aot_compile_ascend") for t in argv or ["cuda:90"]]
     done: dict[tuple, float] = {}
 
     def compile_only(self, *args, grid, warmup, **kwargs):
         for target in targets:
-            backend = make_backend(target)
-            binder = create_function_from_signature(self.signature, self.params, backend)
-            bound, specialization, options = binder(*args, **kwargs)
-            options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
+            spec = aot_compile.specialise(self, target, args, kwargs)
+            signature, constexprs = spec[0], spec[1]
             # the row mover compiles once per direction: name both in the report
             name = self.__name__ + ({True: "[scatter]", False: "[gather]"}[kwargs["SCATTER"]] if "SCATTER" in kwargs else "")
             key = (target.arch, name, str(sorted(signature.items())), str(sorted(constexprs.items())))
             if key in done:
                 continue
-            t0 = time.time()
-            triton_compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
-            done[key] = time.time() - t0
+            _, done[key] = aot_compile.compile_specialised(self, target, spec)
             print(f"{target.backend}:{target.arch} {name} {done[key]:.2f}s", flush=True)
 
     JITFunction.run = compile_only

@@ -248,14 +248,12 @@ def test_contract_doubles_restore_everything():
 def test_triton_ascend_kernels_compile_offline():
     """Triton's real compiler on every specialisation the random cases launch (the
     interpreter runs only the Python): tests/backends/ascend/aot_compile_ascend.py, in its own process."""
-    import os
-    import subprocess
     from pathlib import Path
 
-    script = Path(__file__).with_name("aot_compile_ascend.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(script), "cuda:90", "hip:gfx942"], env=env, capture_output=True,
-                         text=True, timeout=600)
+    from _tritons import run_compile_script
+
+    _, out = run_compile_script(sys.executable, Path(__file__).with_name("aot_compile_ascend.py"), "cuda:90",
+                                "hip:gfx942", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("compiled ")

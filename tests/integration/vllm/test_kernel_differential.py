@@ -16,6 +16,7 @@ installed vLLM ``CUDA_VISIBLE_DEVICES=`` so that vLLM keeps the real Triton).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,9 +63,19 @@ CASES = _cases_list()
 IDS = [f"{name}-{seed}" for seed, name in CASES]
 
 
-def test_origin_reported():
+def test_kernels_come_from_where_the_environment_says():
+    """The copies named by SWA_VLLM_KERNELS_DIR when it is set (the GPU machine), else the
+    installed vLLM of the release the integration supports: never a silent mix."""
+    from swa_backends.integrations.vllm import TESTED_VLLM
+
     print("vLLM kernels from:", ORIGIN)
-    assert KERNELS is not None
+    source = os.environ.get(vk.ENV)
+    if source:
+        assert ORIGIN == f"source files under {Path(source)}"
+    else:
+        assert ORIGIN == f"installed vllm {TESTED_VLLM}"
+    # vLLM's own kernels, never the pack's shims over them
+    assert not any(hasattr(k, "_swa_original") for k in (KERNELS.pad, KERNELS.gather, KERNELS.swa, KERNELS.prefill))
 
 
 @pytest.mark.parametrize("seed,name", CASES, ids=IDS)
@@ -116,14 +127,9 @@ def test_prefill_gather_lens(be, seed, name):
     assert torch.equal(got, want)
 
 
-def _kept_lens(b, *, dummy: bool = False) -> np.ndarray:
+def _kept_lens(b) -> np.ndarray:
     """vLLM's ``_prepare_replay_batch`` planning (non-PCP)."""
-    q = b.q
-    kept = np.where(b.keeps_rows | ~b.is_prefilling, q, np.minimum(q, b.W))
-    if dummy:
-        kept = np.zeros_like(kept)
-        kept[0] = 1
-    return kept
+    return np.where(b.keeps_rows | ~b.is_prefilling, b.q, np.minimum(b.q, b.W))
 
 
 @pytest.mark.parametrize("pad_to", [0, 3])
