@@ -386,7 +386,7 @@ class Backend:
     def _failed(self, op: str, v: Variant, exc: KernelUnavailable) -> None:
         """A whole-variant failure is remembered (skipped from now on, shown by explain());
         a per-specialisation one only sends this call on (the kernel remembers its key)."""
-        if not getattr(exc, "whole_variant", True):
+        if not exc.whole_variant:
             warnings.warn(f"{op}: variant {v.name!r} on {self.device} cannot build this call ({exc}); running the "
                           "next variant for calls like it", RuntimeWarning, stacklevel=3)
             return

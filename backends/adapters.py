@@ -57,11 +57,12 @@ def no_tokens(q: torch.Tensor, d_v: int, return_lse: bool = True) -> tuple[torch
 def zero_empty_rows(out: torch.Tensor, lse: torch.Tensor | None, indices: torch.Tensor,
                     lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The pack's convention for a token with no valid index, whatever the vendor wrote
-    there: ``out = 0`` and ``lse = -inf`` (elementwise, no host sync; ``lse`` None stays None)."""
+    there: ``out = 0`` and ``lse = -inf``, in place (the wrappers pass the vendor kernel's own
+    fresh outputs; elementwise, no host sync; ``lse`` None stays None)."""
     empty = ~valid_mask(indices, lens).any(dim=1)
-    out = torch.where(empty[:, None, None], torch.zeros((), dtype=out.dtype, device=out.device), out)
+    out.masked_fill_(empty[:, None, None], 0)
     if lse is not None:
-        lse = torch.where(empty[:, None], torch.full((), float("-inf"), device=lse.device), lse)
+        lse.masked_fill_(empty[:, None], float("-inf"))
     return out, lse
 
 

@@ -74,24 +74,39 @@ class ReplayPlan:
     def num_reqs(self) -> int:
         return self.kept.shape[0]
 
+    @staticmethod
+    def dropped_before_of(kept, query_start_loc_host):
+        """int32 ``[B+1]`` (numpy): rows dropped before each boundary, ``query_start_loc -
+        [0, cumsum(kept)]`` for ``kept`` rows per request over a host ``query_start_loc``
+        ([B+1] or longer)."""
+        import numpy as np
+
+        kept = np.asarray(kept)
+        cum = np.zeros(kept.shape[0] + 1, dtype=np.int64)
+        np.cumsum(kept, out=cum[1:])
+        return (np.asarray(query_start_loc_host)[: kept.shape[0] + 1] - cum).astype(np.int32, copy=False)
+
     @classmethod
     def from_kept(cls, kept, query_start_loc_host, num_rows_padded: int, window: int, *,
-                  dropped_before=None) -> "ReplayPlan":
+                  dropped_before=None, device_dropped_before: torch.Tensor | None = None) -> "ReplayPlan":
         """The plan of a decision already made: ``kept`` rows per request (host ints) over a
         batch's host ``query_start_loc`` ([B+1] or longer), ``dropped_before`` derived
-        (``query_start_loc - [0, cumsum(kept)]``) unless given; no checks (a planner's
-        result: ``plan_replay_batch``, or a serving engine's own planning)."""
+        (:meth:`dropped_before_of`) unless given; no checks (a planner's result:
+        ``plan_replay_batch``, or a serving engine's own planning). ``device_dropped_before``:
+        the same values already on a device (an engine's own upload): the plan's device copy
+        there, so :meth:`device_dropped_before` copies nothing."""
         import numpy as np
 
         kept = np.asarray(kept).astype(np.int32, copy=False)
         qsl = np.asarray(query_start_loc_host)[: kept.shape[0] + 1]
         if dropped_before is None:
-            cum = np.zeros(kept.shape[0] + 1, dtype=np.int64)
-            np.cumsum(kept, out=cum[1:])
-            dropped_before = qsl - cum
-        return cls(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(kept < np.diff(qsl)),
+            dropped_before = cls.dropped_before_of(kept, qsl)
+        plan = cls(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(kept < np.diff(qsl)),
                    dropped_before=torch.from_numpy(np.asarray(dropped_before).astype(np.int32, copy=False)),
                    num_rows=int(kept.sum()), num_rows_padded=int(num_rows_padded), window=int(window))
+        if device_dropped_before is not None:
+            plan._device_cache[str(device_dropped_before.device)] = device_dropped_before
+        return plan
 
     def device_dropped_before(self, device: torch.device) -> torch.Tensor:
         """``dropped_before`` on ``device``, copied once per plan and device: all a device op

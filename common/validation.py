@@ -33,13 +33,22 @@ _default: bool | None = None
 ENV = "SWA_BACKENDS_VALIDATE"
 
 
-def env_setting() -> bool | None:
-    """``SWA_BACKENDS_VALIDATE`` read as a switch: None when unset or empty, else False for
-    0/false/no/off and True for anything else (the one parser of the variable)."""
-    raw = os.environ.get(ENV, "").strip().lower()
+#: Values that switch an environment switch of the pack off (case-insensitive).
+OFF_WORDS = ("0", "false", "no", "off", "disable", "disabled")
+
+
+def env_switch(name: str) -> bool | None:
+    """An environment variable read as a switch: None when unset or empty, False for one of
+    :data:`OFF_WORDS`, True for anything else (the pack's one parser of its switches)."""
+    raw = os.environ.get(name, "").strip().lower()
     if not raw:
         return None
-    return raw not in ("0", "false", "no", "off")
+    return raw not in OFF_WORDS
+
+
+def env_setting() -> bool | None:
+    """``SWA_BACKENDS_VALIDATE`` as a switch (:func:`env_switch`)."""
+    return env_switch(ENV)
 
 
 def _env_default() -> bool:

@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from ..common.ops._records import KV_FORMATS
 from ..common.registry import Variant, import_reason, load_attr, register_probe
 
 _TRITON = dict(
@@ -57,8 +58,6 @@ _ATTENTION = dict(index_layout="plain", clamps_window=True)
 _GLUON = dict(platforms=("cuda",), archs=("sm90",), min_capability=(9, 0), max_capability=(9, 0),
               dtypes=(torch.bfloat16, torch.float16), input_check="swa_backends.kernels.sparse_mla_gluon:input_check",
               kv_formats=("rows",), **_ATTENTION)
-#: What the tl kernel reads (kv_format values; every FP8 flavour of each).
-TRITON_KV_FORMATS = ("rows", "v4_fp8", "v41_mxfp8", "v41_nvfp4")
 
 
 def _rows_kernel(module: str, q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
@@ -105,7 +104,7 @@ VARIANTS += (
     Variant(
         op="sparse_mla", name="triton", impl="swa_backends.kernels.sparse_mla:sparse_mla",
         dtypes=(torch.bfloat16, torch.float16), warmup="swa_backends.kernels.sparse_mla:warmup",
-        kv_formats=TRITON_KV_FORMATS,
+        kv_formats=KV_FORMATS,  # every format and FP8 flavour (test_sparse_mla_records.py checks each)
         description="portable Triton sparse-MLA forward (plain layout: PAD anywhere skipped; fp32 softmax; "
                     "split-K decode); KV rows or paged V4 / V4.1 records dequantized in registers",
         **_ATTENTION, **_TRITON,

@@ -186,6 +186,6 @@ def token_to_req_indices(query_start_loc: torch.Tensor, num_tokens: int) -> torc
     """What vLLM's ``compute_token_to_req_indices`` gives for tokens inside the batch
     (``searchsorted`` over the device ``query_start_loc``); tokens past it map to the last
     request (invalid there anyway)."""
-    t = torch.arange(num_tokens, device=query_start_loc.device, dtype=torch.int64)
-    req = torch.searchsorted(query_start_loc[1:].to(torch.int64).contiguous(), t, right=True)
-    return req.clamp(max=max(query_start_loc.shape[0] - 2, 0)).to(torch.int32)
+    from ..common.ops._batch import token_view
+
+    return token_view(query_start_loc, None, num_tokens).req.to(torch.int32)

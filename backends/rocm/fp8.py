@@ -6,14 +6,17 @@ vLLM scales to 224 there), gfx950 (MI350 series) in the OCP formats (``float8_e4
 two in every value, so an FP8 tensor of the other family is a ``ValueError`` on ROCm.
 
 Which ops can carry FP8 data: ``gather_rows`` / ``scatter_rows`` (any dtype). ``sparse_mla``
-takes bf16/fp16/fp32 only (its validator rejects FP8 before this check); the metadata ops
-carry integers.
+takes q and KV rows in bf16/fp16/fp32 (its validator rejects FP8 rows before this check) and
+paged FP8 records as uint8 with the flavour named per call (``fp8=``: the flavour belongs to
+the cache, not the arch: on gfx942 vLLM writes its SWA cache FNUZ and its compressed cache
+OCP); the metadata ops carry integers.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...common.ops._records import FP8_FLAVOURS
 from ...common.validation import fail
 
 FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
@@ -21,8 +24,8 @@ OCP = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # arch -> (family name, accepted FP8 dtypes, the e4m3 dtype caches use, scale max used by vLLM)
 FP8 = {
-    "gfx942": ("FNUZ", FNUZ, torch.float8_e4m3fnuz, 224.0),
-    "gfx950": ("OCP", OCP, torch.float8_e4m3fn, 448.0),
+    "gfx942": ("FNUZ", FNUZ, *FP8_FLAVOURS["e4m3fnuz"]),
+    "gfx950": ("OCP", OCP, *FP8_FLAVOURS["e4m3fn"]),
 }
 
 

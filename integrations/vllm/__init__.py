@@ -30,6 +30,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from ...common.validation import env_switch
+
 #: vLLM release series (major.minor) this integration supports. The one place they are declared:
 #: the version gate, the patches' reasons and the CI stage (which installs :data:`TESTED_VLLM`) read it.
 SUPPORTED_VLLM: tuple[str, ...] = ("0.33",)
@@ -71,13 +73,11 @@ class InstallStatus:
 
 
 def mode() -> str:
-    """``off``, ``force`` or ``auto`` from ``SWA_BACKENDS_VLLM``."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in ("0", "off", "false", "no", "disable", "disabled"):
-        return "off"
-    if raw == "force":
+    """``off`` (the pack's off words: ``common.validation.env_switch``), ``force`` or ``auto``
+    from ``SWA_BACKENDS_VLLM``."""
+    if os.environ.get(ENV, "").strip().lower() == "force":
         return "force"
-    return "auto"
+    return "off" if env_switch(ENV) is False else "auto"
 
 
 def release_series(version: str) -> str | None:

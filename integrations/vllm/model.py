@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import log_once, patches, runtime
-from .config import Decision, decide
+from .config import Decision, _text_config, decide
 
 #: routes of the encoder side (launches in prepare_attn and the SWA builders)
 ENCODER_ROUTES = ("pad_replayed_slots",)
@@ -73,7 +73,7 @@ def _before_build(vllm_config) -> Route:
         return Route(None)
     enc = decision.capabilities.encoder_replay
     dev = decision.capabilities.device
-    if enc.enabled and decision.vllm_encoder:
+    if decision.encoder:
         encoder = True
     elif enc.enabled:
         encoder = False
@@ -128,16 +128,12 @@ def _after_build(model, route: Route) -> Route:
         log_once(logging.INFO, "decoder replay is off on %s: %s", dev, _reasons(dec))
     route.builders = route.encoder or route.decoder
     on = []
-    for name in ENCODER_ROUTES:
-        if patches.route(name, runtime.backend_for if route.encoder else None):
-            on.append(name)
-        elif route.encoder:
-            log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
-    for name in BUILDER_ROUTES:
-        if patches.route(name, runtime.backend_for if route.builders else None):
-            on.append(name)
-        elif route.builders:
-            log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
+    for names, wanted in ((ENCODER_ROUTES, route.encoder), (BUILDER_ROUTES, route.builders)):
+        for name in names:
+            if patches.route(name, runtime.backend_for if wanted else None):
+                on.append(name)
+            elif wanted:
+                log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
     if route.decoder:
         on += ["gather_replay_batch", "gather_rows", "scatter_rows"]
     if on:
@@ -280,8 +276,7 @@ class ModelStateMixin:
         try:
             window, _ = self._replay
             cfg = self.vllm_config
-            text = getattr(cfg.model_config, "hf_text_config", None) or cfg.model_config.hf_config
-            W = int(getattr(text, "sliding_window", 0) or window or 128)
+            W = int(getattr(_text_config(cfg), "sliding_window", 0) or window or 128)
             rows = ()
             if gather and layers is not None:
                 rows = _replay_row_shapes(cfg, layers)
@@ -296,7 +291,7 @@ class ModelStateMixin:
         """vLLM's sub-batch, gathered by the pack's ``gather_replay_batch`` into vLLM's
         persistent buffers; everything around the launch is vLLM's (PCP keeps vLLM's whole
         method: the pack turns decoder replay off under PCP)."""
-        if not self._swa_gather or self.pcp_size > 1:
+        if not self._swa_gather:  # never set under PCP
             return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
         try:
             return self._swa_kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
@@ -312,8 +307,10 @@ class ModelStateMixin:
         num_reqs = input_batch.num_reqs
         window = self.decoder_replay_layers.window
         qsl_np = input_batch.query_start_loc_np[: num_reqs + 1]
-        num_tokens = int(kept_lens.sum())
-        dropped_np = runtime.dropped_before(kept_lens, qsl_np)
+        kept_query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(kept_lens, out=kept_query_start_loc_np[1:])
+        num_tokens = int(kept_query_start_loc_np[-1])
+        dropped_np = (qsl_np - kept_query_start_loc_np).astype(np.int32, copy=False)  # rows dropped before each boundary
         dropped = self._dropped_before.copy_to_uva(dropped_np)
         plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np, device_dropped=dropped)
         G = slot_mappings.shape[0]
@@ -323,8 +320,6 @@ class ModelStateMixin:
                "kv_start": self._kept_kv_start[:num_reqs]}
         runtime.gather_replay_batch(self._swa_backend, plan, input_batch.query_start_loc, input_batch.seq_lens,
                                     replay_start, input_batch.positions, slot_mappings, window, out)
-        kept_query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
-        np.cumsum(kept_lens, out=kept_query_start_loc_np[1:])
         max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)
         kept_batch = replace(
             input_batch,
@@ -350,7 +345,7 @@ def _replay_row_shapes(vllm_config, layers) -> tuple:
     """``(trailing shape, dtype)`` of the inputs the replay layers gather: hidden states,
     positions, input ids, pre/post/res mix, residual (``DecoderReplayCudaGraphManager``'s
     buffers); its ``input_buffers`` when it exists."""
-    text = getattr(vllm_config.model_config, "hf_text_config", None) or vllm_config.model_config.hf_config
+    text = _text_config(vllm_config)
     act = vllm_config.model_config.dtype
     hc, h, f32 = int(text.hc_mult), int(text.hidden_size), torch.float32
     # input ids are int64 under native MegaMoE, else int32: warm both

@@ -23,7 +23,7 @@ import os
 import numpy as np
 import torch
 
-from ...common.types import PAD, ReplayPlan
+from ...common.types import ReplayPlan
 from ...common.validation import env_setting
 from ...dispatch import Backend
 from ...dispatch import backend_for as dispatch_backend_for
@@ -131,12 +131,9 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
 
 
 def dropped_before(kept_lens: np.ndarray, query_start_loc_np: np.ndarray) -> np.ndarray:
-    """int32 ``[B+1]``: rows dropped before each boundary, ``query_start_loc - [0, cumsum(kept)]``
-    (what vLLM's ``_kept_input_batch`` uploads)."""
-    B = kept_lens.shape[0]
-    cum = np.zeros(B + 1, dtype=np.int32)
-    np.cumsum(kept_lens, out=cum[1:])
-    return (query_start_loc_np[: B + 1] - cum).astype(np.int32, copy=False)
+    """int32 ``[B+1]``: rows dropped before each boundary (``ReplayPlan.dropped_before_of``;
+    what vLLM's ``_kept_input_batch`` uploads)."""
+    return ReplayPlan.dropped_before_of(kept_lens, query_start_loc_np)
 
 
 def replay_plan(kept_lens: np.ndarray, query_start_loc_np: np.ndarray, num_padded: int, window: int, *,
@@ -146,10 +143,8 @@ def replay_plan(kept_lens: np.ndarray, query_start_loc_np: np.ndarray, num_padde
     idle batches, trim threshold -- decided ``kept_lens``). ``device_dropped``: the plan's
     ``dropped_before`` already on the device (vLLM's UVA upload), so the plan makes no
     host-to-device copy of its own."""
-    plan = ReplayPlan.from_kept(kept_lens, query_start_loc_np, num_padded, window, dropped_before=dropped)
-    if device_dropped is not None:
-        plan._device_cache[str(device_dropped.device)] = device_dropped
-    return plan
+    return ReplayPlan.from_kept(kept_lens, query_start_loc_np, num_padded, window, dropped_before=dropped,
+                                device_dropped_before=device_dropped)
 
 
 def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings,
@@ -185,14 +180,14 @@ def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int
 
 def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa: bool = False,
             gather_lens: bool = False, gather: bool = False, window: int = 128, block_size: int = 32,
-            index_width: int | None = None, rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
+            rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
     """One small real launch of every op the integration routes, on a synthetic step (a
     decode and a replaying prefill, padded): the pack's launch keys never depend on sizes,
     so serving steps compile nothing afterwards. ``rows``: ``(trailing shape, dtype)`` of
     each tensor the replay layers gather and scatter. Returns the ops launched."""
     dev = torch.device(device)
     W, bs = int(window), int(block_size)
-    width = W if index_width is None else int(index_width)
+    width = W  # vLLM's prefill rows may be wider: a runtime argument, the same kernel
     i32, i64 = torch.int32, torch.int64
     q, prefix = [1, 3], [W + 4, W + 5]
     seq = [a + b for a, b in zip(q, prefix)]
@@ -232,13 +227,12 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
         for tail, dtype in rows:
             x = torch.zeros(T, *tail, dtype=dtype, device=dev)
             buf = torch.empty(3, *tail, dtype=dtype, device=dev)
-            be.gather_rows(x, idx, out=buf)
-            be.gather_rows(x, idx)
+            be.gather_rows(x, idx, out=buf)  # without out= the same kernel, into a fresh buffer
             be.scatter_rows(buf, idx, T)
         ran += ["gather_rows", "scatter_rows"]
     return ran
 
 
-__all__ = ["CALLS", "PAD", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows",
+__all__ = ["CALLS", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows",
            "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "scatter_rows", "swa_indices_and_lens",
            "swa_rows", "warm_up"]

@@ -155,6 +155,19 @@ def test_validation_env_switch_read_on_first_use():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def test_env_switch_is_the_one_parser_of_the_packs_switches(monkeypatch):
+    from swa_backends.common.validation import OFF_WORDS, env_setting, env_switch
+
+    monkeypatch.delenv("SWA_TEST_SWITCH", raising=False)
+    assert env_switch("SWA_TEST_SWITCH") is None
+    for word in (*OFF_WORDS, " Off ", "DISABLED"):
+        monkeypatch.setenv("SWA_TEST_SWITCH", word)
+        assert env_switch("SWA_TEST_SWITCH") is False, word
+    for word in ("1", "yes", "on", "force"):
+        monkeypatch.setenv("SWA_TEST_SWITCH", word)
+        assert env_switch("SWA_TEST_SWITCH") is True, word
+    monkeypatch.setenv("SWA_BACKENDS_VALIDATE", "disable")
+    assert env_setting() is False
 
 
 def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
