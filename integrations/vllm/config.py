@@ -164,18 +164,37 @@ class Decision:
     vllm_encoder: bool
     vllm_encoder_reason: str | None
     must_keep_encoder: str | None = None
+    vllm_off_for_rocm_only: bool = False
 
     @property
     def encoder(self) -> bool:
         """Encoder replay runs, through the pack: both agree it is on."""
         return self.capabilities.encoder_replay.enabled and self.vllm_encoder
 
+    @property
+    def encoder_on_rocm(self) -> str | None:
+        """Why the pack cannot turn on, on ROCm, the encoder replay vLLM keeps off there; None
+        when it can: the pack's capabilities say on, ROCm is vLLM's only reason for off (its
+        other gates pass) and no drafter is configured (vLLM builds a drafter's window caches
+        with replay off on ROCm, and the pack switches only the target's). Not applicable
+        (a reason) when vLLM turns it off for another reason or on another platform."""
+        if not self.capabilities.encoder_replay.enabled:
+            return "the pack turns encoder replay off here"
+        if self.vllm_encoder or not self.vllm_off_for_rocm_only:
+            return "vLLM does not turn encoder replay off for ROCm here"
+        if self.config.drafter_window is not None:
+            return ("a drafter is configured: vLLM builds its window caches with replay off on ROCm and the pack "
+                    "turns on only the target model's")
+        return None
+
     def as_dict(self) -> dict:
         import dataclasses
 
         return {"serving_config": dataclasses.asdict(self.config), "capabilities": self.capabilities.as_dict(),
                 "vllm_encoder": self.vllm_encoder, "vllm_encoder_reason": self.vllm_encoder_reason,
-                "must_keep_encoder": self.must_keep_encoder}
+                "must_keep_encoder": self.must_keep_encoder, "vllm_off_for_rocm_only": self.vllm_off_for_rocm_only,
+                "pack_turns_encoder_on_on_rocm": self.vllm_off_for_rocm_only and self.encoder_on_rocm is None,
+                "encoder_on_rocm_blocked_by": self.encoder_on_rocm if self.vllm_off_for_rocm_only else None}
 
 
 def decide(vllm_config, device=None, *, pp_rank: int | None = None, platform: str | None = None) -> Decision:
@@ -187,4 +206,5 @@ def decide(vllm_config, device=None, *, pp_rank: int | None = None, platform: st
     cfg = serving_config(vllm_config, pp_rank=pp_rank)
     caps = capabilities(device, config=cfg)
     on, why = vllm_encoder_replay(vllm_config, platform=platform)
-    return Decision(cfg, caps, on, why, vllm_requires_encoder_replay(vllm_config))
+    rocm_only = not on and why is not None and vllm_encoder_replay(vllm_config, platform="cuda")[0]
+    return Decision(cfg, caps, on, why, vllm_requires_encoder_replay(vllm_config), rocm_only)

@@ -3,14 +3,17 @@
 Imported only by vLLM's model registry (``install()`` registers
 ``"swa_backends.integrations.vllm.model:DeepseekV41ForCausalLM"`` under the architecture
 name ``DeepseekV41ForCausalLM``). Everything here goes through vLLM's supported extension
-points; the only patches are the three module globals of :mod:`.patches`.
+points; the only patches are the module globals of :mod:`.patches`.
 
 * ``DeepseekV41ForCausalLM`` (:func:`model_class`) subclasses the class vLLM picks on this platform
   (``vllm.models.deepseek_v41.DeepseekV41ForCausalLM``: NVIDIA or AMD), same name. Before the
   layers are built it computes :func:`swa_backends.capabilities` from vLLM's config
   (:func:`.config.decide`); encoder replay the pack turns off is turned off in vLLM
   (``cache_config.swa_bounded_replay = False``, read by the attention layers it is about to
-  build). After they are built, decoder replay the pack turns off is removed
+  build). On ROCm, where vLLM builds encoder replay off and the pack runs it, the pack turns it
+  on after the build (:func:`_encoder_on_rocm`: ``bounded_replay`` on every window cache, read
+  when the runner collects the KV-cache specs), its prefill attention through the pack too.
+  After they are built, decoder replay the pack turns off is removed
   (``decoder_replay_layers = None``) and the replay layers it keeps run their row gather and
   scatter through the pack (:class:`ReplayLayersMixin`, by a class swap of that one object).
   Every "off" is logged once with the pack's reasons.
@@ -41,18 +44,22 @@ from .config import Decision, _text_config, decide
 #: routes of the encoder side (launches in prepare_attn and the SWA builders)
 ENCODER_ROUTES = ("pad_replayed_slots",)
 BUILDER_ROUTES = ("swa_indices_and_lens", "prefill_gather_lens")
+#: ROCm, where the pack turns encoder replay on: the consumer of the clamped window as well
+ROCM_ROUTES = ("rocm_sparse_attn_prefill",)
 
 
 @dataclass
 class Route:
     """What runs through the pack for this model: ``encoder`` (slot padding), ``builders``
     (clamped window indices and prefill gather lengths), ``decoder`` (sub-batch gather, row
-    gather/scatter); ``decision`` the pack's, None when it could not be computed."""
+    gather/scatter), ``rocm`` (encoder replay turned on on ROCm, its prefill consumer through
+    the pack's ``sparse_mla``); ``decision`` the pack's, None when it could not be computed."""
 
     decision: Decision | None
     encoder: bool = False
     builders: bool = False
     decoder: bool = False
+    rocm: bool = False  # encoder replay turned on by the pack on ROCm (vLLM builds it off there)
 
     @property
     def any(self) -> bool:
@@ -73,12 +80,19 @@ def _before_build(vllm_config) -> Route:
         return Route(None)
     enc = decision.capabilities.encoder_replay
     dev = decision.capabilities.device
+    rocm = False
     if decision.encoder:
         encoder = True
+    elif decision.vllm_off_for_rocm_only and decision.encoder_on_rocm is None:
+        encoder = rocm = True
+        log_once(logging.INFO, "encoder replay on %s: vLLM builds it off on ROCm (%s); the pack turns it on once the "
+                 "layers are built, with every window index, gather length and prefill attention through the pack",
+                 dev, decision.vllm_encoder_reason)
     elif enc.enabled:
         encoder = False
-        log_once(logging.INFO, "encoder replay stays off on %s: the pack would turn it on, vLLM does not (%s); "
-                 "left as vLLM decides", dev, decision.vllm_encoder_reason)
+        log_once(logging.INFO, "encoder replay stays off on %s: the pack would turn it on, vLLM does not (%s)%s; "
+                 "left as vLLM decides", dev, decision.vllm_encoder_reason,
+                 f", and {decision.encoder_on_rocm}" if decision.vllm_off_for_rocm_only else "")
     elif not decision.vllm_encoder:
         encoder = False
         log_once(logging.INFO, "encoder replay is off on %s: vLLM: %s; the pack: %s", dev,
@@ -97,7 +111,7 @@ def _before_build(vllm_config) -> Route:
         patches.apply()
     except Exception as exc:  # noqa: BLE001
         log_once(logging.WARNING, "applying the patches failed (%s: %s)", type(exc).__name__, exc)
-    return Route(decision, encoder=encoder)
+    return Route(decision, encoder=encoder, rocm=rocm)
 
 
 def _language_model(model):
@@ -128,17 +142,60 @@ def _after_build(model, route: Route) -> Route:
         log_once(logging.INFO, "decoder replay is off on %s: %s", dev, _reasons(dec))
     route.builders = route.encoder or route.decoder
     on = []
-    for names, wanted in ((ENCODER_ROUTES, route.encoder), (BUILDER_ROUTES, route.builders)):
+    groups = ((ENCODER_ROUTES, route.encoder), (BUILDER_ROUTES, route.builders), (ROCM_ROUTES, route.rocm))
+    for names, wanted in groups:
         for name in names:
             if patches.route(name, runtime.backend_for if wanted else None):
                 on.append(name)
             elif wanted:
                 log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
+    if route.rocm:
+        route = _encoder_on_rocm(model, route, on)
+        on = [name for name, is_on in patches.routes().items() if is_on]
     if route.decoder:
         on += ["gather_replay_batch", "gather_rows", "scatter_rows"]
     if on:
         log_once(logging.INFO, "DeepSeek-V4.1 on %s: %s run through the pack (variants: %s)", dev, ", ".join(on),
                  _variants(dev, on))
+    return route
+
+
+def _window_caches(model) -> list:
+    """The model's DeepSeek-V4.1 window caches (``DeepseekV4SWACache`` modules)."""
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+
+    modules = getattr(model, "modules", None)
+    return [mod for mod in (modules() if modules is not None else ()) if isinstance(mod, DeepseekV4SWACache)]
+
+
+def _encoder_on_rocm(model, route: Route, on: list[str]) -> Route:
+    """Turn encoder replay on in the model vLLM built with it off (ROCm): every DeepSeek-V4.1
+    window cache (``DeepseekV4SWACache``) gets ``bounded_replay = True``, which its
+    ``get_kv_cache_spec`` reads when the model runner collects the KV-cache specs after the
+    build (the scheduler then replays and keeps the window out of the prefix cache). Only
+    when every launch that makes or reads the clamped window runs through the pack: the slot
+    padding, the window indices and gather lengths, and the prefill attention
+    (``rocm_sparse_attn_prefill``); else it stays off and those routes go back to vLLM."""
+    dev = route.decision.capabilities.device
+    missing = [n for n in (*ENCODER_ROUTES, *BUILDER_ROUTES, *ROCM_ROUTES) if n not in on]
+    caches = [] if missing else _window_caches(model)
+    if missing or not caches:
+        why = (f"routes not through the pack: {', '.join(missing)}" if missing
+               else "the model holds no DeepseekV4SWACache")
+        log_once(logging.WARNING, "encoder replay stays off on %s (vLLM's ROCm decision): %s", dev, why)
+        for name in (*ENCODER_ROUTES, *ROCM_ROUTES):
+            patches.route(name, None)
+        route.encoder = route.rocm = False
+        route.builders = route.decoder
+        if not route.builders:
+            for name in BUILDER_ROUTES:
+                patches.route(name, None)
+        return route
+    for cache in caches:
+        cache.bounded_replay = True
+    log_once(logging.WARNING, "encoder replay turned on on %s for %d window caches (vLLM keeps it off on ROCm: %s); "
+             "the clamped window indices, gather lengths and prefill attention run through the pack",
+             dev, len(caches), route.decision.vllm_encoder_reason)
     return route
 
 
@@ -189,9 +246,12 @@ class ModelMixin:
         except Exception as exc:  # noqa: BLE001
             log_once(logging.WARNING, "setting up the pack's routes failed (%s: %s); vLLM's kernels run",
                      type(exc).__name__, exc)
-            for name in (*ENCODER_ROUTES, *BUILDER_ROUTES):
+            for name in (*ENCODER_ROUTES, *BUILDER_ROUTES, *ROCM_ROUTES):
                 patches.route(name, None)
             _unswap(getattr(_language_model(self), "decoder_replay_layers", None))
+            if route.rocm:  # back to what vLLM built on ROCm
+                for cache in _window_caches(self):
+                    cache.bounded_replay = False
             route = Route(route.decision)
         self.swa_backends_route = route
 

@@ -3,8 +3,11 @@
 vLLM 0.33 has no seam for three kernel launches of DeepSeek-V4.1's replay metadata: they
 are inline in ``DeepseekV41ModelState.prepare_attn`` and in
 ``DeepseekSparseSWAMetadataBuilder.build`` / ``update_draft_decode_metadata``, and each
-looks its kernel up as a module global at call time. Each patch below replaces one such
-global with a shim that keeps the original's calling convention; while its route is off
+looks its kernel up as a module global at call time. On ROCm a fourth: the sparse-MLA prefill
+of ``DeepseekV41ROCMAiterMLAAttention`` (the consumer of the clamped window, when the pack
+turns encoder replay on there), a module global of ``vllm.models.deepseek_v41.amd.rocm``.
+Each patch below replaces one such global with a shim that keeps the original's calling
+convention; while its route is off
 (:func:`route`) a shim hands every call to vLLM's original object unchanged, so a patch
 applied for a model the pack does not serve is inert. Nothing else in vLLM is patched:
 the model class goes through ``ModelRegistry.register_model`` and the model state through
@@ -22,6 +25,9 @@ AND_LENS_KERNEL``                    rows in ``update_draft_decode_metadata``)  
 ``vllm.v1.attention.backends.mla.    ``_COMPUTE_PREFILL_METADATA_KERNEL(...)`` in   ``Backend.prefill_gather_
 sparse_swa._COMPUTE_PREFILL_         ``_build_deepseek_v4_metadata``              lens``
 METADATA_KERNEL``
+``vllm.models.deepseek_v41.amd.      ``rocm_sparse_attn_prefill(...)`` in           ``Backend.sparse_mla``
+rocm.rocm_sparse_attn_prefill``      ``DeepseekV41ROCMAiterMLAAttention``'s         (ROCm only)
+                                     default prefill, per chunk
 ===================================  ==========================================  =========================
 
 :func:`apply` checks each target against the pinned vLLM (the callable's parameter names,
@@ -36,6 +42,7 @@ import functools
 import importlib
 import inspect
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,10 +53,11 @@ from . import runtime
 
 MODEL_STATE = "vllm.models.deepseek_v41.nvidia.model_state"
 SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
+ROCM_ATTENTION = "vllm.models.deepseek_v41.amd.rocm"
 
 #: route name -> a function device -> Backend, or None (the shim calls vLLM's original)
 _routes: dict[str, Callable | None] = {"pad_replayed_slots": None, "swa_indices_and_lens": None,
-                                       "prefill_gather_lens": None}
+                                       "prefill_gather_lens": None, "rocm_sparse_attn_prefill": None}
 _lock = threading.Lock()
 
 
@@ -172,6 +180,27 @@ class PrefillMetadataShim(_Shim):
                                   num_decodes, window_size)
 
 
+class RocmSparsePrefillShim(_Shim):
+    """``rocm_sparse_attn_prefill``: a plain function called as ``fn(q, kv, indices,
+    topk_length, scale, head_dim, nope_head_dim, rope_head_dim, attn_sink, output,
+    ragged_indices=None, ragged_indptr=None)``, writing ``output`` in place."""
+
+    route_name = "rocm_sparse_attn_prefill"
+
+    def __call__(self, q, kv, indices, topk_length, scale, head_dim, nope_head_dim, rope_head_dim, attn_sink, output,
+                 ragged_indices=None, ragged_indptr=None):
+        if ragged_indices is None and ragged_indptr is None and head_dim == q.shape[-1]:
+            be = self._backend(q.device)
+            if be is not None:
+                try:
+                    if runtime.rocm_sparse_prefill(be, q, kv, indices, topk_length, scale, attn_sink, output):
+                        return None
+                except Exception as exc:  # noqa: BLE001 - sparse_mla raises before it writes output
+                    self._failed(exc)
+        return self._swa_original(q, kv, indices, topk_length, scale, head_dim, nope_head_dim, rope_head_dim,
+                                  attn_sink, output, ragged_indices=ragged_indices, ragged_indptr=ragged_indptr)
+
+
 # ---------------------------------------------------------------------------------------
 # the patch list and its checks
 # ---------------------------------------------------------------------------------------
@@ -189,6 +218,13 @@ def _check_jit(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str 
     return None if got == expected else f"kernel parameters {got} != pinned {expected}"
 
 
+def _check_function(obj, expected: tuple[str, ...]) -> str | None:
+    if not inspect.isfunction(obj):
+        return f"not a function (found {type(obj).__name__})"
+    got = _params(obj)
+    return None if got == expected else f"parameters {got} != pinned {expected}"
+
+
 def _check_call(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
     call = getattr(type(obj), "__call__", None)
     if call is None or not all(callable(getattr(obj, m, None)) for m in methods):
@@ -200,7 +236,8 @@ def _check_call(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str
 @dataclass(frozen=True)
 class Patch:
     """One module-global replacement: ``module.attr`` -> ``shim(original)`` if ``check``
-    returns None for the original (else the reason it does not apply)."""
+    returns None for the original (else the reason it does not apply); ``platform``: applied
+    only on that vLLM platform (None: every platform)."""
 
     name: str
     module: str
@@ -208,6 +245,7 @@ class Patch:
     shim: type
     check: Callable[[object], str | None]
     why: str
+    platform: str | None = None
 
     @property
     def target(self) -> str:
@@ -221,6 +259,8 @@ SWA_PARAMS = ("self", "swa_indices", "swa_lens", "window_size", "index_width", "
               "replay_start", "num_tokens", "token_offset", "has_image")
 PREFILL_PARAMS = ("self", "prefill_gather_lens", "seq_lens", "query_start_loc", "replay_start", "num_prefills",
                   "num_decodes", "window_size")
+ROCM_PREFILL_PARAMS = ("q", "kv", "indices", "topk_length", "scale", "head_dim", "nope_head_dim", "rope_head_dim",
+                       "attn_sink", "output", "ragged_indices", "ragged_indptr")
 
 PATCHES: tuple[Patch, ...] = (
     Patch("pad_replayed_slots", MODEL_STATE, "_pad_replayed_slots_kernel", PadReplayedSlotsShim,
@@ -232,16 +272,32 @@ PATCHES: tuple[Patch, ...] = (
     Patch("prefill_gather_lens", SPARSE_SWA, "_COMPUTE_PREFILL_METADATA_KERNEL", PrefillMetadataShim,
           lambda o: _check_call(o, PREFILL_PARAMS, ("register_warmup",)),
           "called inline in DeepseekSparseSWAMetadataBuilder._build_deepseek_v4_metadata"),
+    Patch("rocm_sparse_attn_prefill", ROCM_ATTENTION, "rocm_sparse_attn_prefill", RocmSparsePrefillShim,
+          lambda o: _check_function(o, ROCM_PREFILL_PARAMS),
+          "called inline in DeepseekV41ROCMAiterMLAAttention's default prefill (its module imports only on ROCm)",
+          platform="rocm"),
 )
 
 _status: dict[str, str] = {}  # patch name -> "applied" or the reason it is not
 
 
-def apply() -> dict[str, str]:
-    """Apply every patch whose check passes (idempotent); returns :func:`status`."""
+def _platform() -> str:
+    from vllm.platforms import current_platform
+
+    return "rocm" if current_platform.is_rocm() else "cuda" if current_platform.is_cuda() else "other"
+
+
+def apply(platform: str | None = None) -> dict[str, str]:
+    """Apply every patch whose check passes (idempotent); returns :func:`status`.
+    ``platform``: ``"rocm"``, ``"cuda"``, ... (None: vLLM's current platform); a patch for
+    another platform is not applied and its module not imported."""
     with _lock:
+        platform = platform or _platform()
         for p in PATCHES:
             if _status.get(p.name) == "applied":
+                continue
+            if p.platform is not None and p.platform != platform:
+                _status[p.name] = f"not applied: {p.platform} only (this is {platform})"
                 continue
             try:
                 module = importlib.import_module(p.module)
@@ -290,10 +346,7 @@ def restore() -> None:
     """Put vLLM's originals back and turn every route off (tests)."""
     with _lock:
         for p in PATCHES:
-            try:
-                module = importlib.import_module(p.module)
-            except Exception:  # noqa: BLE001
-                continue
+            module = sys.modules.get(p.module)  # a module never imported holds no shim
             current = getattr(module, p.attr, None)
             if isinstance(current, _Shim):
                 setattr(module, p.attr, current._swa_original)

@@ -125,6 +125,31 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     return True
 
 
+def rocm_sparse_prefill(be: Backend, q, kv, indices, topk_length, scale: float, attn_sink, output) -> bool:
+    """vLLM's ROCm ``rocm_sparse_attn_prefill(q, kv, indices, topk_length, scale, head_dim,
+    nope_head_dim, rope_head_dim, attn_sink, output)`` through the pack's ``sparse_mla``: ``q``
+    ``[T, H, D]``, ``kv`` the bf16 workspace ``[rows, 1, D]``, ``indices`` ``[T, K]`` workspace
+    rows (-1 PAD; vLLM's ``combine_topk_swa_indices``: the compressed top-k, then the window
+    clamped at the replay start by the gather lengths), ``attn_sink`` ``[>= H]`` fp32 (its first
+    H entries are this rank's heads, as vLLM reads them), ``output`` ``[T, H, d_v]`` written in
+    place (d_v 448 or 512: the first d_v columns of each row). No LSE is computed. Returns False
+    (nothing written) for a call in another form (ragged indices, no lengths, kv not
+    ``[rows, 1, D]``, an output narrower than its dims); the caller then runs vLLM's kernel."""
+    T, H, D = q.shape
+    if (indices is None or topk_length is None or kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != D
+            or output.dim() != 3 or tuple(output.shape[:2]) != (T, H) or output.shape[2] > D
+            or (attn_sink is not None and attn_sink.shape[0] < H)):
+        return False
+    CALLS["rocm_sparse_prefill"] += 1
+    if T == 0:
+        return True
+    sink = None if attn_sink is None else _head(attn_sink, H)
+    out, _ = be.sparse_mla(q, kv[:, 0], indices.reshape(T, -1), topk_length, float(scale), int(output.shape[2]),
+                           sink=sink, return_lse=False)
+    output.copy_(out)
+    return True
+
+
 # ---------------------------------------------------------------------------------------
 # decoder side: the sub-batch gather, hidden-row gather/scatter
 # ---------------------------------------------------------------------------------------

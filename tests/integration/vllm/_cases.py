@@ -104,14 +104,24 @@ def make_batch(rng: np.random.Generator, *, W: int = 16, block_size: int = 8, gr
         else:
             raise ValueError(kind)
     num_reqs = len(q)
-    q += [0] * pad_reqs
-    prefix += [0] * pad_reqs
-    R += [0] * pad_reqs
-    q_np, prefix_np, R_np = (np.array(a, dtype=np.int64) for a in (q, prefix, R))
-    T = int(q_np.sum())
-    keeps = np.zeros(len(q), dtype=bool)
+    keeps = np.zeros(num_reqs + pad_reqs, dtype=bool)
     if keeps_rows_frac:
         keeps[num_decodes:num_reqs] = rng.random(num_reqs - num_decodes) < keeps_rows_frac
+    return explicit_batch(q, prefix, R, W=W, block_size=block_size, groups=groups, spec=spec, num_decodes=num_decodes,
+                          pad_reqs=pad_reqs, pad_tokens=pad_tokens, keeps=keeps, rng=rng, device=device)
+
+
+def explicit_batch(q, prefix, R, *, W: int, block_size: int, groups: int = 3, spec: int = 0, num_decodes: int = 0,
+                   pad_reqs: int = 0, pad_tokens: int = 0, keeps=None, rng=None, tables=None, device="cpu") -> Batch:
+    """The batch of the requests ``q`` / ``prefix`` / ``R`` (decodes first); ``tables``: each
+    group's block table ``[B_all, cols]`` (default: random distinct blocks from ``rng``)."""
+    num_reqs = len(q)
+    q = list(q) + [0] * pad_reqs
+    prefix = list(prefix) + [0] * pad_reqs
+    R = list(R) + [0] * pad_reqs
+    q_np, prefix_np, R_np = (np.array(a, dtype=np.int64) for a in (q, prefix, R))
+    T = int(q_np.sum())
+    keeps = np.zeros(len(q), dtype=bool) if keeps is None else keeps
     b = Batch(W=W, block_size=block_size, q=q_np, prefix=prefix_np, R=R_np, num_decodes=num_decodes,
               num_reqs=num_reqs, num_pad_reqs=pad_reqs, T=T, T_pad=T + pad_tokens, decode_threshold=1 + spec,
               cacheable=[g for g in range(groups) if g != 1], keeps_rows=keeps)
@@ -127,8 +137,11 @@ def make_batch(rng: np.random.Generator, *, W: int = 16, block_size: int = 8, gr
     cols = int(-(-max(int(seq.max()), 1) // block_size)) + 1
     slots = np.full((groups, b.T_pad), PAD, dtype=np.int64)
     for g in range(groups):
-        table = rng.permutation(len(q) * cols * 2)[: len(q) * cols].reshape(len(q), cols).astype(np.int32)
-        table[num_reqs:] = 0
+        if tables is not None:
+            table = np.asarray(tables[g], dtype=np.int32)
+        else:
+            table = rng.permutation(len(q) * cols * 2)[: len(q) * cols].reshape(len(q), cols).astype(np.int32)
+            table[num_reqs:] = 0
         b.block_tables.append(torch.tensor(table, device=dev))
         slots[g, :T] = table[req, pos[:T] // block_size].astype(np.int64) * block_size + pos[:T] % block_size
     b.slots = torch.tensor(slots, device=dev)

@@ -100,9 +100,11 @@ class Setup:
     window_groups: list[int]
 
 
-def make_setup(batch, *, spec: int, decoder: bool = True) -> Setup:
+def make_setup(batch, *, spec: int, decoder: bool = True, backends=None) -> Setup:
     """KV-cache groups of ``batch`` (group 1 and, with four groups, group 3 are window groups
-    with builders; the others prefix-cacheable, no builder) and the replay layers."""
+    with builders; the others prefix-cacheable, no builder) and the replay layers.
+    ``backends``: the window groups' attention backend classes, in order (default: FlashMLA's
+    DeepSeek-V4.1 SWA backend for group 1, FlashInfer's for group 3)."""
     W, bs = batch.W, batch.block_size
     G = batch.slots.shape[0]
     cfg = make_config(W=W, spec=spec)
@@ -115,7 +117,10 @@ def make_setup(batch, *, spec: int, decoder: bool = True) -> Setup:
             attn_groups.append([])
             continue
         spec_g = make_spec(W, bs)
-        backend = DeepseekSparseSWAFlashMLABackend if g == 1 else DeepseekSparseSWAFlashInferBackend
+        if backends is not None:
+            backend = backends[len(window_groups)]
+        else:
+            backend = DeepseekSparseSWAFlashMLABackend if g == 1 else DeepseekSparseSWAFlashInferBackend
         group = AttentionGroup(backend=backend, layer_names=[name + ".swa_cache"], kv_cache_spec=spec_g,
                                kv_cache_group_id=g)
         group.create_metadata_builders(cfg, DEV)

@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,3 +36,17 @@ if importlib.util.find_spec("vllm") is not None:  # the main suite's venv (no vL
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.fixture
+def clean_integration(caplog):
+    """The integration's process state (log-once memory, patches, routes) fresh before and
+    after the test; its log lines captured from INFO up."""
+    from swa_backends.integrations import vllm as integration
+    from swa_backends.integrations.vllm import patches
+
+    integration._reset_for_tests()
+    caplog.set_level(logging.INFO, logger="vllm.swa_backends")
+    yield
+    patches.restore()
+    integration._reset_for_tests()

@@ -28,19 +28,12 @@ import _cases  # noqa: E402
 import _configs  # noqa: E402
 import _vllm_harness as h  # noqa: E402
 from swa_backends import select  # noqa: E402
-from swa_backends.integrations import vllm as integration  # noqa: E402
 from swa_backends.integrations.vllm import config as icfg  # noqa: E402
 from swa_backends.integrations.vllm import model as m  # noqa: E402
 from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _clean(caplog):
-    integration._reset_for_tests()
-    caplog.set_level(logging.INFO, logger="vllm.swa_backends")
-    yield
-    patches.restore()
-    integration._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("clean_integration")
 
 
 def _messages(caplog, level=None):
@@ -63,7 +56,8 @@ def test_both_sides_on_route_everything(caplog):
     assert route.encoder and route.builders and route.decoder
     assert type(inner.decoder_replay_layers).__name__ == "SwaBackendsDecoderReplayLayers"
     assert isinstance(inner.decoder_replay_layers, DecoderReplayLayers)
-    assert patches.routes() == {"pad_replayed_slots": True, "swa_indices_and_lens": True, "prefill_gather_lens": True}
+    assert patches.routes() == {"pad_replayed_slots": True, "swa_indices_and_lens": True, "prefill_gather_lens": True,
+                                "rocm_sparse_attn_prefill": False}
     assert any("run through the pack" in s for s in _messages(caplog, logging.INFO))
 
 
@@ -99,16 +93,35 @@ def test_pack_turns_decoder_off_after_the_build(caplog):
 
 
 def test_vllm_off_pack_on_is_logged_not_changed(caplog, monkeypatch):
-    cfg = _configs.vllm_config()
+    """ROCm with a drafter: the pack would run encoder replay, vLLM builds it off, and the pack
+    does not turn it on (it would switch only the target's window caches)."""
+    cfg = _configs.vllm_config(speculative_config=_configs.drafter())
     real = icfg.decide
     monkeypatch.setattr(m, "decide", lambda c: real(c, "rocm:gfx942", platform="rocm"))
     route = m._before_build(cfg)
-    assert not route.encoder and cfg.cache_config.swa_bounded_replay is True
-    assert any("the pack would turn it on, vLLM does not" in s and "ROCm" in s
+    assert not route.encoder and not route.rocm and cfg.cache_config.swa_bounded_replay is True
+    assert any("the pack would turn it on, vLLM does not" in s and "ROCm" in s and "drafter" in s
                for s in _messages(caplog, logging.INFO))
     model, inner = _fake_model(with_layers=False)
     route = m._after_build(model, route)
     assert not route.decoder and any("decoder replay stays off" in s for s in _messages(caplog, logging.INFO))
+
+
+def test_rocm_turn_on_needs_the_rocm_patch(caplog, monkeypatch):
+    """On ROCm the pack turns encoder replay on after the build; where the consumer's patch
+    does not apply (here: not ROCm) it stays off and every route goes back to vLLM."""
+    cfg = _configs.vllm_config()
+    real = icfg.decide
+    monkeypatch.setattr(m, "decide", lambda c: real(c, "rocm:gfx942", platform="rocm"))
+    route = m._before_build(cfg)
+    assert route.encoder and route.rocm
+    model, inner = _fake_model()
+    route = m._after_build(model, route)
+    assert not route.encoder and not route.rocm and route.decoder and route.builders
+    assert patches.routes() == {"pad_replayed_slots": False, "swa_indices_and_lens": True, "prefill_gather_lens": True,
+                                "rocm_sparse_attn_prefill": False}
+    assert any("encoder replay stays off on rocm:gfx942" in s and "rocm_sparse_attn_prefill" in s
+               for s in _messages(caplog, logging.WARNING))
 
 
 def test_decision_failure_is_vllms_path(caplog, monkeypatch):
