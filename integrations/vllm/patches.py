@@ -314,7 +314,8 @@ def apply(platform: str | None = None) -> dict[str, str]:
             except Exception as exc:  # noqa: BLE001
                 _status[p.name] = f"not applied: {p.target}: {type(exc).__name__}: {exc}"
             if _status[p.name] != "applied":
-                log_once(logging.WARNING, "patch %s %s; vLLM's kernel stays there", p.name, _status[p.name])
+                log_once(logging.WARNING, "patch %s %s; vLLM's kernel stays there (%s)", p.name, _status[p.name],
+                         p.why)
     return status()
 
 
