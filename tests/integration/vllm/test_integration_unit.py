@@ -165,6 +165,26 @@ def test_decide_vllm_off_on_rocm_pack_on():
     d = _decide(device="rocm:gfx942", platform="rocm")
     assert d.capabilities.encoder_replay.enabled and not d.vllm_encoder and not d.encoder
     assert "ROCm" in d.vllm_encoder_reason
+    assert d.vllm_off_for_rocm_only and d.encoder_on_rocm is None  # the pack turns it on after the build
+    shown = d.as_dict()
+    assert shown["pack_turns_encoder_on_on_rocm"] and shown["encoder_on_rocm_blocked_by"] is None
+
+
+@pytest.mark.parametrize("over,needle", [
+    (dict(speculative_config=_configs.drafter()), "drafter"),
+    (dict(parallel_config__decode_context_parallel_size=2), "the pack turns encoder replay off"),
+])
+def test_decide_rocm_turn_on_blocked(over, needle):
+    d = _decide(device="rocm:gfx950", platform="rocm", **over)
+    assert d.vllm_off_for_rocm_only and needle in d.encoder_on_rocm
+    assert not d.as_dict()["pack_turns_encoder_on_on_rocm"]
+
+
+@pytest.mark.parametrize("over", [dict(use_v2_model_runner=False), dict(cache_config__swa_bounded_replay=False)])
+def test_decide_rocm_other_vllm_reasons_stand(over):
+    """vLLM's other reasons for off (model runner v1, the flag off) are not ROCm's: never overridden."""
+    d = _decide(device="rocm:gfx942", platform="rocm", **over)
+    assert not d.vllm_encoder and not d.vllm_off_for_rocm_only and d.encoder_on_rocm is not None
 
 
 @pytest.mark.parametrize("over,needle", [
