@@ -59,6 +59,13 @@ class Batch:
         return out
 
     @property
+    def kept_lens(self) -> np.ndarray:
+        """Rows per request the decoder side keeps: vLLM's ``_prepare_replay_batch`` planning
+        without PCP (a prefill its last ``W`` rows, unless it keeps every row for prompt
+        logprobs; decodes and padding requests all of theirs)."""
+        return np.where(self.keeps_rows | ~self.is_prefilling, self.q, np.minimum(self.q, self.W))
+
+    @property
     def num_decode_tokens(self) -> int:
         return int(self.q[: self.num_decodes].sum())
 

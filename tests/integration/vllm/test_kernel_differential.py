@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -127,17 +126,12 @@ def test_prefill_gather_lens(be, seed, name):
     assert torch.equal(got, want)
 
 
-def _kept_lens(b) -> np.ndarray:
-    """vLLM's ``_prepare_replay_batch`` planning (non-PCP)."""
-    return np.where(b.keeps_rows | ~b.is_prefilling, b.q, np.minimum(b.q, b.W))
-
-
 @pytest.mark.parametrize("pad_to", [0, 3])
 @pytest.mark.parametrize("seed,name", CASES, ids=IDS)
 def test_gather_replay_batch(be, seed, name, pad_to):
     b = _batch(seed, name)
     B = b.B_all
-    kept = _kept_lens(b)
+    kept = b.kept_lens
     n = int(kept.sum())
     n_pad = n + pad_to
     max_tokens = b.T_pad + 8
