@@ -39,6 +39,14 @@ CANDIDATES = (
     K.Config(block_h=16, block_n=64, num_warps=4, num_stages=1),
     K.Config(block_h=16, block_n=32, num_warps=8, num_stages=2),
     K.Config(block_h=16, block_n=32, num_warps=4, num_stages=2),
+    # the next tile's bytes loaded before this one is dequantized (prefetch)
+    K.Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True, prefetch=True),
+    K.Config(block_h=64, block_n=64, num_warps=8, num_stages=1, split_s=True, prefetch=True),
+    K.Config(block_h=64, block_n=32, num_warps=8, num_stages=1, split_s=True, prefetch=True),
+    K.Config(block_h=16, block_n=32, num_warps=4, num_stages=2, prefetch=True),
+    K.Config(block_h=16, block_n=32, num_warps=4, num_stages=1, prefetch=True),
+    K.Config(block_h=16, block_n=64, num_warps=4, num_stages=1, prefetch=True),
+    K.Config(block_h=16, block_n=32, num_warps=8, num_stages=1, prefetch=True),
 )
 
 
@@ -47,7 +55,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--formats", default="v4_fp8,v41_mxfp8,v41_nvfp4")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; later configs are skipped past it")
+    ap.add_argument("--configs", default="", help="comma-separated short names (h64n64w8s2x, ...): only these")
     a = ap.parse_args(argv)
+    only = {c for c in a.configs.split(",") if c}
+    candidates = [c for c in CANDIDATES if not only or c.short() in only]
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
@@ -73,7 +84,7 @@ def main(argv=None) -> int:
                    "bf16_ms": bsm.timed(lambda: K.launch(q, rows, idx, lens, scale, D, sink), reps=5),
                    "table_ms": bsm.timed(lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec), reps=5),
                    "configs": {}}
-            for cfg in CANDIDATES:
+            for cfg in candidates:
                 if cfg.block_h > H or time.time() > end:
                     continue
                 try:

@@ -136,20 +136,18 @@ def _e4m3_to_f32(u8, FP8: tl.constexpr):
 
 
 @triton.jit
-def _gather_records(KV, idx, valid, stride_blk, BS: tl.constexpr, KV_FMT: tl.constexpr, FP8: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-    """Slots ``idx`` of a paged record cache, dequantized to ``[BLOCK_N, 512]`` bf16 in registers,
-    as vLLM's gathers dequantize (``common/ops/_records.py``): page ``slot // BS`` at ``stride_blk``
-    bytes per block (int64), token ``slot % BS`` in it. ``KV_FMT`` 1: V4 (584 B: 448 e4m3 + 64
-    bf16 RoPE, the page's UE8M0 scales after its data), 2: V4.1 MXFP8 (528 B), 3: V4.1 NVFP4
-    (288 B). Invalid slots are masked (no memory traffic) and read as 0."""
+def _load_records(KV, idx, valid, stride_blk, BS: tl.constexpr, KV_FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The raw bytes of slots ``idx`` of a paged record cache, as :func:`_dequant_records` reads
+    them: page ``slot // BS`` at ``stride_blk`` bytes per block (int64), token ``slot % BS`` in
+    it. ``KV_FMT`` 1: V4 (584 B: 448 e4m3 + 64 bf16 RoPE, the page's UE8M0 scales after its
+    data): (e4m3 bytes [BLOCK_N, 8, 64] (group 7 empty), scale codes [BLOCK_N, 8], RoPE
+    [BLOCK_N, 64] bf16); 2: V4.1 MXFP8 (528 B): (bytes [BLOCK_N, 16, 32], codes [BLOCK_N, 16],
+    codes again); 3: V4.1 NVFP4 (288 B): (bytes [BLOCK_N, 32, 8] int32, e4m3 scale bytes
+    [BLOCK_N, 32], the scales again). Invalid slots are masked (no memory traffic) and read as 0."""
     s = tl.where(valid, idx, 0)
     page = KV + (s // BS).to(tl.int64) * stride_blk
     off = (s % BS).to(tl.int64)
-    # UE8M0 code c scales by 2^(c - 127); FNUZ through OCP bits reads twice the value: one lower
-    BIAS: tl.constexpr = 128.0 if FP8 == 2 else 127.0
     if KV_FMT == 1:
-        # [BLOCK_N, 8, 64]: seven 64-dim groups of e4m3 bytes, each with its scale code, then the RoPE group
         j = tl.arange(0, 8)
         col = j[:, None] * 64 + tl.arange(0, 64)[None, :]
         data = page + off * 576
@@ -157,34 +155,59 @@ def _gather_records(KV, idx, valid, stride_blk, BS: tl.constexpr, KV_FMT: tl.con
         u8 = tl.load(data[:, None, None] + col[None, :, :], mask=nope, other=0)
         codes = tl.load((page + BS * 576 + off * 8)[:, None] + j[None, :], mask=valid[:, None] & (j < 7)[None, :],
                         other=0)
-        x = _e4m3_to_f32(u8, FP8) * tl.exp2(codes.to(tl.float32) - BIAS)[:, :, None]
-        # the RoPE group: 64 bf16 per record, broadcast over the groups and kept in the last
         rope_ptr = (data + 448).to(tl.pointer_type(tl.bfloat16))
         rope = tl.load(rope_ptr[:, None] + tl.arange(0, 64)[None, :], mask=valid[:, None], other=0.0)
-        k = tl.where((j < 7)[None, :, None], x.to(tl.bfloat16), rope[:, None, :])
-        return tl.reshape(k, (BLOCK_N, 512))
+        return u8, codes, rope
     elif KV_FMT == 2:
         j = tl.arange(0, 16)
         col = j[:, None] * 32 + tl.arange(0, 32)[None, :]
         rec = page + off * 528
         u8 = tl.load(rec[:, None, None] + col[None, :, :], mask=valid[:, None, None], other=0)
         codes = tl.load((rec + 512)[:, None] + j[None, :], mask=valid[:, None], other=0)
-        x = _e4m3_to_f32(u8, FP8) * tl.exp2(codes.to(tl.float32) - BIAS)[:, :, None]
-        return tl.reshape(x.to(tl.bfloat16), (BLOCK_N, 512))
+        return u8, codes, codes
     else:
-        # NVFP4: 32 groups of 8 bytes; element 2i is the low nibble of byte i
         j = tl.arange(0, 32)
         col = j[:, None] * 8 + tl.arange(0, 8)[None, :]
         rec = page + off * 288
         b = tl.load(rec[:, None, None] + col[None, :, :], mask=valid[:, None, None], other=0).to(tl.int32)
-        code = tl.interleave(b & 15, b >> 4)
+        sf = tl.load((rec + 256)[:, None] + j[None, :], mask=valid[:, None], other=0)
+        return b, sf, sf
+
+
+@triton.jit
+def _dequant_records(raw, scales, rope, KV_FMT: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`_load_records`' bytes dequantized to ``[BLOCK_N, 512]`` bf16 in registers, as vLLM's
+    gathers dequantize (``common/ops/_records.py``); masked slots read as 0."""
+    # UE8M0 code c scales by 2^(c - 127); FNUZ through OCP bits reads twice the value: one lower
+    BIAS: tl.constexpr = 128.0 if FP8 == 2 else 127.0
+    if KV_FMT == 1:
+        # seven 64-dim groups of e4m3 bytes, each with its scale code, then the RoPE group
+        j = tl.arange(0, 8)
+        x = _e4m3_to_f32(raw, FP8) * tl.exp2(scales.to(tl.float32) - BIAS)[:, :, None]
+        # the RoPE group: 64 bf16 per record, broadcast over the groups and kept in the last
+        k = tl.where((j < 7)[None, :, None], x.to(tl.bfloat16), rope[:, None, :])
+        return tl.reshape(k, (BLOCK_N, 512))
+    elif KV_FMT == 2:
+        x = _e4m3_to_f32(raw, FP8) * tl.exp2(scales.to(tl.float32) - BIAS)[:, :, None]
+        return tl.reshape(x.to(tl.bfloat16), (BLOCK_N, 512))
+    else:
+        # NVFP4: element 2i is the low nibble of byte i
+        code = tl.interleave(raw & 15, raw >> 4)
         mc = code & 7
         m = (mc & 1).to(tl.float32)
         mag = tl.where(mc < 2, m * 0.5, (1.0 + m * 0.5) * tl.exp2((mc >> 1).to(tl.float32) - 1.0))
         val = tl.where(code >= 8, -mag, mag)
-        sf = tl.load((rec + 256)[:, None] + j[None, :], mask=valid[:, None], other=0)
-        x = val * sf.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+        x = val * scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
         return tl.reshape(x.to(tl.bfloat16), (BLOCK_N, 512))
+
+
+@triton.jit
+def _gather_records(KV, idx, valid, stride_blk, BS: tl.constexpr, KV_FMT: tl.constexpr, FP8: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """Slots ``idx`` of a paged record cache, dequantized to ``[BLOCK_N, 512]`` bf16 in registers
+    (:func:`_load_records`, then :func:`_dequant_records`)."""
+    raw, scales, rope = _load_records(KV, idx, valid, stride_blk, BS, KV_FMT, BLOCK_N)
+    return _dequant_records(raw, scales, rope, KV_FMT, FP8, BLOCK_N)
 
 
 @triton.jit
@@ -265,7 +288,7 @@ def _sparse_mla_fwd(
     SAME_TILE: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     HAS_SINK: tl.constexpr, PARTIAL: tl.constexpr, SKIP_EMPTY: tl.constexpr, DOT_F32: tl.constexpr,
     SPLIT_S: tl.constexpr, KV_FMT: tl.constexpr = 0, FP8: tl.constexpr = 0, BS: tl.constexpr = 1,
-    WRITE_LSE: tl.constexpr = True,
+    WRITE_LSE: tl.constexpr = True, PREFETCH: tl.constexpr = False,
 ):
     # KV_FMT 0: KV rows (stride_kv between rows); 1-3: a paged record cache (stride_kv between
     # blocks, BS records per block, FP8 the flavour: see _gather_records). WRITE_LSE: store lse
@@ -300,19 +323,40 @@ def _sparse_mla_fwd(
     acc = tl.full([BLOCK_H, BLOCK_DV], 0.0, dtype=tl.float32)
 
     idx_row = IDX + t * stride_it
-    for n0 in range(start, end, BLOCK_N):
-        cols = n0 + offs_n
+    if PREFETCH:
+        # records: the next tile's bytes are loaded before this tile is dequantized and
+        # attended, so the gather's latency hides under the math: a record tile cannot take
+        # the asynchronous copy into shared memory a bf16 tile takes (it is dequantized in
+        # registers first), and the stages of Triton 3.6's pipeliner did not overlap them: the
+        # prefetch measured 1.1-1.8x at 16 heads on an H200 (at 64 heads V4 / MXFP8 lose
+        # registers to it, see RECORDS_TUNED)
+        cols = start + offs_n
         idx = tl.load(idx_row + cols, mask=cols < end, other=-1)
-        valid = idx >= 0  # PAD (-1) inside the length and everything past it
-        if SKIP_EMPTY:
-            if tl.reduce(valid.to(tl.int32), 0, _max_fn) > 0:
+        valid = idx >= 0
+        raw, scales, rope = _load_records(KV, idx, valid, stride_kv, BS, KV_FMT, BLOCK_N)
+        for n0 in range(start, end, BLOCK_N):
+            cols = n0 + BLOCK_N + offs_n
+            idx_next = tl.load(idx_row + cols, mask=cols < end, other=-1)
+            valid_next = idx_next >= 0
+            nxt = _load_records(KV, idx_next, valid_next, stride_kv, BS, KV_FMT, BLOCK_N)
+            k = _dequant_records(raw, scales, rope, KV_FMT, FP8, BLOCK_N)
+            m_i, l_i, acc = _attend(q, k, k, valid, m_i, l_i, acc, qk_scale, n0, DOT_F32, SPLIT_S)
+            valid = valid_next
+            raw, scales, rope = nxt
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            cols = n0 + offs_n
+            idx = tl.load(idx_row + cols, mask=cols < end, other=-1)
+            valid = idx >= 0  # PAD (-1) inside the length and everything past it
+            if SKIP_EMPTY:
+                if tl.reduce(valid.to(tl.int32), 0, _max_fn) > 0:
+                    m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
+                                          m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S,
+                                          KV_FMT, FP8, BS, BLOCK_N)
+            else:
                 m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
                                       m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S,
                                       KV_FMT, FP8, BS, BLOCK_N)
-        else:
-            m_i, l_i, acc = _tile(KV, q, idx, valid, offs_d, offs_v, D, DV, stride_kv, qk_scale,
-                                  m_i, l_i, acc, n0, SAME_TILE, EVEN_D, EVEN_DV, DOT_F32, SPLIT_S,
-                                  KV_FMT, FP8, BS, BLOCK_N)
 
     has = l_i > 0.0
     if PARTIAL:
@@ -397,7 +441,8 @@ class Config:
     ``dv_split``: programs sharing one token's ``d_v`` (1 = the whole accumulator in one
     program); ``splits``: programs sharing one token's index list (None: chosen from the
     grid size and the SM count, 1 = none); ``skip_empty``: branch around all-PAD tiles;
-    ``split_s``: split S across warpgroups instead of computing it in each (see _tile).
+    ``split_s``: split S across warpgroups instead of computing it in each (see _tile);
+    ``prefetch``: record caches only, load the next tile's bytes before dequantizing this one.
     """
 
     block_h: int = 64
@@ -408,6 +453,7 @@ class Config:
     splits: int | None = None
     skip_empty: bool = False
     split_s: bool = False
+    prefetch: bool = False
 
     def replace(self, **kw) -> "Config":
         return dataclasses.replace(self, **kw)
@@ -422,6 +468,8 @@ class Config:
             s += "e"
         if self.split_s:
             s += "x"
+        if self.prefetch:
+            s += "p"
         return s
 
 
@@ -448,13 +496,18 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 # against Triton 3.9's ptxas for sm90 (tests/kernels/test_sparse_mla_records.py prints
 # registers and spills).
 RECORDS_TUNED: tuple[tuple[str, int, tuple[str, ...] | str, Config], ...] = (
-    # 16 heads, NVFP4: 8 warps x 32 records. 64 records time ~1.1x faster on Triton 3.6 but
-    # spill 3 KB under Triton 3.9 (this row: ~150 B); 4 warps are 4x slower (the wider dequant)
-    ("cuda", 32, ("v41_nvfp4",), Config(block_h=16, block_n=32, num_warps=8, num_stages=2)),
-    # 16 heads, V4 / MXFP8: 4 warps x 32 records, 1.4-1.8x the 8-warp row (no spill on 3.9)
-    ("cuda", 32, "*", Config(block_h=16, block_n=32, num_warps=4, num_stages=2)),
+    # H200, Triton 3.6 (bench/sweep_records_configs.py). 16 heads, NVFP4: 8 warps x 32 records,
+    # the next tile prefetched, 1 stage: 1.6-1.8x the same tiles without the prefetch (64
+    # records spill 3 KB under Triton 3.9)
+    ("cuda", 32, ("v41_nvfp4",), Config(block_h=16, block_n=32, num_warps=8, num_stages=1, prefetch=True)),
+    # 16 heads, V4 / MXFP8: 4 warps x 32 records, prefetched: 1.1-1.4x the same tiles without
+    ("cuda", 32, "*", Config(block_h=16, block_n=32, num_warps=4, num_stages=2, prefetch=True)),
+    # 64+ heads, NVFP4: 64 x 32 records, S split, prefetched, 1 stage: 1.1-1.2x the row below
+    ("cuda", 1 << 30, ("v41_nvfp4",), Config(block_h=64, block_n=32, num_warps=8, num_stages=1, split_s=True,
+                                               prefetch=True)),
     # 64 heads x 64 records with S split across the warpgroups (the bf16 rows' config): 1.2-1.4x
-    # the 32-record tiles at T 4K and 1.2-1.3x at T 256, every format (spills on 3.9: 0-108 B)
+    # the 32-record tiles at T 4K and 1.2-1.3x at T 256 (spills on 3.9: 0-108 B); a prefetch
+    # costs V4 / MXFP8 registers here (0.7-0.9x)
     ("cuda", 1 << 30, "*", Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # gfx942 (V4, the only record on ROCm; FNUZ converted natively): 32 heads x 16 records, 166
     # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill (compiled offline,
@@ -549,7 +602,8 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     return dict(block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv,
                 num_dvb=num_dvb, splits=splits, chunk=chunk, same_tile=(num_dvb == 1 and block_dv == block_d),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, skip_empty=cfg.skip_empty,
-                split_s=cfg.split_s, kv_fmt=kvs.fmt, fp8=kvs.fp8, bs=kvs.block_size, write_lse=kvs.write_lse)
+                split_s=cfg.split_s, kv_fmt=kvs.fmt, fp8=kvs.fp8, bs=kvs.block_size, write_lse=kvs.write_lse,
+                prefetch=cfg.prefetch and bool(kvs.fmt))
 
 
 # ---------------------------------------------------------------------------------------
@@ -721,6 +775,8 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
                 num_warps=r["num_warps"], num_stages=r["num_stages"])
     if r["kv_fmt"]:  # rows: the kernel's defaults (the compile key of the rows kernel unchanged)
         meta.update(KV_FMT=r["kv_fmt"], FP8=r["fp8"], BS=r["bs"])
+        if r["prefetch"]:
+            meta.update(PREFETCH=True)
     write_lse = r["write_lse"]
     qk_scale = float(sm_scale) * LOG2E
 

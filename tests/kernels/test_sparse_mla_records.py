@@ -232,6 +232,8 @@ LAUNCHES = {
     "split3": dict(block_h=16, block_n=16, num_stages=1, splits=3),
     "skip": dict(block_h=16, block_n=16, skip_empty=True, splits=1),
     "split_s": dict(block_h=16, block_n=32, split_s=True, splits=2),
+    "prefetch": dict(block_h=16, block_n=16, prefetch=True, splits=1),
+    "prefetch_split": dict(block_h=16, block_n=16, prefetch=True, splits=3),
 }
 
 
@@ -251,6 +253,7 @@ def test_pad_patterns_every_format(kmod, fmt, fp8, with_sink):
     *[("v4_fp8", "e4m3fnuz", launch) for launch in sorted(LAUNCHES)],
     ("v41_mxfp8", "e4m3fn", "default"), ("v41_mxfp8", "e4m3fn", "split3"), ("v41_mxfp8", "e4m3fn", "skip"),
     ("v41_nvfp4", "e4m3fn", "default"), ("v41_nvfp4", "e4m3fn", "split_s"),
+    ("v41_mxfp8", "e4m3fn", "prefetch"), ("v41_nvfp4", "e4m3fn", "prefetch_split"),
 ])
 def test_launch_shapes(kmod, monkeypatch, fmt, fp8, launch):
     """One pass, split-K (partial + combine), skip-empty tiles, S split across warpgroups; every
