@@ -47,6 +47,11 @@ CANDIDATES = (
     K.Config(block_h=16, block_n=32, num_warps=4, num_stages=1, prefetch=True),
     K.Config(block_h=16, block_n=64, num_warps=4, num_stages=1, prefetch=True),
     K.Config(block_h=16, block_n=32, num_warps=8, num_stages=1, prefetch=True),
+    K.Config(block_h=16, block_n=16, num_warps=4, num_stages=2, prefetch=True),
+    K.Config(block_h=16, block_n=16, num_warps=4, num_stages=1, prefetch=True),
+    K.Config(block_h=16, block_n=32, num_warps=2, num_stages=1, prefetch=True),
+    K.Config(block_h=16, block_n=16, num_warps=2, num_stages=1, prefetch=True),
+    K.Config(block_h=16, block_n=16, num_warps=8, num_stages=1, prefetch=True),
 )
 
 
@@ -56,7 +61,10 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default="v4_fp8,v41_mxfp8,v41_nvfp4")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; later configs are skipped past it")
     ap.add_argument("--configs", default="", help="comma-separated short names (h64n64w8s2x, ...): only these")
+    ap.add_argument("--heads", default="", help="comma-separated head counts of SHAPES: only these")
     a = ap.parse_args(argv)
+    heads = {int(h) for h in a.heads.split(",") if h}
+    shapes = [(H, T) for H, T in SHAPES if not heads or H in heads]
     only = {c for c in a.configs.split(",") if c}
     candidates = [c for c in CANDIDATES if not only or c.short() in only]
     if not torch.cuda.is_available():
@@ -76,7 +84,7 @@ def main(argv=None) -> int:
         for c in range(0, S, 1 << 15):
             R.write(kv, rows[c:c + (1 << 15)], torch.arange(c, c + (1 << 15), device=dev), fmt, "e4m3fn")
         rec = {"kv_format": fmt, "fp8": "e4m3fn"}
-        for H, T in SHAPES:
+        for H, T in shapes:
             q, idx, lens, sink = bsm.make_inputs(T, H, KK, D, kv=rows, seed=T + H, dev=dev)
             table = K.pick_config(T, H, D, D, KK, dev, fmt)
             want = K.launch(q, kv, idx, lens, scale, D, sink, **rec)
