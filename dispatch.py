@@ -447,12 +447,14 @@ class Backend:
         call.__name__ = op
         return call
 
-    def warmup(self, **kwargs) -> list[str]:
+    def warmup(self, ops=None, **kwargs) -> list[str]:
         """Compile what the serving path launches: calls each chosen variant's declared
         ``warmup`` hook once (Triton kernels: every specialisation, by real launches).
-        Returns the hooks that ran."""
+        ``ops``: only the variants of these ops (None: every op). Returns the hooks that ran."""
         ran: list[str] = []
-        for chain in self._chains.values():
+        for op, chain in self._chains.items():
+            if ops is not None and op not in ops:
+                continue
             for v in chain:
                 if v.warmup and v.warmup not in ran:
                     load_attr(v.warmup)(self, **kwargs)

@@ -343,6 +343,9 @@ class ModelStateMixin:
             runtime.warm_up(be, self.device, swa=route.builders, gather_lens=route.builders, gather=gather,
                             num_groups=int(slot_mappings.shape[0]), window=W, block_size=_swa_block_size(cfg),
                             rows=rows)
+            if route.rocm:  # the prefill attention (rocm_sparse_attn_prefill): this shard's heads, a sink
+                be.warmup(ops=("sparse_mla",), num_heads=(_local_heads(cfg),), qk_head_dim=512, v_head_dim=512,
+                          attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
         except Exception as exc:  # noqa: BLE001
             log_once(logging.WARNING, "warming up the pack's kernels failed (%s: %s); they compile on first use",
                      type(exc).__name__, exc)
@@ -393,6 +396,12 @@ class ModelStateMixin:
             fast_prefill=None,
         )
         return kept_batch, kept_slot_mappings
+
+
+def _local_heads(vllm_config) -> int:
+    """The attention heads of this tensor-parallel shard (vLLM's ``n_local_heads``; ROCm pads
+    none: its ``get_padded_num_q_heads`` is the identity)."""
+    return int(_text_config(vllm_config).num_attention_heads) // int(vllm_config.parallel_config.tensor_parallel_size)
 
 
 def _swa_block_size(vllm_config) -> int:

@@ -422,6 +422,15 @@ def test_bad_input_raises_before_any_launch(tb):
 # --------------------------------------------------------------------------- warmup
 
 
+def test_warmup_of_some_ops_runs_only_their_hooks():
+    tb = select("cpu", prefer="triton")
+    assert tb.warmup(ops=("sparse_mla",), num_heads=(16,), attn_sink=(True,)) == [
+        "swa_backends.kernels.sparse_mla:warmup"]
+    assert tb.warmup(ops=()) == []
+    assert "swa_backends.kernels.warmup:warmup" in tb.warmup(ops=("gather_rows",), W=8, block_size=16, num_groups=1,
+                                                             hidden_sizes=(8,), top_k=16, compress_ratios=(4,))
+
+
 def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
     tb = select("cpu", prefer="triton")
     ran = tb.warmup(W=8, block_size=16, num_groups=3, hidden_sizes=(40,), top_k=16, compress_ratios=(4, 16))

@@ -268,3 +268,26 @@ def test_warmup_covers_every_serving_launch(monkeypatch):
     setup.layers._run(*_inputs(serving.T))
     new = set(_launch.LAUNCHED) - warmed
     assert not new, f"launched after warmup: {sorted(new)}"
+
+
+def test_warmup_on_rocm_compiles_the_prefill_attention(monkeypatch):
+    """Where the pack turned encoder replay on (ROCm), vLLM's startup also compiles the pack's
+    sparse_mla for the prefill attention: this shard's heads, D 512, bf16, with a sink."""
+    be = select("cpu", prefer="triton")
+    calls = []
+    monkeypatch.setattr(be, "warmup", lambda ops=None, **kw: calls.append((ops, kw)) or [])
+    monkeypatch.setattr(runtime, "backend_for", lambda device: be)
+    h.install_cpu_stubs(monkeypatch)
+    patches.apply()
+    for name in ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens"):
+        patches.route(name, lambda device: be)
+    startup = _cases.make_batch(np.random.default_rng(0), num_decodes=4, kinds=("cold",))
+    setup = h.make_setup(startup, spec=0)
+    setup.cfg.model_config.hf_text_config.num_attention_heads = 64
+    setup.cfg.parallel_config.tensor_parallel_size = 4
+    route = m.Route(None, encoder=True, builders=True, decoder=True, rocm=True)
+    state = h.make_state(m.model_state_class(h.VllmState), setup, {"swa_backends_route": route})
+    h.add_requests(state, startup)
+    h.run_step(state, setup, startup)  # vLLM's first prepare_attn: warms up
+    assert calls == [(("sparse_mla",), dict(num_heads=(16,), qk_head_dim=512, v_head_dim=512,
+                                            attn_dtypes=(torch.bfloat16,), attn_sink=(True,)))]
