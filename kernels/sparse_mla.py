@@ -328,7 +328,7 @@ def _sparse_mla_fwd(
         # attended, so the gather's latency hides under the math: a record tile cannot take
         # the asynchronous copy into shared memory a bf16 tile takes (it is dequantized in
         # registers first), and the stages of Triton 3.6's pipeliner did not overlap them: the
-        # prefetch measured 1.1-1.8x at 16 heads on an H200 (at 64 heads V4 / MXFP8 lose
+        # prefetch measured 1.0-1.8x at 16 heads on an H200 (at 64 heads V4 / MXFP8 lose
         # registers to it, see RECORDS_TUNED)
         cols = start + offs_n
         idx = tl.load(idx_row + cols, mask=cols < end, other=-1)
@@ -497,17 +497,17 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 # registers and spills).
 RECORDS_TUNED: tuple[tuple[str, int, tuple[str, ...] | str, Config], ...] = (
     # H200, Triton 3.6 (bench/sweep_records_configs.py). 16 heads, NVFP4: 8 warps x 32 records,
-    # the next tile prefetched, 1 stage: 1.6-1.8x the same tiles without the prefetch (64
+    # the next tile prefetched, 1 stage: 1.3-1.8x the same tiles without the prefetch (64
     # records spill 3 KB under Triton 3.9)
     ("cuda", 32, ("v41_nvfp4",), Config(block_h=16, block_n=32, num_warps=8, num_stages=1, prefetch=True)),
-    # 16 heads, V4 / MXFP8: 4 warps x 32 records, prefetched: 1.1-1.4x the same tiles without
+    # 16 heads, V4 / MXFP8: 4 warps x 32 records, prefetched: 1.0-1.4x the same tiles without
     ("cuda", 32, "*", Config(block_h=16, block_n=32, num_warps=4, num_stages=2, prefetch=True)),
-    # 64+ heads, NVFP4: 64 x 32 records, S split, prefetched, 1 stage: 1.1-1.2x the row below
+    # 64+ heads, NVFP4: 64 x 32 records, S split, prefetched, 1 stage: 1.0-1.2x the row below
     ("cuda", 1 << 30, ("v41_nvfp4",), Config(block_h=64, block_n=32, num_warps=8, num_stages=1, split_s=True,
                                                prefetch=True)),
     # 64 heads x 64 records with S split across the warpgroups (the bf16 rows' config): 1.2-1.4x
-    # the 32-record tiles at T 4K and 1.2-1.3x at T 256 (spills on 3.9: 0-108 B); a prefetch
-    # costs V4 / MXFP8 registers here (0.7-0.9x)
+    # the 32-record tiles at T 4K and 1.2-1.3x at T 256 (spills on 3.9: 0-108 B); for V4 / MXFP8
+    # the best prefetched config measured 0.8-0.93x of this one (the prefetched bytes take registers)
     ("cuda", 1 << 30, "*", Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # gfx942 (V4, the only record on ROCm; FNUZ converted natively): 32 heads x 16 records, 166
     # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill (compiled offline,
