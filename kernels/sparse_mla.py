@@ -50,7 +50,9 @@ Design (why it is shaped like this):
   serves as K and V (D = d_v = 512). ``KV_FMT = 0`` compiles to the same code as before records
   existed (the rows kernel's SASS and AMDGCN are unchanged). The FP8 flavour is per cache
   (``fp8=``): FNUZ converts natively on AMD, through the OCP bits on NVIDIA (``FNUZ_NATIVE``).
-  Record configs: :data:`RECORDS_TUNED`.
+  With ``PREFETCH`` (``Config.prefetch``) the loop loads the next tile's record bytes
+  (``_load_records``) before it dequantizes the current one (``_dequant_records``). Record
+  configs: :data:`RECORDS_TUNED`.
 * ``return_lse=False`` drops the lse store (``WRITE_LSE``); split partials keep theirs.
 
 The clamp never enters: it lives in ``indices``/``lens`` built by the pack's index builders.
