@@ -55,6 +55,21 @@ def _empty_tile_plans(self, num_decode_tokens):
     return {k: None for k in ("swaonly", "c4a", "c128a", "c1a", "c2a")}
 
 
+#: the replay-metadata launches the patches route (model state and sparse-SWA builders)
+METADATA_ROUTES = ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens")
+
+
+def route_to(be, names=METADATA_ROUTES, *, platform: str | None = None) -> None:
+    """Apply the integration's patches (``platform``: as ``patches.apply``) and send the
+    launches ``names`` to the backend ``be``; each patch must have applied."""
+    from swa_backends.integrations.vllm import patches
+
+    status = patches.apply(platform)
+    for name in names:
+        assert status[name] == "applied", status
+        assert patches.route(name, lambda device: be)
+
+
 def install_cpu_stubs(monkeypatch) -> None:
     monkeypatch.setattr(buffer_utils, "UvaBuffer", CpuUvaBuffer)
     monkeypatch.setattr(DeepseekSparseSWAMetadataBuilder, "build_tile_scheduler", _empty_tile_plans)

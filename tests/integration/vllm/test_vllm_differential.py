@@ -31,7 +31,7 @@ from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
 from swa_backends.integrations.vllm.model import Route, model_state_class  # noqa: E402
 from vllm.config import CUDAGraphMode  # noqa: E402
 
-ROUTES = ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens")
+ROUTES = h.METADATA_ROUTES
 SPEC = 3  # speculative tokens: decode threshold 4
 
 
@@ -57,10 +57,7 @@ def _vllm_run(batch, step, **kw):
 
 
 def _pack_run(be, batch, step, **kw):
-    status = patches.apply()
-    assert all(status[name] == "applied" for name in ROUTES), status
-    for name in ROUTES:
-        assert patches.route(name, lambda device: be)
+    h.route_to(be, ROUTES)
     setup = h.make_setup(batch, spec=SPEC)
     route = Route(None, encoder=True, builders=True, decoder=True)
     state = h.make_state(model_state_class(h.VllmState), setup, {"swa_backends_route": route})

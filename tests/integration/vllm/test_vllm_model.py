@@ -237,6 +237,19 @@ def test_replay_graph_row_gather_bit_identical(be):
 # ---------------------------------------------------------------------------------------
 
 
+def _started(monkeypatch, be, batch, route):
+    """The pack's model state on vLLM's (its metadata launches routed to ``be``) for the
+    KV-cache groups of ``batch`` (None: the startup batch's), and vLLM's startup batch (a
+    prefill without replay and four decodes): ``(startup, setup, state)``."""
+    monkeypatch.setattr(runtime, "backend_for", lambda device: be)
+    h.install_cpu_stubs(monkeypatch)
+    h.route_to(be)
+    startup = _cases.make_batch(np.random.default_rng(0), num_decodes=4, kinds=("cold",))
+    setup = h.make_setup(startup if batch is None else batch, spec=0)
+    state = h.make_state(m.model_state_class(h.VllmState), setup, {"swa_backends_route": route})
+    return startup, setup, state
+
+
 def test_warmup_covers_every_serving_launch(monkeypatch):
     """The pack's Triton kernels (interpreter): vLLM's startup (the first prepare_attn, on a
     batch that neither replays nor trims) launches every specialisation; a serving step with
@@ -244,16 +257,9 @@ def test_warmup_covers_every_serving_launch(monkeypatch):
     from swa_backends.kernels import _launch
 
     be = select("cpu", prefer="triton")
-    monkeypatch.setattr(runtime, "backend_for", lambda device: be)
-    h.install_cpu_stubs(monkeypatch)
-    patches.apply()
-    for name in ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens"):
-        patches.route(name, lambda device: be)
-    startup = _cases.make_batch(np.random.default_rng(0), num_decodes=4, kinds=("cold",))
     serving = dict(_cases.mixed_batches(9))["mixed"]
-    setup = h.make_setup(serving, spec=0)
-    route = m.Route(None, encoder=True, builders=True, decoder=True)
-    state = h.make_state(m.model_state_class(h.VllmState), setup, {"swa_backends_route": route})
+    startup, setup, state = _started(monkeypatch, be, serving, m.Route(None, encoder=True, builders=True,
+                                                                       decoder=True))
     _launch.LAUNCHED.clear()
     h.add_requests(state, startup)
     h.run_step(state, setup, startup)  # vLLM's first prepare_attn: warms up
@@ -276,17 +282,10 @@ def test_warmup_on_rocm_compiles_the_prefill_attention(monkeypatch):
     be = select("cpu", prefer="triton")
     calls = []
     monkeypatch.setattr(be, "warmup", lambda ops=None, **kw: calls.append((ops, kw)) or [])
-    monkeypatch.setattr(runtime, "backend_for", lambda device: be)
-    h.install_cpu_stubs(monkeypatch)
-    patches.apply()
-    for name in ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens"):
-        patches.route(name, lambda device: be)
-    startup = _cases.make_batch(np.random.default_rng(0), num_decodes=4, kinds=("cold",))
-    setup = h.make_setup(startup, spec=0)
+    startup, setup, state = _started(monkeypatch, be, None, m.Route(None, encoder=True, builders=True,
+                                                                    decoder=True, rocm=True))
     setup.cfg.model_config.hf_text_config.num_attention_heads = 64
     setup.cfg.parallel_config.tensor_parallel_size = 4
-    route = m.Route(None, encoder=True, builders=True, decoder=True, rocm=True)
-    state = h.make_state(m.model_state_class(h.VllmState), setup, {"swa_backends_route": route})
     h.add_requests(state, startup)
     h.run_step(state, setup, startup)  # vLLM's first prepare_attn: warms up
     assert calls == [(("sparse_mla",), dict(num_heads=(16,), qk_head_dim=512, v_head_dim=512,

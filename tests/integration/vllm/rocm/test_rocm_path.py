@@ -70,12 +70,6 @@ def be(monkeypatch):
         yield backend
 
 
-def _routed(name, be):
-    status = patches.apply(platform="rocm")
-    assert status[name] == "applied", status
-    assert patches.route(name, lambda device: be)
-
-
 def test_the_fake_is_the_arch():
     from vllm.platforms import rocm
 
@@ -161,7 +155,7 @@ def test_consumer_equals_vllms_rocm_prefill_kernel(be, d_v, H):
     scale = 512 ** -0.5
     want = torch.full((q.shape[0], H, d_v), float("nan"))
     _vllm_prefill(q.float(), kv.float(), idx, lens, scale, sink, want)
-    _routed("rocm_sparse_attn_prefill", be)
+    h.route_to(be, ("rocm_sparse_attn_prefill",), platform="rocm")
     out = torch.full((q.shape[0], H, d_v), float("nan"), dtype=torch.bfloat16)
     before = runtime.CALLS["rocm_sparse_prefill"]
     assert amd_rocm.rocm_sparse_attn_prefill(q, kv, idx, lens, scale, D, NOPE, ROPE, sink, out) is None
@@ -178,7 +172,7 @@ def test_large_prefills_take_aiter_on_gfx950_only(be):
     assert chosen == ("aiter_opus" if ARCH == "gfx950" else "triton"), chosen
     if ARCH != "gfx950":
         return
-    _routed("rocm_sparse_attn_prefill", be)
+    h.route_to(be, ("rocm_sparse_attn_prefill",), platform="rocm")
     out = torch.empty(q.shape, dtype=torch.bfloat16)
     amd_rocm.rocm_sparse_attn_prefill(q, kv, idx, lens, 0.05, D, NOPE, ROPE, sink, out)
     ref, _ = select("cpu", prefer="reference").sparse_mla(q, kv[:, 0], idx, lens, 0.05, D, sink=sink[:16])
@@ -188,7 +182,7 @@ def test_large_prefills_take_aiter_on_gfx950_only(be):
 def test_other_call_forms_stay_vllms(be):
     """Ragged indices (vLLM's own CSR) go to vLLM's function, unchanged."""
     calls = []
-    _routed("rocm_sparse_attn_prefill", be)
+    h.route_to(be, ("rocm_sparse_attn_prefill",), platform="rocm")
     shim = patches.RocmSparsePrefillShim(lambda *a, **k: calls.append(k))
     q, kv, idx, lens, sink = _consumer_case(1, T=4, H=16, K=32, S=40)
     out = torch.empty(q.shape, dtype=torch.bfloat16)
@@ -225,8 +219,7 @@ def _tables(poison_below=None):
 def _metadata(be, batch):
     """vLLM's ROCm SWA builder's metadata for ``batch`` (the model state's prepare_attn with
     the pack's routes, the prefill consumer's included), as objects (not snapshots)."""
-    for name in ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens", "rocm_sparse_attn_prefill"):
-        _routed(name, be)
+    h.route_to(be, (*h.METADATA_ROUTES, "rocm_sparse_attn_prefill"), platform="rocm")
     setup = h.make_setup(batch, spec=0, decoder=False, backends=[amd_rocm.DeepseekV41ROCMAiterSparseSWABackend])
     route = m.Route(None, encoder=True, builders=True)
     state = h.make_state(m.model_state_class(h.VllmState), setup, {"swa_backends_route": route})
