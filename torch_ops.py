@@ -25,8 +25,10 @@ return nothing and declare what they write):
 
 Results of ``gather_replay_batch`` come back as ``(rows, query_start_loc, positions,
 slot_mappings, kv_start)`` (:func:`replay_batch` makes a :class:`ReplayBatch`);
-``prepare_replay_step`` returns ``(replay_start, swa_indices, swa_lens)`` and, with a plan,
-the five sub-batch tensors after them. :func:`call` runs any op with its Python arguments
+``prepare_replay_step`` returns ``(replay_start, swa_indices, swa_lens, prefill_swa_indices,
+prefill_swa_lens, gather_lens)`` (the last three empty unless ``prefill_from`` /
+``gather_lens_from`` ask for them; their ``out_`` buffers may be left out then) and, with a
+plan, the five sub-batch tensors after them. :func:`call` runs any op with its Python arguments
 (``out=``, plans and all) through these custom ops and returns what the Python op returns.
 """
 
@@ -52,7 +54,8 @@ _SCALARS = {
     "W": "int", "Wr": "int", "block_size": "int", "ratio": "int", "top_k": "int", "slab_stride": "int",
     "window_offset": "int", "topk_offset": "int", "d_v": "int", "num_rows": "int", "num_rows_padded": "int",
     "index_width": "int", "num_tokens": "int", "token_offset": "int", "sm_scale": "float", "any_replay": "bool",
-    "kv_format": "str", "fp8": "str", "return_lse": "bool",
+    "kv_format": "str", "fp8": "str", "return_lse": "bool", "prefill_from": "int", "gather_lens_from": "int",
+    "valid_group": "int",
 }
 # A ReplayPlan argument, as tensors and sizes (its window is the op's W).
 PLAN_FIELDS = ("kept", "trimmed", "dropped_before", "num_rows", "num_rows_padded")
@@ -60,7 +63,7 @@ PLAN_FIELDS = ("kept", "trimmed", "dropped_before", "num_rows", "num_rows_padded
 REPLAY_BATCH_FIELDS = ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start")
 #: Outputs of the tensor-level prepare_replay_step (the PreparedStep tensors; the padded
 #: slot_mappings is the mutated input, not an output).
-PREPARED_FIELDS = ("replay_start", "swa_indices", "swa_lens")
+PREPARED_FIELDS = ("replay_start", "swa_indices", "swa_lens", "prefill_swa_indices", "prefill_swa_lens", "gather_lens")
 
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
 
@@ -116,7 +119,9 @@ class _Form:
             pos += _plan_schema()
         n = len(self.result_names())
         if self.with_out:
-            kw = [f"Tensor({next(letters)}!) {k}" for k in self.out_keywords(self.result_names())] + kw
+            optional = {"out_" + n for n in self.spec.results.optional_names}
+            kw = [f"Tensor({next(letters)}!)? {k}=None" if k in optional else f"Tensor({next(letters)}!) {k}"
+                  for k in self.out_keywords(self.result_names())] + kw
             returns = "()"
         else:
             returns = "()" if n == 0 else ("Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")")
@@ -143,7 +148,7 @@ class _Form:
         out = {}
         if self.with_out:
             names = self.result_names()
-            out = dict(zip(names, (kwargs[k] for k in self.out_keywords(names))))
+            out = dict(zip(names, (kwargs.get(k) for k in self.out_keywords(names))))
         return values, out
 
 
@@ -201,7 +206,12 @@ def _define(form: _Form) -> None:
         names = form.result_names()
         if not names:  # an in-place op: its writes are declared in the schema
             return None
-        fresh = _fresh(spec.results.from_python(res, names), [*args, *kwargs.values()])
+        tensors = spec.results.from_python(res, names)
+        if any(t is None for t in tensors):  # optional results not asked for: empty, shaped as declared
+            shapes = list(spec.results.shapes(values).values())
+            tensors = tuple(torch.empty(shapes[i][0], dtype=shapes[i][1], device=device) if t is None else t
+                            for i, t in enumerate(tensors))
+        fresh = _fresh(tensors, [*args, *kwargs.values()])
         return fresh[0] if len(fresh) == 1 else fresh
 
     def fake(*args, **kwargs):

@@ -1,23 +1,26 @@
 """``prepare_replay_step`` in Triton: a step's replay metadata in ONE launch.
 
-Replaces four launches (``batch_replay_start``, ``pad_replayed_slots``,
-``swa_indices_and_lens``, ``gather_replay_batch``) on the per-step host path. The 1-D grid
+Replaces up to six launches (``batch_replay_start``, ``pad_replayed_slots``,
+``swa_indices_and_lens`` -- twice when split into decode and prefill rows --,
+``prefill_gather_lens``, ``gather_replay_batch``) on the per-step host path. The 1-D grid
 is split into roles, each program taking one:
 
 * token tiles ``[0, tok_tiles)`` (token blocks x column blocks): each of ``BLOCK_T`` tokens finds its request (binary
   search over ``query_start_loc``), computes its request's replay start itself
   (``R_per_request[idx_mapping[b]]`` if prefilling), pads its replayed cacheable slots and
   writes its window indices row and length (as in ``swa_indices_and_lens``: 32-bit
-  arithmetic, one block-table split per token, contiguous row stores);
+  arithmetic, one block-table split per token, contiguous row stores) into the decode or
+  the prefill buffers (``prefill_from``; a pointer select per token, no branch);
 * with a plan, request programs (``S`` per request, as in ``gather_replay_batch``): the
-  request's ``replay_start``, sub-batch ``query_start_loc`` entry and ``kv_start``, and its
+  request's ``replay_start``, gather length, sub-batch ``query_start_loc`` entry and ``kv_start``, and its
   kept sub-batch rows; a gathered slot is PAD where the padding above makes it PAD,
   computed from the same condition rather than read back, so the result never depends on
   which program ran first; then padding programs for the graph-padded rows;
-* without a plan, request tiles of ``BLOCK_R`` requests: ``replay_start``.
+* without a plan, request tiles of ``BLOCK_R`` requests: ``replay_start`` and gather lengths.
 
 No program reads anything another program of the launch writes except the padded slots,
-whose final value both possible orders agree on. No host synchronisation.
+whose final value both possible orders agree on (the validity row, ``valid_group``, is never
+a padded group). No host synchronisation.
 """
 
 from __future__ import annotations
@@ -59,14 +62,24 @@ def _cacheable(groups_ptr, n_groups, gg, KB: tl.constexpr):
 
 
 @triton.jit
+def _gather_len(q0, q1, seq, R, W):
+    """``prefill_gather_lens`` of a request (int32): ``q + min(max(prefix - R, 0), W - 1)``."""
+    q = q1 - q0
+    return q + tl.minimum(tl.maximum(seq - q - R, 0), W - 1)
+
+
+@triton.jit
 def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr, n_groups,
-                bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, B, T, width, n_steps, block_size, bs_shift,
-                W, Wr, col_blocks, DO_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+                bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
+                B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, DO_PAD: tl.constexpr,
+                SPLIT: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                 KB: tl.constexpr):
     """Tokens ``[tile*BLOCK_T, ...)``, columns ``[cb*BLOCK_W, ...)`` (``pid = tile *
-    col_blocks + cb``): their clamped window indices; the ``cb == 0`` program also pads the
-    tokens' replayed cacheable slots and writes their lengths. (One program per column block
-    rather than a loop over them: a loop gets software-pipelined into twice the registers.)"""
+    col_blocks + cb``): their clamped window indices (tokens from ``P`` on into the prefill
+    buffers when ``SPLIT``; a token whose slot in row ``vg`` is negative gets none when
+    ``HAS_VALID``); the ``cb == 0`` program also pads the tokens' replayed cacheable slots
+    and writes their lengths. (One program per column block rather than a loop over them: a
+    loop gets software-pipelined into twice the registers.)"""
     tile = pid // col_blocks
     cb = pid - tile * col_blocks
     t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -87,11 +100,20 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
             grp = tl.load(groups_ptr + k0 + k, mask=km, other=0).to(tl.int64)
             tl.store(slot_ptr + grp[:, None] * s_g + t64[None, :] * s_t, tl.full([KB, BLOCK_T], PAD, tl.int64),
                      mask=km[:, None] & replayed[None, :])
+    if HAS_VALID:  # the window group is never padded: its slots read the same before and after
+        ok = ok & (tl.load(slot_ptr + vg * s_g + t64 * s_t, mask=ok, other=-1) >= 0)
     pos = seq - (end - t)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)
+    if SPLIT:
+        pre = t >= P
+        len_at = tl.where(pre, plens_ptr + (t - P), lens_ptr + t)
+        row_at = tl.where(pre, pswa_ptr + (t64 - P) * pswa_s0, swa_ptr + t64 * swa_s0)
+    else:
+        len_at = lens_ptr + t
+        row_at = swa_ptr + t64 * swa_s0
     if cb == 0:
-        tl.store(lens_ptr + t, lens, mask=m)
+        tl.store(len_at, lens, mask=m)
     lo_col, lo_off = block_split(lo, block_size, bs_shift)
     j = cb * BLOCK_W + tl.arange(0, BLOCK_W)
     live = (j[None, :] < lens[:, None]) & ok[:, None]
@@ -99,17 +121,18 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
     col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)
     block = tl.load(bt_ptr + req.to(tl.int64)[:, None] * bt_s0 + col.to(tl.int64) * bt_s1, mask=live, other=0)
     slot = tl.where(live, block * block_size + within, PAD)
-    tl.store(swa_ptr + t64[:, None] * swa_s0 + j[None, :], slot, mask=m[:, None] & (j[None, :] < width))
+    tl.store(row_at[:, None] + j[None, :], slot, mask=m[:, None] & (j[None, :] < width))
 
 
 @triton.jit
 def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                          n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
-                         kv_ptr, B, G, W, Wr, S, DO_PAD: tl.constexpr, BLOCK: tl.constexpr, GB: tl.constexpr,
-                         KB: tl.constexpr, UNIT_T: tl.constexpr):
-    """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry and
-    ``kv_start`` (the first of its ``S`` programs), and every ``S``-th block of its kept
-    rows, their slots padded by the same condition the token role pads with."""
+                         kv_ptr, gl_ptr, g_from, B, G, W, Wr, S, DO_PAD: tl.constexpr, HAS_GL: tl.constexpr,
+                         BLOCK: tl.constexpr, GB: tl.constexpr, KB: tl.constexpr, UNIT_T: tl.constexpr):
+    """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry,
+    ``kv_start`` and (``HAS_GL``, from request ``g_from`` on) gather length (the first of
+    its ``S`` programs), and every ``S``-th block of its kept rows, their slots padded by
+    the same condition the token role pads with."""
     r = tl.arange(0, BLOCK)
     g = tl.arange(0, GB)
     b = pid // S
@@ -129,6 +152,8 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
         tl.store(oqsl_ptr + b, start)
         tl.store(oqsl_ptr + B, end, mask=has & (b == B - 1))
         tl.store(kv_ptr + b, tl.where(trimmed, tl.maximum(R, seq - W), R), mask=has)
+        if HAS_GL:
+            tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=has & (b >= g_from))
     R64 = R.to(tl.int64)
     cacheable = tl.zeros([GB], tl.int32)
     if DO_PAD:
@@ -163,30 +188,40 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
 @jit
 def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
-                         rs_out_ptr, swa_ptr, swa_s0, lens_ptr,
-                         drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
+                         rs_out_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
+                         gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
                          B, T, G, width, n, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
                          req_progs,
-                         DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK_T: tl.constexpr,
+                         DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
+                         HAS_GL: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
                          KB: tl.constexpr, UNIT_T: tl.constexpr):
     pid = tl.program_id(0)
     if pid < tok_tiles:
         _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
-                    n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, B, T, width, n_steps,
-                    block_size, bs_shift, W, Wr, col_blocks, DO_PAD, BLOCK_T, BLOCK_W, KB)
+                    n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr,
+                    P, vg, B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, DO_PAD, SPLIT, HAS_VALID,
+                    BLOCK_T, BLOCK_W, KB)
     elif HAS_PLAN:
         if pid < tok_tiles + req_progs:
             _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
                                  s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr,
-                                 opos_ptr, oslot_ptr, os_g, kv_ptr, B, G, W, Wr, S, DO_PAD, BLOCK, GB, KB, UNIT_T)
+                                 opos_ptr, oslot_ptr, os_g, kv_ptr, gl_ptr, g_from, B, G, W, Wr, S, DO_PAD, HAS_GL,
+                                 BLOCK, GB, KB, UNIT_T)
         else:
             write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad,
                                 BLOCK, GB)
     else:
         b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         mb = b < B
-        tl.store(rs_out_ptr + b, _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mb), mask=mb)
+        R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mb)
+        tl.store(rs_out_ptr + b, R, mask=mb)
+        if HAS_GL:
+            mg = mb & (b >= g_from)
+            q0 = tl.load(qsl_ptr + b, mask=mg, other=0)
+            q1 = tl.load(qsl_ptr + b + 1, mask=mg, other=0)
+            seq = tl.load(seq_ptr + b, mask=mg, other=0)
+            tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=mg)
 
 
 _K = Kernel(_prepare_replay_step)
@@ -194,19 +229,27 @@ _K = Kernel(_prepare_replay_step)
 
 def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
                         cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None,
-                        any_replay=None, out=None) -> PreparedStep:
+                        any_replay=None, prefill_from=None, gather_lens_from=None, valid_group=None,
+                        out=None) -> PreparedStep:
     """``R = batch_replay_start(R_per_request, idx_mapping, is_prefilling)``;
     ``pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr)``;
     ``swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, R,
-    index_width=index_width, num_tokens=len(positions))``; with a plan,
-    ``gather_replay_batch(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W)``
-    on the padded slots -- all in one launch. Returns a :class:`PreparedStep`.
+    index_width=index_width, num_tokens=len(positions))`` (split at ``prefill_from``, tokens
+    whose slot in row ``valid_group`` is negative invalid); with ``gather_lens_from``, the
+    gather lengths of the requests from it on; with a plan, ``gather_replay_batch(plan,
+    query_start_loc, seq_lens, R, positions, slot_mappings, W)`` on the padded slots -- all
+    in one launch. Returns a :class:`PreparedStep`.
     """
     B, T, G = idx_mapping.shape[0], positions.shape[0], slot_mappings.shape[0]
     width = W if index_width is None else index_width
+    split, has_gl, has_valid = prefill_from is not None, gather_lens_from is not None, valid_group is not None
     if out is None:
-        out = allocate_out(B, T, width, positions.device, plan, G)
+        out = allocate_out(B, T, width, positions.device, plan, G, prefill_from=prefill_from,
+                           gather_lens_from=gather_lens_from)
     rs, swa, lens = out["replay_start"], out["swa_indices"], out["swa_lens"]
+    pswa = out["prefill_swa_indices"] if split else None
+    plens = out["prefill_swa_lens"] if split else None
+    gl = out["gather_lens"] if has_gl else None
     n_groups = cacheable_groups.shape[0]
     do_pad = not (any_replay is False or Wr == 0 or n_groups == 0)
     col_blocks = (width + BLOCK_W - 1) // BLOCK_W or 1
@@ -228,7 +271,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
     bt_s0, bt_s1 = block_table.stride()
-    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1), grid,
+    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl), grid,
        R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
        idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
        is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
@@ -237,11 +280,13 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
        cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
        block_table, bt_s0, bt_s1, block_table.shape[1],
-       rs, swa, swa.stride(0), lens, dropped, rows, oqsl, opos, oslot, os_g, kv,
+       rs, swa, swa.stride(0), lens, pswa, pswa.stride(0) if split else 0, plens, prefill_from or 0,
+       valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, do_pad, plan is not None, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB, s_t == 1)
+       tok_tiles, req_progs, do_pad, plan is not None, split, has_valid, has_gl, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R,
+       GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
-    return PreparedStep(rs, slot_mappings, swa, lens, batch)
+    return PreparedStep(rs, slot_mappings, swa, lens, batch, pswa, plens, gl)
 
 
 _pow2_shift = functools.lru_cache(maxsize=64)(pow2_shift)

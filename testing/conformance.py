@@ -284,13 +284,23 @@ def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, p
     kw: dict = {"index_width": width, "plan": plan}
     if rng.random() < 0.3:
         kw["any_replay"] = bool((b.R > 0).any())
+    if rng.random() < 0.5:  # the serving layout (vLLM's builder): decode / prefill rows apart, gather lengths
+        kw["prefill_from"] = int(rng.integers(0, T + 1))
+        kw["gather_lens_from"] = int(rng.integers(0, b.B + 1))
+        window_groups = sorted(set(range(b.num_groups)) - {int(g) for g in b.cacheable})
+        if window_groups and rng.random() < 0.7:
+            g = int(rng.choice(window_groups))
+            kw["valid_group"] = g
+            invalid = rng.random(T) < 0.15  # tokens with no slot in the window group (PCP peers, padding)
+            t["slot_mappings"][g, :T][torch.tensor(invalid, device=dev)] = PAD
     if poison:
         def fill(spec):
             if isinstance(spec, dict):
                 return {k: fill(v) for k, v in spec.items()}
             return _poison(spec[0], spec[1], dev)
 
-        kw["out"] = fill(out_shapes(b.B, T, width, plan, b.num_groups))
+        kw["out"] = fill(out_shapes(b.B, T, width, plan, b.num_groups, prefill_from=kw.get("prefill_from"),
+                                    gather_lens_from=kw.get("gather_lens_from")))
     args = (torch.tensor(R_all, dtype=INDEX_DTYPE if rng.random() < 0.5 else torch.int64, device=dev),
             torch.tensor(idx, dtype=INDEX_DTYPE, device=dev), t["is_prefilling"], t["query_start_loc"], t["seq_lens"],
             t["positions"], t["slot_mappings"], t["cacheable_groups"], t["block_table"], b.block_size, b.W, b.Wr)

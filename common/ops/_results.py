@@ -21,16 +21,20 @@ class Results:
     ``out=`` holds the results -- ``"tensor"`` (one result), ``"tuple"`` (in order) or
     ``"dict"`` (by name; ``"a.b"`` nests ``out["a"]["b"]``); None: the op takes no ``out=``.
     ``pack(tensors, args)``: the Python op's return value from the result tensors (default:
-    the tensor, or the tuple of them)."""
+    the tensor, or the tuple of them). ``optional_names`` (after ``names``, before
+    ``plan_names``): results the op makes only when an argument asks for them; their
+    ``out=`` entries may be left out, ``shapes`` gives them size 0 when not asked for, and the
+    Python op returns None for them then."""
 
     names: tuple[str, ...]
     shapes: Callable[[Mapping], dict[str, tuple[Shape, torch.dtype]]]
     out: str | None = "tuple"
     pack: Callable[[dict, Mapping], object] | None = None
     plan_names: tuple[str, ...] = ()
+    optional_names: tuple[str, ...] = ()
 
     def names_for(self, with_plan: bool) -> tuple[str, ...]:
-        return self.names + (self.plan_names if with_plan else ())
+        return self.names + self.optional_names + (self.plan_names if with_plan else ())
 
     def to_python(self, tensors: dict, args: Mapping):
         if self.pack is not None:

@@ -3,10 +3,19 @@
 The encoder- and decoder-side metadata of one serving step, produced together:
 the per-batch replay start (``batch_replay_start``), the replayed cacheable slots padded in
 place (``pad_replayed_slots``), the clamped window indices and lengths
-(``swa_indices_and_lens``) and, given a plan, the decoder sub-batch
-(``gather_replay_batch``, gathered from the *padded* slots). The reference below is
-exactly those four references composed in that order; a fused variant (the Triton one is a
-single launch) must give the same result bit for bit.
+(``swa_indices_and_lens``), optionally the prefill gather lengths (``prefill_gather_lens``)
+and, given a plan, the decoder sub-batch (``gather_replay_batch``, gathered from the
+*padded* slots). The reference below is exactly those references composed in that order; a
+fused variant (the Triton one is a single launch) must give the same result bit for bit.
+
+Three keywords shape the outputs the way a serving engine keeps them (vLLM 0.33's sparse-SWA
+builder: decode rows and prefill rows in two buffers, gather lengths for its prefills only,
+token validity from the window group's slots): ``prefill_from`` (tokens from it on write
+``prefill_swa_indices`` / ``prefill_swa_lens``, their rows based at 0), ``gather_lens_from``
+(requests from it on get ``gather_lens``) and ``valid_group`` (a token whose slot in that
+row of ``slot_mappings``, read before padding, is negative gets no window: length 0, row all
+PAD; the row must not be a cacheable group). Left out, the step is as before: every token in
+``swa_indices``, no gather lengths, every token valid.
 """
 
 from __future__ import annotations
@@ -16,8 +25,8 @@ from typing import NamedTuple
 import torch
 
 from ..types import INDEX_DTYPE, ReplayBatch, ReplayPlan
-from ..validation import check_tensor, fail, value_checks_enabled
-from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, swa_indices_and_lens
+from ..validation import check_int, check_tensor, fail, value_checks_enabled
+from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
 from ._results import Results
 
 NAME = "prepare_replay_step"
@@ -25,32 +34,49 @@ NAME = "prepare_replay_step"
 
 class PreparedStep(NamedTuple):
     """``replay_start`` int32 [B]; ``slot_mappings`` (the input, padded in place);
-    ``swa_indices`` int32 [T, index_width] and ``swa_lens`` int32 [T];
-    ``replay_batch`` (:class:`ReplayBatch`, None without a plan)."""
+    ``swa_indices`` int32 [P, index_width] and ``swa_lens`` int32 [P] (tokens ``[0, P)``,
+    ``P = prefill_from``, default T); ``replay_batch`` (:class:`ReplayBatch`, None without a
+    plan); ``prefill_swa_indices`` [T - P, index_width] and ``prefill_swa_lens`` [T - P]
+    (tokens ``[P, T)``); ``gather_lens`` int32 [B - gather_lens_from] (empty by default)."""
 
     replay_start: torch.Tensor
     slot_mappings: torch.Tensor
     swa_indices: torch.Tensor
     swa_lens: torch.Tensor
     replay_batch: ReplayBatch | None
+    prefill_swa_indices: torch.Tensor | None = None
+    prefill_swa_lens: torch.Tensor | None = None
+    gather_lens: torch.Tensor | None = None
+
+
+#: the outputs that exist only when their keyword asks for them (``out=`` may leave them out)
+OPTIONAL_OUTPUTS = ("prefill_swa_indices", "prefill_swa_lens", "gather_lens")
 
 
 def out_shapes(num_reqs: int, num_tokens: int, index_width: int, plan: ReplayPlan | None = None,
-               num_groups: int = 0) -> dict:
+               num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None) -> dict:
     """Shapes and dtypes of the ``out=`` buffers: ``replay_start``, ``swa_indices``,
-    ``swa_lens`` and, with a plan, ``replay_batch`` (``gather_replay_batch``'s dict)."""
+    ``swa_lens``, with ``prefill_from`` ``prefill_swa_indices`` and ``prefill_swa_lens``,
+    with ``gather_lens_from`` ``gather_lens`` and, with a plan, ``replay_batch``
+    (``gather_replay_batch``'s dict)."""
+    P = num_tokens if prefill_from is None else prefill_from
     shapes: dict = {
         "replay_start": ((num_reqs,), INDEX_DTYPE),
-        "swa_indices": ((num_tokens, index_width), INDEX_DTYPE),
-        "swa_lens": ((num_tokens,), INDEX_DTYPE),
+        "swa_indices": ((P, index_width), INDEX_DTYPE),
+        "swa_lens": ((P,), INDEX_DTYPE),
     }
+    if prefill_from is not None:
+        shapes["prefill_swa_indices"] = ((num_tokens - P, index_width), INDEX_DTYPE)
+        shapes["prefill_swa_lens"] = ((num_tokens - P,), INDEX_DTYPE)
+    if gather_lens_from is not None:
+        shapes["gather_lens"] = ((num_reqs - gather_lens_from,), INDEX_DTYPE)
     if plan is not None:
         shapes["replay_batch"] = gather_replay_batch.out_shapes(plan, num_groups)
     return shapes
 
 
 def allocate_out(num_reqs: int, num_tokens: int, index_width: int, device, plan: ReplayPlan | None = None,
-                 num_groups: int = 0) -> dict:
+                 num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None) -> dict:
     """Buffers for ``out=``; reuse them across steps for stable addresses (graphs)."""
 
     def make(spec):
@@ -59,18 +85,20 @@ def allocate_out(num_reqs: int, num_tokens: int, index_width: int, device, plan:
         shape, dtype = spec
         return torch.empty(shape, dtype=dtype, device=device)
 
-    return make(out_shapes(num_reqs, num_tokens, index_width, plan, num_groups))
+    return make(out_shapes(num_reqs, num_tokens, index_width, plan, num_groups, prefill_from=prefill_from,
+                           gather_lens_from=gather_lens_from))
 
 
 def validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
              cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
-             out=None) -> None:
-    """The four ops' own validators, in order, on the replay starts this call produces;
+             prefill_from=None, gather_lens_from=None, valid_group=None, out=None) -> None:
+    """The parts' own validators, in order, on the replay starts this call produces;
     their errors are re-labelled ``prepare_replay_step: <argument>=...: expected ...``."""
     try:
         _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
                   cacheable_groups, block_table, block_size, W, Wr, index_width=index_width, plan=plan,
-                  any_replay=any_replay, out=out)
+                  any_replay=any_replay, prefill_from=prefill_from, gather_lens_from=gather_lens_from,
+                  valid_group=valid_group, out=out)
     except ValueError as exc:
         msg = str(exc)
         for op in _PARTS:
@@ -79,22 +107,52 @@ def validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_len
         raise
 
 
-_PARTS = (batch_replay_start.NAME, pad_replayed_slots.NAME, swa_indices_and_lens.NAME, gather_replay_batch.NAME)
+_PARTS = (batch_replay_start.NAME, pad_replayed_slots.NAME, swa_indices_and_lens.NAME, prefill_gather_lens.NAME,
+          gather_replay_batch.NAME)
+
+
+def _buffers(out) -> dict:
+    """``out`` without the entries left None (the optional outputs' ``_out`` form passes None)."""
+    return {k: v for k, v in (out or {}).items() if v is not None}
+
+
+def _swa_parts(T: int, prefill_from: int | None) -> list[tuple]:
+    """``(num_tokens, token_offset, indices key, lens key)`` of the window rows' one or two
+    ``swa_indices_and_lens`` calls: every token, or tokens ``[0, P)`` and ``[P, T)``."""
+    if prefill_from is None:
+        return [(T, None, "swa_indices", "swa_lens")]
+    P = prefill_from
+    return [(P, 0, "swa_indices", "swa_lens"), (T - P, P, "prefill_swa_indices", "prefill_swa_lens")]
 
 
 def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
-              cacheable_groups, block_table, block_size, W, Wr, *, index_width, plan, any_replay, out) -> None:
+              cacheable_groups, block_table, block_size, W, Wr, *, index_width, plan, any_replay, prefill_from,
+              gather_lens_from, valid_group, out) -> None:
     if out is not None and not isinstance(out, dict):
         fail(NAME, "out", out, "a dict of buffers from allocate_out()")
-    o = out or {}
-    for key in ("replay_start", "swa_indices", "swa_lens") if out is not None else ():
+    o = _buffers(out)
+    B, T = idx_mapping.shape[0], positions.shape[0]
+    if prefill_from is not None:
+        check_int(NAME, "prefill_from", prefill_from, min_value=0)
+        if prefill_from > T:
+            fail(NAME, "prefill_from", prefill_from, f"at most the number of tokens, {T} (len(positions))")
+    if gather_lens_from is not None:
+        check_int(NAME, "gather_lens_from", gather_lens_from, min_value=0)
+        if gather_lens_from > B:
+            fail(NAME, "gather_lens_from", gather_lens_from, f"at most the number of requests, {B} (len(idx_mapping))")
+    needed = ["replay_start", "swa_indices", "swa_lens"]
+    if prefill_from is not None:
+        needed += ["prefill_swa_indices", "prefill_swa_lens"]
+    if gather_lens_from is not None:
+        needed.append("gather_lens")
+    for key in needed if out is not None else ():
         if key not in o:
             fail(NAME, "out", sorted(o), f"a buffer for {key!r}")
     batch_replay_start.validate(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1,
                  device=R_per_request.device)
-    if query_start_loc.shape[0] != idx_mapping.shape[0] + 1:
-        fail(NAME, "query_start_loc", query_start_loc, f"{idx_mapping.shape[0] + 1} entries (one per batch row + 1)")
+    if query_start_loc.shape[0] != B + 1:
+        fail(NAME, "query_start_loc", query_start_loc, f"{B + 1} entries (one per batch row + 1)")
     if plan is not None and not isinstance(plan, ReplayPlan):
         fail(NAME, "plan", plan, "None or a ReplayPlan from plan_replay_batch")
     if plan is not None and out is not None and "replay_batch" not in o:
@@ -104,12 +162,23 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     if value_checks_enabled():
         R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
     else:
-        R = torch.empty(idx_mapping.shape[0], dtype=INDEX_DTYPE, device=R_per_request.device)
+        R = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
     pad_replayed_slots.validate(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
                                 any_replay=any_replay)
-    swa_out = (o["swa_indices"], o["swa_lens"]) if out is not None else None
-    swa_indices_and_lens.validate(query_start_loc, seq_lens, block_table, block_size, W, R, index_width=index_width,
-                                  num_tokens=positions.shape[0], out=swa_out)
+    if valid_group is not None:
+        check_int(NAME, "valid_group", valid_group, min_value=0)
+        if valid_group >= slot_mappings.shape[0]:
+            fail(NAME, "valid_group", valid_group, f"a row of slot_mappings (< {slot_mappings.shape[0]})")
+        if value_checks_enabled() and bool((cacheable_groups == valid_group).any()):
+            fail(NAME, "valid_group", valid_group, "a group not in cacheable_groups (its slots are read before "
+                 "padding)")
+    for n, off, rows, lens in _swa_parts(T, prefill_from):
+        swa_out = (o[rows], o[lens]) if out is not None else None
+        swa_indices_and_lens.validate(query_start_loc, seq_lens, block_table, block_size, W, R,
+                                      index_width=index_width, num_tokens=n, token_offset=off, out=swa_out)
+    if gather_lens_from is not None:
+        g = gather_lens_from
+        prefill_gather_lens.validate(query_start_loc[g:], seq_lens[g:], R[g:], W, out=o.get("gather_lens"))
     if plan is not None:
         gather_replay_batch.validate(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
                                      out=o.get("replay_batch"))
@@ -117,32 +186,50 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
 
 def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
               cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
-              out=None) -> PreparedStep:
+              prefill_from=None, gather_lens_from=None, valid_group=None, out=None) -> PreparedStep:
     """``R = batch_replay_start(R_per_request, idx_mapping, is_prefilling)``;
+    ``valid = slot_mappings[valid_group] >= 0`` (before padding; all True without it);
     ``pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr)``;
     ``swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, R,
-    index_width=index_width, num_tokens=len(positions))``; with a plan,
-    ``gather_replay_batch(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W)``
-    on the padded slots. Returns a :class:`PreparedStep`.
+    index_width=index_width, valid=valid[:P], num_tokens=P)`` with ``P = prefill_from`` (default
+    T), and with ``prefill_from`` the same for tokens ``[P, T)`` (``token_offset=P``) into
+    ``prefill_swa_*``; with ``gather_lens_from = g``, ``prefill_gather_lens(query_start_loc[g:],
+    seq_lens[g:], R[g:], W)``; with a plan, ``gather_replay_batch(plan, query_start_loc,
+    seq_lens, R, positions, slot_mappings, W)`` on the padded slots. Returns a
+    :class:`PreparedStep`.
     """
-    o = out or {}
+    o = _buffers(out)
+    T = positions.shape[0]
     R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
+    valid = None if valid_group is None else slot_mappings[valid_group, :T] >= 0
     pad_replayed_slots.reference(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
                                  any_replay=any_replay)
-    swa_out = (o["swa_indices"], o["swa_lens"]) if out is not None else None
-    idx, lens = swa_indices_and_lens.reference(query_start_loc, seq_lens, block_table, block_size, W, R,
-                                               index_width=index_width, num_tokens=positions.shape[0], out=swa_out)
+    parts = [(None, None), (None, None)]
+    for i, (n, off, rows, lens) in enumerate(_swa_parts(T, prefill_from)):
+        swa_out = (o[rows], o[lens]) if out is not None else None
+        v = None if valid is None else valid[off or 0: (off or 0) + n]
+        parts[i] = swa_indices_and_lens.reference(query_start_loc, seq_lens, block_table, block_size, W, R,
+                                                  index_width=index_width, valid=v, num_tokens=n, token_offset=off,
+                                                  out=swa_out)
+    gather_lens = None
+    if gather_lens_from is not None:
+        g = gather_lens_from
+        gather_lens = prefill_gather_lens.reference(query_start_loc[g:], seq_lens[g:], R[g:], W,
+                                                    out=o.get("gather_lens"))
     batch = None
     if plan is not None:
         batch = gather_replay_batch.reference(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
                                               out=o.get("replay_batch"))
-    return PreparedStep(R, slot_mappings, idx, lens, batch)
+    (idx, lens), (pidx, plens) = parts
+    return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens)
 
 
 def _result_shapes(a) -> dict:
-    shapes = out_shapes(a["idx_mapping"].shape[0], a["positions"].shape[0],
-                        a["W"] if a.get("index_width") is None else a["index_width"], a.get("plan"),
-                        a["slot_mappings"].shape[0])
+    B, T = a["idx_mapping"].shape[0], a["positions"].shape[0]
+    width = a["W"] if a.get("index_width") is None else a["index_width"]
+    pf, gf = a.get("prefill_from"), a.get("gather_lens_from")
+    shapes = out_shapes(B, T, width, a.get("plan"), a["slot_mappings"].shape[0],
+                        prefill_from=T if pf is None else pf, gather_lens_from=B if gf is None else gf)
     batch = shapes.pop("replay_batch", {})
     return shapes | {f"replay_batch.{k}": v for k, v in batch.items()}
 
@@ -153,9 +240,12 @@ def _pack(t: dict, a) -> PreparedStep:
     if plan is not None:
         batch = ReplayBatch(num_rows=plan.num_rows, num_rows_padded=plan.num_rows_padded,
                             **{k.split(".", 1)[1]: v for k, v in t.items() if k.startswith("replay_batch.")})
-    return PreparedStep(t["replay_start"], a["slot_mappings"], t["swa_indices"], t["swa_lens"], batch)
+    asked = {"prefill_swa_indices": "prefill_from", "prefill_swa_lens": "prefill_from", "gather_lens": "gather_lens_from"}
+    return PreparedStep(t["replay_start"], a["slot_mappings"], t["swa_indices"], t["swa_lens"], batch,
+                        *(t.get(k) if a.get(asked[k]) is not None else None for k in OPTIONAL_OUTPUTS))
 
 
 RESULTS = Results(("replay_start", "swa_indices", "swa_lens"), _result_shapes, out="dict", pack=_pack,
                   plan_names=tuple(f"replay_batch.{f}" for f in ("rows", "query_start_loc", "positions",
-                                                                 "slot_mappings", "kv_start")))
+                                                                 "slot_mappings", "kv_start")),
+                  optional_names=OPTIONAL_OUTPUTS)

@@ -187,3 +187,31 @@ def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
     bad = dataclasses.replace(plan, trimmed=~plan.trimmed, _device_cache={}, _launch_cache={})
     with pytest.raises(ValueError, match=r"gather_replay_batch: plan.trimmed='plan.trimmed\[\d+\]=\w+': expected kept < q"):
         BE.gather_replay_batch(bad, *args)
+
+
+def test_prepare_replay_step_serving_keywords_are_checked():
+    """``prefill_from`` / ``gather_lens_from`` in range, ``valid_group`` a row that is never
+    padded, their ``out=`` buffers present: each refused with the argument named, nothing
+    written (the slot mappings stay as they were)."""
+    from swa_backends.common.ops.prepare_replay_step import allocate_out
+
+    qsl = torch.tensor([0, 1, 5], dtype=i32)
+    seq = torch.tensor([9, 12], dtype=i32)
+    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
+    slots = torch.arange(15, dtype=i64).reshape(3, 5)
+    table = torch.arange(8, dtype=i32).reshape(2, 4)
+    args = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl, seq,
+            positions, slots, torch.tensor([0], dtype=i32), table, 4, 8, 4)
+    kw = {"prefill_from": 1, "gather_lens_from": 1, "valid_group": 2}
+    got = BE.prepare_replay_step(*args, **kw)
+    assert got.swa_indices.shape == (1, 8) and got.prefill_swa_indices.shape == (4, 8)
+    assert got.gather_lens.tolist() == [4 + 0]  # the prefill: 4 queries, replay start 8 = its prefix
+    before = slots.clone()
+    bad = [({"prefill_from": 6}, "prefill_from"), ({"prefill_from": -1}, "prefill_from"),
+           ({"gather_lens_from": 3}, "gather_lens_from"), ({"valid_group": 0}, "valid_group"),
+           ({"valid_group": 3}, "valid_group"),
+           ({"out": allocate_out(2, 5, 8, "cpu")}, "out")]  # no buffers for the split rows / gather lengths
+    for change, name in bad:
+        with pytest.raises(ValueError, match=rf"^prepare_replay_step: {name}=.*expected"):
+            BE.prepare_replay_step(*args, **(kw | change))
+        assert torch.equal(slots, before)

@@ -301,7 +301,8 @@ def test_out_slot_mappings_may_be_row_strided(tb, op):
         else:
             kwargs = {**kwargs, "plan": plan}
             out = prepare_out(args[1].shape[0], args[5].shape[0],
-                              kwargs.get("index_width") or args[10], "cpu", plan, G)
+                              kwargs.get("index_width") or args[10], "cpu", plan, G,
+                              prefill_from=kwargs.get("prefill_from"), gather_lens_from=kwargs.get("gather_lens_from"))
             out["replay_batch"]["slot_mappings"] = wide[:, :n_pad]
             ref_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
             got = tb.prepare_replay_step(*args, **kwargs, out=out)
