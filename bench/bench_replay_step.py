@@ -99,7 +99,7 @@ class ServingStep:
         self.slots0 = t(np.stack([tok * (g + 1) + g for g in range(G)]), SLOT_DTYPE)
         self.cacheable = t(np.arange(0, G, 2), INDEX_DTYPE)
         self.table = t(table, INDEX_DTYPE)
-        self.prefilling = t(pre, torch.bool)
+        self.prefilling, self.prefilling_np = t(pre, torch.bool), pre
         self.idx = t(np.arange(B), INDEX_DTYPE)
         self.valid = torch.ones(self.T, dtype=torch.bool, device=dev)
         # decoder replay: each prefill keeps its last W rows (the pack's planner decides as vLLM's does)
@@ -132,38 +132,95 @@ def vllm_step(K, s: ServingStep, b: dict):
     vk.swa_indices_and_lens(K, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS, s.R,
                             num_tokens=T - D, token_offset=D)
     if s.P:
-        vk.prefill_gather_lens(K, b["gather_lens"], s.seq, s.qsl, s.R, s.P, s.D, W)
+        b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
+        vk.prefill_gather_lens(K, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
     return vk.gather_replay_batch(K, s.qsl, s.dropped, s.seq, s.R, s.positions, b["slots"], b["rows"], b["kqsl"],
                                   b["kpos"], b["kslots"], b["kkv"], W, s.B, T, s.n)
 
 
-def pack_step(be, s: ServingStep, b: dict, gather_out: dict):
-    """The same step as vLLM runs it with the pack installed (the integration's runtime calls)."""
+def predicted_plan(s: ServingStep):
+    """The host work the pack's model state adds to a step to launch it at once
+    (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): vLLM's decode/prefill
+    split again (torch ops on the host ``query_start_loc``, as ``split_decodes_and_prefills``
+    does), the trim rule and a second plan of the sub-batch."""
+    qsl_cpu = torch.from_numpy(s.qsl_np)
+    q_t = qsl_cpu[1:] - qsl_cpu[:-1]
+    is_prefill = q_t > 1
+    int(torch.argmax(is_prefill.int())) if bool(is_prefill.any()) else s.B  # noqa: B018 - the split's work
+    q = np.diff(s.qsl_np)
+    kept = np.where(np.zeros(s.B, bool), q, np.minimum(q, W))
+    assert bool((kept < q)[s.prefilling_np].any())
+    dropped = runtime.dropped_before(kept.astype(np.int32), s.qsl_np)
+    return runtime.replay_plan(kept.astype(np.int32), s.qsl_np, int(kept.sum()), W, dropped=dropped,
+                               device_dropped=s.dropped)
+
+
+def window_target(s: ServingStep, b: dict) -> runtime.WindowTarget:
+    """The step's window builder (group 1: a window group, never padded) and its buffers."""
+    return runtime.WindowTarget(1, s.table, BS, W, W, s.D, s.D, b["dec_idx"], b["dec_lens"], b["pre_idx"],
+                                b["pre_lens"])
+
+
+def step_scratch(s: ServingStep) -> dict:
+    n, dev = s.B + 1, s.dev
+    return {"arange": torch.arange(n, dtype=INDEX_DTYPE, device=dev), "ones": torch.ones(n, dtype=torch.bool, device=dev),
+            "replay_start": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
+            "gather_lens": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
+            "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev)}
+
+
+def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.WindowTarget, scratch: dict):
+    """The same step as vLLM runs it with the pack installed: the model state opens a step,
+    vLLM's pad call is held, one ``prepare_replay_step`` launch answers it, the builder's
+    decode rows, prefill rows and gather lengths and the sub-batch gather; each of vLLM's calls
+    then finds its answer and launches nothing (``integrations/vllm/runtime.py``)."""
+    D, T = s.D, s.T
+    runtime.begin_step()
+    try:
+        runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+        runtime.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
+                             gather=(predicted_plan(s), W, gather_out))
+        runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                     num_tokens=D, token_offset=0)
+        runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                     num_tokens=T - D, token_offset=D)
+        if s.P:
+            b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
+            runtime.prefill_gather_lens(be, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
+        runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
+    finally:
+        runtime.end_step()
+
+
+def ref_step(be, s: ServingStep, b: dict, gather_out: dict):
+    """The oracle without vLLM's kernels: one op per vLLM call site (no step open)."""
     D, T = s.D, s.T
     runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
     runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                  num_tokens=D, token_offset=0)
     runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                  num_tokens=T - D, token_offset=D)
-    runtime.prefill_gather_lens(be, b["gather_lens"], s.seq, s.qsl, s.R, s.P, s.D, W)
+    if s.P:
+        b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)
+        runtime.prefill_gather_lens(be, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
     runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
 
 
 def fused_out(s: ServingStep, b: dict) -> dict:
-    out = prepare_out(s.B, s.T, W, s.dev, s.plan, G)
-    out["swa_indices"] = b["pre_idx"][:, 0]  # one [T, W] buffer for every token
-    out["swa_lens"] = b["pre_lens"]
+    D, T = s.D, s.T
+    out = prepare_out(s.B, T, W, s.dev, s.plan, G, prefill_from=D, gather_lens_from=D)
+    out.update({"swa_indices": b["dec_idx"][:D, 0], "swa_lens": b["dec_lens"][:D],
+                "prefill_swa_indices": b["pre_idx"][: T - D, 0], "prefill_swa_lens": b["pre_lens"][: T - D],
+                "gather_lens": b["gather_lens"][: s.P]})
+    b["gl"] = out["gather_lens"]
     return out
 
 
 def fused_step(be, s: ServingStep, b: dict, out: dict):
-    """``prepare_replay_step`` (one launch) plus ``prefill_gather_lens`` over the prefills."""
+    """``prepare_replay_step`` alone, in vLLM's layouts: one launch, nothing around it."""
     be.prepare_replay_step(s.R, s.idx, s.prefilling, s.qsl, s.seq, s.positions, b["slots"], s.cacheable, s.table, BS,
-                           W, W, index_width=W, plan=s.plan, out=out)
-    if s.P:
-        D, P = s.D, s.P
-        be.prefill_gather_lens(s.qsl[D: D + P + 1], s.seq[D: D + P], out["replay_start"][D: D + P], W,
-                               out=b["gather_lens"][:P])
+                           W, W, index_width=W, plan=s.plan, prefill_from=s.D, gather_lens_from=s.D, valid_group=1,
+                           out=out)
 
 
 def gather_out_view(s: ServingStep, b: dict) -> dict:
@@ -172,22 +229,17 @@ def gather_out_view(s: ServingStep, b: dict) -> dict:
             "slot_mappings": b["kslots"][:, :n], "kv_start": b["kkv"]}
 
 
-def check(s: ServingStep, want: dict, kept_want, got: dict, gather: dict, *, fused: bool) -> None:
+def check(s: ServingStep, want: dict, kept_want, got: dict, gather: dict) -> None:
     """``got`` (a pack column's buffers) against vLLM's (or, without vLLM, the reference's)."""
     D, T, n = s.D, s.T, s.n
     same = lambda a, b, what: torch.equal(a, b) or _fail(what)  # noqa: E731
     same(got["slots"], want["slots"], "padded slot mappings")
-    if fused:
-        same(got["pre_idx"][:D, 0], want["dec_idx"][:D, 0], "decode window indices")
-        same(got["pre_lens"][:D], want["dec_lens"][:D], "decode window lengths")
-        same(got["pre_idx"][D:T, 0], want["pre_idx"][: T - D, 0], "prefill window indices")
-        same(got["pre_lens"][D:T], want["pre_lens"][: T - D], "prefill window lengths")
-    else:
-        same(got["dec_idx"][:D], want["dec_idx"][:D], "decode window indices")
-        same(got["dec_lens"][:D], want["dec_lens"][:D], "decode window lengths")
-        same(got["pre_idx"][: T - D], want["pre_idx"][: T - D], "prefill window indices")
-        same(got["pre_lens"][: T - D], want["pre_lens"][: T - D], "prefill window lengths")
-    same(got["gather_lens"][: s.P], want["gather_lens"][: s.P], "prefill gather lengths")
+    same(got["dec_idx"][:D], want["dec_idx"][:D], "decode window indices")
+    same(got["dec_lens"][:D], want["dec_lens"][:D], "decode window lengths")
+    same(got["pre_idx"][: T - D], want["pre_idx"][: T - D], "prefill window indices")
+    same(got["pre_lens"][: T - D], want["pre_lens"][: T - D], "prefill window lengths")
+    if s.P:
+        same(got["gl"], want["gl"], "prefill gather lengths")
     same(gather["rows"][:n], want["rows"][:n], "kept rows")
     same(gather["query_start_loc"], want["kqsl"], "kept query_start_loc")
     same(gather["positions"][:n], want["kpos"][:n], "kept positions")
@@ -223,21 +275,28 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
     s = ServingStep(*shape, dev, rng)
     bufs = {c: s.buffers() for c in COLUMNS}
     pack_gather = gather_out_view(s, bufs["pack"])
+    target, scratch = window_target(s, bufs["pack"]), step_scratch(s)
     fout = fused_out(s, bufs["pack_fused"])
-    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather),
+    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, target, scratch),
            "pack_fused": lambda: fused_step(be, s, bufs["pack_fused"], fout)}
     if K is not None:
         kept_want = vllm_step(K, s, bufs["vllm"])
         fns = {"vllm": lambda: vllm_step(K, s, bufs["vllm"]), **fns}
         oracle = "vllm"
-    else:  # no vLLM kernels: the torch reference through the integration stands in as the oracle
-        pack_step(ref, s, bufs["vllm"], gather_out_view(s, bufs["vllm"]))
+    else:  # no vLLM kernels: the torch reference, one op per call site, stands in as the oracle
+        ref_step(ref, s, bufs["vllm"], gather_out_view(s, bufs["vllm"]))
         kept_want = bufs["vllm"]["kslots"][:, : s.n]
         oracle = "reference"
+    before = dict(runtime.CALLS)
     fns["pack"]()
+    called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
+    one_launch = {"pad_replayed_slots.held": 1, "prepare_step": 1, "swa_indices_and_lens.answered": 1 + (s.D > 0),
+                  "gather_replay_batch.answered": 1} | ({"gather_lens.answered": 1} if s.P else {})
+    if called != one_launch:
+        raise AssertionError(f"the pack's step did not run as one launch: {called}")
     fns["pack_fused"]()
-    check(s, bufs["vllm"], kept_want, bufs["pack"], pack_gather, fused=False)
-    check(s, bufs["vllm"], kept_want, bufs["pack_fused"], fout["replay_batch"], fused=True)
+    check(s, bufs["vllm"], kept_want, bufs["pack"], pack_gather)
+    check(s, bufs["vllm"], kept_want, bufs["pack_fused"], fout["replay_batch"])
     row = {"step": name, "B": s.B, "T": s.T, "decodes": s.D, "prefills": s.P, "kept_rows": s.n,
            "checked_against": oracle}
     for col, f in fns.items():

@@ -304,6 +304,8 @@ class ModelStateMixin:
         self.swa_backends_route = route
         self._swa_backend = None
         self._swa_gather = False  # the decoder sub-batch gathered by the pack
+        self._swa_fuse = False  # the step's replay metadata in one launch (runtime.prepare_step)
+        self._swa_step_buffers = None
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
@@ -311,6 +313,8 @@ class ModelStateMixin:
                 self._swa_gather = True
                 if self.replay_cudagraphs is not None:
                     self.replay_cudagraphs.__class__ = _swapped(type(self.replay_cudagraphs), ReplayGraphsMixin)
+            # the builders' calls must reach the pack to be answered; PCP pads and gathers per rank
+            self._swa_fuse = route.builders and self.pcp_size == 1
         except Exception as exc:  # noqa: BLE001
             log_once(logging.WARNING, "the pack's decoder sub-batch is off (%s: %s); vLLM's gather runs",
                      type(exc).__name__, exc)
@@ -341,6 +345,7 @@ class ModelStateMixin:
             if gather and layers is not None:
                 rows = _replay_row_shapes(cfg, layers)
             runtime.warm_up(be, self.device, swa=route.builders, gather_lens=route.builders, gather=gather,
+                            step=self._swa_fuse,
                             num_groups=int(slot_mappings.shape[0]), window=W, block_size=_swa_block_size(cfg),
                             rows=rows)
             if route.rocm:  # the prefill attention (rocm_sparse_attn_prefill): this shard's heads, a sink
@@ -352,8 +357,9 @@ class ModelStateMixin:
 
     def _kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
         """vLLM's sub-batch, gathered by the pack's ``gather_replay_batch`` into vLLM's
-        persistent buffers; everything around the launch is vLLM's (PCP keeps vLLM's whole
-        method: the pack turns decoder replay off under PCP)."""
+        persistent buffers (or already gathered by the step's launch, :meth:`_build_attn_metadata`);
+        everything around the launch is vLLM's (PCP keeps vLLM's whole method: the pack turns
+        decoder replay off under PCP)."""
         if not self._swa_gather:  # never set under PCP
             return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
         try:
@@ -364,9 +370,10 @@ class ModelStateMixin:
                      "from now on", type(exc).__name__, exc)
             return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
 
-    def _swa_kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
-        from dataclasses import replace
-
+    def _swa_gather_args(self, input_batch, slot_mappings, kept_lens, num_padded) -> tuple:
+        """``(plan, out, kept query_start_loc (host), kept rows)`` of the sub-batch gather:
+        vLLM's ``dropped_before`` uploaded to its UVA buffer, ``out`` vLLM's ``_kept_*``
+        buffers."""
         num_reqs = input_batch.num_reqs
         window = self.decoder_replay_layers.window
         qsl_np = input_batch.query_start_loc_np[: num_reqs + 1]
@@ -381,6 +388,15 @@ class ModelStateMixin:
         out = {"rows": self._kept_rows[:num_padded], "query_start_loc": self._kept_query_start_loc[: num_reqs + 1],
                "positions": self._kept_positions[:num_padded], "slot_mappings": kept_slot_mappings,
                "kv_start": self._kept_kv_start[:num_reqs]}
+        return plan, out, kept_query_start_loc_np, num_tokens
+
+    def _swa_kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
+        from dataclasses import replace
+
+        num_reqs = input_batch.num_reqs
+        window = self.decoder_replay_layers.window
+        plan, out, kept_query_start_loc_np, num_tokens = self._swa_gather_args(input_batch, slot_mappings, kept_lens,
+                                                                              num_padded)
         runtime.gather_replay_batch(self._swa_backend, plan, input_batch.query_start_loc, input_batch.seq_lens,
                                     replay_start, input_batch.positions, slot_mappings, window, out)
         max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)
@@ -395,7 +411,150 @@ class ModelStateMixin:
             is_padding=input_batch.is_padding,
             fast_prefill=None,
         )
-        return kept_batch, kept_slot_mappings
+        return kept_batch, out["slot_mappings"]
+
+    # -- one launch per step ----------------------------------------------------------
+
+    def prepare_attn(self, *args, **kwargs):
+        """vLLM's ``prepare_attn`` inside one step of the pack's runtime: its pad call is held
+        and :meth:`_build_attn_metadata` launches the whole step's replay metadata at once."""
+        if not self._swa_fuse:
+            return super().prepare_attn(*args, **kwargs)
+        runtime.begin_step()
+        try:
+            return super().prepare_attn(*args, **kwargs)
+        finally:
+            runtime.end_step()
+
+    def _build_attn_metadata(self, *args, **kwargs):
+        """Before vLLM's builders run: one ``prepare_replay_step`` launch writes the held
+        slot padding, the window builder's decode and prefill rows and gather lengths and,
+        when vLLM's plan can be told now, the decoder sub-batch, into the buffers those call
+        sites pass (``runtime.prepare_step``); the routed calls whose arguments match then
+        launch nothing. Anything else (graph captures, FULL graphs, a second window group, a
+        split or plan vLLM decides differently) launches as before."""
+        if self._swa_fuse:
+            try:
+                self._swa_prepare_step(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - nothing answered: every call launches
+                self._swa_fuse = False
+                log_once(logging.WARNING, "the pack's one-launch step failed (%s: %s); each replay-metadata call "
+                         "launches its own kernel from now on", type(exc).__name__, exc)
+            runtime.flush_step()  # a pad the step did not take runs before the builders read the slots
+        return super()._build_attn_metadata(*args, **kwargs)
+
+    def _swa_prepare_step(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
+                          kv_cache_config, for_capture=False, ubatch_idx=0, model_specific_attn_metadata=None) -> None:
+        from vllm.config import CUDAGraphMode
+
+        replay_start = getattr(model_specific_attn_metadata, "replay_start", None)
+        B, T = input_batch.num_reqs, input_batch.num_tokens
+        if (replay_start is None or for_capture or ubatch_idx or cudagraph_mode == CUDAGraphMode.FULL or B == 0
+                or T == 0):
+            return
+        target = self._swa_window_target(input_batch, block_tables, attn_groups, kv_cache_config)
+        if target is None:
+            return
+        gather = None
+        if self._swa_gather and cudagraph_mode == CUDAGraphMode.NONE:
+            gather = self._swa_predicted_gather(input_batch, slot_mappings)
+        runtime.prepare_step(self._swa_backend, target, input_batch.query_start_loc, input_batch.seq_lens,
+                             input_batch.positions, slot_mappings, replay_start, B, T, self._swa_scratch(),
+                             gather=gather)
+
+    def _swa_window_target(self, input_batch, block_tables, attn_groups, kv_cache_config):
+        """The first sparse-SWA builder whose build is vLLM's own (a subclass that overrides
+        it is left alone), on the KV group's own block table (no kernel-block mapping), text
+        windows only, with vLLM's decode/prefill split for this batch."""
+        from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as SWA
+        from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+        B, T = input_batch.num_reqs, input_batch.num_tokens
+        builds = _known_swa_builds()
+        for gid, groups in enumerate(attn_groups):
+            if getattr(kv_cache_config.kv_cache_groups[gid].kv_cache_spec, "prefix_cacheable", False):
+                continue  # padded by the step: never its validity row
+            for group in groups:
+                b = group.get_metadata_builder(0)
+                cls = type(b)
+                if (not isinstance(b, SWA) or cls.build not in builds
+                        or cls._build_deepseek_v4_metadata is not SWA._build_deepseek_v4_metadata
+                        or group.kernel_block_size is not None or b.max_image_tokens
+                        or b.prefill_index_width != b.window_size):
+                    continue
+                qsl_np = input_batch.query_start_loc_np[: B + 1]
+                max_query_len = input_batch.max_query_len
+                if max_query_len is None:
+                    max_query_len = int(input_batch.num_scheduled_tokens.max())
+                common = _SplitInputs(max_query_len, B, T, torch.from_numpy(qsl_np), input_batch.is_prefilling_np)
+                d, _, D, _ = split_decodes_and_prefills(common, decode_threshold=b.decode_threshold)
+                return runtime.WindowTarget(gid, block_tables[gid], b.block_size, b.window_size, b.window_size, d, D,
+                                            b.decode_swa_indices, b.decode_swa_lens, b.prefill_swa_indices,
+                                            b.prefill_swa_lens)
+        return None
+
+    def _swa_predicted_gather(self, input_batch, slot_mappings):
+        """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
+        for in an eager step, when it can be told now: no data parallelism (its ranks agree
+        later), vLLM's trim rule (prompt-logprob requests keep their rows, others their last
+        ``window``), a prefill trimmed, the padded size from its replay graphs' dispatch."""
+        layers = self.decoder_replay_layers
+        if layers is None or self.vllm_config.parallel_config.data_parallel_size > 1:
+            return None
+        B = input_batch.num_reqs
+        q = np.diff(input_batch.query_start_loc_np[: B + 1])
+        prefilling = input_batch.is_prefilling_np[:B]
+        kept = np.where(self._keeps_rows_np[input_batch.idx_mapping_np[:B]], q, np.minimum(q, layers.window))
+        if not (kept < q)[prefilling].any():
+            return None
+        num_padded = int(kept.sum())
+        if self.replay_cudagraphs is not None:
+            desc = self.replay_cudagraphs.dispatch(B, num_padded, None, 0)
+            if desc.cg_mode == _piecewise():
+                num_padded = desc.num_tokens
+        if self._kept_slot_mappings is None:
+            return None
+        plan, out, _, _ = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
+        return plan, layers.window, out
+
+    def _swa_scratch(self) -> dict:
+        scratch = self._swa_step_buffers
+        if scratch is None:
+            n, dev = int(self.max_num_reqs) + 1, self.device
+            scratch = self._swa_step_buffers = {
+                "arange": torch.arange(n, dtype=torch.int32, device=dev),
+                "ones": torch.ones(n, dtype=torch.bool, device=dev),
+                "replay_start": torch.zeros(n, dtype=torch.int32, device=dev),
+                "gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
+                "no_groups": torch.zeros(0, dtype=torch.int32, device=dev)}
+        return scratch
+
+
+@dataclass
+class _SplitInputs:
+    """What vLLM's ``split_decodes_and_prefills`` reads of a ``CommonAttentionMetadata``."""
+
+    max_query_len: int
+    num_reqs: int
+    num_actual_tokens: int
+    query_start_loc_cpu: torch.Tensor
+    is_prefilling: object
+
+
+def _known_swa_builds() -> tuple:
+    """The sparse-SWA ``build`` methods whose launches the step predicts: vLLM's and its
+    DeepSeek-V4.1 subclass's (which changes only PCP slot mappings; the step runs without PCP).
+    Their sources are pinned by the drift tests."""
+    from vllm.models.deepseek_v41.sparse_mla import DeepseekV41SparseSWAMetadataBuilder
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder
+
+    return (DeepseekSparseSWAMetadataBuilder.build, DeepseekV41SparseSWAMetadataBuilder.build)
+
+
+def _piecewise():
+    from vllm.config import CUDAGraphMode
+
+    return CUDAGraphMode.PIECEWISE
 
 
 def _local_heads(vllm_config) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -58,7 +59,14 @@ def _head(t: torch.Tensor, n: int) -> torch.Tensor:
 def pad_replayed_slots(be: Backend, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start,
                        window: int, num_reqs: int) -> None:
     """vLLM's ``_pad_replayed_slots_kernel[(num_reqs,)](slot_mappings, stride, cacheable_groups,
-    query_start_loc, positions, replay_start, window, PAD_SLOT_ID, ...)`` (in place)."""
+    query_start_loc, positions, replay_start, window, PAD_SLOT_ID, ...)`` (in place). Inside an
+    open step (:func:`begin_step`) the call is held for the step's one launch
+    (:func:`prepare_step`), or launched by :func:`flush_step` if that never comes."""
+    step = _step
+    if step is not None and step.pad is None and not step.answered:
+        CALLS["pad_replayed_slots.held"] += 1
+        step.pad = (be, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, window, num_reqs)
+        return
     CALLS["pad_replayed_slots"] += 1
     be.pad_replayed_slots(slot_mappings, cacheable_groups, _head(query_start_loc, num_reqs + 1), positions,
                           _head(replay_start, num_reqs), window)
@@ -94,6 +102,10 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
     then runs vLLM's kernel."""
     if num_tokens == 0:
         return True
+    if _step is not None and _answered(_swa_key(swa_indices, swa_lens, window_size, index_width, query_start_loc,
+                                                seq_lens, block_table, block_size, replay_start, num_tokens,
+                                                token_offset)):
+        return True
     rows = swa_rows(swa_indices, num_tokens, index_width)
     if rows is None:
         return False
@@ -116,6 +128,14 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     past them); the caller then runs vLLM's kernel."""
     if num_prefills == 0:
         return True
+    if _step is not None:
+        lens = _answered(("gather_lens", seq_lens.data_ptr(), query_start_loc.data_ptr(), replay_start.data_ptr(),
+                          num_prefills, num_decodes, window_size))
+        if lens is not None and prefill_gather_lens.shape == lens.shape and prefill_gather_lens.dtype == lens.dtype:
+            # vLLM allocates this tensor per build (torch.empty): it becomes a view of the
+            # lengths the step's launch wrote (Tensor.set_), so no copy launch is needed
+            prefill_gather_lens.set_(lens)
+            return True
     d, p = num_decodes, num_prefills
     if min(replay_start.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1) < d + p or prefill_gather_lens.shape[0] < p:
         return False
@@ -180,6 +200,9 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
     and ``_kept_kv_start``). Padded rows (``num_rows .. num_rows_padded``) get row 0, its
     position and PAD slots (vLLM leaves rows and positions there as they were). ``out["slot_mappings"]``
     may be vLLM's own ``[:, :n_pad]`` slice of its ``[G, max_num_tokens]`` buffer (row-strided)."""
+    if _step is not None and _answered(_gather_key(plan, query_start_loc, seq_lens, replay_start, positions,
+                                                   slot_mappings, window, out)):
+        return
     CALLS["gather_replay_batch"] += 1
     B = plan.num_reqs
     be.gather_replay_batch(plan, _head(query_start_loc, B + 1), _head(seq_lens, B), _head(replay_start, B), positions,
@@ -199,13 +222,160 @@ def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int
 
 
 # ---------------------------------------------------------------------------------------
+# one launch per step: what vLLM's call sites will ask for, written ahead by one launch
+# ---------------------------------------------------------------------------------------
+#
+# vLLM 0.33 launches a step's replay metadata from five call sites in three stages (the model
+# state pads slots, each sparse-SWA builder writes decode rows, prefill rows and gather
+# lengths, the model state gathers the decoder sub-batch). The model state (model.py) opens a
+# step, vLLM's pad call is held, and before the builders run :func:`prepare_step` launches
+# ``prepare_replay_step`` once for all of it, into the buffers those call sites will hand
+# over. It records each call it answered by the arguments that call will pass (buffer
+# addresses, sizes, offsets, scalars); a routed call whose arguments match returns without
+# launching, any other launches as before. So a wrong prediction costs a launch, never a
+# wrong value. :func:`end_step` closes the step (launching a pad still held).
+
+
+@dataclass
+class WindowTarget:
+    """One sparse-SWA builder of the step: its KV group's row of ``slot_mappings``
+    (``group``; validity: a negative slot), block table and block size, window and index
+    width, vLLM's decode/prefill split (``num_decodes`` requests, ``num_decode_tokens``
+    tokens) and its persistent ``[N, 1, width]`` / ``[N]`` decode and prefill buffers."""
+
+    group: int
+    block_table: torch.Tensor
+    block_size: int
+    window: int
+    index_width: int
+    num_decodes: int
+    num_decode_tokens: int
+    decode_indices: torch.Tensor
+    decode_lens: torch.Tensor
+    prefill_indices: torch.Tensor
+    prefill_lens: torch.Tensor
+
+
+class _Step:
+    __slots__ = ("pad", "answered")
+
+    def __init__(self) -> None:
+        self.pad: tuple | None = None  # vLLM's pad call, held for the step's launch
+        self.answered: dict = {}  # call key -> what answers it (True, or the gather lengths)
+
+
+_step: _Step | None = None
+
+
+def begin_step() -> None:
+    """Open a step: the pad call is held, routed calls look for their answers."""
+    global _step
+    _step = _Step()
+
+
+def flush_step() -> None:
+    """Launch a held pad call (no :func:`prepare_step` took it)."""
+    step = _step
+    if step is not None and step.pad is not None:
+        held, step.pad = step.pad, None
+        step.answered = {}
+        CALLS["pad_replayed_slots"] += 1
+        be, slot_mappings, groups, qsl, positions, replay_start, window, num_reqs = held
+        be.pad_replayed_slots(slot_mappings, groups, _head(qsl, num_reqs + 1), positions, _head(replay_start, num_reqs),
+                              window)
+
+
+def end_step() -> None:
+    """Close the step: a held pad launches, nothing is answered any more."""
+    global _step
+    try:
+        flush_step()
+    finally:
+        _step = None
+
+
+def _answered(key):
+    hit = _step.answered.get(key)
+    if hit is not None:
+        CALLS[key[0] + ".answered"] += 1
+    return hit
+
+
+def _swa_key(swa_indices, swa_lens, window_size, index_width, query_start_loc, seq_lens, block_table, block_size,
+             replay_start, num_tokens, token_offset) -> tuple:
+    return ("swa_indices_and_lens", swa_indices.data_ptr(), swa_lens.data_ptr(), window_size, index_width,
+            query_start_loc.data_ptr(), query_start_loc.shape[0], seq_lens.data_ptr(), block_table.data_ptr(),
+            block_table.stride(0), block_size, replay_start.data_ptr(), replay_start.shape[0], num_tokens,
+            token_offset)
+
+
+def _gather_key(plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, window,
+                out) -> tuple:
+    return ("gather_replay_batch", plan.dropped_before.numpy().tobytes(), plan.num_rows_padded, window,
+            query_start_loc.data_ptr(), seq_lens.data_ptr(), replay_start.data_ptr(), positions.data_ptr(),
+            slot_mappings.data_ptr(), slot_mappings.stride(0), *(out[k].data_ptr() for k in sorted(out)),
+            out["slot_mappings"].stride(0))
+
+
+def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, positions, slot_mappings, replay_start,
+                 num_reqs: int, num_tokens: int, scratch: dict, *, gather: tuple | None = None) -> bool:
+    """One ``prepare_replay_step`` launch for the open step: the held pad (if vLLM made one),
+    ``target``'s decode rows (tokens ``[0, num_decode_tokens)``) and prefill rows into its
+    buffers, the prefills' gather lengths into ``scratch["gather_lens"]`` and, with ``gather =
+    (plan, window, out)``, the decoder sub-batch into ``out``. ``scratch``: the model state's
+    persistent ``arange`` (int32) and ``ones`` (bool) of ``max_num_reqs``, ``replay_start``
+    and ``gather_lens`` (int32). Records the calls it answered; returns False (nothing
+    launched, the pad still held) when the step does not fit the op (a pad on other tensors)."""
+    step = _step
+    if step is None:
+        return False
+    B, T, t = num_reqs, num_tokens, target
+    qsl, seq, rs = _head(query_start_loc, B + 1), _head(seq_lens, B), _head(replay_start, B)
+    pad, Wr, groups = step.pad, 0, scratch["no_groups"]  # no pad held: a zero-width pad of no group
+    if pad is not None:
+        _, p_slots, groups, p_qsl, p_pos, p_rs, Wr, p_reqs = pad
+        if (p_slots is not slot_mappings or p_qsl.data_ptr() != qsl.data_ptr() or p_pos.data_ptr() != positions.data_ptr()
+                or p_rs.data_ptr() != rs.data_ptr() or p_reqs != B):
+            return False
+    D, d = t.num_decode_tokens, t.num_decodes
+    gl = scratch["gather_lens"][: B - d]
+    out = {"replay_start": scratch["replay_start"][:B],
+           "swa_indices": t.decode_indices[:D, 0], "swa_lens": t.decode_lens[:D],
+           "prefill_swa_indices": t.prefill_indices[: T - D, 0], "prefill_swa_lens": t.prefill_lens[: T - D],
+           "gather_lens": gl}
+    plan = None
+    if gather is not None:
+        plan, g_window, g_out = gather
+        if g_window != t.window:
+            plan = None
+        else:
+            out["replay_batch"] = g_out
+    CALLS["prepare_step"] += 1
+    be.prepare_replay_step(rs, scratch["arange"][:B], scratch["ones"][:B], qsl, seq, _head(positions, T),
+                           slot_mappings, groups, t.block_table, t.block_size, t.window, Wr, index_width=t.index_width,
+                           plan=plan, prefill_from=D, gather_lens_from=d, valid_group=t.group,
+                           out=out)
+    step.pad = None
+    answered = step.answered
+    for rows, lens, n, off in ((t.decode_indices, t.decode_lens, D, 0), (t.prefill_indices, t.prefill_lens, T - D, D)):
+        if n:
+            answered[_swa_key(rows, lens, t.window, t.index_width, qsl, seq, t.block_table, t.block_size, rs, n,
+                              off)] = True
+    if B > d:
+        answered[("gather_lens", seq.data_ptr(), qsl.data_ptr(), rs.data_ptr(), B - d, d, t.window)] = gl
+    if plan is not None:
+        answered[_gather_key(plan, qsl, seq, rs, positions, slot_mappings, t.window, g_out)] = True
+    return True
+
+
+# ---------------------------------------------------------------------------------------
 # warmup
 # ---------------------------------------------------------------------------------------
 
 
 def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa: bool = False,
-            gather_lens: bool = False, gather: bool = False, window: int = 128, block_size: int = 32,
-            rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
+            gather_lens: bool = False, gather: bool = False, step: bool = False, window: int = 128,
+            block_size: int = 32, rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
     """One small real launch of every op the integration routes, on a synthetic step (a
     decode and a replaying prefill, padded): the pack's launch keys never depend on sizes,
     so serving steps compile nothing afterwards. ``rows``: ``(trailing shape, dtype)`` of
@@ -247,6 +417,19 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
                "kv_start": torch.empty(2, dtype=i32, device=dev)}
         be.gather_replay_batch(plan, qsl, seq_t, R, pos, slots, W, out=out)
         ran.append("gather_replay_batch")
+    if step:  # prepare_step's launches: with and without a held pad, with a sub-batch if gathered
+        kept = np.array([1, 2], dtype=np.int32)
+        plan = replay_plan(kept, np.array([0, 1, 4], dtype=np.int32), 5, W)
+        ones = torch.ones(2, dtype=torch.bool, device=dev)
+        idx = torch.arange(2, dtype=i32, device=dev)
+        two = torch.arange(2 * T_pad, dtype=i64, device=dev).view(2, T_pad)  # group 0 cacheable, 1 the window's
+        for held in (True, False):
+            for p in (None, plan) if gather else (None,):
+                groups = torch.zeros(1 if held else 0, dtype=i32, device=dev)
+                be.prepare_replay_step(R, idx, ones, qsl, seq_t, pos[:T], two.clone(), groups, table, bs, W,
+                                       W if held else 0, index_width=width, plan=p, prefill_from=1, gather_lens_from=1,
+                                       valid_group=1)
+        ran.append("prepare_replay_step")
     if rows:
         idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)
         for tail, dtype in rows:
@@ -258,6 +441,6 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
     return ran
 
 
-__all__ = ["CALLS", "VALIDATE", "backend_for", "dropped_before", "gather_replay_batch", "gather_rows",
-           "pad_replayed_slots", "prefill_gather_lens", "replay_plan", "scatter_rows", "swa_indices_and_lens",
-           "swa_rows", "warm_up"]
+__all__ = ["CALLS", "VALIDATE", "WindowTarget", "backend_for", "begin_step", "dropped_before", "end_step",
+           "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots", "prefill_gather_lens",
+           "prepare_step", "replay_plan", "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]

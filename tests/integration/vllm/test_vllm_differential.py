@@ -96,17 +96,24 @@ def test_eager_step_bit_identical(be, seed, name):
     got, called = _pack_run(be, batch, _eager)
     n = _compare(want, got)
     assert n > 10
-    # the step went through the pack: builders always, padding and the gather when the batch has them
-    assert called.get("swa_indices_and_lens", 0) > 0
+    # the step went through the pack in one launch (runtime.prepare_step): the pad held for it,
+    # the first window group's decode rows, prefill rows and gather lengths and the sub-batch
+    # answered by it; the second window group's builder launches its own
+    assert called.get("prepare_step", 0) == 1
+    D = int(batch.qsl_np[batch.num_decodes])
+    T = int(batch.qsl_np[batch.num_reqs])
+    assert called.get("swa_indices_and_lens.answered", 0) == (D > 0) + (T > D)
+    if batch.slots.shape[0] - len(batch.cacheable) > 1:  # a second window group: its own launches
+        assert called.get("swa_indices_and_lens", 0) >= (D > 0) + (T > D)
     if batch.R[: batch.num_reqs].any():
-        assert called.get("pad_replayed_slots", 0) == 1
+        assert called.get("pad_replayed_slots.held", 0) == 1 and called.get("pad_replayed_slots", 0) == 0
         assert not torch.equal(want["slot_mappings"], batch.slots)
-    if batch.num_decodes < batch.B_all:
-        assert called.get("prefill_gather_lens", 0) > 0
+    if batch.num_decodes < batch.num_reqs:
+        assert called.get("gather_lens.answered", 0) == 1
     trims = (batch.q > batch.W)[batch.num_decodes: batch.num_reqs] & ~batch.keeps_rows[batch.num_decodes: batch.num_reqs]
     assert (want["replay"] is not None) == bool(trims.any())
     if want["replay"] is not None:
-        assert called.get("gather_replay_batch", 0) == 1
+        assert called.get("gather_replay_batch.answered", 0) == 1 and called.get("gather_replay_batch", 0) == 0
 
 
 @pytest.mark.parametrize("name", ["mixed", "graph-padding", "spec-decode+replay"])

@@ -197,6 +197,16 @@ SOURCE_HASHES = {
     f"{MS}:DeepseekV41ModelState._prepare_replay_batch": "fba4ffbe3b54b274",
     "vllm.models.deepseek_v41.decoder_replay_layers:DecoderReplayLayers._run": "229aac395656151a",
     "vllm.models.deepseek_v41.nvidia.decoder_replay_cudagraph:DecoderReplayCudaGraphManager.run": "5e6382ddaf3aa8e5",
+    # what the one-launch step predicts (model.py ``_swa_prepare_step``): the call order around
+    # ``_build_attn_metadata``, the builders' arguments, vLLM's decode/prefill split, the
+    # replay graphs' padded size
+    f"{MS}:DeepseekV41ModelState._build_attn_metadata": "3eca31b31afea49a",
+    "vllm.models.deepseek_v41.sparse_mla:DeepseekV41SparseSWAMetadataBuilder.build": "62c1e7f16a9bd6f2",
+    "vllm.v1.attention.backends.utils:split_decodes_and_prefills": "f007f7c52cb563c9",
+    "vllm.v1.worker.gpu.attn_utils:build_attn_metadata": "b7faabe5c799633e",
+    "vllm.v1.worker.gpu.model_states.default:DefaultModelState.prepare_attn": "b4e721b16fb22bee",
+    "vllm.v1.worker.utils:AttentionGroup._with_kernel_block_table": "d2963b7d11fa441e",
+    "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.dispatch": "45e4fbcc4da50fd6",
     # the gates config.py mirrors
     "vllm.models.deepseek_v41.nvidia.model:_use_sequence_parallel": "4811b062656f4550",
     "vllm.models.deepseek_v41.nvidia.model:DeepseekV4Model._decoder_replay_supported": "269bbf488252a29f",
