@@ -1,13 +1,14 @@
 """Host time of the replay step's pieces on a GPU: where ``bench_replay_step.py``'s "pack as vLLM
-calls it" column spends its host time (one 8x4K+32d step, validation off).
+calls it" column (the one-launch step) spends its host time (one 8x4K+32d step, validation off).
 
     . bench/gpu_env.sh && python3 bench/profile_replay_step.py [--vllm-kernels .vllm_kernels]
 
 Prints, twice, host µs per call (back-to-back calls, no sync, median of 5 rounds:
 ``bench_triton_ops.host_us``) of the whole step through the pack's adapters, through vLLM's
-kernels and through the fused path, of each adapter (``integrations/vllm/runtime.py``), of the
-pack's ``pad_replayed_slots`` called directly, of vLLM's pad and decode-rows SWA kernels and of one
-small torch op; then a cProfile of 300 adapter steps (by own time).
+kernels, through ``prepare_replay_step`` alone and through the pack's ops one per vLLM call
+site; of the step's pieces (the model state's prediction, ``prepare_step``, an empty open
+step, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel and of one small
+torch op; then a cProfile of 300 adapter steps (by own time).
 """
 
 from __future__ import annotations
@@ -44,20 +45,32 @@ def main(argv=None) -> int:
     s = brs.ServingStep(8, 4096, 32, dev, np.random.default_rng(0))
     b, bv = s.buffers(), s.buffers()
     g = brs.gather_out_view(s, b)
+    target, scratch = brs.window_target(s, b), brs.step_scratch(s)
     bf = s.buffers()
     fout = brs.fused_out(s, bf)
+    br = s.buffers()
+    gr = brs.gather_out_view(s, br)
     D, W, BS = s.D, brs.W, brs.BS
+
+    def step_open(fn):
+        def run():
+            rt.begin_step()
+            try:
+                fn()
+            finally:
+                rt.end_step()
+        return run
+
     fns = {
-        "pack_step": lambda: brs.pack_step(be, s, b, g),
+        "pack_step": lambda: brs.pack_step(be, s, b, g, target, scratch),
         "vllm_step": lambda: brs.vllm_step(K, s, bv),
         "pack_fused": lambda: brs.fused_step(be, s, bf, fout),
-        "rt.pad": lambda: rt.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B),
-        "rt.swa_dec": lambda: rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid,
-                                                      s.table, BS, s.R, num_tokens=D, token_offset=0),
-        "rt.pgl": lambda: rt.prefill_gather_lens(be, b["gather_lens"], s.seq, s.qsl, s.R, s.P, s.D, W),
-        "rt.gather": lambda: rt.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g),
-        "be.pad": lambda: be.pad_replayed_slots(b["slots"], s.cacheable, s.qsl, s.positions, s.R, W),
-        "vk.pad": lambda: vk.pad_replayed_slots(K, bv["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B),
+        "per_call_site": lambda: brs.ref_step(be, s, br, gr),  # the pack's ops one per vLLM call site
+        "predicted_plan": lambda: brs.predicted_plan(s),
+        "prepare_step": step_open(lambda: rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B,
+                                                          s.T, scratch, gather=(s.plan, W, g))),
+        "empty_step": step_open(lambda: None),
+        "torch.empty": lambda: torch.empty(s.P, dtype=torch.int32, device=dev),
         "vk.swa_dec": lambda: vk.swa_indices_and_lens(K, bv["dec_idx"], bv["dec_lens"], W, W, s.qsl, s.seq, s.t2r,
                                                       s.valid, s.table, BS, s.R, num_tokens=D, token_offset=0),
         "torch.sub": lambda: torch.sub(s.qsl, 3),
@@ -67,11 +80,11 @@ def main(argv=None) -> int:
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(300):
-        brs.pack_step(be, s, b, g)
+        brs.pack_step(be, s, b, g, target, scratch)
     pr.disable()
     torch.cuda.synchronize()
     out = io.StringIO()
-    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(22)
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(25)
     print(out.getvalue())
     return 0
 
