@@ -100,6 +100,7 @@ class ServingStep:
         self.cacheable = t(np.arange(0, G, 2), INDEX_DTYPE)
         self.table = t(table, INDEX_DTYPE)
         self.prefilling, self.prefilling_np = t(pre, torch.bool), pre
+        self.keeps, self.max_q = np.zeros(B, bool), int(q_a.max())
         self.idx = t(np.arange(B), INDEX_DTYPE)
         self.valid = torch.ones(self.T, dtype=torch.bool, device=dev)
         # decoder replay: each prefill keeps its last W rows (the pack's planner decides as vLLM's does)
@@ -138,27 +139,18 @@ def vllm_step(K, s: ServingStep, b: dict):
                                   b["kpos"], b["kslots"], b["kkv"], W, s.B, T, s.n)
 
 
-def predicted_plan(s: ServingStep):
-    """The host work the pack's model state adds to a step to launch it at once
-    (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): vLLM's decode/prefill
-    split again (torch ops on the host ``query_start_loc``, as ``split_decodes_and_prefills``
-    does), the trim rule and a second plan of the sub-batch."""
-    qsl_cpu = torch.from_numpy(s.qsl_np)
-    q_t = qsl_cpu[1:] - qsl_cpu[:-1]
-    is_prefill = q_t > 1
-    int(torch.argmax(is_prefill.int())) if bool(is_prefill.any()) else s.B  # noqa: B018 - the split's work
-    q = np.diff(s.qsl_np)
-    kept = np.where(np.zeros(s.B, bool), q, np.minimum(q, W))
-    assert bool((kept < q)[s.prefilling_np].any())
-    dropped = runtime.dropped_before(kept.astype(np.int32), s.qsl_np)
-    return runtime.replay_plan(kept.astype(np.int32), s.qsl_np, int(kept.sum()), W, dropped=dropped,
-                               device_dropped=s.dropped)
-
-
-def window_target(s: ServingStep, b: dict) -> runtime.WindowTarget:
-    """The step's window builder (group 1: a window group, never padded) and its buffers."""
-    return runtime.WindowTarget(1, s.table, BS, W, W, s.D, s.D, b["dec_idx"], b["dec_lens"], b["pre_idx"],
-                                b["pre_lens"])
+def predict(s: ServingStep, b: dict, rows: tuple) -> tuple:
+    """The host work the pack's model state adds to a step to launch it at once, through the
+    same functions (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): vLLM's
+    decode/prefill split and its trim rule predicted (``runtime.predicted_split``,
+    ``runtime.predicted_kept``), the sub-batch's plan, the window builder's target (group 1:
+    a window group, never padded). Returns ``(target, plan)``."""
+    D, _ = runtime.predicted_split(s.qsl_np, s.B, s.T, s.max_q, 1)
+    target = runtime.WindowTarget(1, s.table, BS, W, W, D, D, rows[0], b["dec_lens"], rows[1], b["pre_lens"])
+    kept = runtime.predicted_kept(s.qsl_np, s.B, s.keeps, s.prefilling_np, W)
+    dropped = runtime.dropped_before(kept, s.qsl_np)
+    plan = runtime.replay_plan(kept, s.qsl_np, int(kept.sum()), W, dropped=dropped, device_dropped=s.dropped)
+    return target, plan
 
 
 def step_scratch(s: ServingStep) -> dict:
@@ -166,10 +158,10 @@ def step_scratch(s: ServingStep) -> dict:
     return {"arange": torch.arange(n, dtype=INDEX_DTYPE, device=dev), "ones": torch.ones(n, dtype=torch.bool, device=dev),
             "replay_start": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
             "gather_lens": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
-            "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev)}
+            "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev), "views": {}}
 
 
-def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.WindowTarget, scratch: dict):
+def pack_step(be, s: ServingStep, b: dict, gather_out: dict, rows: tuple, scratch: dict):
     """The same step as vLLM runs it with the pack installed: the model state opens a step,
     vLLM's pad call is held, one ``prepare_replay_step`` launch answers it, the builder's
     decode rows, prefill rows and gather lengths and the sub-batch gather; each of vLLM's calls
@@ -178,8 +170,9 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.Win
     runtime.begin_step()
     try:
         runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+        target, plan = predict(s, b, rows)
         runtime.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
-                             gather=(predicted_plan(s), W, gather_out))
+                             gather=(plan, W, gather_out))
         runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                      num_tokens=D, token_offset=0)
         runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
@@ -187,7 +180,7 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.Win
         if s.P:
             b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
             runtime.prefill_gather_lens(be, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
-        runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
+        runtime.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
     finally:
         runtime.end_step()
 
@@ -275,9 +268,9 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
     s = ServingStep(*shape, dev, rng)
     bufs = {c: s.buffers() for c in COLUMNS}
     pack_gather = gather_out_view(s, bufs["pack"])
-    target, scratch = window_target(s, bufs["pack"]), step_scratch(s)
+    rows, scratch = (bufs["pack"]["dec_idx"][:, 0], bufs["pack"]["pre_idx"][:, 0]), step_scratch(s)
     fout = fused_out(s, bufs["pack_fused"])
-    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, target, scratch),
+    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, rows, scratch),
            "pack_fused": lambda: fused_step(be, s, bufs["pack_fused"], fout)}
     if K is not None:
         kept_want = vllm_step(K, s, bufs["vllm"])

@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     s = brs.ServingStep(8, 4096, 32, dev, np.random.default_rng(0))
     b, bv = s.buffers(), s.buffers()
     g = brs.gather_out_view(s, b)
-    target, scratch = brs.window_target(s, b), brs.step_scratch(s)
+    rows, scratch = (b["dec_idx"][:, 0], b["pre_idx"][:, 0]), brs.step_scratch(s)
+    target, plan = brs.predict(s, b, rows)
     bf = s.buffers()
     fout = brs.fused_out(s, bf)
     br = s.buffers()
@@ -62,13 +63,13 @@ def main(argv=None) -> int:
         return run
 
     fns = {
-        "pack_step": lambda: brs.pack_step(be, s, b, g, target, scratch),
+        "pack_step": lambda: brs.pack_step(be, s, b, g, rows, scratch),
         "vllm_step": lambda: brs.vllm_step(K, s, bv),
         "pack_fused": lambda: brs.fused_step(be, s, bf, fout),
         "per_call_site": lambda: brs.ref_step(be, s, br, gr),  # the pack's ops one per vLLM call site
-        "predicted_plan": lambda: brs.predicted_plan(s),
+        "predict": lambda: brs.predict(s, b, rows),
         "prepare_step": step_open(lambda: rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B,
-                                                          s.T, scratch, gather=(s.plan, W, g))),
+                                                          s.T, scratch, gather=(plan, W, g))),
         "empty_step": step_open(lambda: None),
         "torch.empty": lambda: torch.empty(s.P, dtype=torch.int32, device=dev),
         "vk.swa_dec": lambda: vk.swa_indices_and_lens(K, bv["dec_idx"], bv["dec_lens"], W, W, s.qsl, s.seq, s.t2r,
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(300):
-        brs.pack_step(be, s, b, g, target, scratch)
+        brs.pack_step(be, s, b, g, rows, scratch)
     pr.disable()
     torch.cuda.synchronize()
     out = io.StringIO()

@@ -306,6 +306,8 @@ class ModelStateMixin:
         self._swa_gather = False  # the decoder sub-batch gathered by the pack
         self._swa_fuse = False  # the step's replay metadata in one launch (runtime.prepare_step)
         self._swa_step_buffers = None
+        self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
+        self._swa_predicted = None  # (kept_lens, num_padded, gather args) the step's launch gathered
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
@@ -395,8 +397,12 @@ class ModelStateMixin:
 
         num_reqs = input_batch.num_reqs
         window = self.decoder_replay_layers.window
-        plan, out, kept_query_start_loc_np, num_tokens = self._swa_gather_args(input_batch, slot_mappings, kept_lens,
-                                                                              num_padded)
+        predicted = self._swa_predicted
+        if predicted is not None and predicted[1] == num_padded and np.array_equal(predicted[0], kept_lens):
+            args = predicted[2]  # the step's launch gathered it: runtime.gather_replay_batch finds it answered
+        else:
+            args = self._swa_gather_args(input_batch, slot_mappings, kept_lens, num_padded)
+        plan, out, kept_query_start_loc_np, num_tokens = args
         runtime.gather_replay_batch(self._swa_backend, plan, input_batch.query_start_loc, input_batch.seq_lens,
                                     replay_start, input_batch.positions, slot_mappings, window, out)
         max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)
@@ -424,6 +430,7 @@ class ModelStateMixin:
         try:
             return super().prepare_attn(*args, **kwargs)
         finally:
+            self._swa_predicted = None
             runtime.end_step()
 
     def _build_attn_metadata(self, *args, **kwargs):
@@ -447,6 +454,7 @@ class ModelStateMixin:
                           kv_cache_config, for_capture=False, ubatch_idx=0, model_specific_attn_metadata=None) -> None:
         from vllm.config import CUDAGraphMode
 
+        self._swa_predicted = None
         replay_start = getattr(model_specific_attn_metadata, "replay_start", None)
         B, T = input_batch.num_reqs, input_batch.num_tokens
         if (replay_start is None or for_capture or ubatch_idx or cudagraph_mode == CUDAGraphMode.FULL or B == 0
@@ -463,59 +471,46 @@ class ModelStateMixin:
                              gather=gather)
 
     def _swa_window_target(self, input_batch, block_tables, attn_groups, kv_cache_config):
-        """The first sparse-SWA builder whose build is vLLM's own (a subclass that overrides
-        it is left alone), on the KV group's own block table (no kernel-block mapping), text
-        windows only, with vLLM's decode/prefill split for this batch."""
-        from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as SWA
-        from vllm.v1.attention.backends.utils import split_decodes_and_prefills
-
+        """The first sparse-SWA builder whose build is vLLM's own (:func:`_known_swa_builds`),
+        on the KV group's own block table (no kernel-block mapping), text windows only (found
+        once per ``attn_groups``), with vLLM's decode/prefill split for this batch."""
+        found = self._swa_builder
+        if found is None or found[0] is not attn_groups:
+            found = self._swa_builder = (attn_groups, _window_builder(attn_groups, kv_cache_config))
+        if found[1] is None:
+            return None
+        gid, b, rows = found[1]
         B, T = input_batch.num_reqs, input_batch.num_tokens
-        builds = _known_swa_builds()
-        for gid, groups in enumerate(attn_groups):
-            if getattr(kv_cache_config.kv_cache_groups[gid].kv_cache_spec, "prefix_cacheable", False):
-                continue  # padded by the step: never its validity row
-            for group in groups:
-                b = group.get_metadata_builder(0)
-                cls = type(b)
-                if (not isinstance(b, SWA) or cls.build not in builds
-                        or cls._build_deepseek_v4_metadata is not SWA._build_deepseek_v4_metadata
-                        or group.kernel_block_size is not None or b.max_image_tokens
-                        or b.prefill_index_width != b.window_size):
-                    continue
-                qsl_np = input_batch.query_start_loc_np[: B + 1]
-                max_query_len = input_batch.max_query_len
-                if max_query_len is None:
-                    max_query_len = int(input_batch.num_scheduled_tokens.max())
-                common = _SplitInputs(max_query_len, B, T, torch.from_numpy(qsl_np), input_batch.is_prefilling_np)
-                d, _, D, _ = split_decodes_and_prefills(common, decode_threshold=b.decode_threshold)
-                return runtime.WindowTarget(gid, block_tables[gid], b.block_size, b.window_size, b.window_size, d, D,
-                                            b.decode_swa_indices, b.decode_swa_lens, b.prefill_swa_indices,
-                                            b.prefill_swa_lens)
-        return None
+        max_query_len = input_batch.max_query_len
+        if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
+            max_query_len = int(input_batch.num_scheduled_tokens.max())
+        d, D = runtime.predicted_split(input_batch.query_start_loc_np, B, T, max_query_len, b.decode_threshold)
+        return runtime.WindowTarget(gid, block_tables[gid], b.block_size, b.window_size, b.window_size, d, D,
+                                    rows[0], b.decode_swa_lens, rows[1], b.prefill_swa_lens)
 
     def _swa_predicted_gather(self, input_batch, slot_mappings):
         """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
         for in an eager step, when it can be told now: no data parallelism (its ranks agree
-        later), vLLM's trim rule (prompt-logprob requests keep their rows, others their last
-        ``window``), a prefill trimmed, the padded size from its replay graphs' dispatch."""
+        later), vLLM's trim rule (``runtime.predicted_kept``), a prefill trimmed, the padded
+        size from its replay graphs' dispatch. Kept for :meth:`_swa_kept_input_batch`, which
+        reuses it when vLLM decided the same."""
         layers = self.decoder_replay_layers
-        if layers is None or self.vllm_config.parallel_config.data_parallel_size > 1:
+        if (layers is None or self._kept_slot_mappings is None
+                or self.vllm_config.parallel_config.data_parallel_size > 1):
             return None
         B = input_batch.num_reqs
-        q = np.diff(input_batch.query_start_loc_np[: B + 1])
-        prefilling = input_batch.is_prefilling_np[:B]
-        kept = np.where(self._keeps_rows_np[input_batch.idx_mapping_np[:B]], q, np.minimum(q, layers.window))
-        if not (kept < q)[prefilling].any():
+        kept = runtime.predicted_kept(input_batch.query_start_loc_np, B, self._keeps_rows_np[input_batch.idx_mapping_np[:B]],
+                                      input_batch.is_prefilling_np, layers.window)
+        if kept is None:
             return None
         num_padded = int(kept.sum())
         if self.replay_cudagraphs is not None:
             desc = self.replay_cudagraphs.dispatch(B, num_padded, None, 0)
             if desc.cg_mode == _piecewise():
                 num_padded = desc.num_tokens
-        if self._kept_slot_mappings is None:
-            return None
-        plan, out, _, _ = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
-        return plan, layers.window, out
+        args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
+        self._swa_predicted = (kept, num_padded, args)
+        return args[0], layers.window, args[1]
 
     def _swa_scratch(self) -> dict:
         scratch = self._swa_step_buffers
@@ -526,19 +521,31 @@ class ModelStateMixin:
                 "ones": torch.ones(n, dtype=torch.bool, device=dev),
                 "replay_start": torch.zeros(n, dtype=torch.int32, device=dev),
                 "gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
-                "no_groups": torch.zeros(0, dtype=torch.int32, device=dev)}
+                "no_groups": torch.zeros(0, dtype=torch.int32, device=dev), "views": {}}
         return scratch
 
 
-@dataclass
-class _SplitInputs:
-    """What vLLM's ``split_decodes_and_prefills`` reads of a ``CommonAttentionMetadata``."""
+def _window_builder(attn_groups, kv_cache_config):
+    """``(group id, builder, its decode and prefill rows as [N, width] views)`` of the first
+    sparse-SWA builder the one-launch step can predict:
+    a window group (not prefix-cacheable, so never padded: its slots are the step's validity
+    row), a ``build`` vLLM's own, the group's own block table (no kernel-block mapping), text
+    windows only (prefill rows as wide as decode rows); None if there is none."""
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as SWA
 
-    max_query_len: int
-    num_reqs: int
-    num_actual_tokens: int
-    query_start_loc_cpu: torch.Tensor
-    is_prefilling: object
+    builds = _known_swa_builds()
+    for gid, groups in enumerate(attn_groups):
+        if getattr(kv_cache_config.kv_cache_groups[gid].kv_cache_spec, "prefix_cacheable", False):
+            continue
+        for group in groups:
+            b = group.get_metadata_builder(0)
+            cls = type(b)
+            if (isinstance(b, SWA) and cls.build in builds
+                    and cls._build_deepseek_v4_metadata is SWA._build_deepseek_v4_metadata
+                    and group.kernel_block_size is None and not b.max_image_tokens
+                    and b.prefill_index_width == b.window_size):
+                return gid, b, (b.decode_swa_indices[:, 0], b.prefill_swa_indices[:, 0])
+    return None
 
 
 def _known_swa_builds() -> tuple:

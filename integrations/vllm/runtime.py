@@ -102,8 +102,7 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
     then runs vLLM's kernel."""
     if num_tokens == 0:
         return True
-    if _step is not None and _answered(_swa_key(swa_indices, swa_lens, window_size, index_width, query_start_loc,
-                                                seq_lens, block_table, block_size, replay_start, num_tokens,
+    if _step is not None and _answered(_swa_key(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
                                                 token_offset)):
         return True
     rows = swa_rows(swa_indices, num_tokens, index_width)
@@ -129,8 +128,7 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     if num_prefills == 0:
         return True
     if _step is not None:
-        lens = _answered(("gather_lens", seq_lens.data_ptr(), query_start_loc.data_ptr(), replay_start.data_ptr(),
-                          num_prefills, num_decodes, window_size))
+        lens = _answered(_gather_lens_key(query_start_loc, replay_start, num_prefills, num_decodes, window_size))
         if lens is not None and prefill_gather_lens.shape == lens.shape and prefill_gather_lens.dtype == lens.dtype:
             # vLLM allocates this tensor per build (torch.empty): it becomes a view of the
             # lengths the step's launch wrote (Tensor.set_), so no copy launch is needed
@@ -200,9 +198,12 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
     and ``_kept_kv_start``). Padded rows (``num_rows .. num_rows_padded``) get row 0, its
     position and PAD slots (vLLM leaves rows and positions there as they were). ``out["slot_mappings"]``
     may be vLLM's own ``[:, :n_pad]`` slice of its ``[G, max_num_tokens]`` buffer (row-strided)."""
-    if _step is not None and _answered(_gather_key(plan, query_start_loc, seq_lens, replay_start, positions,
-                                                   slot_mappings, window, out)):
-        return
+    if _step is not None:  # answered for this very plan, on these tensors
+        hit = _step.answered.get(("gather_replay_batch", id(plan)))
+        if (hit is not None and hit[0] is plan and hit[1] == query_start_loc.data_ptr()
+                and hit[2] == slot_mappings.data_ptr() and hit[3] == out["rows"].data_ptr()):
+            CALLS["gather_replay_batch.answered"] += 1
+            return
     CALLS["gather_replay_batch"] += 1
     B = plan.num_reqs
     be.gather_replay_batch(plan, _head(query_start_loc, B + 1), _head(seq_lens, B), _head(replay_start, B), positions,
@@ -241,7 +242,9 @@ class WindowTarget:
     """One sparse-SWA builder of the step: its KV group's row of ``slot_mappings``
     (``group``; validity: a negative slot), block table and block size, window and index
     width, vLLM's decode/prefill split (``num_decodes`` requests, ``num_decode_tokens``
-    tokens) and its persistent ``[N, 1, width]`` / ``[N]`` decode and prefill buffers."""
+    tokens) and its persistent decode and prefill buffers as ``[N, width]`` rows (vLLM's
+    ``[N, 1, width]`` buffers viewed once, ``buffer[:, 0]``: same address) and ``[N]``
+    lengths."""
 
     group: int
     block_table: torch.Tensor
@@ -250,10 +253,38 @@ class WindowTarget:
     index_width: int
     num_decodes: int
     num_decode_tokens: int
-    decode_indices: torch.Tensor
+    decode_rows: torch.Tensor
     decode_lens: torch.Tensor
-    prefill_indices: torch.Tensor
+    prefill_rows: torch.Tensor
     prefill_lens: torch.Tensor
+
+
+def predicted_split(query_start_loc_np: np.ndarray, num_reqs: int, num_tokens: int, max_query_len: int,
+                    decode_threshold: int) -> tuple[int, int]:
+    """``(num_decodes, num_decode_tokens)`` as vLLM 0.33's ``split_decodes_and_prefills(...,
+    decode_threshold)`` returns them for a batch (no uniform decodes, short extends counted as
+    decodes: the sparse-SWA builder's call), from the host ``query_start_loc``: the leading
+    requests of at most ``decode_threshold`` queries. The drift tests pin vLLM's source."""
+    if max_query_len <= decode_threshold:
+        return num_reqs, num_tokens
+    q = np.diff(query_start_loc_np[: num_reqs + 1])
+    prefill = q > decode_threshold
+    if not prefill.any():
+        return num_reqs, num_tokens
+    d = int(prefill.argmax())
+    return d, int(query_start_loc_np[d])
+
+
+def predicted_kept(query_start_loc_np: np.ndarray, num_reqs: int, keeps_rows: np.ndarray, is_prefilling: np.ndarray,
+                   window: int) -> np.ndarray | None:
+    """vLLM 0.33's ``kept_lens`` for an eager step without PCP (``_prepare_replay_batch``):
+    every row of a request that keeps its rows (prompt logprobs), the last ``window`` of the
+    others; None when no prefill is trimmed (vLLM then builds no sub-batch)."""
+    q = np.diff(query_start_loc_np[: num_reqs + 1])
+    kept = np.where(keeps_rows[:num_reqs], q, np.minimum(q, window))
+    if not (kept < q)[is_prefilling[:num_reqs]].any():
+        return None
+    return kept
 
 
 class _Step:
@@ -301,20 +332,15 @@ def _answered(key):
     return hit
 
 
-def _swa_key(swa_indices, swa_lens, window_size, index_width, query_start_loc, seq_lens, block_table, block_size,
-             replay_start, num_tokens, token_offset) -> tuple:
-    return ("swa_indices_and_lens", swa_indices.data_ptr(), swa_lens.data_ptr(), window_size, index_width,
-            query_start_loc.data_ptr(), query_start_loc.shape[0], seq_lens.data_ptr(), block_table.data_ptr(),
-            block_table.stride(0), block_size, replay_start.data_ptr(), replay_start.shape[0], num_tokens,
-            token_offset)
+def _swa_key(swa_indices, query_start_loc, replay_start, block_table, num_tokens, token_offset) -> tuple:
+    # the output buffer is one builder's (its window, width and block size with it); the
+    # batch is the one whose query_start_loc buffer it is (seq_lens come with it)
+    return ("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset, query_start_loc.data_ptr(),
+            replay_start.data_ptr(), block_table.data_ptr())
 
 
-def _gather_key(plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, window,
-                out) -> tuple:
-    return ("gather_replay_batch", plan.dropped_before.numpy().tobytes(), plan.num_rows_padded, window,
-            query_start_loc.data_ptr(), seq_lens.data_ptr(), replay_start.data_ptr(), positions.data_ptr(),
-            slot_mappings.data_ptr(), slot_mappings.stride(0), *(out[k].data_ptr() for k in sorted(out)),
-            out["slot_mappings"].stride(0))
+def _gather_lens_key(query_start_loc, replay_start, num_prefills, num_decodes, window) -> tuple:
+    return ("gather_lens", query_start_loc.data_ptr(), replay_start.data_ptr(), num_prefills, num_decodes, window)
 
 
 def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, positions, slot_mappings, replay_start,
@@ -322,10 +348,11 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     """One ``prepare_replay_step`` launch for the open step: the held pad (if vLLM made one),
     ``target``'s decode rows (tokens ``[0, num_decode_tokens)``) and prefill rows into its
     buffers, the prefills' gather lengths into ``scratch["gather_lens"]`` and, with ``gather =
-    (plan, window, out)``, the decoder sub-batch into ``out``. ``scratch``: the model state's
-    persistent ``arange`` (int32) and ``ones`` (bool) of ``max_num_reqs``, ``replay_start``
-    and ``gather_lens`` (int32). Records the calls it answered; returns False (nothing
-    launched, the pad still held) when the step does not fit the op (a pad on other tensors)."""
+    (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
+    that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
+    ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
+    empty int32 ``no_groups`` and a dict ``views`` (their slices per batch size, kept). Records the calls it answered; returns False (nothing launched,
+    the pad still held) when the held pad is on other tensors."""
     step = _step
     if step is None:
         return False
@@ -338,33 +365,31 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
                 or p_rs.data_ptr() != rs.data_ptr() or p_reqs != B):
             return False
     D, d = t.num_decode_tokens, t.num_decodes
+    views = scratch["views"].get(B)
+    if views is None:  # per batch size, made once
+        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B], scratch["replay_start"][:B])
     gl = scratch["gather_lens"][: B - d]
-    out = {"replay_start": scratch["replay_start"][:B],
-           "swa_indices": t.decode_indices[:D, 0], "swa_lens": t.decode_lens[:D],
-           "prefill_swa_indices": t.prefill_indices[: T - D, 0], "prefill_swa_lens": t.prefill_lens[: T - D],
-           "gather_lens": gl}
+    out = {"replay_start": views[2], "swa_indices": t.decode_rows[:D], "swa_lens": t.decode_lens[:D],
+           "prefill_swa_indices": t.prefill_rows[: T - D], "prefill_swa_lens": t.prefill_lens[: T - D], "gather_lens": gl}
     plan = None
-    if gather is not None:
-        plan, g_window, g_out = gather
-        if g_window != t.window:
-            plan = None
-        else:
-            out["replay_batch"] = g_out
+    if gather is not None and gather[1] == t.window:
+        plan, _, g_out = gather
+        out["replay_batch"] = g_out
     CALLS["prepare_step"] += 1
-    be.prepare_replay_step(rs, scratch["arange"][:B], scratch["ones"][:B], qsl, seq, _head(positions, T),
-                           slot_mappings, groups, t.block_table, t.block_size, t.window, Wr, index_width=t.index_width,
-                           plan=plan, prefill_from=D, gather_lens_from=d, valid_group=t.group,
-                           out=out)
+    be.prepare_replay_step(rs, views[0], views[1], qsl, seq, _head(positions, T), slot_mappings, groups, t.block_table,
+                           t.block_size, t.window, Wr, index_width=t.index_width, plan=plan, prefill_from=D,
+                           gather_lens_from=d, valid_group=t.group, out=out)
     step.pad = None
     answered = step.answered
-    for rows, lens, n, off in ((t.decode_indices, t.decode_lens, D, 0), (t.prefill_indices, t.prefill_lens, T - D, D)):
-        if n:
-            answered[_swa_key(rows, lens, t.window, t.index_width, qsl, seq, t.block_table, t.block_size, rs, n,
-                              off)] = True
+    if D:
+        answered[_swa_key(t.decode_rows, qsl, rs, t.block_table, D, 0)] = True
+    if T > D:
+        answered[_swa_key(t.prefill_rows, qsl, rs, t.block_table, T - D, D)] = True
     if B > d:
-        answered[("gather_lens", seq.data_ptr(), qsl.data_ptr(), rs.data_ptr(), B - d, d, t.window)] = gl
+        answered[_gather_lens_key(qsl, rs, B - d, d, t.window)] = gl
     if plan is not None:
-        answered[_gather_key(plan, qsl, seq, rs, positions, slot_mappings, t.window, g_out)] = True
+        answered[("gather_replay_batch", id(plan))] = (plan, qsl.data_ptr(), slot_mappings.data_ptr(),
+                                                      g_out["rows"].data_ptr())
     return True
 
 
@@ -442,5 +467,5 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
 
 
 __all__ = ["CALLS", "VALIDATE", "WindowTarget", "backend_for", "begin_step", "dropped_before", "end_step",
-           "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots", "prefill_gather_lens",
-           "prepare_step", "replay_plan", "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]
+           "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots", "predicted_kept", "predicted_split",
+           "prefill_gather_lens", "prepare_step", "replay_plan", "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]
