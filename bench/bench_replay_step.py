@@ -139,18 +139,18 @@ def vllm_step(K, s: ServingStep, b: dict):
                                   b["kpos"], b["kslots"], b["kkv"], W, s.B, T, s.n)
 
 
-def predict(s: ServingStep, b: dict, rows: tuple) -> tuple:
+def predict(s: ServingStep, b: dict, rows: tuple) -> runtime.WindowTarget:
     """The host work the pack's model state adds to a step to launch it at once, through the
-    same functions (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): vLLM's
-    decode/prefill split and its trim rule predicted (``runtime.predicted_split``,
-    ``runtime.predicted_kept``), the sub-batch's plan, the window builder's target (group 1:
-    a window group, never padded). Returns ``(target, plan)``."""
-    D, _ = runtime.predicted_split(s.qsl_np, s.B, s.T, s.max_q, 1)
-    target = runtime.WindowTarget(1, s.table, BS, W, W, D, D, rows[0], b["dec_lens"], rows[1], b["pre_lens"])
-    kept = runtime.predicted_kept(s.qsl_np, s.B, s.keeps, s.prefilling_np, W)
-    dropped = runtime.dropped_before(kept, s.qsl_np)
-    plan = runtime.replay_plan(kept, s.qsl_np, int(kept.sum()), W, dropped=dropped, device_dropped=s.dropped)
-    return target, plan
+    same functions (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): the
+    batch's query lengths, vLLM's decode/prefill split and its trim rule predicted
+    (``runtime.predicted_split``, ``runtime.predicted_kept``), the window builder's target
+    (group 1: a window group, never padded). The sub-batch's plan is planning vLLM's path
+    makes too (its ``_kept_input_batch``; the pack makes it earlier and once): left out of
+    every column alike (``s.plan``)."""
+    q = np.diff(s.qsl_np)
+    D = runtime.predicted_split(q, s.qsl_np, s.T, s.max_q, 1)[1]
+    runtime.predicted_kept(q, s.keeps, s.prefilling_np, W)
+    return runtime.WindowTarget(1, s.table, BS, W, W, D, D, rows[0], b["dec_lens"], rows[1], b["pre_lens"])
 
 
 def step_scratch(s: ServingStep) -> dict:
@@ -170,9 +170,8 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, rows: tuple, scratc
     runtime.begin_step()
     try:
         runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
-        target, plan = predict(s, b, rows)
-        runtime.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
-                             gather=(plan, W, gather_out))
+        runtime.prepare_step(be, predict(s, b, rows), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
+                             gather=(s.plan, W, gather_out))
         runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                      num_tokens=D, token_offset=0)
         runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
@@ -180,7 +179,7 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, rows: tuple, scratc
         if s.P:
             b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
             runtime.prefill_gather_lens(be, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
-        runtime.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
+        runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
     finally:
         runtime.end_step()
 

@@ -308,6 +308,7 @@ class ModelStateMixin:
         self._swa_step_buffers = None
         self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
         self._swa_predicted = None  # (kept_lens, num_padded, gather args) the step's launch gathered
+        self._swa_q = None  # (input_batch, its query lengths)
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
@@ -430,7 +431,7 @@ class ModelStateMixin:
         try:
             return super().prepare_attn(*args, **kwargs)
         finally:
-            self._swa_predicted = None
+            self._swa_predicted = self._swa_q = None
             runtime.end_step()
 
     def _build_attn_metadata(self, *args, **kwargs):
@@ -480,11 +481,11 @@ class ModelStateMixin:
         if found[1] is None:
             return None
         gid, b, rows = found[1]
-        B, T = input_batch.num_reqs, input_batch.num_tokens
         max_query_len = input_batch.max_query_len
         if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
             max_query_len = int(input_batch.num_scheduled_tokens.max())
-        d, D = runtime.predicted_split(input_batch.query_start_loc_np, B, T, max_query_len, b.decode_threshold)
+        d, D = runtime.predicted_split(self._swa_query_lens(input_batch), input_batch.query_start_loc_np,
+                                       input_batch.num_tokens, max_query_len, b.decode_threshold)
         return runtime.WindowTarget(gid, block_tables[gid], b.block_size, b.window_size, b.window_size, d, D,
                                     rows[0], b.decode_swa_lens, rows[1], b.prefill_swa_lens)
 
@@ -499,8 +500,8 @@ class ModelStateMixin:
                 or self.vllm_config.parallel_config.data_parallel_size > 1):
             return None
         B = input_batch.num_reqs
-        kept = runtime.predicted_kept(input_batch.query_start_loc_np, B, self._keeps_rows_np[input_batch.idx_mapping_np[:B]],
-                                      input_batch.is_prefilling_np, layers.window)
+        kept = runtime.predicted_kept(self._swa_query_lens(input_batch), self._keeps_rows_np[input_batch.idx_mapping_np[:B]],
+                                      input_batch.is_prefilling_np[:B], layers.window)
         if kept is None:
             return None
         num_padded = int(kept.sum())
@@ -511,6 +512,14 @@ class ModelStateMixin:
         args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
         self._swa_predicted = (kept, num_padded, args)
         return args[0], layers.window, args[1]
+
+    def _swa_query_lens(self, input_batch) -> np.ndarray:
+        """The batch's host query lengths, computed once per step."""
+        cached = self._swa_q
+        if cached is None or cached[0] is not input_batch:
+            B = input_batch.num_reqs
+            cached = self._swa_q = (input_batch, np.diff(input_batch.query_start_loc_np[: B + 1]))
+        return cached[1]
 
     def _swa_scratch(self) -> dict:
         scratch = self._swa_step_buffers

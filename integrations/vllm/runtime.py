@@ -259,30 +259,31 @@ class WindowTarget:
     prefill_lens: torch.Tensor
 
 
-def predicted_split(query_start_loc_np: np.ndarray, num_reqs: int, num_tokens: int, max_query_len: int,
+def predicted_split(query_lens: np.ndarray, query_start_loc_np: np.ndarray, num_tokens: int, max_query_len: int,
                     decode_threshold: int) -> tuple[int, int]:
     """``(num_decodes, num_decode_tokens)`` as vLLM 0.33's ``split_decodes_and_prefills(...,
     decode_threshold)`` returns them for a batch (no uniform decodes, short extends counted as
-    decodes: the sparse-SWA builder's call), from the host ``query_start_loc``: the leading
-    requests of at most ``decode_threshold`` queries. The drift tests pin vLLM's source."""
+    decodes: the sparse-SWA builder's call), from the batch's host query lengths and
+    ``query_start_loc``: the leading requests of at most ``decode_threshold`` queries. The
+    drift tests pin vLLM's source."""
+    B = query_lens.shape[0]
     if max_query_len <= decode_threshold:
-        return num_reqs, num_tokens
-    q = np.diff(query_start_loc_np[: num_reqs + 1])
-    prefill = q > decode_threshold
+        return B, num_tokens
+    prefill = query_lens > decode_threshold
     if not prefill.any():
-        return num_reqs, num_tokens
+        return B, num_tokens
     d = int(prefill.argmax())
     return d, int(query_start_loc_np[d])
 
 
-def predicted_kept(query_start_loc_np: np.ndarray, num_reqs: int, keeps_rows: np.ndarray, is_prefilling: np.ndarray,
+def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray, is_prefilling: np.ndarray,
                    window: int) -> np.ndarray | None:
-    """vLLM 0.33's ``kept_lens`` for an eager step without PCP (``_prepare_replay_batch``):
-    every row of a request that keeps its rows (prompt logprobs), the last ``window`` of the
-    others; None when no prefill is trimmed (vLLM then builds no sub-batch)."""
-    q = np.diff(query_start_loc_np[: num_reqs + 1])
-    kept = np.where(keeps_rows[:num_reqs], q, np.minimum(q, window))
-    if not (kept < q)[is_prefilling[:num_reqs]].any():
+    """vLLM 0.33's ``kept_lens`` for an eager step without PCP (``_prepare_replay_batch``),
+    from the batch's host query lengths: every row of a request that keeps its rows (prompt
+    logprobs), the last ``window`` of the others; None when no prefill is trimmed (vLLM then
+    builds no sub-batch)."""
+    kept = np.where(keeps_rows, query_lens, np.minimum(query_lens, window))
+    if not (kept < query_lens)[is_prefilling].any():
         return None
     return kept
 

@@ -218,3 +218,50 @@ def test_two_steps_reuse_the_persistent_buffers(be):
     want = _vllm_run(b1, two)
     got, _ = _pack_run(be, b1, two)
     _compare(want, got)
+
+
+def test_predicted_split_is_vllms_split():
+    """``runtime.predicted_split`` (the one-launch step's prediction, numpy) against vLLM's own
+    ``split_decodes_and_prefills`` on random decode-first batches: decodes, short extends and
+    prefills, thresholds 1-5, ``max_query_len`` as the batch's or a larger scheduled bound."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        th = int(rng.integers(1, 6))
+        B = int(rng.integers(1, 9))
+        nd = int(rng.integers(0, B + 1))
+        q = np.concatenate([rng.integers(1, th + 1, nd), rng.integers(1, 40, B - nd)]).astype(np.int32)
+        qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
+        T = int(qsl[-1])
+        mql = int(q.max()) + int(rng.integers(0, 3) == 0) * int(rng.integers(0, 8))
+        cm = SimpleNamespace(max_query_len=mql, num_reqs=B, num_actual_tokens=T,
+                             query_start_loc_cpu=torch.from_numpy(qsl), is_prefilling=None)
+        d, _, D, _ = split_decodes_and_prefills(cm, decode_threshold=th)
+        assert runtime.predicted_split(np.diff(qsl), qsl, T, mql, th) == (d, D), (q.tolist(), th, mql)
+
+
+@pytest.mark.parametrize("wrong", ["split", "kept"])
+def test_a_wrong_prediction_costs_launches_not_values(be, monkeypatch, wrong):
+    """The one-launch step predicts vLLM's decode/prefill split and its trim; when a
+    prediction is wrong (forced here), the calls it answered for do not match what vLLM passes,
+    so they launch: the same bit-identical metadata, more launches."""
+    import numpy as np
+
+    batch = dict(_cases.mixed_batches(0))["mixed"]
+    want = _vllm_run(batch, _eager)
+    if wrong == "split":
+        monkeypatch.setattr(runtime, "predicted_split", lambda q, qsl, T, mql, th: (0, 0))
+    else:
+        real = runtime.predicted_kept
+        monkeypatch.setattr(runtime, "predicted_kept", lambda *a: None if (k := real(*a)) is None else np.maximum(k - 1, 1))
+    got, called = _pack_run(be, batch, _eager)
+    _compare(want, got)
+    assert called.get("prepare_step", 0) == 1
+    if wrong == "split":
+        assert called.get("swa_indices_and_lens.answered", 0) == 0 and called.get("gather_lens.answered", 0) == 0
+    else:
+        assert called.get("gather_replay_batch.answered", 0) == 0 and called.get("gather_replay_batch", 0) == 1
