@@ -131,15 +131,6 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     if out is not None and not isinstance(out, dict):
         fail(NAME, "out", out, "a dict of buffers from allocate_out()")
     o = _buffers(out)
-    B, T = idx_mapping.shape[0], positions.shape[0]
-    if prefill_from is not None:
-        check_int(NAME, "prefill_from", prefill_from, min_value=0)
-        if prefill_from > T:
-            fail(NAME, "prefill_from", prefill_from, f"at most the number of tokens, {T} (len(positions))")
-    if gather_lens_from is not None:
-        check_int(NAME, "gather_lens_from", gather_lens_from, min_value=0)
-        if gather_lens_from > B:
-            fail(NAME, "gather_lens_from", gather_lens_from, f"at most the number of requests, {B} (len(idx_mapping))")
     needed = ["replay_start", "swa_indices", "swa_lens"]
     if prefill_from is not None:
         needed += ["prefill_swa_indices", "prefill_swa_lens"]
@@ -149,6 +140,11 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         if key not in o:
             fail(NAME, "out", sorted(o), f"a buffer for {key!r}")
     batch_replay_start.validate(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
+    B = idx_mapping.shape[0]
+    if gather_lens_from is not None:
+        check_int(NAME, "gather_lens_from", gather_lens_from, min_value=0)
+        if gather_lens_from > B:
+            fail(NAME, "gather_lens_from", gather_lens_from, f"at most the number of requests, {B} (len(idx_mapping))")
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1,
                  device=R_per_request.device)
     if query_start_loc.shape[0] != B + 1:
@@ -165,6 +161,11 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         R = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
     pad_replayed_slots.validate(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
                                 any_replay=any_replay)
+    T = positions.shape[0]
+    if prefill_from is not None:
+        check_int(NAME, "prefill_from", prefill_from, min_value=0)
+        if prefill_from > T:
+            fail(NAME, "prefill_from", prefill_from, f"at most the number of tokens, {T} (len(positions))")
     if valid_group is not None:
         check_int(NAME, "valid_group", valid_group, min_value=0)
         if valid_group >= slot_mappings.shape[0]:

@@ -237,3 +237,20 @@ def test_sparse_mla_nothing_valid_gives_zeros_and_neg_inf(be):
     idx = torch.tensor([[PAD, PAD], [1, PAD]], dtype=i32)
     out, lse = be.sparse_mla(q, kv, idx, torch.tensor([2, 0], dtype=i32), 0.3, 8, sink=torch.randn(3))
     assert out.eq(0).all() and torch.isneginf(lse).all()
+
+
+def test_prepare_replay_step_worked_example(be):
+    # SPEC §3.6: W 8, Wr 4, block 4; a decode (q 1, seq 9) and a replaying prefill (q 4, seq 12, R 8)
+    qsl = torch.tensor([0, 1, 5], dtype=i32)
+    seq = torch.tensor([9, 12], dtype=i32)
+    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
+    slots = torch.arange(15, dtype=i64).reshape(3, 5) + 100  # group 0 cacheable, group 2 the window's
+    table = torch.arange(8, dtype=i32).reshape(2, 4)
+    got = be.prepare_replay_step(torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32),
+                                 torch.tensor([False, True]), qsl, seq, positions, slots, torch.tensor([0], dtype=i32),
+                                 table, 4, 8, 4, prefill_from=1, gather_lens_from=1, valid_group=2)
+    assert got.swa_indices.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]] and got.swa_lens.tolist() == [8]
+    assert got.prefill_swa_lens.tolist() == [1, 2, 3, 4]
+    assert got.prefill_swa_indices[3].tolist() == [24, 25, 26, 27, PAD, PAD, PAD, PAD]  # block 6 of request 1
+    assert got.gather_lens.tolist() == [4]
+    assert slots[0].tolist() == [100, PAD, PAD, PAD, PAD] and slots[1, 1:].ne(PAD).all()

@@ -56,10 +56,15 @@ def test_check_catches_a_difference(monkeypatch):
     s = bench.ServingStep(2, 140, 2, torch.device("cpu"), rng)
     ref = __import__("swa_backends").select("cpu", prefer="reference")
     want, got = s.buffers(), s.buffers()
-    for b in (want, got):
-        bench.pack_step(ref, s, b, bench.gather_out_view(s, b))
+    bench.ref_step(ref, s, want, bench.gather_out_view(s, want))  # one op per vLLM call site
+    rows = (got["dec_idx"][:, 0], got["pre_idx"][:, 0])
+    bench.pack_step(ref, s, got, bench.gather_out_view(s, got), rows, bench.step_scratch(s))  # the one-launch step
     kept_want = want["kslots"][:, : s.n]
-    bench.check(s, want, kept_want, got, bench.gather_out_view(s, got), fused=False)
+    bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
     got["pre_idx"][5, 0, 3] += 1
     with pytest.raises(AssertionError, match="prefill window indices"):
-        bench.check(s, want, kept_want, got, bench.gather_out_view(s, got), fused=False)
+        bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
+    got["pre_idx"][5, 0, 3] -= 1
+    got["gl"][1] += 1
+    with pytest.raises(AssertionError, match="gather lengths"):
+        bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
