@@ -500,8 +500,9 @@ class ModelStateMixin:
                 or self.vllm_config.parallel_config.data_parallel_size > 1):
             return None
         B = input_batch.num_reqs
-        kept = runtime.predicted_kept(self._swa_query_lens(input_batch), self._keeps_rows_np[input_batch.idx_mapping_np[:B]],
-                                      input_batch.is_prefilling_np[:B], layers.window)
+        keeps = self._keeps_rows_np[input_batch.idx_mapping_np[:B]]
+        kept = runtime.predicted_kept(self._swa_query_lens(input_batch), keeps, input_batch.is_prefilling_np[:B],
+                                      layers.window)
         if kept is None:
             return None
         num_padded = int(kept.sum())

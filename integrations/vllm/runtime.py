@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,11 +63,13 @@ def pad_replayed_slots(be: Backend, slot_mappings, cacheable_groups, query_start
     query_start_loc, positions, replay_start, window, PAD_SLOT_ID, ...)`` (in place). Inside an
     open step (:func:`begin_step`) the call is held for the step's one launch
     (:func:`prepare_step`), or launched by :func:`flush_step` if that never comes."""
-    step = _step
-    if step is not None and step.pad is None and not step.answered:
-        CALLS["pad_replayed_slots.held"] += 1
-        step.pad = (be, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, window, num_reqs)
-        return
+    step = _local.step
+    if step is not None:
+        if step.pad is None and not step.answered:
+            CALLS["pad_replayed_slots.held"] += 1
+            step.pad = (be, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, window, num_reqs)
+            return
+        flush_step()  # a pad already held launches first: the calls keep their order
     CALLS["pad_replayed_slots"] += 1
     be.pad_replayed_slots(slot_mappings, cacheable_groups, _head(query_start_loc, num_reqs + 1), positions,
                           _head(replay_start, num_reqs), window)
@@ -102,7 +105,7 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
     then runs vLLM's kernel."""
     if num_tokens == 0:
         return True
-    if _step is not None and _answered(_swa_key(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
+    if _local.step is not None and _answered(_swa_key(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
                                                 token_offset)):
         return True
     rows = swa_rows(swa_indices, num_tokens, index_width)
@@ -127,7 +130,7 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     past them); the caller then runs vLLM's kernel."""
     if num_prefills == 0:
         return True
-    if _step is not None:
+    if _local.step is not None:
         lens = _answered(_gather_lens_key(query_start_loc, replay_start, num_prefills, num_decodes, window_size))
         if lens is not None and prefill_gather_lens.shape == lens.shape and prefill_gather_lens.dtype == lens.dtype:
             # vLLM allocates this tensor per build (torch.empty): it becomes a view of the
@@ -198,8 +201,9 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
     and ``_kept_kv_start``). Padded rows (``num_rows .. num_rows_padded``) get row 0, its
     position and PAD slots (vLLM leaves rows and positions there as they were). ``out["slot_mappings"]``
     may be vLLM's own ``[:, :n_pad]`` slice of its ``[G, max_num_tokens]`` buffer (row-strided)."""
-    if _step is not None:  # answered for this very plan, on these tensors
-        hit = _step.answered.get(("gather_replay_batch", id(plan)))
+    step = _local.step
+    if step is not None:  # answered for this very plan, on these tensors
+        hit = step.answered.get(("gather_replay_batch", id(plan)))
         if (hit is not None and hit[0] is plan and hit[1] == query_start_loc.data_ptr()
                 and hit[2] == slot_mappings.data_ptr() and hit[3] == out["rows"].data_ptr()):
             CALLS["gather_replay_batch.answered"] += 1
@@ -296,18 +300,21 @@ class _Step:
         self.answered: dict = {}  # call key -> what answers it (True, or the gather lengths)
 
 
-_step: _Step | None = None
+class _Local(threading.local):
+    step: _Step | None = None  # the open step of this thread (vLLM prepares a step on one thread)
+
+
+_local = _Local()
 
 
 def begin_step() -> None:
-    """Open a step: the pad call is held, routed calls look for their answers."""
-    global _step
-    _step = _Step()
+    """Open a step on this thread: the pad call is held, routed calls look for their answers."""
+    _local.step = _Step()
 
 
 def flush_step() -> None:
     """Launch a held pad call (no :func:`prepare_step` took it)."""
-    step = _step
+    step = _local.step
     if step is not None and step.pad is not None:
         held, step.pad = step.pad, None
         step.answered = {}
@@ -319,15 +326,14 @@ def flush_step() -> None:
 
 def end_step() -> None:
     """Close the step: a held pad launches, nothing is answered any more."""
-    global _step
     try:
         flush_step()
     finally:
-        _step = None
+        _local.step = None
 
 
 def _answered(key):
-    hit = _step.answered.get(key)
+    hit = _local.step.answered.get(key)
     if hit is not None:
         CALLS[key[0] + ".answered"] += 1
     return hit
@@ -352,9 +358,10 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
     that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
-    empty int32 ``no_groups`` and a dict ``views`` (their slices per batch size, kept). Records the calls it answered; returns False (nothing launched,
-    the pad still held) when the held pad is on other tensors."""
-    step = _step
+    empty int32 ``no_groups`` and a dict ``views`` (their slices per batch size, kept).
+    Records the calls it answered; returns False (nothing launched, the pad still held) when
+    the held pad is on other tensors."""
+    step = _local.step
     if step is None:
         return False
     B, T, t = num_reqs, num_tokens, target
@@ -362,8 +369,8 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     pad, Wr, groups = step.pad, 0, scratch["no_groups"]  # no pad held: a zero-width pad of no group
     if pad is not None:
         _, p_slots, groups, p_qsl, p_pos, p_rs, Wr, p_reqs = pad
-        if (p_slots is not slot_mappings or p_qsl.data_ptr() != qsl.data_ptr() or p_pos.data_ptr() != positions.data_ptr()
-                or p_rs.data_ptr() != rs.data_ptr() or p_reqs != B):
+        if (p_slots is not slot_mappings or p_qsl.data_ptr() != qsl.data_ptr()
+                or p_pos.data_ptr() != positions.data_ptr() or p_rs.data_ptr() != rs.data_ptr() or p_reqs != B):
             return False
     D, d = t.num_decode_tokens, t.num_decodes
     views = scratch["views"].get(B)
@@ -371,7 +378,8 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
         views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B], scratch["replay_start"][:B])
     gl = scratch["gather_lens"][: B - d]
     out = {"replay_start": views[2], "swa_indices": t.decode_rows[:D], "swa_lens": t.decode_lens[:D],
-           "prefill_swa_indices": t.prefill_rows[: T - D], "prefill_swa_lens": t.prefill_lens[: T - D], "gather_lens": gl}
+           "prefill_swa_indices": t.prefill_rows[: T - D], "prefill_swa_lens": t.prefill_lens[: T - D],
+           "gather_lens": gl}
     plan = None
     if gather is not None and gather[1] == t.window:
         plan, _, g_out = gather

@@ -270,10 +270,61 @@ def test_gather_into_a_strided_persistent_buffer(variant):
 @pytest.mark.parametrize("variant", BACKENDS)
 def test_warm_up_launches_each_op(variant):
     be = select("cpu", prefer=variant)
-    ran = runtime.warm_up(be, "cpu", pad=True, swa=True, gather_lens=True, gather=True, num_groups=3, window=16,
-                          block_size=8, rows=(((64,), torch.bfloat16), ((), torch.int64)))
+    ran = runtime.warm_up(be, "cpu", pad=True, swa=True, gather_lens=True, gather=True, step=True, num_groups=3,
+                          window=16, block_size=8, rows=(((64,), torch.bfloat16), ((), torch.int64)))
     assert ran == ["pad_replayed_slots", "swa_indices_and_lens", "prefill_gather_lens", "gather_replay_batch",
-                   "gather_rows", "scatter_rows"]
+                   "prepare_replay_step", "gather_rows", "scatter_rows"]
+
+
+def _pad_call(be, b, slots):
+    runtime.pad_replayed_slots(be, slots, torch.tensor(sorted(b.cacheable), dtype=torch.int32), b.qsl, b.positions,
+                               b.R_t, b.W, b.num_reqs)
+
+
+def test_a_held_pad_runs_when_no_step_launch_takes_it():
+    """The open step holds vLLM's pad call for its one launch; if that launch never comes, the
+    pad still runs (at ``flush_step`` / ``end_step``), before anything reads the slots, and a
+    second pad call in the same step runs after the held one (the calls keep their order)."""
+    be = select("cpu", prefer="reference")
+    b = dict(_cases.mixed_batches(0))["mixed"]
+    want = b.slots.clone()
+    _pad_call(be, b, want)  # no step open: it runs at once
+    assert not torch.equal(want, b.slots)
+    for close in (runtime.flush_step, runtime.end_step):
+        slots = b.slots.clone()
+        runtime.begin_step()
+        try:
+            _pad_call(be, b, slots)
+            assert torch.equal(slots, b.slots)  # held
+            close()
+            assert torch.equal(slots, want)
+        finally:
+            runtime.end_step()
+    slots, second = b.slots.clone(), b.slots.clone()
+    runtime.begin_step()
+    try:
+        _pad_call(be, b, slots)
+        _pad_call(be, b, second)  # the held one launches first, then this one
+        assert torch.equal(slots, want) and torch.equal(second, want)
+    finally:
+        runtime.end_step()
+
+
+def test_a_step_is_per_thread():
+    """A step opened on one thread holds nothing of another thread's calls."""
+    import threading
+
+    be = select("cpu", prefer="reference")
+    b = dict(_cases.mixed_batches(0))["mixed"]
+    slots = b.slots.clone()
+    runtime.begin_step()
+    try:
+        t = threading.Thread(target=_pad_call, args=(be, b, slots))
+        t.start()
+        t.join()
+        assert not torch.equal(slots, b.slots)  # padded on the other thread at once
+    finally:
+        runtime.end_step()
 
 
 def test_hot_path_validation_is_off_unless_asked(monkeypatch):
