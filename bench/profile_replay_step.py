@@ -7,8 +7,9 @@ Prints, twice, host µs per call (back-to-back calls, no sync, median of 5 round
 ``bench_triton_ops.host_us``) of the whole step through the pack's adapters, through vLLM's
 kernels, through ``prepare_replay_step`` alone and through the pack's ops one per vLLM call
 site; of the step's pieces (the model state's prediction, ``prepare_step``, an empty open
-step, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel and of one small
-torch op; then a cProfile of 300 adapter steps (by own time).
+step, a held pad call, ``prepare_step`` plus vLLM's four later calls answered, the same
+lookups unanswered, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel and
+of one small torch op; then a cProfile of 300 adapter steps (by own time).
 """
 
 from __future__ import annotations
@@ -62,6 +63,25 @@ def main(argv=None) -> int:
                 rt.end_step()
         return run
 
+    def answered(prepared: bool):
+        """vLLM's four later calls of the step (two window-row calls, the gather lengths with
+        vLLM's per-build torch.empty, the sub-batch) after prepare_step answered them; without
+        it, the same lookups failing (no launch: the calls are not made)."""
+        if prepared:
+            rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, s.T, scratch,
+                            gather=(plan, W, g))
+        else:
+            rt._answered(rt._swa_key(b["dec_idx"], s.qsl, s.R, s.table, D, 0))
+            rt._answered(rt._swa_key(b["pre_idx"], s.qsl, s.R, s.table, s.T - D, D))
+            rt._answered(rt._gather_lens_key(s.qsl, s.R, s.P, D, W))
+            return
+        rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                num_tokens=D, token_offset=0)
+        rt.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                num_tokens=s.T - D, token_offset=D)
+        rt.prefill_gather_lens(be, torch.empty(s.P, dtype=torch.int32, device=dev), s.seq, s.qsl, s.R, s.P, D, W)
+        rt.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g)
+
     fns = {
         "pack_step": lambda: brs.pack_step(be, s, b, g, rows, scratch),
         "vllm_step": lambda: brs.vllm_step(K, s, bv),
@@ -71,6 +91,10 @@ def main(argv=None) -> int:
         "prepare_step": step_open(lambda: rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B,
                                                           s.T, scratch, gather=(plan, W, g))),
         "empty_step": step_open(lambda: None),
+        "held_pad": step_open(lambda: rt.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W,
+                                                            s.B) or rt._local.step.__setattr__("pad", None)),
+        "answered_calls": step_open(lambda: answered(prepared=True)),
+        "unanswered_lookups": step_open(lambda: answered(prepared=False)),
         "torch.empty": lambda: torch.empty(s.P, dtype=torch.int32, device=dev),
         "vk.swa_dec": lambda: vk.swa_indices_and_lens(K, bv["dec_idx"], bv["dec_lens"], W, W, s.qsl, s.seq, s.t2r,
                                                       s.valid, s.table, BS, s.R, num_tokens=D, token_offset=0),
