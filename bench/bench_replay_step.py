@@ -139,18 +139,26 @@ def vllm_step(K, s: ServingStep, b: dict):
                                   b["kpos"], b["kslots"], b["kkv"], W, s.B, T, s.n)
 
 
-def predict(s: ServingStep, b: dict, rows: tuple) -> runtime.WindowTarget:
+def predict(s: ServingStep, target: runtime.WindowTarget) -> runtime.WindowTarget:
     """The host work the pack's model state adds to a step to launch it at once, through the
     same functions (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): the
     batch's query lengths, vLLM's decode/prefill split and its trim rule predicted
     (``runtime.predicted_split``, ``runtime.predicted_kept``), the window builder's target
-    (group 1: a window group, never padded). The sub-batch's plan is planning vLLM's path
+    (group 1: a window group, never padded; kept across steps). The sub-batch's plan is planning vLLM's path
     makes too (its ``_kept_input_batch``; the pack makes it earlier and once): left out of
     every column alike (``s.plan``)."""
     q = np.diff(s.qsl_np)
-    D = runtime.predicted_split(q, s.qsl_np, s.T, s.max_q, 1)[1]
+    target.num_decodes, target.num_decode_tokens = runtime.predicted_split(q, s.qsl_np, s.T, s.max_q, 1)
+    target.block_table = s.table
     runtime.predicted_kept(q, s.keeps, s.prefilling_np, W)
-    return runtime.WindowTarget(1, s.table, BS, W, W, D, D, rows[0], b["dec_lens"], rows[1], b["pre_lens"])
+    return target
+
+
+def window_target(b: dict) -> runtime.WindowTarget:
+    """The step's window builder (group 1: a window group, never padded), kept across steps
+    as the model state keeps it; ``predict`` sets its block table and split."""
+    return runtime.WindowTarget(1, None, BS, W, W, 0, 0, b["dec_idx"][:, 0], b["dec_lens"], b["pre_idx"][:, 0],
+                                b["pre_lens"])
 
 
 def step_scratch(s: ServingStep) -> dict:
@@ -161,7 +169,7 @@ def step_scratch(s: ServingStep) -> dict:
             "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev), "views": {}}
 
 
-def pack_step(be, s: ServingStep, b: dict, gather_out: dict, rows: tuple, scratch: dict):
+def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.WindowTarget, scratch: dict):
     """The same step as vLLM runs it with the pack installed: the model state opens a step,
     vLLM's pad call is held, one ``prepare_replay_step`` launch answers it, the builder's
     decode rows, prefill rows and gather lengths and the sub-batch gather; each of vLLM's calls
@@ -170,7 +178,7 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, rows: tuple, scratc
     runtime.begin_step()
     try:
         runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
-        runtime.prepare_step(be, predict(s, b, rows), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
+        runtime.prepare_step(be, predict(s, target), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
                              gather=(s.plan, W, gather_out))
         runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                      num_tokens=D, token_offset=0)
@@ -267,9 +275,9 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
     s = ServingStep(*shape, dev, rng)
     bufs = {c: s.buffers() for c in COLUMNS}
     pack_gather = gather_out_view(s, bufs["pack"])
-    rows, scratch = (bufs["pack"]["dec_idx"][:, 0], bufs["pack"]["pre_idx"][:, 0]), step_scratch(s)
+    target, scratch = window_target(bufs["pack"]), step_scratch(s)
     fout = fused_out(s, bufs["pack_fused"])
-    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, rows, scratch),
+    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, target, scratch),
            "pack_fused": lambda: fused_step(be, s, bufs["pack_fused"], fout)}
     if K is not None:
         kept_want = vllm_step(K, s, bufs["vllm"])

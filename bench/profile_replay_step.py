@@ -46,8 +46,9 @@ def main(argv=None) -> int:
     s = brs.ServingStep(8, 4096, 32, dev, np.random.default_rng(0))
     b, bv = s.buffers(), s.buffers()
     g = brs.gather_out_view(s, b)
-    rows, scratch = (b["dec_idx"][:, 0], b["pre_idx"][:, 0]), brs.step_scratch(s)
-    target, plan = brs.predict(s, b, rows), s.plan
+    target, scratch = brs.window_target(b), brs.step_scratch(s)
+    plan = s.plan
+    brs.predict(s, target)
     bf = s.buffers()
     fout = brs.fused_out(s, bf)
     br = s.buffers()
@@ -83,11 +84,11 @@ def main(argv=None) -> int:
         rt.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g)
 
     fns = {
-        "pack_step": lambda: brs.pack_step(be, s, b, g, rows, scratch),
+        "pack_step": lambda: brs.pack_step(be, s, b, g, target, scratch),
         "vllm_step": lambda: brs.vllm_step(K, s, bv),
         "pack_fused": lambda: brs.fused_step(be, s, bf, fout),
         "per_call_site": lambda: brs.ref_step(be, s, br, gr),  # the pack's ops one per vLLM call site
-        "predict": lambda: brs.predict(s, b, rows),
+        "predict": lambda: brs.predict(s, target),
         "prepare_step": step_open(lambda: rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B,
                                                           s.T, scratch, gather=(plan, W, g))),
         "empty_step": step_open(lambda: None),
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(300):
-        brs.pack_step(be, s, b, g, rows, scratch)
+        brs.pack_step(be, s, b, g, target, scratch)
     pr.disable()
     torch.cuda.synchronize()
     out = io.StringIO()

@@ -480,14 +480,15 @@ class ModelStateMixin:
             found = self._swa_builder = (attn_groups, _window_builder(attn_groups, kv_cache_config))
         if found[1] is None:
             return None
-        gid, b, rows = found[1]
+        b, target = found[1]
         max_query_len = input_batch.max_query_len
         if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
             max_query_len = int(input_batch.num_scheduled_tokens.max())
-        d, D = runtime.predicted_split(self._swa_query_lens(input_batch), input_batch.query_start_loc_np,
-                                       input_batch.num_tokens, max_query_len, b.decode_threshold)
-        return runtime.WindowTarget(gid, block_tables[gid], b.block_size, b.window_size, b.window_size, d, D,
-                                    rows[0], b.decode_swa_lens, rows[1], b.prefill_swa_lens)
+        target.num_decodes, target.num_decode_tokens = runtime.predicted_split(
+            self._swa_query_lens(input_batch), input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len,
+            b.decode_threshold)
+        target.block_table = block_tables[target.group]
+        return target
 
     def _swa_predicted_gather(self, input_batch, slot_mappings):
         """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
@@ -536,8 +537,8 @@ class ModelStateMixin:
 
 
 def _window_builder(attn_groups, kv_cache_config):
-    """``(group id, builder, its decode and prefill rows as [N, width] views)`` of the first
-    sparse-SWA builder the one-launch step can predict:
+    """``(builder, its runtime.WindowTarget)`` (block table and split set per step) of the
+    first sparse-SWA builder the one-launch step can predict:
     a window group (not prefix-cacheable, so never padded: its slots are the step's validity
     row), a ``build`` vLLM's own, the group's own block table (no kernel-block mapping), text
     windows only (prefill rows as wide as decode rows); None if there is none."""
@@ -554,7 +555,9 @@ def _window_builder(attn_groups, kv_cache_config):
                     and cls._build_deepseek_v4_metadata is SWA._build_deepseek_v4_metadata
                     and group.kernel_block_size is None and not b.max_image_tokens
                     and b.prefill_index_width == b.window_size):
-                return gid, b, (b.decode_swa_indices[:, 0], b.prefill_swa_indices[:, 0])
+                return b, runtime.WindowTarget(gid, None, b.block_size, b.window_size, b.window_size, 0, 0,
+                                               b.decode_swa_indices[:, 0], b.decode_swa_lens,
+                                               b.prefill_swa_indices[:, 0], b.prefill_swa_lens)
     return None
 
 

@@ -241,14 +241,15 @@ def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int
 # wrong value. :func:`end_step` closes the step (launching a pad still held).
 
 
-@dataclass
+@dataclass(slots=True)
 class WindowTarget:
     """One sparse-SWA builder of the step: its KV group's row of ``slot_mappings``
     (``group``; validity: a negative slot), block table and block size, window and index
     width, vLLM's decode/prefill split (``num_decodes`` requests, ``num_decode_tokens``
     tokens) and its persistent decode and prefill buffers as ``[N, width]`` rows (vLLM's
     ``[N, 1, width]`` buffers viewed once, ``buffer[:, 0]``: same address) and ``[N]``
-    lengths."""
+    lengths. The model state keeps one per builder and sets the block table and the split
+    each step."""
 
     group: int
     block_table: torch.Tensor
@@ -286,10 +287,15 @@ def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray, is_prefilling
     from the batch's host query lengths: every row of a request that keeps its rows (prompt
     logprobs), the last ``window`` of the others; None when no prefill is trimmed (vLLM then
     builds no sub-batch)."""
-    kept = np.where(keeps_rows, query_lens, np.minimum(query_lens, window))
-    if not (kept < query_lens)[is_prefilling].any():
+    trims = (query_lens > window) & is_prefilling
+    if keeps_rows.any():
+        trims &= ~keeps_rows
+        if not trims.any():
+            return None
+        return np.where(keeps_rows, query_lens, np.minimum(query_lens, window))
+    if not trims.any():
         return None
-    return kept
+    return np.minimum(query_lens, window)
 
 
 class _Step:
