@@ -465,8 +465,8 @@ class ModelStateMixin:
         if target is None:
             return
         gather = None
-        if self._swa_gather and cudagraph_mode == CUDAGraphMode.NONE:
-            gather = self._swa_predicted_gather(input_batch, slot_mappings)
+        if self._swa_gather and cudagraph_mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE):
+            gather = self._swa_predicted_gather(input_batch, slot_mappings, cudagraph_mode == CUDAGraphMode.PIECEWISE)
         runtime.prepare_step(self._swa_backend, target, input_batch.query_start_loc, input_batch.seq_lens,
                              input_batch.positions, slot_mappings, replay_start, B, T, self._swa_scratch(),
                              gather=gather)
@@ -490,20 +490,23 @@ class ModelStateMixin:
         target.block_table = block_tables[target.group]
         return target
 
-    def _swa_predicted_gather(self, input_batch, slot_mappings):
+    def _swa_predicted_gather(self, input_batch, slot_mappings, piecewise: bool):
         """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
-        for in an eager step, when it can be told now: no data parallelism (its ranks agree
-        later), vLLM's trim rule (``runtime.predicted_kept``), a prefill trimmed, the padded
-        size from its replay graphs' dispatch. Kept for :meth:`_swa_kept_input_batch`, which
-        reuses it when vLLM decided the same."""
+        for, when it can be told now: no data parallelism (its ranks agree later); an eager
+        step with a prefill trimmed, or a PIECEWISE step whose graph breaks out to the
+        sub-batch (``graph_uses_replay_batch``); vLLM's trim rule (``runtime.predicted_kept``);
+        the padded size from its replay graphs' dispatch. Kept for
+        :meth:`_swa_kept_input_batch`, which reuses it when vLLM decided the same."""
         layers = self.decoder_replay_layers
         if (layers is None or self._kept_slot_mappings is None
                 or self.vllm_config.parallel_config.data_parallel_size > 1):
             return None
+        if piecewise and not layers.graph_uses_replay_batch(input_batch.num_tokens_after_padding):
+            return None  # vLLM runs the whole batch through the graph: no sub-batch
         B = input_batch.num_reqs
         keeps = self._keeps_rows_np[input_batch.idx_mapping_np[:B]]
         kept = runtime.predicted_kept(self._swa_query_lens(input_batch), keeps, input_batch.is_prefilling_np[:B],
-                                      layers.window)
+                                      layers.window, forced=piecewise)
         if kept is None:
             return None
         num_padded = int(kept.sum())

@@ -281,12 +281,18 @@ def predicted_split(query_lens: np.ndarray, query_start_loc_np: np.ndarray, num_
     return d, int(query_start_loc_np[d])
 
 
-def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray, is_prefilling: np.ndarray,
-                   window: int) -> np.ndarray | None:
-    """vLLM 0.33's ``kept_lens`` for an eager step without PCP (``_prepare_replay_batch``),
-    from the batch's host query lengths: every row of a request that keeps its rows (prompt
-    logprobs), the last ``window`` of the others; None when no prefill is trimmed (vLLM then
-    builds no sub-batch)."""
+def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray, is_prefilling: np.ndarray, window: int, *,
+                   forced: bool = False) -> np.ndarray | None:
+    """vLLM 0.33's ``kept_lens`` for a step without PCP (``_prepare_replay_batch``), from the
+    batch's host query lengths: every row of a request that keeps its rows (prompt logprobs),
+    the last ``window`` of the others. None when vLLM builds no sub-batch: an eager step where
+    no prefill is trimmed; ``forced`` (a PIECEWISE graph that breaks out to the sub-batch:
+    vLLM builds one trimmed or not) needs only a prefilling request (without one vLLM may
+    take the batch for an idle one and keep a single row: not predicted)."""
+    if forced:
+        if not is_prefilling.any():
+            return None
+        return np.where(keeps_rows, query_lens, np.minimum(query_lens, window))
     trims = (query_lens > window) & is_prefilling
     if keeps_rows.any():
         trims &= ~keeps_rows

@@ -151,7 +151,9 @@ def test_piecewise_replay_graph_padding(be, name, extra):
     assert want["replay"] is not None and want["replay"]["run_graph"]
     assert want["replay"]["num_padded"] == want["replay"]["rows"].numel() + extra
     _compare(want, got)
-    assert called.get("gather_replay_batch", 0) == 1
+    # the graph breaks out to the sub-batch: predicted, padded size included, and gathered by the step's launch
+    assert called.get("gather_replay_batch.answered", 0) == 1 and called.get("gather_replay_batch", 0) == 0
+    assert called.get("prepare_step", 0) == 1
 
 
 def _full(state, setup, batch):
@@ -257,7 +259,8 @@ def test_a_wrong_prediction_costs_launches_not_values(be, monkeypatch, wrong):
         monkeypatch.setattr(runtime, "predicted_split", lambda q, qsl, T, mql, th: (0, 0))
     else:
         real = runtime.predicted_kept
-        monkeypatch.setattr(runtime, "predicted_kept", lambda *a: None if (k := real(*a)) is None else np.maximum(k - 1, 1))
+        monkeypatch.setattr(runtime, "predicted_kept",
+                            lambda *a, **kw: None if (k := real(*a, **kw)) is None else np.maximum(k - 1, 1))
     got, called = _pack_run(be, batch, _eager)
     _compare(want, got)
     assert called.get("prepare_step", 0) == 1

@@ -207,6 +207,7 @@ SOURCE_HASHES = {
     "vllm.v1.worker.gpu.model_states.default:DefaultModelState.prepare_attn": "b4e721b16fb22bee",
     "vllm.v1.worker.utils:AttentionGroup._with_kernel_block_table": "d2963b7d11fa441e",
     "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.dispatch": "45e4fbcc4da50fd6",
+    "vllm.models.deepseek_v41.decoder_replay_layers:DecoderReplayLayers.graph_uses_replay_batch": "7c5242b715bf0b69",
     # the gates config.py mirrors
     "vllm.models.deepseek_v41.nvidia.model:_use_sequence_parallel": "4811b062656f4550",
     "vllm.models.deepseek_v41.nvidia.model:DeepseekV4Model._decoder_replay_supported": "269bbf488252a29f",
