@@ -32,6 +32,7 @@ defines, and the forward-context helpers are imported where they are called.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -453,20 +454,18 @@ class ModelStateMixin:
 
     def _swa_prepare_step(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
                           kv_cache_config, for_capture=False, ubatch_idx=0, model_specific_attn_metadata=None) -> None:
-        from vllm.config import CUDAGraphMode
-
+        none, piecewise, full = _graph_modes()
         self._swa_predicted = None
         replay_start = getattr(model_specific_attn_metadata, "replay_start", None)
         B, T = input_batch.num_reqs, input_batch.num_tokens
-        if (replay_start is None or for_capture or ubatch_idx or cudagraph_mode == CUDAGraphMode.FULL or B == 0
-                or T == 0):
+        if replay_start is None or for_capture or ubatch_idx or cudagraph_mode == full or B == 0 or T == 0:
             return
         target = self._swa_window_target(input_batch, block_tables, attn_groups, kv_cache_config)
         if target is None:
             return
         gather = None
-        if self._swa_gather and cudagraph_mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE):
-            gather = self._swa_predicted_gather(input_batch, slot_mappings, cudagraph_mode == CUDAGraphMode.PIECEWISE)
+        if self._swa_gather and cudagraph_mode in (none, piecewise):
+            gather = self._swa_predicted_gather(input_batch, slot_mappings, cudagraph_mode == piecewise)
         runtime.prepare_step(self._swa_backend, target, input_batch.query_start_loc, input_batch.seq_lens,
                              input_batch.positions, slot_mappings, replay_start, B, T, self._swa_scratch(),
                              gather=gather)
@@ -512,7 +511,7 @@ class ModelStateMixin:
         num_padded = int(kept.sum())
         if self.replay_cudagraphs is not None:
             desc = self.replay_cudagraphs.dispatch(B, num_padded, None, 0)
-            if desc.cg_mode == _piecewise():
+            if desc.cg_mode == _graph_modes()[1]:
                 num_padded = desc.num_tokens
         args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
         self._swa_predicted = (kept, num_padded, args)
@@ -574,10 +573,12 @@ def _known_swa_builds() -> tuple:
     return (DeepseekSparseSWAMetadataBuilder.build, DeepseekV41SparseSWAMetadataBuilder.build)
 
 
-def _piecewise():
+@functools.cache
+def _graph_modes() -> tuple:
+    """vLLM's ``CUDAGraphMode`` NONE, PIECEWISE, FULL (imported on first use, once)."""
     from vllm.config import CUDAGraphMode
 
-    return CUDAGraphMode.PIECEWISE
+    return CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
 
 
 def _local_heads(vllm_config) -> int:
