@@ -63,11 +63,13 @@ from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
 from swa_backends.integrations.vllm import runtime  # noqa: E402
 from swa_backends.testing import vllm_kernels as vk  # noqa: E402
+from swa_backends.testing.vllm_shims import routed_shims  # noqa: E402
 
 W, BS, G = bto.W, bto.BS, bto.G
 STEPS = dict(bto.STEPS)
 SMOKE_STEPS = {"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}
 COLUMNS = ("vllm", "pack", "pack_fused")
+SHIMS: dict = {}  # the patches' shims, routed to the pack (main: testing.vllm_shims.routed_shims)
 
 
 class ServingStep:
@@ -169,24 +171,29 @@ def step_scratch(s: ServingStep) -> dict:
             "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev), "views": {}}
 
 
-def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.WindowTarget, scratch: dict):
-    """The same step as vLLM runs it with the pack installed: the model state opens a step,
-    vLLM's pad call is held, one ``prepare_replay_step`` launch answers it, the builder's
-    decode rows, prefill rows and gather lengths and the sub-batch gather; each of vLLM's calls
-    then finds its answer and launches nothing (``integrations/vllm/runtime.py``)."""
+def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.WindowTarget, scratch: dict,
+              shims: dict):
+    """The same step as vLLM runs it with the pack installed, vLLM's call sites calling the
+    patches' shims as they call the globals those replace (``testing/vllm_shims.py``): the
+    model state opens a step, vLLM's pad call is held, one ``prepare_replay_step`` launch
+    answers it, the builder's decode rows, prefill rows and gather lengths and the sub-batch
+    gather; each of vLLM's calls then finds its answer and launches nothing
+    (``integrations/vllm/runtime.py``)."""
     D, T = s.D, s.T
     runtime.begin_step()
     try:
-        runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+        shims["pad_replayed_slots"][(s.B,)](b["slots"], b["slots"].stride(0), s.cacheable, s.qsl, s.positions, s.R,
+                                            W, vk.PAD_SLOT_ID, NUM_GROUPS=s.cacheable.numel(), BLOCK=1024)
         runtime.prepare_step(be, predict(s, target), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
                              gather=(s.plan, W, gather_out))
-        runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                     num_tokens=D, token_offset=0)
-        runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                     num_tokens=T - D, token_offset=D)
+        swa = shims["swa_indices_and_lens"]
+        swa(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"], b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid, s.table,
+            BS, s.R, num_tokens=D, token_offset=0)
+        swa(b["pre_idx"], b["pre_lens"], W, W, b["pre_lens"], b["pre_lens"], s.qsl, s.seq, s.t2r, s.valid, s.table,
+            BS, s.R, num_tokens=T - D, token_offset=D)
         if s.P:
             b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
-            runtime.prefill_gather_lens(be, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
+            shims["prefill_gather_lens"](b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
         runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
     finally:
         runtime.end_step()
@@ -276,8 +283,9 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
     bufs = {c: s.buffers() for c in COLUMNS}
     pack_gather = gather_out_view(s, bufs["pack"])
     target, scratch = window_target(bufs["pack"]), step_scratch(s)
+    shims = SHIMS
     fout = fused_out(s, bufs["pack_fused"])
-    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, target, scratch),
+    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, target, scratch, shims),
            "pack_fused": lambda: fused_step(be, s, bufs["pack_fused"], fout)}
     if K is not None:
         kept_want = vllm_step(K, s, bufs["vllm"])
@@ -369,8 +377,10 @@ def main(argv=None) -> int:
                   "columns in interleaved rounds (median of 7 rounds of 300 steps)",
     }, "steps": []}
     rng = np.random.default_rng(0)
-    for name, shape in steps.items():
-        res["steps"].append(run_step(name, shape, K, be, ref, dev, rng))
+    global SHIMS
+    with routed_shims(lambda device: be) as SHIMS:
+        for name, shape in steps.items():
+            res["steps"].append(run_step(name, shape, K, be, ref, dev, rng))
     path = out_dir / "bench_replay_step.json"
     path.write_text(json.dumps(res, indent=1, default=str))
     print_table(res)

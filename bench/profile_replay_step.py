@@ -8,8 +8,9 @@ Prints, twice, host µs per call (back-to-back calls, no sync, median of 5 round
 kernels, through ``prepare_replay_step`` alone and through the pack's ops one per vLLM call
 site; of the step's pieces (the model state's prediction, ``prepare_step``, an empty open
 step, a held pad call, ``prepare_step`` plus vLLM's four later calls answered, the same
-lookups unanswered, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel and
-of one small torch op; then a cProfile of 300 adapter steps (by own time).
+lookups unanswered, ten answered window-row calls through the patch's shim and through the
+runtime function, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel and of
+one small torch op; then a cProfile of 300 adapter steps (by own time).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import swa_backends
 from swa_backends.common.validation import set_validation
 from swa_backends.integrations.vllm import runtime as rt
 from swa_backends.testing import vllm_kernels as vk
+from swa_backends.testing.vllm_shims import routed_shims
 
 
 def main(argv=None) -> int:
@@ -39,6 +41,11 @@ def main(argv=None) -> int:
     set_validation(False)
     dev = torch.device("cuda", torch.cuda.current_device())
     be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
+    with routed_shims(lambda device: be) as shims:
+        return _profile(dev, be, shims, a)
+
+
+def _profile(dev, be, shims, a) -> int:
     K, origin = vk.load(a.vllm_kernels)
     if K is None:
         print(f"vLLM's kernels: {origin}")
@@ -84,7 +91,7 @@ def main(argv=None) -> int:
         rt.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g)
 
     fns = {
-        "pack_step": lambda: brs.pack_step(be, s, b, g, target, scratch),
+        "pack_step": lambda: brs.pack_step(be, s, b, g, target, scratch, shims),
         "vllm_step": lambda: brs.vllm_step(K, s, bv),
         "pack_fused": lambda: brs.fused_step(be, s, bf, fout),
         "per_call_site": lambda: brs.ref_step(be, s, br, gr),  # the pack's ops one per vLLM call site
@@ -101,12 +108,24 @@ def main(argv=None) -> int:
                                                       s.valid, s.table, BS, s.R, num_tokens=D, token_offset=0),
         "torch.sub": lambda: torch.sub(s.qsl, 3),
     }
+    swa_shim = shims["swa_indices_and_lens"]
+    fns["shim_answered_swa"] = step_open(lambda: (rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"],
+                                                                  s.R, s.B, s.T, scratch),
+                                                  [swa_shim(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"],
+                                                            b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
+                                                            s.R, num_tokens=D, token_offset=0) for _ in range(10)]))
+    fns["runtime_answered_swa"] = step_open(lambda: (rt.prepare_step(be, target, s.qsl, s.seq, s.positions,
+                                                                     b["slots"], s.R, s.B, s.T, scratch),
+                                                     [rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W,
+                                                                              s.qsl, s.seq, s.valid, s.table, BS, s.R,
+                                                                              num_tokens=D, token_offset=0)
+                                                      for _ in range(10)]))
     for _ in range(2):
         print({k: round(brs.bto.host_us(f, calls=500), 1) for k, f in fns.items()})
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(300):
-        brs.pack_step(be, s, b, g, target, scratch)
+        brs.pack_step(be, s, b, g, target, scratch, shims)
     pr.disable()
     torch.cuda.synchronize()
     out = io.StringIO()

@@ -73,6 +73,7 @@ class _Shim:
 
     def __init__(self, original):
         self._swa_original = original
+        self._swa_last = (None, None, None)  # (route, device, backend) of the last routed call
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_swa_original"], name)
@@ -82,7 +83,14 @@ class _Shim:
 
     def _backend(self, device):
         route = _routes.get(self.route_name)
-        return None if route is None else route(device)
+        if route is None:
+            return None
+        last = self._swa_last
+        if last[0] is route and last[1] == device:  # a serving process launches on one device
+            return last[2]
+        be = route(device)
+        self._swa_last = (route, device, be)
+        return be
 
     def _failed(self, exc: BaseException) -> None:
         """A routed call raised: route off for the rest of the process, one warning."""

@@ -57,8 +57,11 @@ def test_check_catches_a_difference(monkeypatch):
     ref = __import__("swa_backends").select("cpu", prefer="reference")
     want, got = s.buffers(), s.buffers()
     bench.ref_step(ref, s, want, bench.gather_out_view(s, want))  # one op per vLLM call site
-    bench.pack_step(ref, s, got, bench.gather_out_view(s, got), bench.window_target(got),
-                    bench.step_scratch(s))  # the one-launch step
+    from swa_backends.testing.vllm_shims import routed_shims
+
+    with routed_shims(lambda device: ref) as shims:  # the one-launch step, through the patches' shims
+        bench.pack_step(ref, s, got, bench.gather_out_view(s, got), bench.window_target(got), bench.step_scratch(s),
+                        shims)
     kept_want = want["kslots"][:, : s.n]
     bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
     got["pre_idx"][5, 0, 3] += 1
