@@ -368,3 +368,25 @@ def test_register_never_raises(monkeypatch, caplog):
     assert plugin.register() == () and plugin.register() == ()
     assert installs == [1]
     assert sum("defining torch.ops.swa_backends failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_shim_keeps_its_backend_until_the_route_changes():
+    """The shim keeps the backend of its last routed call (no device parsing per call) and
+    asks the route again when the route or the device changes."""
+    from swa_backends.testing.vllm_shims import routed_shims
+
+    asked = []
+    ref, tri = select("cpu", prefer="reference"), select("cpu", prefer="triton")
+    route_a = lambda device: asked.append(("a", device)) or ref  # noqa: E731
+    with routed_shims(route_a) as shims:
+        shim = shims["swa_indices_and_lens"]
+        dev = torch.device("cpu")
+        assert shim._backend(dev) is ref and shim._backend(torch.device("cpu")) is ref
+        assert asked == [("a", dev)]
+        assert shim._backend(torch.device("meta")) is ref and len(asked) == 2  # another device: asked again
+        from swa_backends.integrations.vllm import patches
+
+        patches._routes["swa_indices_and_lens"] = lambda device: tri
+        assert shim._backend(dev) is tri  # another route
+        patches._routes["swa_indices_and_lens"] = None
+        assert shim._backend(dev) is None  # route off: vLLM's kernel
