@@ -79,9 +79,9 @@ def _profile(dev, be, shims, a) -> int:
             rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, s.T, scratch,
                             gather=(plan, W, g))
         else:
-            rt._answered(rt._swa_key(b["dec_idx"], s.qsl, s.R, s.table, D, 0))
-            rt._answered(rt._swa_key(b["pre_idx"], s.qsl, s.R, s.table, s.T - D, D))
-            rt._answered(rt._gather_lens_key(s.qsl, s.R, s.P, D, W))
+            rt.answered_swa(b["dec_idx"], s.qsl, s.R, s.table, D, 0)
+            rt.answered_swa(b["pre_idx"], s.qsl, s.R, s.table, s.T - D, D)
+            rt.answered_gather_lens(torch.empty(s.P, dtype=torch.int32, device=dev), s.qsl, s.R, s.P, D, W)
             return
         rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                 num_tokens=D, token_offset=0)

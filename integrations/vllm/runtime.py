@@ -103,10 +103,8 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
     requests that own no token and hand the real requests' ``replay_start`` only. Returns
     False (nothing written) when the output buffer's layout is not the pack's; the caller
     then runs vLLM's kernel."""
-    if num_tokens == 0:
-        return True
-    if _local.step is not None and _answered(_swa_key(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
-                                                token_offset)):
+    if num_tokens == 0 or answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
+                                       token_offset):
         return True
     rows = swa_rows(swa_indices, num_tokens, index_width)
     if rows is None:
@@ -128,15 +126,9 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     lengths, so their ``query_start_loc`` slice goes in as it is. Returns False (nothing
     written) when vLLM hands fewer per-request entries than that range (its kernel would read
     past them); the caller then runs vLLM's kernel."""
-    if num_prefills == 0:
+    if num_prefills == 0 or answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num_prefills,
+                                                 num_decodes, window_size):
         return True
-    if _local.step is not None:
-        lens = _answered(_gather_lens_key(query_start_loc, replay_start, num_prefills, num_decodes, window_size))
-        if lens is not None and prefill_gather_lens.shape == lens.shape and prefill_gather_lens.dtype == lens.dtype:
-            # vLLM allocates this tensor per build (torch.empty): it becomes a view of the
-            # lengths the step's launch wrote (Tensor.set_), so no copy launch is needed
-            prefill_gather_lens.set_(lens)
-            return True
     d, p = num_decodes, num_prefills
     if min(replay_start.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1) < d + p or prefill_gather_lens.shape[0] < p:
         return False
@@ -344,22 +336,37 @@ def end_step() -> None:
         _local.step = None
 
 
-def _answered(key):
-    hit = _local.step.answered.get(key)
-    if hit is not None:
-        CALLS[key[0] + ".answered"] += 1
-    return hit
+# Answer keys. A window-rows call: the output buffer is one builder's (its window, width and
+# block size with it); the batch is the one whose query_start_loc buffer it is (seq_lens come
+# with it). Checked before anything else of a call, the patches' shims included.
 
 
-def _swa_key(swa_indices, query_start_loc, replay_start, block_table, num_tokens, token_offset) -> tuple:
-    # the output buffer is one builder's (its window, width and block size with it); the
-    # batch is the one whose query_start_loc buffer it is (seq_lens come with it)
-    return ("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset, query_start_loc.data_ptr(),
-            replay_start.data_ptr(), block_table.data_ptr())
+def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens: int, token_offset: int) -> bool:
+    """True when the open step's launch already wrote this window-rows call's outputs."""
+    step = _local.step
+    if step is None or ("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset,
+                        query_start_loc.data_ptr(), replay_start.data_ptr(),
+                        block_table.data_ptr()) not in step.answered:
+        return False
+    CALLS["swa_indices_and_lens.answered"] += 1
+    return True
 
 
-def _gather_lens_key(query_start_loc, replay_start, num_prefills, num_decodes, window) -> tuple:
-    return ("gather_lens", query_start_loc.data_ptr(), replay_start.data_ptr(), num_prefills, num_decodes, window)
+def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num_prefills: int, num_decodes: int,
+                         window: int) -> bool:
+    """True when the open step's launch already wrote these gather lengths: vLLM allocates its
+    tensor per build (``torch.empty``), so it becomes a view of the step's (``Tensor.set_``;
+    no copy launch)."""
+    step = _local.step
+    if step is None:
+        return False
+    lens = step.answered.get(("gather_lens", query_start_loc.data_ptr(), replay_start.data_ptr(), num_prefills,
+                              num_decodes, window))
+    if lens is None or prefill_gather_lens.shape != lens.shape or prefill_gather_lens.dtype != lens.dtype:
+        return False
+    prefill_gather_lens.set_(lens)
+    CALLS["gather_lens.answered"] += 1
+    return True
 
 
 def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, positions, slot_mappings, replay_start,
@@ -402,15 +409,15 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
                            gather_lens_from=d, valid_group=t.group, out=out)
     step.pad = None
     answered = step.answered
+    q_ptr, r_ptr, t_ptr = qsl.data_ptr(), rs.data_ptr(), t.block_table.data_ptr()
     if D:
-        answered[_swa_key(t.decode_rows, qsl, rs, t.block_table, D, 0)] = True
+        answered[("swa_indices_and_lens", t.decode_rows.data_ptr(), D, 0, q_ptr, r_ptr, t_ptr)] = True
     if T > D:
-        answered[_swa_key(t.prefill_rows, qsl, rs, t.block_table, T - D, D)] = True
+        answered[("swa_indices_and_lens", t.prefill_rows.data_ptr(), T - D, D, q_ptr, r_ptr, t_ptr)] = True
     if B > d:
-        answered[_gather_lens_key(qsl, rs, B - d, d, t.window)] = gl
+        answered[("gather_lens", q_ptr, r_ptr, B - d, d, t.window)] = gl
     if plan is not None:
-        answered[("gather_replay_batch", id(plan))] = (plan, qsl.data_ptr(), slot_mappings.data_ptr(),
-                                                      g_out["rows"].data_ptr())
+        answered[("gather_replay_batch", id(plan))] = (plan, q_ptr, slot_mappings.data_ptr(), g_out["rows"].data_ptr())
     return True
 
 
@@ -488,5 +495,5 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
 
 
 __all__ = ["CALLS", "VALIDATE", "WindowTarget", "backend_for", "begin_step", "dropped_before", "end_step",
-           "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots", "predicted_kept", "predicted_split",
+           "answered_gather_lens", "answered_swa", "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots", "predicted_kept", "predicted_split",
            "prefill_gather_lens", "prepare_step", "replay_plan", "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]
