@@ -159,7 +159,7 @@ def predict(s: ServingStep, target: runtime.WindowTarget) -> runtime.WindowTarge
 def window_target(b: dict) -> runtime.WindowTarget:
     """The step's window builder (group 1: a window group, never padded), kept across steps
     as the model state keeps it; ``predict`` sets its block table and split."""
-    return runtime.WindowTarget(1, None, BS, W, W, 0, 0, b["dec_idx"][:, 0], b["dec_lens"], b["pre_idx"][:, 0],
+    return runtime.WindowTarget(1, None, BS, W, 0, 0, b["dec_idx"][:, 0], b["dec_lens"], b["pre_idx"][:, 0],
                                 b["pre_lens"])
 
 

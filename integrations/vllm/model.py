@@ -309,7 +309,6 @@ class ModelStateMixin:
         self._swa_step_buffers = None
         self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
         self._swa_predicted = None  # (kept_lens, num_padded, gather args) the step's launch gathered
-        self._swa_q = None  # (input_batch, its query lengths)
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
@@ -432,7 +431,7 @@ class ModelStateMixin:
         try:
             return super().prepare_attn(*args, **kwargs)
         finally:
-            self._swa_predicted = self._swa_q = None
+            self._swa_predicted = None
             runtime.end_step()
 
     def _build_attn_metadata(self, *args, **kwargs):
@@ -460,17 +459,18 @@ class ModelStateMixin:
         B, T = input_batch.num_reqs, input_batch.num_tokens
         if replay_start is None or for_capture or ubatch_idx or cudagraph_mode == full or B == 0 or T == 0:
             return
-        target = self._swa_window_target(input_batch, block_tables, attn_groups, kv_cache_config)
+        q = np.diff(input_batch.query_start_loc_np[: B + 1])  # host query lengths, for both predictions
+        target = self._swa_window_target(input_batch, q, block_tables, attn_groups, kv_cache_config)
         if target is None:
             return
         gather = None
         if self._swa_gather and cudagraph_mode in (none, piecewise):
-            gather = self._swa_predicted_gather(input_batch, slot_mappings, cudagraph_mode == piecewise)
+            gather = self._swa_predicted_gather(input_batch, q, slot_mappings, cudagraph_mode == piecewise)
         runtime.prepare_step(self._swa_backend, target, input_batch.query_start_loc, input_batch.seq_lens,
                              input_batch.positions, slot_mappings, replay_start, B, T, self._swa_scratch(),
                              gather=gather)
 
-    def _swa_window_target(self, input_batch, block_tables, attn_groups, kv_cache_config):
+    def _swa_window_target(self, input_batch, q, block_tables, attn_groups, kv_cache_config):
         """The first sparse-SWA builder whose build is vLLM's own (:func:`_known_swa_builds`),
         on the KV group's own block table (no kernel-block mapping), text windows only (found
         once per ``attn_groups``), with vLLM's decode/prefill split for this batch."""
@@ -484,12 +484,11 @@ class ModelStateMixin:
         if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
             max_query_len = int(input_batch.num_scheduled_tokens.max())
         target.num_decodes, target.num_decode_tokens = runtime.predicted_split(
-            self._swa_query_lens(input_batch), input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len,
-            b.decode_threshold)
+            q, input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len, b.decode_threshold)
         target.block_table = block_tables[target.group]
         return target
 
-    def _swa_predicted_gather(self, input_batch, slot_mappings, piecewise: bool):
+    def _swa_predicted_gather(self, input_batch, q, slot_mappings, piecewise: bool):
         """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
         for, when it can be told now: no data parallelism (its ranks agree later); an eager
         step with a prefill trimmed, or a PIECEWISE step whose graph breaks out to the
@@ -504,8 +503,7 @@ class ModelStateMixin:
             return None  # vLLM runs the whole batch through the graph: no sub-batch
         B = input_batch.num_reqs
         keeps = self._keeps_rows_np[input_batch.idx_mapping_np[:B]]
-        kept = runtime.predicted_kept(self._swa_query_lens(input_batch), keeps, input_batch.is_prefilling_np[:B],
-                                      layers.window, forced=piecewise)
+        kept = runtime.predicted_kept(q, keeps, input_batch.is_prefilling_np[:B], layers.window, forced=piecewise)
         if kept is None:
             return None
         num_padded = int(kept.sum())
@@ -516,14 +514,6 @@ class ModelStateMixin:
         args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
         self._swa_predicted = (kept, num_padded, args)
         return args[0], layers.window, args[1]
-
-    def _swa_query_lens(self, input_batch) -> np.ndarray:
-        """The batch's host query lengths, computed once per step."""
-        cached = self._swa_q
-        if cached is None or cached[0] is not input_batch:
-            B = input_batch.num_reqs
-            cached = self._swa_q = (input_batch, np.diff(input_batch.query_start_loc_np[: B + 1]))
-        return cached[1]
 
     def _swa_scratch(self) -> dict:
         scratch = self._swa_step_buffers
@@ -557,7 +547,7 @@ def _window_builder(attn_groups, kv_cache_config):
                     and cls._build_deepseek_v4_metadata is SWA._build_deepseek_v4_metadata
                     and group.kernel_block_size is None and not b.max_image_tokens
                     and b.prefill_index_width == b.window_size):
-                return b, runtime.WindowTarget(gid, None, b.block_size, b.window_size, b.window_size, 0, 0,
+                return b, runtime.WindowTarget(gid, None, b.block_size, b.window_size, 0, 0,
                                                b.decode_swa_indices[:, 0], b.decode_swa_lens,
                                                b.prefill_swa_indices[:, 0], b.prefill_swa_lens)
     return None

@@ -151,10 +151,9 @@ class SwaIndicesAndLensShim(_Shim):
     def __call__(self, swa_indices, swa_lens, window_size, index_width, left_visible, right_visible, query_start_loc,
                  seq_lens, token_to_req_indices, is_valid_token, block_table, block_size, replay_start, *, num_tokens,
                  token_offset, has_image=False):
-        if not has_image and runtime.answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
-                                                  token_offset):
-            return None  # the step's one launch wrote it
         if not has_image:
+            if runtime.answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens, token_offset):
+                return None  # the step's one launch wrote it
             be = self._backend(swa_indices.device)
             if be is not None:
                 try:

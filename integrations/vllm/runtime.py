@@ -236,18 +236,17 @@ def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int
 @dataclass(slots=True)
 class WindowTarget:
     """One sparse-SWA builder of the step: its KV group's row of ``slot_mappings``
-    (``group``; validity: a negative slot), block table and block size, window and index
-    width, vLLM's decode/prefill split (``num_decodes`` requests, ``num_decode_tokens``
-    tokens) and its persistent decode and prefill buffers as ``[N, width]`` rows (vLLM's
-    ``[N, 1, width]`` buffers viewed once, ``buffer[:, 0]``: same address) and ``[N]``
-    lengths. The model state keeps one per builder and sets the block table and the split
-    each step."""
+    (``group``; validity: a negative slot), block table and block size, window, vLLM's
+    decode/prefill split (``num_decodes`` requests, ``num_decode_tokens`` tokens) and its
+    persistent decode and prefill buffers as ``[N, width]`` rows (vLLM's ``[N, 1, width]``
+    buffers viewed once, ``buffer[:, 0]``: same address; their width is the index width) and
+    ``[N]`` lengths. The model state keeps one per builder and sets the block table and the
+    split each step."""
 
     group: int
     block_table: torch.Tensor
     block_size: int
     window: int
-    index_width: int
     num_decodes: int
     num_decode_tokens: int
     decode_rows: torch.Tensor
@@ -405,7 +404,7 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
         out["replay_batch"] = g_out
     CALLS["prepare_step"] += 1
     be.prepare_replay_step(rs, views[0], views[1], qsl, seq, _head(positions, T), slot_mappings, groups, t.block_table,
-                           t.block_size, t.window, Wr, index_width=t.index_width, plan=plan, prefill_from=D,
+                           t.block_size, t.window, Wr, index_width=t.decode_rows.shape[1], plan=plan, prefill_from=D,
                            gather_lens_from=d, valid_group=t.group, out=out)
     step.pad = None
     answered = step.answered
@@ -494,6 +493,7 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
     return ran
 
 
-__all__ = ["CALLS", "VALIDATE", "WindowTarget", "backend_for", "begin_step", "dropped_before", "end_step",
-           "answered_gather_lens", "answered_swa", "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots", "predicted_kept", "predicted_split",
-           "prefill_gather_lens", "prepare_step", "replay_plan", "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]
+__all__ = ["CALLS", "VALIDATE", "WindowTarget", "answered_gather_lens", "answered_swa", "backend_for", "begin_step",
+           "dropped_before", "end_step", "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots",
+           "predicted_kept", "predicted_split", "prefill_gather_lens", "prepare_step", "replay_plan", "scatter_rows",
+           "swa_indices_and_lens", "swa_rows", "warm_up"]
