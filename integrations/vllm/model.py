@@ -459,7 +459,8 @@ class ModelStateMixin:
         B, T = input_batch.num_reqs, input_batch.num_tokens
         if replay_start is None or for_capture or ubatch_idx or cudagraph_mode == full or B == 0 or T == 0:
             return
-        q = np.diff(input_batch.query_start_loc_np[: B + 1])  # host query lengths, for both predictions
+        qsl_np = input_batch.query_start_loc_np
+        q = qsl_np[1: B + 1] - qsl_np[:B]  # host query lengths, for both predictions (np.diff: 3x the time)
         target = self._swa_window_target(input_batch, q, block_tables, attn_groups, kv_cache_config)
         if target is None:
             return
@@ -502,7 +503,8 @@ class ModelStateMixin:
         if piecewise and not layers.graph_uses_replay_batch(input_batch.num_tokens_after_padding):
             return None  # vLLM runs the whole batch through the graph: no sub-batch
         B = input_batch.num_reqs
-        keeps = self._keeps_rows_np[input_batch.idx_mapping_np[:B]]
+        keeps_all = self._keeps_rows_np  # vLLM's per-request flags (prompt logprobs); mostly all False
+        keeps = keeps_all[input_batch.idx_mapping_np[:B]] if keeps_all.any() else None
         kept = runtime.predicted_kept(q, keeps, input_batch.is_prefilling_np[:B], layers.window, forced=piecewise)
         if kept is None:
             return None

@@ -262,37 +262,34 @@ def predicted_split(query_lens: np.ndarray, query_start_loc_np: np.ndarray, num_
     decodes: the sparse-SWA builder's call), from the batch's host query lengths and
     ``query_start_loc``: the leading requests of at most ``decode_threshold`` queries. The
     drift tests pin vLLM's source."""
-    B = query_lens.shape[0]
-    if max_query_len <= decode_threshold:
-        return B, num_tokens
-    prefill = query_lens > decode_threshold
-    if not prefill.any():
-        return B, num_tokens
-    d = int(prefill.argmax())
-    return d, int(query_start_loc_np[d])
+    if max_query_len > decode_threshold:
+        prefill = query_lens > decode_threshold
+        d = int(prefill.argmax())  # the first prefill; 0 also when there is none (checked next)
+        if prefill[d]:
+            return d, int(query_start_loc_np[d])
+    return query_lens.shape[0], num_tokens
 
 
-def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray, is_prefilling: np.ndarray, window: int, *,
+def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray | None, is_prefilling: np.ndarray, window: int, *,
                    forced: bool = False) -> np.ndarray | None:
     """vLLM 0.33's ``kept_lens`` for a step without PCP (``_prepare_replay_batch``), from the
-    batch's host query lengths: every row of a request that keeps its rows (prompt logprobs),
-    the last ``window`` of the others. None when vLLM builds no sub-batch: an eager step where
-    no prefill is trimmed; ``forced`` (a PIECEWISE graph that breaks out to the sub-batch:
-    vLLM builds one trimmed or not) needs only a prefilling request (without one vLLM may
-    take the batch for an idle one and keep a single row: not predicted)."""
+    batch's host query lengths: every row of a request that keeps its rows (prompt logprobs;
+    ``keeps_rows`` None: no request does), the last ``window`` of the others. None when vLLM
+    builds no sub-batch: an eager step where no prefill is trimmed; ``forced`` (a PIECEWISE
+    graph that breaks out to the sub-batch: vLLM builds one trimmed or not) needs only a
+    prefilling request (without one vLLM may take the batch for an idle one and keep a single
+    row: not predicted)."""
     if forced:
         if not is_prefilling.any():
             return None
-        return np.where(keeps_rows, query_lens, np.minimum(query_lens, window))
-    trims = (query_lens > window) & is_prefilling
-    if keeps_rows.any():
-        trims &= ~keeps_rows
+    else:
+        trims = (query_lens > window) & is_prefilling
+        if keeps_rows is not None:
+            trims &= ~keeps_rows
         if not trims.any():
             return None
-        return np.where(keeps_rows, query_lens, np.minimum(query_lens, window))
-    if not trims.any():
-        return None
-    return np.minimum(query_lens, window)
+    kept = np.minimum(query_lens, window)
+    return kept if keeps_rows is None else np.where(keeps_rows, query_lens, kept)
 
 
 class _Step:

@@ -310,6 +310,34 @@ def test_a_held_pad_runs_when_no_step_launch_takes_it():
         runtime.end_step()
 
 
+def test_predicted_kept_is_vllms_trim_rule():
+    """``runtime.predicted_kept`` against vLLM 0.33's rule written out (``_prepare_replay_batch``
+    without PCP: a request keeping its rows keeps all, every other request its last ``W``;
+    eagerly no sub-batch unless a prefill not keeping rows is longer than ``W``; forced
+    (PIECEWISE breaking out) a sub-batch whenever a request prefills), on random batches;
+    ``keeps_rows=None`` is the same as no request keeping rows."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    W = 8
+    for _ in range(400):
+        B = int(rng.integers(1, 10))
+        q = rng.integers(1, 3 * W, B).astype(np.int32)
+        pre = rng.random(B) < 0.6
+        keeps = rng.random(B) < rng.choice([0.0, 0.3])
+        want_kept = np.where(keeps, q, np.minimum(q, W))
+        for forced in (False, True):
+            if forced:
+                want = want_kept if pre.any() else None
+            else:
+                want = want_kept if ((q > W) & pre & ~keeps).any() else None
+            got = runtime.predicted_kept(q, keeps, pre, W, forced=forced)
+            assert (got is None) == (want is None) and (got is None or np.array_equal(got, want)), (q, pre, keeps)
+            if not keeps.any():
+                none = runtime.predicted_kept(q, None, pre, W, forced=forced)
+                assert (none is None) == (want is None) and (none is None or np.array_equal(none, want))
+
+
 def test_a_step_is_per_thread():
     """A step opened on one thread holds nothing of another thread's calls."""
     import threading
