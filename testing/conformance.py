@@ -263,7 +263,7 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
 def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False) -> Case:
     """A step for ``prepare_replay_step``: per-request replay starts mapped so the batch rows
     get ``batch.R``, a trimming plan half the time."""
-    from ..common.ops.prepare_replay_step import out_shapes
+    from ..common.ops.prepare_replay_step import LEADING_ROWS, out_shapes
 
     with_plan = rng.random() < 0.5
     b = batch if batch is not None else random_batch(rng, long_prefill=with_plan)
@@ -294,10 +294,15 @@ def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, p
             invalid = rng.random(T) < 0.15  # tokens with no slot in the window group (PCP peers, padding)
             t["slot_mappings"][g, :T][torch.tensor(invalid, device=dev)] = PAD
     if poison:
-        def fill(spec):
+        longer = rng.random() < 0.5  # persistent buffers with rows past the step's (SPEC §3.6): left poisoned
+
+        def fill(spec, key=None):
             if isinstance(spec, dict):
-                return {k: fill(v) for k, v in spec.items()}
-            return _poison(spec[0], spec[1], dev)
+                return {k: fill(v, k) for k, v in spec.items()}
+            shape = spec[0]
+            if longer and key in LEADING_ROWS:
+                shape = (shape[0] + int(rng.integers(1, 6)), *shape[1:])
+            return _poison(shape, spec[1], dev)
 
         kw["out"] = fill(out_shapes(b.B, T, width, plan, b.num_groups, prefill_from=kw.get("prefill_from"),
                                     gather_lens_from=kw.get("gather_lens_from")))

@@ -51,6 +51,21 @@ class PreparedStep(NamedTuple):
 
 #: the outputs that exist only when their keyword asks for them (``out=`` may leave them out)
 OPTIONAL_OUTPUTS = ("prefill_swa_indices", "prefill_swa_lens", "gather_lens")
+#: the outputs whose ``out=`` buffers may have more rows than the step writes (a serving
+#: engine's persistent buffers, sized for its largest step): the step writes their leading rows
+LEADING_ROWS = ("replay_start", "swa_indices", "swa_lens") + OPTIONAL_OUTPUTS
+
+
+def _rows(B: int, T: int, prefill_from: int | None, gather_lens_from: int | None) -> dict:
+    """Rows the step writes of each :data:`LEADING_ROWS` output."""
+    P = T if prefill_from is None else prefill_from
+    return {"replay_start": B, "swa_indices": P, "swa_lens": P, "prefill_swa_indices": T - P,
+            "prefill_swa_lens": T - P, "gather_lens": B - (B if gather_lens_from is None else gather_lens_from)}
+
+
+def _leading(o: dict, rows: dict) -> dict:
+    """``o`` with each buffer of :data:`LEADING_ROWS` cut to the rows the step writes."""
+    return {k: v[: rows[k]] if k in rows and v.shape[0] != rows[k] else v for k, v in o.items()}
 
 
 def out_shapes(num_reqs: int, num_tokens: int, index_width: int, plan: ReplayPlan | None = None,
@@ -139,12 +154,24 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     for key in needed if out is not None else ():
         if key not in o:
             fail(NAME, "out", sorted(o), f"a buffer for {key!r}")
-    batch_replay_start.validate(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
-    B = idx_mapping.shape[0]
+    check_tensor(NAME, "idx_mapping", idx_mapping, ndim=1)
+    check_tensor(NAME, "positions", positions, ndim=1)
+    B, T = idx_mapping.shape[0], positions.shape[0]
     if gather_lens_from is not None:
         check_int(NAME, "gather_lens_from", gather_lens_from, min_value=0)
         if gather_lens_from > B:
             fail(NAME, "gather_lens_from", gather_lens_from, f"at most the number of requests, {B} (len(idx_mapping))")
+    if prefill_from is not None:
+        check_int(NAME, "prefill_from", prefill_from, min_value=0)
+        if prefill_from > T:
+            fail(NAME, "prefill_from", prefill_from, f"at most the number of tokens, {T} (len(positions))")
+    rows = _rows(B, T, prefill_from, gather_lens_from)
+    for key in LEADING_ROWS:
+        buf = o.get(key)
+        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.dim() == 0 or buf.shape[0] < rows[key]):
+            fail(NAME, f"out[{key!r}]", buf, f"a tensor of at least {rows[key]} rows (the step writes its leading rows)")
+    o = _leading(o, rows)
+    batch_replay_start.validate(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1,
                  device=R_per_request.device)
     if query_start_loc.shape[0] != B + 1:
@@ -161,11 +188,6 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         R = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
     pad_replayed_slots.validate(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
                                 any_replay=any_replay)
-    T = positions.shape[0]
-    if prefill_from is not None:
-        check_int(NAME, "prefill_from", prefill_from, min_value=0)
-        if prefill_from > T:
-            fail(NAME, "prefill_from", prefill_from, f"at most the number of tokens, {T} (len(positions))")
     if valid_group is not None:
         check_int(NAME, "valid_group", valid_group, min_value=0)
         if valid_group >= slot_mappings.shape[0]:
@@ -199,8 +221,9 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     seq_lens, R, positions, slot_mappings, W)`` on the padded slots. Returns a
     :class:`PreparedStep`.
     """
-    o = _buffers(out)
+    given = _buffers(out)
     T = positions.shape[0]
+    o = _leading(given, _rows(idx_mapping.shape[0], T, prefill_from, gather_lens_from))
     R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
     valid = None if valid_group is None else slot_mappings[valid_group, :T] >= 0
     pad_replayed_slots.reference(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
@@ -222,6 +245,12 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         batch = gather_replay_batch.reference(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
                                               out=o.get("replay_batch"))
     (idx, lens), (pidx, plens) = parts
+    if out is not None:  # the buffers as given (their leading rows written)
+        R, idx, lens = given["replay_start"], given["swa_indices"], given["swa_lens"]
+        if prefill_from is not None:
+            pidx, plens = given["prefill_swa_indices"], given["prefill_swa_lens"]
+        if gather_lens_from is not None:
+            gather_lens = given["gather_lens"]
     return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens)
 
 

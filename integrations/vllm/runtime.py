@@ -356,11 +356,12 @@ def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num
     step = _local.step
     if step is None:
         return False
-    lens = step.answered.get(("gather_lens", query_start_loc.data_ptr(), replay_start.data_ptr(), num_prefills,
-                              num_decodes, window))
-    if lens is None or prefill_gather_lens.shape != lens.shape or prefill_gather_lens.dtype != lens.dtype:
+    buf = step.answered.get(("gather_lens", query_start_loc.data_ptr(), replay_start.data_ptr(), num_prefills,
+                             num_decodes, window))  # the step's buffer, its first num_prefills entries written
+    if (buf is None or prefill_gather_lens.dim() != 1 or prefill_gather_lens.shape[0] != num_prefills
+            or prefill_gather_lens.dtype != buf.dtype):
         return False
-    prefill_gather_lens.set_(lens)
+    prefill_gather_lens.set_(buf.untyped_storage(), buf.storage_offset(), (num_prefills,), (1,))  # a view, no slice
     CALLS["gather_lens.answered"] += 1
     return True
 
@@ -373,7 +374,9 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
     that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
-    empty int32 ``no_groups`` and a dict ``views`` (their slices per batch size, kept).
+    empty int32 ``no_groups`` and a dict ``views`` (the first two's slices per batch size,
+    kept). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is
+    a new tensor object, ~1 µs of host time each.
     Records the calls it answered; returns False (nothing launched, the pad still held) when
     the held pad is on other tensors."""
     step = _local.step
@@ -390,11 +393,10 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     D, d = t.num_decode_tokens, t.num_decodes
     views = scratch["views"].get(B)
     if views is None:  # per batch size, made once
-        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B], scratch["replay_start"][:B])
-    gl = scratch["gather_lens"][: B - d]
-    out = {"replay_start": views[2], "swa_indices": t.decode_rows[:D], "swa_lens": t.decode_lens[:D],
-           "prefill_swa_indices": t.prefill_rows[: T - D], "prefill_swa_lens": t.prefill_lens[: T - D],
-           "gather_lens": gl}
+        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B])
+    gl = scratch["gather_lens"]
+    out = {"replay_start": scratch["replay_start"], "swa_indices": t.decode_rows, "swa_lens": t.decode_lens,
+           "prefill_swa_indices": t.prefill_rows, "prefill_swa_lens": t.prefill_lens, "gather_lens": gl}
     plan = None
     if gather is not None and gather[1] == t.window:
         plan, _, g_out = gather

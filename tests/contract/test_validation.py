@@ -211,7 +211,18 @@ def test_prepare_replay_step_serving_keywords_are_checked():
            ({"gather_lens_from": 3}, "gather_lens_from"), ({"valid_group": 0}, "valid_group"),
            ({"valid_group": 3}, "valid_group"),
            ({"out": allocate_out(2, 5, 8, "cpu")}, "out")]  # no buffers for the split rows / gather lengths
+    short = allocate_out(2, 5, 8, "cpu", prefill_from=1, gather_lens_from=1)
+    short["prefill_swa_lens"] = short["prefill_swa_lens"][:3]  # 4 prefill tokens
+    bad.append(({"out": short}, r"out\['prefill_swa_lens'\]"))
     for change, name in bad:
         with pytest.raises(ValueError, match=rf"^prepare_replay_step: {name}=.*expected"):
             BE.prepare_replay_step(*args, **(kw | change))
         assert torch.equal(slots, before)
+    # persistent buffers, longer than the step (SPEC §3.6): the leading rows written, the rest untouched
+    long = allocate_out(2, 5, 8, "cpu", prefill_from=1, gather_lens_from=1)
+    long = {k: torch.full((v.shape[0] + 3, *v.shape[1:]), -77, dtype=v.dtype) for k, v in long.items()}
+    done = BE.prepare_replay_step(*args, **kw, out=long)
+    for name in long:
+        assert getattr(done, name) is long[name]
+        n = getattr(got, name).shape[0]
+        assert torch.equal(long[name][:n], getattr(got, name)) and (long[name][n:] == -77).all(), name
