@@ -9,8 +9,9 @@ kernels, through ``prepare_replay_step`` alone and through the pack's ops one pe
 site; of the step's pieces (the model state's prediction, ``prepare_step``, an empty open
 step, a held pad call, ``prepare_step`` plus vLLM's four later calls answered, the same
 lookups unanswered, ten answered window-row calls through the patch's shim and through the
-runtime function, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel and of
-one small torch op; then a cProfile of 300 adapter steps (by own time).
+runtime function, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel, of
+one small torch op and of the fused launch without its wrapper (``_launch_pieces``); then a
+cProfile of 300 adapter steps (by own time).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def _profile(dev, be, shims, a) -> int:
                                                                               s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                                                               num_tokens=D, token_offset=0)
                                                       for _ in range(10)]))
+    fns.update(_launch_pieces(be, s, bf, fout))
     for _ in range(2):
         print({k: round(brs.bto.host_us(f, calls=500), 1) for k, f in fns.items()})
     pr = cProfile.Profile()
@@ -132,6 +134,33 @@ def _profile(dev, be, shims, a) -> int:
     pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(25)
     print(out.getvalue())
     return 0
+
+
+def _launch_pieces(be, s, bf, fout) -> dict:
+    """``prepare_replay_step``'s launch without its wrapper: the pack's launcher (``Kernel``)
+    with the wrapper's arguments, the same with every tensor passed as its address (Triton's
+    launcher then skips its per-pointer driver query), and Triton's compiled launcher called
+    directly (no ``Kernel`` around it)."""
+    from swa_backends.kernels import prepare_replay_step as kp
+
+    real, seen = kp._K, {}
+
+    def capture(key, grid, *args):
+        seen["call"] = (key, grid, args)
+        real(key, grid, *args)
+
+    kp._K = capture
+    try:
+        brs.fused_step(be, s, bf, fout)
+    finally:
+        kp._K = real
+    key, grid, args = seen["call"]
+    ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    ck = real._compiled[(torch.cuda.current_device(), key)]
+    stream = torch.cuda.current_stream().cuda_stream
+    return {"launch_kernel": lambda: real(key, grid, *args), "launch_kernel_ints": lambda: real(key, grid, *ints),
+            "launch_compiled": lambda: ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata,
+                                              None, None, None, *args)}
 
 
 if __name__ == "__main__":
