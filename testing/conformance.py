@@ -141,9 +141,11 @@ def _poison(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, POISON_INT, dtype=dtype, device=device)
 
 
-def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None = None, poison: bool | None = None) -> Case:
+def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None = None, poison: bool | None = None,
+             exact_out: bool = False) -> Case:
     """Random valid arguments for ``op`` on ``device`` (``poison``: pass out= buffers
-    filled with a value no output may keep; default: half the time)."""
+    filled with a value no output may keep; default: half the time; ``exact_out``: never
+    longer than the op writes, where an op allows longer ones)."""
     b = batch if batch is not None else random_batch(rng)
     t = b.tensors(device)
     dev = torch.device(device)
@@ -256,13 +258,15 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
     if op in ("gather_rows", "scatter_rows"):
         return rows_case(op, rng, dev, poison=poison)
     if op == "prepare_replay_step":
-        return prepare_case(rng, dev, batch=batch, poison=poison)
+        return prepare_case(rng, dev, batch=batch, poison=poison, exact_out=exact_out)
     raise KeyError(op)
 
 
-def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False) -> Case:
+def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False,
+                 exact_out: bool = False) -> Case:
     """A step for ``prepare_replay_step``: per-request replay starts mapped so the batch rows
-    get ``batch.R``, a trimming plan half the time."""
+    get ``batch.R``, a trimming plan half the time; poisoned ``out=`` buffers longer than the
+    step half the time unless ``exact_out``."""
     from ..common.ops.prepare_replay_step import LEADING_ROWS, out_shapes
 
     with_plan = rng.random() < 0.5
@@ -294,7 +298,7 @@ def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, p
             invalid = rng.random(T) < 0.15  # tokens with no slot in the window group (PCP peers, padding)
             t["slot_mappings"][g, :T][torch.tensor(invalid, device=dev)] = PAD
     if poison:
-        longer = rng.random() < 0.5  # persistent buffers with rows past the step's (SPEC §3.6): left poisoned
+        longer = rng.random() < 0.5 and not exact_out  # persistent buffers (SPEC §3.6): rows past the step's
 
         def fill(spec, key=None):
             if isinstance(spec, dict):

@@ -247,7 +247,7 @@ def _public(op: str):
 def cases_for(op: str, rng: np.random.Generator) -> list[tuple]:
     """Every mutation of one valid call of ``op``: ``(label, args, kwargs, expect)``."""
     if op in OPS:
-        args, kwargs = case_for(op, rng, "cpu", poison=True)
+        args, kwargs = case_for(op, rng, "cpu", poison=True, exact_out=True)  # "out:too-small" cuts a row
         sig = OPS[op].signature
     else:
         args, kwargs = host_case(op, rng)
@@ -416,9 +416,10 @@ BACKENDS = ("reference", "triton", "torch_ops")
 
 # Where the tensor-level custom op has a different (documented) form than the Python op, so a
 # mutation there means something else: the op takes the plan's window as ``W`` (a changed W
-# is a changed plan, not a mismatch), and ``_out`` forms take T from their buffers.
-TENSOR_FORM = {("gather_replay_batch", "W:=True"), ("gather_replay_batch", "W:=-1"), ("gather_replay_batch", "W:=0"),
-               ("gather_replay_batch", "W:=None"), ("swa_indices_and_lens", "num_tokens:=None")}
+# is a changed plan, not a mismatch; prepare_replay_step's ``_plan`` forms too), and ``_out``
+# forms take T from their buffers.
+TENSOR_FORM = {(op, f"W:={v}") for op in ("gather_replay_batch", "prepare_replay_step")
+               for v in ("True", "-1", "0", "None")} | {("swa_indices_and_lens", "num_tokens:=None")}
 
 
 def _rebind(op: str, bound: dict) -> tuple[tuple, dict]:
