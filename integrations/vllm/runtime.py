@@ -387,8 +387,10 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     pad, Wr, groups = step.pad, 0, scratch["no_groups"]  # no pad held: a zero-width pad of no group
     if pad is not None:
         _, p_slots, groups, p_qsl, p_pos, p_rs, Wr, p_reqs = pad
-        if (p_slots is not slot_mappings or p_qsl.data_ptr() != qsl.data_ptr()
-                or p_pos.data_ptr() != positions.data_ptr() or p_rs.data_ptr() != rs.data_ptr() or p_reqs != B):
+        if (p_slots is not slot_mappings or p_reqs != B  # the same tensors mostly (then no address read)
+                or p_qsl is not qsl and p_qsl.data_ptr() != qsl.data_ptr()
+                or p_pos is not positions and p_pos.data_ptr() != positions.data_ptr()
+                or p_rs is not rs and p_rs.data_ptr() != rs.data_ptr()):
             return False
     D, d = t.num_decode_tokens, t.num_decodes
     views = scratch["views"].get(B)
