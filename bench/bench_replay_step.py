@@ -16,7 +16,8 @@ every third prefill replays from 896 after a 1024-token hit; W 128, block 64, 5 
 
 * **vllm** -- vLLM's kernels launched as at its call sites (``testing/vllm_kernels.py``):
   ``_pad_replayed_slots_kernel``; ``_compute_swa_indices_and_lens_kernel`` twice (decode rows
-  into the decode buffer, prefill rows with ``token_offset`` into the prefill buffer);
+  into the decode buffer, prefill rows with ``token_offset`` into the prefill buffer; each only
+  when its part has tokens, as the builder calls it);
   ``ComputePrefillMetadataKernel``; the ``PAD_SLOT_ID`` fill and ``_gather_replay_batch_kernel``.
 * **pack** -- the same step through the pack as vLLM runs it with the pack installed
   (``integrations/vllm/runtime.py``: the functions the patches and the model state call, into
@@ -131,10 +132,12 @@ def vllm_step(K, s: ServingStep, b: dict):
     """vLLM 0.33's launches for the step (model state, then the SWA builder, then the gather)."""
     D, T = s.D, s.T
     vk.pad_replayed_slots(K, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
-    vk.swa_indices_and_lens(K, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS, s.R,
-                            num_tokens=D, token_offset=0)
-    vk.swa_indices_and_lens(K, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS, s.R,
-                            num_tokens=T - D, token_offset=D)
+    if D:  # the builder calls each window-rows kernel only for a non-empty part (sparse_swa.py)
+        vk.swa_indices_and_lens(K, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
+                                s.R, num_tokens=D, token_offset=0)
+    if T > D:
+        vk.swa_indices_and_lens(K, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
+                                s.R, num_tokens=T - D, token_offset=D)
     if s.P:
         b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
         vk.prefill_gather_lens(K, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
@@ -189,10 +192,12 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.Win
         runtime.prepare_step(be, predict(s, target), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
                              gather=(s.plan, W, gather_out))
         swa = shims["swa_indices_and_lens"]
-        swa(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"], b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid, s.table,
-            BS, s.R, num_tokens=D, token_offset=0)
-        swa(b["pre_idx"], b["pre_lens"], W, W, b["pre_lens"], b["pre_lens"], s.qsl, s.seq, s.t2r, s.valid, s.table,
-            BS, s.R, num_tokens=T - D, token_offset=D)
+        if D:
+            swa(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"], b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid,
+                s.table, BS, s.R, num_tokens=D, token_offset=0)
+        if T > D:
+            swa(b["pre_idx"], b["pre_lens"], W, W, b["pre_lens"], b["pre_lens"], s.qsl, s.seq, s.t2r, s.valid,
+                s.table, BS, s.R, num_tokens=T - D, token_offset=D)
         if s.P:
             b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
             shims["prefill_gather_lens"](b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
