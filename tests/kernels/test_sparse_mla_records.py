@@ -665,6 +665,8 @@ def _aot_main(targets: list[str]) -> int:
         for fmt, fl in COMBOS:
             plan = [(f"H={H}", K.table_config(platform, 512, H, fmt).replace(splits=1), H) for H in (16, 64)]
             plan.append(("decode", K.table_config(platform, 512, 64, fmt).replace(splits=4), 64))
+            plan += [("few tokens", c.replace(splits=4), 64) for p, _, _, fmts, c in K.RECORDS_DECODE
+                     if p == platform and fmt in fmts]
             for label, cfg, H in plan:
                 def record(name, k, secs, label=label, cfg=cfg, fmt=fmt, fl=fl):
                     shared = k.metadata.shared
@@ -797,6 +799,23 @@ def test_records_on_gpu(fmt, fp8, T, H, K):
     assert torch.equal(captured[0], got[0])
 
 
+def test_decode_sized_record_calls_take_smaller_tiles(kmod, monkeypatch):
+    """On CUDA, a V4 / MXFP8 call of at most 4 items (tokens x 64-head blocks) at 64+ heads takes
+    RECORDS_DECODE's 32-record tiles (twice the split-K parallelism); larger calls, 16 / 32 heads,
+    NVFP4, bf16 rows and other platforms keep their table rows."""
+    monkeypatch.setattr(kmod, "_platform", lambda device: "rocm" if device.type == "meta" else device.type)
+    cuda, rocm = torch.device("cuda"), torch.device("meta")  # (the platform of a device: patched above)
+    small = kmod.RECORDS_DECODE[0][4]
+    for fmt in ("v4_fp8", "v41_mxfp8"):
+        for T, H in ((1, 64), (4, 64), (1, 128), (2, 128), (1, 48)):
+            assert kmod.pick_config(T, H, 512, 512, 640, cuda, fmt) == small, (fmt, T, H)
+        for T, H in ((5, 64), (3, 128), (256, 64), (1, 32), (1, 16)):
+            assert kmod.pick_config(T, H, 512, 512, 640, cuda, fmt) == kmod.table_config("cuda", 512, H, fmt)
+        assert kmod.pick_config(1, 64, 512, 512, 640, rocm, fmt) == kmod.table_config("rocm", 512, 64, fmt)
+    assert kmod.pick_config(1, 64, 512, 512, 640, cuda, "v41_nvfp4") == kmod.table_config("cuda", 512, 64, "v41_nvfp4")
+    assert kmod.pick_config(1, 64, 512, 512, 640, cuda) == kmod.table_config("cuda", 512, 64)
+
+
 def test_compile_fallback_starts_from_the_formats_own_table_row(kmod):
     """A config that does not compile falls back to the table's row for *this* record format
     (RECORDS_TUNED names formats), not to the first row any record matches."""
@@ -817,10 +836,11 @@ def test_warmup_compiles_the_record_kernels(kmod):
     compiled = lambda: sum(len(c[0]) for c in kmod._sparse_mla_fwd.device_caches.values())  # noqa: E731
     before = compiled()
     kv = R.new_cache(8, 64, "v4_fp8", device="cuda")
-    q = torch.randn(1, 64, 512, device="cuda").to(torch.bfloat16)
-    idx = torch.randint(0, 512, (1, 640), device="cuda", dtype=I32)
-    b.sparse_mla(q, kv, idx, torch.full((1,), 640, device="cuda", dtype=I32), SCALE, 512,
-                 sink=torch.zeros(64, device="cuda"), kv_format="v4_fp8", fp8="e4m3fn")
+    for T in (1, 3, 8, 40, 300):  # RECORDS_DECODE's tiles, the table's split-K, one pass
+        q = torch.randn(T, 64, 512, device="cuda").to(torch.bfloat16)
+        idx = torch.randint(0, 512, (T, 640), device="cuda", dtype=I32)
+        b.sparse_mla(q, kv, idx, torch.full((T,), 640, device="cuda", dtype=I32), SCALE, 512,
+                     sink=torch.zeros(64, device="cuda"), kv_format="v4_fp8", fp8="e4m3fn")
     assert compiled() == before
 
 
