@@ -55,6 +55,45 @@ CANDIDATES = (
 )
 
 
+def setup(out: Path, time_note: str):
+    """``(device, bf16 rows [S, D], result dict with its meta)`` of a run writing to ``out``."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator(device=dev).manual_seed(11)
+    rows = torch.randn(S, D, generator=g, device=dev).to(torch.bfloat16)
+    res = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                    "triton": __import__("triton").__version__, "K": KK, "cache_slots": S, "page": BS,
+                    "time": time_note}, "rows": []}
+    return dev, rows, res
+
+
+def record_cache(fmt: str, rows, dev):
+    """``rows`` written into a new ``fmt`` record cache (OCP flavour), ``BS`` records per page."""
+    kv = R.new_cache(S // BS, BS, fmt, device=dev)
+    for c in range(0, S, 1 << 15):
+        R.write(kv, rows[c:c + (1 << 15)], torch.arange(c, c + (1 << 15), device=dev), fmt, "e4m3fn")
+    return kv
+
+
+def time_configs(configs, launch, want, timer, deadline: float = math.inf) -> dict:
+    """``{short name: time}`` of ``launch(config)`` per config, each output first checked against
+    ``want`` (bf16 tolerance): ``"wrong"`` or ``"error: <type>"`` instead of a time; configs
+    reached past ``deadline`` (``time.time()``) are left out."""
+    out = {}
+    for cfg in configs:
+        if time.time() > deadline:
+            break
+        try:
+            got = launch(cfg)
+            if not torch.allclose(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2):
+                out[cfg.short()] = "wrong"
+                continue
+            out[cfg.short()] = timer(lambda: launch(cfg))
+        except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
+            out[cfg.short()] = f"error: {type(exc).__name__}"
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -70,19 +109,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    dev = torch.device("cuda", torch.cuda.current_device())
-    a.out.mkdir(parents=True, exist_ok=True)
+    dev, rows, res = setup(a.out, "median of 5 calls, ms")
     end = time.time() + a.budget
     scale = 1.0 / math.sqrt(D)
-    g = torch.Generator(device=dev).manual_seed(11)
-    rows = torch.randn(S, D, generator=g, device=dev).to(torch.bfloat16)
-    res = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-                    "triton": __import__("triton").__version__, "K": KK, "cache_slots": S, "page": BS,
-                    "time": "median of 5 calls, ms"}, "rows": []}
     for fmt in a.formats.split(","):
-        kv = R.new_cache(S // BS, BS, fmt, device=dev)
-        for c in range(0, S, 1 << 15):
-            R.write(kv, rows[c:c + (1 << 15)], torch.arange(c, c + (1 << 15), device=dev), fmt, "e4m3fn")
+        kv = record_cache(fmt, rows, dev)
         rec = {"kv_format": fmt, "fp8": "e4m3fn"}
         for H, T in shapes:
             q, idx, lens, sink = bsm.make_inputs(T, H, KK, D, kv=rows, seed=T + H, dev=dev)
@@ -92,18 +123,10 @@ def main(argv=None) -> int:
                    "bf16_ms": bsm.timed(lambda: K.launch(q, rows, idx, lens, scale, D, sink), reps=5),
                    "table_ms": bsm.timed(lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec), reps=5),
                    "configs": {}}
-            for cfg in candidates:
-                if cfg.block_h > H or time.time() > end:
-                    continue
-                try:
-                    run = lambda: K.launch(q, kv, idx, lens, scale, D, sink, config=cfg, fit=False, **rec)  # noqa: E731
-                    got = run()
-                    if not torch.allclose(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2):
-                        row["configs"][cfg.short()] = "wrong"
-                        continue
-                    row["configs"][cfg.short()] = bsm.timed(run, reps=5)
-                except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
-                    row["configs"][cfg.short()] = f"error: {type(exc).__name__}"
+            row["configs"] = time_configs(
+                [c for c in candidates if c.block_h <= H],
+                lambda cfg: K.launch(q, kv, idx, lens, scale, D, sink, config=cfg, fit=False, **rec), want,
+                lambda run: bsm.timed(run, reps=5), deadline=end)
             timed_ = sorted((v, k) for k, v in row["configs"].items() if isinstance(v, float))
             print(f"{fmt:10} H {H:3} T {T:5}: bf16 {row['bf16_ms']:.3f} ms, table {table.short()} "
                   f"{row['table_ms']:.3f} ms ({row['bf16_ms'] / row['table_ms']:.2f}x bf16); fastest: "
