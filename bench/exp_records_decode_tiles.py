@@ -5,11 +5,11 @@ smaller ones, which double or quadruple the split-K parallelism of a call with f
 
 For each record format (OCP e4m3 flavour), H 64 / 128 and T 1-64 (K 640 random indices over a
 1M-slot cache, 64 records per page, sink on): the tl kernel on the bf16 rows (its table config),
-on the records with the records table row (``RECORDS_TUNED``'s, as before ``RECORDS_DECODE``)
+on the records with the records table row (``RECORDS_TUNED``'s, as before ``DECODE_TUNED``)
 and with each of ``CANDIDATES``; each candidate's output checked against the table row's (bf16
 tolerance) before it is timed (``sweep_records_configs.time_configs``). µs per call replaying a
 CUDA graph of 20 calls (``bench_sparse_mla.graph_us``), ratio = bf16 / records. Writes
-``DIR/exp_records_decode_tiles.json``. What ``RECORDS_DECODE`` was chosen from.
+``DIR/exp_records_decode_tiles.json``. What ``DECODE_TUNED`` was chosen from.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         for H in HEADS:
             for T in TOKENS:
                 q, idx, lens, sink = bsm.make_inputs(T, H, KK, D, kv=rows, seed=T + H, dev=dev)
-                table = K.table_config(K._platform(dev), D, H, fmt)  # RECORDS_TUNED's row, not RECORDS_DECODE's
+                table = K.table_config(K._platform(dev), D, H, fmt)  # TUNED's / RECORDS_TUNED's row, not DECODE_TUNED's
                 launch = lambda cfg: K.launch(q, kv, idx, lens, scale, D, sink, config=cfg, fit=False, **rec)  # noqa: E731
                 want = launch(table)
                 bf16 = bsm.graph_us(lambda: K.launch(q, rows, idx, lens, scale, D, sink))

@@ -52,12 +52,13 @@ Design (why it is shaped like this):
   (``fp8=``): FNUZ converts natively on AMD, through the OCP bits on NVIDIA (``FNUZ_NATIVE``).
   With ``PREFETCH`` (``Config.prefetch``) the loop loads the next tile's record bytes
   (``_load_records``) before it dequantizes the current one (``_dequant_records``). Record
-  configs: :data:`RECORDS_TUNED`, and :data:`RECORDS_DECODE` for calls of a few tokens.
+  configs: :data:`RECORDS_TUNED`.
 * ``return_lse=False`` drops the lse store (``WRITE_LSE``); split partials keep theirs.
 
 The clamp never enters: it lives in ``indices``/``lens`` built by the pack's index builders.
 Launch configs come from :data:`TUNED` (keyed by shape, filled from H200 sweeps of
-``bench/bench_sparse_mla.py``, which passes explicit configs to :func:`launch`).
+``bench/bench_sparse_mla.py``, which passes explicit configs to :func:`launch`), and for calls
+of a few tokens from :data:`DECODE_TUNED`.
 """
 
 from __future__ import annotations
@@ -525,16 +526,17 @@ def _platform(device: torch.device) -> str:
     return device.type
 
 
-# Decode-sized calls on a record cache: (platform, heads above, at most this many items = tokens x
-# 64-head blocks, formats, config). With so few items split-K carries the parallelism, and tiles
-# of 32 records give twice the splits of the 64-record table row (20 instead of 10 at K 640).
-# H200, Triton 3.6, K 640, bf16 / records in CUDA graphs (bench/exp_records_decode_tiles.py):
-# V4 / MXFP8 at T 1 0.98-1.04x (the table row 0.86-0.93x), at 2 items 0.96-1.01x (0.85-0.93x),
-# at 4 items 0.95-0.96x (0.87-0.94x) at 64 heads but 0.84-0.86x (0.88-0.95x) at 128; from 8
-# items on the table row is faster. NVFP4's table row already has 32-record tiles (smaller ones
-# and unprefetched ones measured slower).
-RECORDS_DECODE: tuple[tuple[str, int, int, tuple[str, ...], Config], ...] = (
+# Calls of a few tokens: (platform, heads above, at most this many items = tokens x 64-head
+# blocks, KV formats ("rows" or record formats), config); D_qk 512. With so few items split-K
+# carries the parallelism, and 32-row tiles give twice the splits of the 64-row table rows (20
+# instead of 10 at K 640). H200, Triton 3.6, K 640, CUDA graphs (bench/exp_records_decode_tiles.py):
+# records V4 / MXFP8 at T 1 0.98-1.04x the bf16 table row (their own table row 0.86-0.93x), up to
+# 4 items 0.95-1.01x (0.85-0.94x), at 8 items and beyond the table row is faster in 16 of 18 cells;
+# bf16 rows 1.05-1.09x their table row up to 2 items, level at 4, slower beyond. NVFP4's table row
+# already has 32-record tiles (smaller ones and unprefetched ones measured slower).
+DECODE_TUNED: tuple[tuple[str, int, int, tuple[str, ...], Config], ...] = (
     ("cuda", 32, 4, ("v4_fp8", "v41_mxfp8"), Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True)),
+    ("cuda", 32, 2, ("rows",), Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True)),
 )
 
 
@@ -548,12 +550,12 @@ def table_config(platform: str, D: int, H: int, kv_format: str = "rows") -> Conf
 
 
 def pick_config(T: int, H: int, D: int, d_v: int, K: int, device: torch.device, kv_format: str = "rows") -> Config:
-    """The table's config for this shape (:data:`RECORDS_DECODE` first for a record cache);
-    :func:`resolve` clips it to the shape."""
+    """The table's config for this shape (:data:`DECODE_TUNED` first); :func:`resolve` clips it
+    to the shape."""
     platform = _platform(device)
-    if kv_format != "rows":
+    if D <= 512:
         items = T * -(-H // 64)
-        for p, hmin, max_items, fmts, c in RECORDS_DECODE:
+        for p, hmin, max_items, fmts, c in DECODE_TUNED:
             if p == platform and H > hmin and items <= max_items and kv_format in fmts:
                 return c
     return table_config(platform, D, H, kv_format)
@@ -857,8 +859,8 @@ def warmup(backend, *, num_heads=(64, 128), qk_head_dim: int = 512, v_head_dim: 
            attn_dtypes=(torch.bfloat16,), attn_sink=(False, True), kv_records=(), **_other) -> list[str]:
     """``Backend.warmup()`` hook: compile (by real launches, through ``backend``) every
     specialisation the serving path uses for these head counts, dtypes and sink settings:
-    the one-pass kernel (prefill) and the split-K partial kernel + combine (decode; a record
-    cache's few-token calls with :data:`RECORDS_DECODE`'s tiles and its larger ones with the table's). The
+    the one-pass kernel (prefill) and the split-K partial kernel + combine (decode: calls of a
+    few tokens with :data:`DECODE_TUNED`'s tiles, larger ones with the table's). The
     shape of a step (tokens, index width, lengths) never selects another kernel.
     ``kv_records``: ``(kv_format, fp8, block_size)`` of the record caches the model reads (e.g.
     ROCm gfx942: ``(("v4_fp8", "e4m3fnuz", 64), ("v4_fp8", "e4m3fn", 16))`` for its SWA and
@@ -880,8 +882,8 @@ def warmup(backend, *, num_heads=(64, 128), qk_head_dim: int = 512, v_head_dim: 
             dv = _records.HEAD_DIM if rec else d_v
             for sink_on in attn_sink:
                 sink = torch.zeros(H, device=dev) if sink_on else None
-                # decode (split-K; records: also past RECORDS_DECODE's items, the table row's split-K) and prefill
-                for T in (1, 1 + max(r[2] for r in RECORDS_DECODE), many):
+                # decode (split-K: DECODE_TUNED's tiles, then the table row's past its items) and prefill
+                for T in (1, 1 + max(r[2] for r in DECODE_TUNED), many):
                     q = torch.randn(T, H, Dq, device=dev).to(dtype)
                     idx = torch.randint(0, 64, (T, 256), device=dev, dtype=torch.int32)
                     lens = torch.full((T,), 256, device=dev, dtype=torch.int32)

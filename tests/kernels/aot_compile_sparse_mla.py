@@ -126,6 +126,8 @@ def main(argv: list[str]) -> int:
         plan = [(f"{platform} table H={H}", K.table_config(platform, 512, H).replace(splits=1), H, True)
                 for H in (16, 32, 64, 128)]
         plan.append((f"{platform} table decode", K.table_config(platform, 512, 64).replace(splits=4), 64, True))
+        plan += [(f"{platform} few tokens", c.replace(splits=4), 64, True) for p, _, _, fmts, c in K.DECODE_TUNED
+                 if p == platform and "rows" in fmts]
         for label, cfg, H, must_fit in plan:
             def record(name, k, secs, label=label, cfg=cfg, must_fit=must_fit, target=target):
                 nonlocal count

@@ -665,7 +665,7 @@ def _aot_main(targets: list[str]) -> int:
         for fmt, fl in COMBOS:
             plan = [(f"H={H}", K.table_config(platform, 512, H, fmt).replace(splits=1), H) for H in (16, 64)]
             plan.append(("decode", K.table_config(platform, 512, 64, fmt).replace(splits=4), 64))
-            plan += [("few tokens", c.replace(splits=4), 64) for p, _, _, fmts, c in K.RECORDS_DECODE
+            plan += [("few tokens", c.replace(splits=4), 64) for p, _, _, fmts, c in K.DECODE_TUNED
                      if p == platform and fmt in fmts]
             for label, cfg, H in plan:
                 def record(name, k, secs, label=label, cfg=cfg, fmt=fmt, fl=fl):
@@ -799,21 +799,24 @@ def test_records_on_gpu(fmt, fp8, T, H, K):
     assert torch.equal(captured[0], got[0])
 
 
-def test_decode_sized_record_calls_take_smaller_tiles(kmod, monkeypatch):
-    """On CUDA, a V4 / MXFP8 call of at most 4 items (tokens x 64-head blocks) at 64+ heads takes
-    RECORDS_DECODE's 32-record tiles (twice the split-K parallelism); larger calls, 16 / 32 heads,
-    NVFP4, bf16 rows and other platforms keep their table rows."""
+def test_calls_of_a_few_tokens_take_smaller_tiles(kmod, monkeypatch):
+    """On CUDA at 64+ heads, a V4 / MXFP8 call of at most 4 items (tokens x 64-head blocks) and a
+    bf16-rows call of at most 2 take DECODE_TUNED's 32-row tiles (twice the split-K parallelism);
+    larger calls, 16 / 32 heads, NVFP4, D_qk 576 and other platforms keep their table rows."""
     monkeypatch.setattr(kmod, "_platform", lambda device: "rocm" if device.type == "meta" else device.type)
     cuda, rocm = torch.device("cuda"), torch.device("meta")  # (the platform of a device: patched above)
-    small = kmod.RECORDS_DECODE[0][4]
-    for fmt in ("v4_fp8", "v41_mxfp8"):
-        for T, H in ((1, 64), (4, 64), (1, 128), (2, 128), (1, 48)):
-            assert kmod.pick_config(T, H, 512, 512, 640, cuda, fmt) == small, (fmt, T, H)
-        for T, H in ((5, 64), (3, 128), (256, 64), (1, 32), (1, 16)):
-            assert kmod.pick_config(T, H, 512, 512, 640, cuda, fmt) == kmod.table_config("cuda", 512, H, fmt)
-        assert kmod.pick_config(1, 64, 512, 512, 640, rocm, fmt) == kmod.table_config("rocm", 512, 64, fmt)
+    small = {fmts: c for _, _, _, fmts, c in kmod.DECODE_TUNED}
+    for fmts, few, more in ((("v4_fp8", "v41_mxfp8"), ((1, 64), (4, 64), (1, 128), (2, 128), (1, 48)),
+                             ((5, 64), (3, 128), (256, 64), (1, 32), (1, 16))),
+                            (("rows",), ((1, 64), (2, 64), (1, 128)), ((3, 64), (2, 128), (1, 32)))):
+        for fmt in fmts:
+            for T, H in few:
+                assert kmod.pick_config(T, H, 512, 512, 640, cuda, fmt) == small[fmts], (fmt, T, H)
+            for T, H in more:
+                assert kmod.pick_config(T, H, 512, 512, 640, cuda, fmt) == kmod.table_config("cuda", 512, H, fmt)
+            assert kmod.pick_config(1, 64, 512, 512, 640, rocm, fmt) == kmod.table_config("rocm", 512, 64, fmt)
     assert kmod.pick_config(1, 64, 512, 512, 640, cuda, "v41_nvfp4") == kmod.table_config("cuda", 512, 64, "v41_nvfp4")
-    assert kmod.pick_config(1, 64, 512, 512, 640, cuda) == kmod.table_config("cuda", 512, 64)
+    assert kmod.pick_config(1, 64, 576, 512, 640, cuda) == kmod.table_config("cuda", 576, 64)
 
 
 def test_compile_fallback_starts_from_the_formats_own_table_row(kmod):
@@ -836,7 +839,7 @@ def test_warmup_compiles_the_record_kernels(kmod):
     compiled = lambda: sum(len(c[0]) for c in kmod._sparse_mla_fwd.device_caches.values())  # noqa: E731
     before = compiled()
     kv = R.new_cache(8, 64, "v4_fp8", device="cuda")
-    for T in (1, 3, 8, 40, 300):  # RECORDS_DECODE's tiles, the table's split-K, one pass
+    for T in (1, 3, 8, 40, 300):  # DECODE_TUNED's tiles, the table's split-K, one pass
         q = torch.randn(T, 64, 512, device="cuda").to(torch.bfloat16)
         idx = torch.randint(0, 512, (T, 640), device="cuda", dtype=I32)
         b.sparse_mla(q, kv, idx, torch.full((T,), 640, device="cuda", dtype=I32), SCALE, 512,
