@@ -8,8 +8,8 @@ Prints, twice, host µs per call (back-to-back calls, no sync, median of 5 round
 kernels, through ``prepare_replay_step`` alone and through the pack's ops one per vLLM call
 site; of the step's pieces (the model state's prediction, ``prepare_step``, an empty open
 step, a held pad call, ``prepare_step`` plus vLLM's four later calls answered, the same
-lookups unanswered, ten answered window-row calls through the patch's shim and through the
-runtime function, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel, of
+lookups unanswered, ten answered window-row calls through the patch's shim and ten of their
+answer lookups alone, vLLM's per-build ``torch.empty``), of vLLM's decode-rows SWA kernel, of
 one small torch op and of the fused launch without its wrapper (``_launch_pieces``); then a
 cProfile of 300 adapter steps (by own time).
 """
@@ -72,10 +72,13 @@ def _profile(dev, be, shims, a) -> int:
                 rt.end_step()
         return run
 
+    swa_shim = shims["swa_indices_and_lens"]
+
     def answered(prepared: bool):
-        """vLLM's four later calls of the step (two window-row calls, the gather lengths with
-        vLLM's per-build torch.empty, the sub-batch) after prepare_step answered them; without
-        it, the same lookups failing (no launch: the calls are not made)."""
+        """vLLM's four later calls of the step through the patches' shims (two window-row calls,
+        the gather lengths with vLLM's per-build torch.empty) and the model state's runtime call
+        (the sub-batch) after prepare_step answered them; without it, the same lookups failing
+        (no launch: the calls are not made)."""
         if prepared:
             rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, s.T, scratch,
                             gather=(plan, W, g))
@@ -84,11 +87,11 @@ def _profile(dev, be, shims, a) -> int:
             rt.answered_swa(b["pre_idx"], s.qsl, s.R, s.table, s.T - D, D)
             rt.answered_gather_lens(torch.empty(s.P, dtype=torch.int32, device=dev), s.qsl, s.R, s.P, D, W)
             return
-        rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                num_tokens=D, token_offset=0)
-        rt.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                num_tokens=s.T - D, token_offset=D)
-        rt.prefill_gather_lens(be, torch.empty(s.P, dtype=torch.int32, device=dev), s.seq, s.qsl, s.R, s.P, D, W)
+        swa_shim(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"], b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid,
+                 s.table, BS, s.R, num_tokens=D, token_offset=0)
+        swa_shim(b["pre_idx"], b["pre_lens"], W, W, b["pre_lens"], b["pre_lens"], s.qsl, s.seq, s.t2r, s.valid,
+                 s.table, BS, s.R, num_tokens=s.T - D, token_offset=D)
+        shims["prefill_gather_lens"](torch.empty(s.P, dtype=torch.int32, device=dev), s.seq, s.qsl, s.R, s.P, D, W)
         rt.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g)
 
     fns = {
@@ -109,18 +112,15 @@ def _profile(dev, be, shims, a) -> int:
                                                       s.valid, s.table, BS, s.R, num_tokens=D, token_offset=0),
         "torch.sub": lambda: torch.sub(s.qsl, 3),
     }
-    swa_shim = shims["swa_indices_and_lens"]
     fns["shim_answered_swa"] = step_open(lambda: (rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"],
                                                                   s.R, s.B, s.T, scratch),
                                                   [swa_shim(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"],
                                                             b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
                                                             s.R, num_tokens=D, token_offset=0) for _ in range(10)]))
-    fns["runtime_answered_swa"] = step_open(lambda: (rt.prepare_step(be, target, s.qsl, s.seq, s.positions,
-                                                                     b["slots"], s.R, s.B, s.T, scratch),
-                                                     [rt.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W,
-                                                                              s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                                                              num_tokens=D, token_offset=0)
-                                                      for _ in range(10)]))
+    fns["lookup_answered_swa"] = step_open(lambda: (rt.prepare_step(be, target, s.qsl, s.seq, s.positions,
+                                                                    b["slots"], s.R, s.B, s.T, scratch),
+                                                    [rt.answered_swa(b["dec_idx"], s.qsl, s.R, s.table, D, 0)
+                                                     for _ in range(10)]))
     fns.update(_launch_pieces(be, s, bf, fout))
     for _ in range(2):
         print({k: round(brs.bto.host_us(f, calls=500), 1) for k, f in fns.items()})

@@ -511,7 +511,7 @@ class ModelStateMixin:
         num_padded = int(kept.sum())
         if self.replay_cudagraphs is not None:
             desc = self.replay_cudagraphs.dispatch(B, num_padded, None, 0)
-            if desc.cg_mode == _graph_modes()[1]:
+            if desc.cg_mode == _graph_modes()[1]:  # a PIECEWISE replay graph: vLLM pads to its size
                 num_padded = desc.num_tokens
         args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
         self._swa_predicted = (kept, num_padded, args)

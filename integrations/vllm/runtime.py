@@ -103,8 +103,7 @@ def swa_indices_and_lens(be: Backend, swa_indices, swa_lens, window_size: int, i
     requests that own no token and hand the real requests' ``replay_start`` only. Returns
     False (nothing written) when the output buffer's layout is not the pack's; the caller
     then runs vLLM's kernel."""
-    if num_tokens == 0 or answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
-                                       token_offset):
+    if num_tokens == 0:
         return True
     rows = swa_rows(swa_indices, num_tokens, index_width)
     if rows is None:
@@ -126,8 +125,7 @@ def prefill_gather_lens(be: Backend, prefill_gather_lens, seq_lens, query_start_
     lengths, so their ``query_start_loc`` slice goes in as it is. Returns False (nothing
     written) when vLLM hands fewer per-request entries than that range (its kernel would read
     past them); the caller then runs vLLM's kernel."""
-    if num_prefills == 0 or answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num_prefills,
-                                                 num_decodes, window_size):
+    if num_prefills == 0:
         return True
     d, p = num_decodes, num_prefills
     if min(replay_start.shape[0], seq_lens.shape[0], query_start_loc.shape[0] - 1) < d + p or prefill_gather_lens.shape[0] < p:
@@ -297,7 +295,7 @@ class _Step:
 
     def __init__(self) -> None:
         self.pad: tuple | None = None  # vLLM's pad call, held for the step's launch
-        self.answered: dict = {}  # call key -> what answers it (True, or the gather lengths)
+        self.answered: dict = {}  # call key -> what answers it (True, the gather lengths' buffer, the plan)
 
 
 class _Local(threading.local):
@@ -334,7 +332,9 @@ def end_step() -> None:
 
 # Answer keys. A window-rows call: the output buffer is one builder's (its window, width and
 # block size with it); the batch is the one whose query_start_loc buffer it is (seq_lens come
-# with it). Checked before anything else of a call, the patches' shims included.
+# with it). Looked up where vLLM's call arrives, before anything else of it: the patches' shims
+# (then swa_indices_and_lens / prefill_gather_lens above, which always launch) and
+# gather_replay_batch (the model state's call).
 
 
 def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens: int, token_offset: int) -> bool:
