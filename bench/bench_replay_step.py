@@ -156,7 +156,7 @@ def predict(s: ServingStep, target: runtime.WindowTarget) -> runtime.WindowTarge
     q = s.qsl_np[1: s.B + 1] - s.qsl_np[: s.B]
     target.num_decodes, target.num_decode_tokens = runtime.predicted_split(q, s.qsl_np, s.T, s.max_q, 1)
     target.block_table = s.table
-    keeps = s.keeps[s.idx_np] if s.keeps.any() else None  # vLLM's per-request flags, mostly all False
+    keeps = s.keeps[s.idx_np] if np.count_nonzero(s.keeps) else None  # vLLM's per-request flags, mostly all False
     runtime.predicted_kept(q, keeps, s.prefilling_np, W)
     return target
 

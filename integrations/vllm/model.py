@@ -504,7 +504,7 @@ class ModelStateMixin:
             return None  # vLLM runs the whole batch through the graph: no sub-batch
         B = input_batch.num_reqs
         keeps_all = self._keeps_rows_np  # vLLM's per-request flags (prompt logprobs); mostly all False
-        keeps = keeps_all[input_batch.idx_mapping_np[:B]] if keeps_all.any() else None
+        keeps = keeps_all[input_batch.idx_mapping_np[:B]] if np.count_nonzero(keeps_all) else None
         kept = runtime.predicted_kept(q, keeps, input_batch.is_prefilling_np[:B], layers.window, forced=piecewise)
         if kept is None:
             return None

@@ -39,6 +39,11 @@ VALIDATE = env_setting() is True
 PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
 
 
+#: batches of at most this many requests take the predictions' Python-list path: numpy costs
+#: ~0.5 µs per call on their tiny arrays (a single-prefill step's prediction took 4 µs in numpy)
+SMALL_BATCH = 8
+
+
 def backend_for(device) -> Backend:
     """The pack's backend for a torch device: unchecked unless :data:`VALIDATE`, the variant
     ``SWA_BACKENDS_VLLM_PREFER`` names forced (``dispatch.backend_for``: one per device and
@@ -261,10 +266,15 @@ def predicted_split(query_lens: np.ndarray, query_start_loc_np: np.ndarray, num_
     ``query_start_loc``: the leading requests of at most ``decode_threshold`` queries. The
     drift tests pin vLLM's source."""
     if max_query_len > decode_threshold:
-        prefill = query_lens > decode_threshold
-        d = int(prefill.argmax())  # the first prefill; 0 also when there is none (checked next)
-        if prefill[d]:
-            return d, int(query_start_loc_np[d])
+        if query_lens.shape[0] <= SMALL_BATCH:
+            for d, n in enumerate(query_lens.tolist()):
+                if n > decode_threshold:
+                    return d, int(query_start_loc_np[d])
+        else:
+            prefill = query_lens > decode_threshold
+            d = int(prefill.argmax())  # the first prefill; 0 also when there is none (checked next)
+            if prefill[d]:
+                return d, int(query_start_loc_np[d])
     return query_lens.shape[0], num_tokens
 
 
@@ -277,17 +287,32 @@ def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray | None, is_pre
     graph that breaks out to the sub-batch: vLLM builds one trimmed or not) needs only a
     prefilling request (without one vLLM may take the batch for an idle one and keep a single
     row: not predicted)."""
-    if forced:
-        if not is_prefilling.any():
+    if query_lens.shape[0] <= SMALL_BATCH:
+        if not _sub_batch_small(query_lens.tolist(), keeps_rows, is_prefilling.tolist(), window, forced):
+            return None
+    elif forced:
+        if not np.count_nonzero(is_prefilling):
             return None
     else:
         trims = (query_lens > window) & is_prefilling
         if keeps_rows is not None:
             trims &= ~keeps_rows
-        if not trims.any():
+        if not np.count_nonzero(trims):
             return None
     kept = np.minimum(query_lens, window)
     return kept if keeps_rows is None else np.where(keeps_rows, query_lens, kept)
+
+
+def _sub_batch_small(query_lens: list, keeps_rows: np.ndarray | None, is_prefilling: list, window: int,
+                     forced: bool) -> bool:
+    """:func:`predicted_kept`'s decision for a small batch, on Python lists."""
+    if forced:
+        return True in is_prefilling
+    keeps = keeps_rows.tolist() if keeps_rows is not None else None
+    for i, n in enumerate(query_lens):
+        if n > window and is_prefilling[i] and (keeps is None or not keeps[i]):
+            return True
+    return False
 
 
 class _Step:

@@ -315,13 +315,14 @@ def test_predicted_kept_is_vllms_trim_rule():
     without PCP: a request keeping its rows keeps all, every other request its last ``W``;
     eagerly no sub-batch unless a prefill not keeping rows is longer than ``W``; forced
     (PIECEWISE breaking out) a sub-batch whenever a request prefills), on random batches;
-    ``keeps_rows=None`` is the same as no request keeping rows."""
+    ``keeps_rows=None`` is the same as no request keeping rows. Batch sizes on both sides of
+    ``runtime.SMALL_BATCH`` (Python lists below it, numpy above)."""
     import numpy as np
 
     rng = np.random.default_rng(11)
     W = 8
     for _ in range(400):
-        B = int(rng.integers(1, 10))
+        B = int(rng.integers(1, 3 * runtime.SMALL_BATCH))
         q = rng.integers(1, 3 * W, B).astype(np.int32)
         pre = rng.random(B) < 0.6
         keeps = rng.random(B) < rng.choice([0.0, 0.3])

@@ -225,7 +225,8 @@ def test_two_steps_reuse_the_persistent_buffers(be):
 def test_predicted_split_is_vllms_split():
     """``runtime.predicted_split`` (the one-launch step's prediction, numpy) against vLLM's own
     ``split_decodes_and_prefills`` on random decode-first batches: decodes, short extends and
-    prefills, thresholds 1-5, ``max_query_len`` as the batch's or a larger scheduled bound."""
+    prefills, thresholds 1-5, ``max_query_len`` as the batch's or a larger scheduled bound; batch
+    sizes on both sides of ``runtime.SMALL_BATCH``."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -234,7 +235,7 @@ def test_predicted_split_is_vllms_split():
     rng = np.random.default_rng(7)
     for _ in range(300):
         th = int(rng.integers(1, 6))
-        B = int(rng.integers(1, 9))
+        B = int(rng.integers(1, 3 * runtime.SMALL_BATCH))
         nd = int(rng.integers(0, B + 1))
         q = np.concatenate([rng.integers(1, th + 1, nd), rng.integers(1, 40, B - nd)]).astype(np.int32)
         qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
