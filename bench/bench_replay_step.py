@@ -15,7 +15,8 @@ every third prefill replays from 896 after a 1024-token hit; W 128, block 64, 5 
 0/2/4 cacheable; decoder replay keeps each prefill's last 128 rows):
 
 * **vllm** -- vLLM's kernels launched as at its call sites (``testing/vllm_kernels.py``):
-  ``_pad_replayed_slots_kernel``; ``_compute_swa_indices_and_lens_kernel`` twice (decode rows
+  ``_pad_replayed_slots_kernel`` when a request of the step replays (vLLM's model state pads only
+  then: ``replay_start_np.any()``; the single-prefill steps replay nothing); ``_compute_swa_indices_and_lens_kernel`` twice (decode rows
   into the decode buffer, prefill rows with ``token_offset`` into the prefill buffer; each only
   when its part has tokens, as the builder calls it);
   ``ComputePrefillMetadataKernel``; the ``PAD_SLOT_ID`` fill and ``_gather_replay_batch_kernel``.
@@ -90,6 +91,7 @@ class ServingStep:
         q_a = np.array(qs, np.int64)
         seq = prefix + q_a
         self.B, self.T, self.D, self.P = B, int(q_a.sum()), decodes, prefills
+        self.replays = bool(R.any())  # vLLM's model state pads slots only then
         self.qsl_np = np.concatenate([[0], np.cumsum(q_a)]).astype(np.int32)
         blocks = int(np.ceil(seq.max() / BS)) + 1
         table = rng.permutation(B * blocks).reshape(B, blocks).astype(np.int32)
@@ -131,7 +133,8 @@ class ServingStep:
 def vllm_step(K, s: ServingStep, b: dict):
     """vLLM 0.33's launches for the step (model state, then the SWA builder, then the gather)."""
     D, T = s.D, s.T
-    vk.pad_replayed_slots(K, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+    if s.replays:
+        vk.pad_replayed_slots(K, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
     if D:  # the builder calls each window-rows kernel only for a non-empty part (sparse_swa.py)
         vk.swa_indices_and_lens(K, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
                                 s.R, num_tokens=D, token_offset=0)
@@ -187,8 +190,9 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.Win
     D, T = s.D, s.T
     runtime.begin_step()
     try:
-        shims["pad_replayed_slots"][(s.B,)](b["slots"], b["slots"].stride(0), s.cacheable, s.qsl, s.positions, s.R,
-                                            W, vk.PAD_SLOT_ID, NUM_GROUPS=s.cacheable.numel(), BLOCK=1024)
+        if s.replays:
+            shims["pad_replayed_slots"][(s.B,)](b["slots"], b["slots"].stride(0), s.cacheable, s.qsl, s.positions,
+                                                s.R, W, vk.PAD_SLOT_ID, NUM_GROUPS=s.cacheable.numel(), BLOCK=1024)
         runtime.prepare_step(be, predict(s, target), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
                              gather=(s.plan, W, gather_out))
         swa = shims["swa_indices_and_lens"]
@@ -209,7 +213,8 @@ def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.Win
 def ref_step(be, s: ServingStep, b: dict, gather_out: dict):
     """The oracle without vLLM's kernels: one op per vLLM call site (no step open)."""
     D, T = s.D, s.T
-    runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
+    if s.replays:
+        runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
     runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
                                  num_tokens=D, token_offset=0)
     runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
@@ -231,9 +236,10 @@ def fused_out(s: ServingStep, b: dict) -> dict:
 
 
 def fused_step(be, s: ServingStep, b: dict, out: dict):
-    """``prepare_replay_step`` alone, in vLLM's layouts: one launch, nothing around it."""
+    """``prepare_replay_step`` alone, in vLLM's layouts: one launch, nothing around it (padding
+    only when a request replays, as the integration launches it)."""
     be.prepare_replay_step(s.R, s.idx, s.prefilling, s.qsl, s.seq, s.positions, b["slots"], s.cacheable, s.table, BS,
-                           W, W, index_width=W, plan=s.plan, prefill_from=s.D, gather_lens_from=s.D, valid_group=1,
+                           W, W if s.replays else 0, index_width=W, plan=s.plan, prefill_from=s.D, gather_lens_from=s.D, valid_group=1,
                            out=out)
 
 
@@ -305,8 +311,8 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
     before = dict(runtime.CALLS)
     fns["pack"]()
     called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
-    one_launch = {"pad_replayed_slots.held": 1, "prepare_step": 1, "swa_indices_and_lens.answered": 1 + (s.D > 0),
-                  "gather_replay_batch.answered": 1} | ({"gather_lens.answered": 1} if s.P else {})
+    one_launch = {"prepare_step": 1, "swa_indices_and_lens.answered": 1 + (s.D > 0), "gather_replay_batch.answered": 1}
+    one_launch |= ({"pad_replayed_slots.held": 1} if s.replays else {}) | ({"gather_lens.answered": 1} if s.P else {})
     if called != one_launch:
         raise AssertionError(f"the pack's step did not run as one launch: {called}")
     fns["pack_fused"]()
