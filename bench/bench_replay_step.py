@@ -156,7 +156,7 @@ def predict(s: ServingStep, target: runtime.WindowTarget) -> runtime.WindowTarge
     (group 1: a window group, never padded; kept across steps). The sub-batch's plan is planning vLLM's path
     makes too (its ``_kept_input_batch``; the pack makes it earlier and once): left out of
     every column alike (``s.plan``)."""
-    q = s.qsl_np[1: s.B + 1] - s.qsl_np[: s.B]
+    q = runtime.query_lens(s.qsl_np, s.B)
     target.num_decodes, target.num_decode_tokens = runtime.predicted_split(q, s.qsl_np, s.T, s.max_q, 1)
     target.block_table = s.table
     keeps = s.keeps[s.idx_np] if np.count_nonzero(s.keeps) else None  # vLLM's per-request flags, mostly all False

@@ -460,7 +460,7 @@ class ModelStateMixin:
         if replay_start is None or for_capture or ubatch_idx or cudagraph_mode == full or B == 0 or T == 0:
             return
         qsl_np = input_batch.query_start_loc_np
-        q = qsl_np[1: B + 1] - qsl_np[:B]  # host query lengths, for both predictions (np.diff: 3x the time)
+        q = runtime.query_lens(qsl_np, B)  # host query lengths, for both predictions
         target = self._swa_window_target(input_batch, q, block_tables, attn_groups, kv_cache_config)
         if target is None:
             return

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -39,8 +39,8 @@ VALIDATE = env_setting() is True
 PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
 
 
-#: batches of at most this many requests take the predictions' Python-list path: numpy costs
-#: ~0.5 µs per call on their tiny arrays (a single-prefill step's prediction took 4 µs in numpy)
+#: batches of at most this many requests take the predictions' Python-list path (:func:`query_lens`):
+#: numpy costs ~0.5 µs per call on their tiny arrays (a single-prefill step's prediction took 4 µs in numpy)
 SMALL_BATCH = 8
 
 
@@ -199,8 +199,8 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
     step = _local.step
     if step is not None:  # answered for this very plan, on these tensors
         hit = step.answered.get(("gather_replay_batch", id(plan)))
-        if (hit is not None and hit[0] is plan and hit[1] == query_start_loc.data_ptr()
-                and hit[2] == slot_mappings.data_ptr() and hit[3] == out["rows"].data_ptr()):
+        if (hit is not None and hit[0] is plan and _same(hit[1], query_start_loc) and _same(hit[2], slot_mappings)
+                and _same(hit[3], out["rows"])):
             CALLS["gather_replay_batch.answered"] += 1
             return
     CALLS["gather_replay_batch"] += 1
@@ -256,41 +256,69 @@ class WindowTarget:
     decode_lens: torch.Tensor
     prefill_rows: torch.Tensor
     prefill_lens: torch.Tensor
+    #: the two row buffers' addresses, read once (an answered window-rows call is matched by them)
+    decode_ptr: int = field(init=False)
+    prefill_ptr: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decode_ptr, self.prefill_ptr = self.decode_rows.data_ptr(), self.prefill_rows.data_ptr()
 
 
-def predicted_split(query_lens: np.ndarray, query_start_loc_np: np.ndarray, num_tokens: int, max_query_len: int,
-                    decode_threshold: int) -> tuple[int, int]:
+def query_lens(query_start_loc_np: np.ndarray, num_reqs: int) -> list[int] | np.ndarray:
+    """The batch's host query lengths for the predictions: a list of ints for at most
+    :data:`SMALL_BATCH` requests (one ``tolist``; the predictions then make no numpy call but
+    their result's), else an int array."""
+    if num_reqs <= SMALL_BATCH:
+        qsl = query_start_loc_np[: num_reqs + 1].tolist()
+        return [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
+    return query_start_loc_np[1: num_reqs + 1] - query_start_loc_np[:num_reqs]  # np.diff: 3x the time
+
+
+def predicted_split(query_lens: list[int] | np.ndarray, query_start_loc_np: np.ndarray, num_tokens: int,
+                    max_query_len: int, decode_threshold: int) -> tuple[int, int]:
     """``(num_decodes, num_decode_tokens)`` as vLLM 0.33's ``split_decodes_and_prefills(...,
     decode_threshold)`` returns them for a batch (no uniform decodes, short extends counted as
-    decodes: the sparse-SWA builder's call), from the batch's host query lengths and
-    ``query_start_loc``: the leading requests of at most ``decode_threshold`` queries. The
-    drift tests pin vLLM's source."""
+    decodes: the sparse-SWA builder's call), from the batch's host query lengths
+    (:func:`query_lens`) and ``query_start_loc``: the leading requests of at most
+    ``decode_threshold`` queries. The drift tests pin vLLM's source."""
     if max_query_len > decode_threshold:
-        if query_lens.shape[0] <= SMALL_BATCH:
-            for d, n in enumerate(query_lens.tolist()):
+        if isinstance(query_lens, list):
+            for d, n in enumerate(query_lens):
                 if n > decode_threshold:
-                    return d, int(query_start_loc_np[d])
+                    return d, sum(query_lens[:d])
         else:
             prefill = query_lens > decode_threshold
             d = int(prefill.argmax())  # the first prefill; 0 also when there is none (checked next)
             if prefill[d]:
                 return d, int(query_start_loc_np[d])
-    return query_lens.shape[0], num_tokens
+    return len(query_lens), num_tokens
 
 
-def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray | None, is_prefilling: np.ndarray, window: int, *,
-                   forced: bool = False) -> np.ndarray | None:
-    """vLLM 0.33's ``kept_lens`` for a step without PCP (``_prepare_replay_batch``), from the
-    batch's host query lengths: every row of a request that keeps its rows (prompt logprobs;
-    ``keeps_rows`` None: no request does), the last ``window`` of the others. None when vLLM
-    builds no sub-batch: an eager step where no prefill is trimmed; ``forced`` (a PIECEWISE
-    graph that breaks out to the sub-batch: vLLM builds one trimmed or not) needs only a
-    prefilling request (without one vLLM may take the batch for an idle one and keep a single
-    row: not predicted)."""
-    if query_lens.shape[0] <= SMALL_BATCH:
-        if not _sub_batch_small(query_lens.tolist(), keeps_rows, is_prefilling.tolist(), window, forced):
-            return None
-    elif forced:
+def predicted_kept(query_lens: list[int] | np.ndarray, keeps_rows: np.ndarray | None, is_prefilling: np.ndarray,
+                   window: int, *, forced: bool = False) -> np.ndarray | None:
+    """vLLM 0.33's ``kept_lens`` (int32) for a step without PCP (``_prepare_replay_batch``), from
+    the batch's host query lengths (:func:`query_lens`): every row of a request that keeps its
+    rows (prompt logprobs; ``keeps_rows`` None: no request does), the last ``window`` of the
+    others. None when vLLM builds no sub-batch: an eager step where no prefill is trimmed;
+    ``forced`` (a PIECEWISE graph that breaks out to the sub-batch: vLLM builds one trimmed or
+    not) needs only a prefilling request (without one vLLM may take the batch for an idle one
+    and keep a single row: not predicted)."""
+    if isinstance(query_lens, list):
+        pre = is_prefilling.tolist()
+        keeps = keeps_rows.tolist() if keeps_rows is not None else None
+        if forced:
+            if True not in pre:
+                return None
+        else:
+            for i, n in enumerate(query_lens):  # a loop: a generator in any() costs more at these sizes
+                if n > window and pre[i] and not (keeps and keeps[i]):
+                    break
+            else:
+                return None
+        if keeps is None:
+            return np.array([min(n, window) for n in query_lens], dtype=np.int32)
+        return np.array([n if keeps[i] else min(n, window) for i, n in enumerate(query_lens)], dtype=np.int32)
+    if forced:
         if not np.count_nonzero(is_prefilling):
             return None
     else:
@@ -299,20 +327,8 @@ def predicted_kept(query_lens: np.ndarray, keeps_rows: np.ndarray | None, is_pre
             trims &= ~keeps_rows
         if not np.count_nonzero(trims):
             return None
-    kept = np.minimum(query_lens, window)
-    return kept if keeps_rows is None else np.where(keeps_rows, query_lens, kept)
-
-
-def _sub_batch_small(query_lens: list, keeps_rows: np.ndarray | None, is_prefilling: list, window: int,
-                     forced: bool) -> bool:
-    """:func:`predicted_kept`'s decision for a small batch, on Python lists."""
-    if forced:
-        return True in is_prefilling
-    keeps = keeps_rows.tolist() if keeps_rows is not None else None
-    for i, n in enumerate(query_lens):
-        if n > window and is_prefilling[i] and (keeps is None or not keeps[i]):
-            return True
-    return False
+    kept = np.minimum(query_lens, window).astype(np.int32, copy=False)
+    return kept if keeps_rows is None else np.where(keeps_rows, query_lens, kept).astype(np.int32, copy=False)
 
 
 class _Step:
@@ -355,19 +371,29 @@ def end_step() -> None:
         _local.step = None
 
 
-# Answer keys. A window-rows call: the output buffer is one builder's (its window, width and
-# block size with it); the batch is the one whose query_start_loc buffer it is (seq_lens come
-# with it). Looked up where vLLM's call arrives, before anything else of it: the patches' shims
-# (then swa_indices_and_lens / prefill_gather_lens above, which always launch) and
+# Answers. Each is kept under the call's sizes and matched against the call's tensors: the
+# output buffer by address (vLLM hands a fresh slice of its persistent buffer), the inputs
+# (query_start_loc, replay_start, block table, slot mappings) as the very objects prepare_step
+# got -- vLLM passes the same objects down a step -- or, failing that, by address. A window-rows
+# call's output buffer is one builder's (its window, width and block size with it). Looked up
+# where vLLM's call arrives, before anything else of it: the patches' shims (then
+# swa_indices_and_lens / prefill_gather_lens above, which always launch) and
 # gather_replay_batch (the model state's call).
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b`` is ``a`` or starts at ``a``'s address (a torch call only when not the same object)."""
+    return a is b or a.data_ptr() == b.data_ptr()
 
 
 def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens: int, token_offset: int) -> bool:
     """True when the open step's launch already wrote this window-rows call's outputs."""
     step = _local.step
-    if step is None or ("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset,
-                        query_start_loc.data_ptr(), replay_start.data_ptr(),
-                        block_table.data_ptr()) not in step.answered:
+    if step is None:
+        return False
+    hit = step.answered.get(("swa_indices_and_lens", num_tokens, token_offset))
+    if (hit is None or hit[0] != swa_indices.data_ptr() or not _same(hit[1], query_start_loc)
+            or not _same(hit[2], replay_start) or not _same(hit[3], block_table)):
         return False
     CALLS["swa_indices_and_lens.answered"] += 1
     return True
@@ -381,12 +407,11 @@ def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num
     step = _local.step
     if step is None:
         return False
-    buf = step.answered.get(("gather_lens", query_start_loc.data_ptr(), replay_start.data_ptr(), num_prefills,
-                             num_decodes, window))  # the step's buffer, its first num_prefills entries written
-    if (buf is None or prefill_gather_lens.dim() != 1 or prefill_gather_lens.shape[0] != num_prefills
-            or prefill_gather_lens.dtype != buf.dtype):
+    hit = step.answered.get(("gather_lens", num_prefills, num_decodes, window))
+    if (hit is None or not _same(hit[0], query_start_loc) or not _same(hit[1], replay_start)
+            or prefill_gather_lens.shape != (num_prefills,) or prefill_gather_lens.dtype != hit[4]):
         return False
-    prefill_gather_lens.set_(buf.untyped_storage(), buf.storage_offset(), (num_prefills,), (1,))  # a view, no slice
+    prefill_gather_lens.set_(hit[2], hit[3], (num_prefills,), (1,))  # the step's buffer: a view, no slice
     CALLS["gather_lens.answered"] += 1
     return True
 
@@ -399,8 +424,8 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
     that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
-    empty int32 ``no_groups`` and a dict ``views`` (the first two's slices per batch size,
-    kept). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is
+    empty int32 ``no_groups`` and a dict ``views`` (per batch size, kept: the first two's
+    slices and the gather lengths' storage, which the answered call's tensor is set to). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is
     a new tensor object, ~1 µs of host time each.
     Records the calls it answered; returns False (nothing launched, the pad still held) when
     the held pad is on other tensors."""
@@ -418,10 +443,11 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
                 or p_rs is not rs and p_rs.data_ptr() != rs.data_ptr()):
             return False
     D, d = t.num_decode_tokens, t.num_decodes
+    gl = scratch["gather_lens"]
     views = scratch["views"].get(B)
     if views is None:  # per batch size, made once
-        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B])
-    gl = scratch["gather_lens"]
+        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B],
+                                       (gl.untyped_storage(), gl.storage_offset(), gl.dtype))
     out = {"replay_start": scratch["replay_start"], "swa_indices": t.decode_rows, "swa_lens": t.decode_lens,
            "prefill_swa_indices": t.prefill_rows, "prefill_swa_lens": t.prefill_lens, "gather_lens": gl}
     plan = None
@@ -434,15 +460,14 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
                            gather_lens_from=d, valid_group=t.group, out=out)
     step.pad = None
     answered = step.answered
-    q_ptr, r_ptr, t_ptr = qsl.data_ptr(), rs.data_ptr(), t.block_table.data_ptr()
     if D:
-        answered[("swa_indices_and_lens", t.decode_rows.data_ptr(), D, 0, q_ptr, r_ptr, t_ptr)] = True
+        answered[("swa_indices_and_lens", D, 0)] = (t.decode_ptr, qsl, rs, t.block_table)
     if T > D:
-        answered[("swa_indices_and_lens", t.prefill_rows.data_ptr(), T - D, D, q_ptr, r_ptr, t_ptr)] = True
+        answered[("swa_indices_and_lens", T - D, D)] = (t.prefill_ptr, qsl, rs, t.block_table)
     if B > d:
-        answered[("gather_lens", q_ptr, r_ptr, B - d, d, t.window)] = gl
+        answered[("gather_lens", B - d, d, t.window)] = (qsl, rs) + views[2]
     if plan is not None:
-        answered[("gather_replay_batch", id(plan))] = (plan, q_ptr, slot_mappings.data_ptr(), g_out["rows"].data_ptr())
+        answered[("gather_replay_batch", id(plan))] = (plan, qsl, slot_mappings, g_out["rows"])
     return True
 
 
@@ -521,5 +546,5 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
 
 __all__ = ["CALLS", "VALIDATE", "WindowTarget", "answered_gather_lens", "answered_swa", "backend_for", "begin_step",
            "dropped_before", "end_step", "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots",
-           "predicted_kept", "predicted_split", "prefill_gather_lens", "prepare_step", "replay_plan", "scatter_rows",
-           "swa_indices_and_lens", "swa_rows", "warm_up"]
+           "predicted_kept", "predicted_split", "prefill_gather_lens", "prepare_step", "query_lens", "replay_plan",
+           "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]

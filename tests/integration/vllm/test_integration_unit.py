@@ -310,6 +310,55 @@ def test_a_held_pad_runs_when_no_step_launch_takes_it():
         runtime.end_step()
 
 
+def test_an_answer_matches_only_its_own_call():
+    """``prepare_step`` answers a later call only when the call writes into the step's own
+    buffer (matched by address: vLLM hands a fresh slice of it) and reads the inputs the step
+    read (the same tensor objects, or others at the same address); another buffer, other
+    inputs, other sizes or another dtype launch as before. What an answered call finds is what
+    the pack's op writes for it."""
+    be = select("cpu", prefer="reference")
+    b = dict(_cases.mixed_batches(0))["mixed"]
+    W, B, T, D, d = b.W, b.num_reqs, b.T, b.num_decode_tokens, b.num_decodes
+    P = B - d
+    rs, table, i32 = b.R_t[:B], b.block_tables[1], torch.int32
+    dec, pre = torch.full((T, 1, W), -7, dtype=i32), torch.full((T, 1, W), -7, dtype=i32)
+    lens = torch.full((T,), -7, dtype=i32), torch.full((T,), -7, dtype=i32)
+    target = runtime.WindowTarget(1, table, b.block_size, W, d, D, dec[:, 0], lens[0], pre[:, 0], lens[1])
+    n = B + 1
+    scratch = {"arange": torch.arange(n, dtype=i32), "ones": torch.ones(n, dtype=torch.bool),
+               "replay_start": torch.zeros(n, dtype=i32), "gather_lens": torch.zeros(n, dtype=i32),
+               "no_groups": torch.zeros(0, dtype=i32), "views": {}}
+    want_rows, want_lens = be.swa_indices_and_lens(b.qsl, b.seq[:B], table, b.block_size, W, rs, index_width=W,
+                                                   valid=b.slots[1] >= 0, num_tokens=T)
+    want_gl = be.prefill_gather_lens(b.qsl[d:], b.seq[d:B], rs[d:], W)
+    assert 0 < D < T and P > 0
+    runtime.begin_step()
+    try:
+        assert runtime.prepare_step(be, target, b.qsl, b.seq[:B], b.positions[:T], b.slots.clone(), rs, B, T, scratch)
+        answered = runtime.answered_swa
+        assert answered(dec, b.qsl, rs, table, D, 0)  # the persistent buffer itself, the step's inputs
+        assert answered(pre[: T - D], b.qsl[:], rs[:], table[:], T - D, D)  # slices: other objects, same addresses
+        assert torch.equal(dec[:D, 0], want_rows[:D]) and torch.equal(lens[0][:D], want_lens[:D])
+        assert torch.equal(pre[: T - D, 0], want_rows[D:]) and torch.equal(lens[1][: T - D], want_lens[D:])
+        assert not answered(pre, b.qsl, rs, table, D, 0)  # another builder's buffer
+        assert not answered(dec, b.qsl.clone(), rs, table, D, 0)
+        assert not answered(dec, b.qsl, rs.clone(), table, D, 0)
+        assert not answered(dec, b.qsl, rs, b.block_tables[0], D, 0)
+        assert not answered(dec, b.qsl, rs, table, D - 1, 0)
+        assert not answered(pre, b.qsl, rs, table, T - D, D - 1)
+        gl = torch.empty(P, dtype=i32)
+        assert runtime.answered_gather_lens(gl, b.qsl, rs, P, d, W) and torch.equal(gl, want_gl)
+        for args in ((torch.empty(P, dtype=i32), b.qsl.clone(), rs, P, d, W),
+                     (torch.empty(P, dtype=i32), b.qsl, rs.clone(), P, d, W),
+                     (torch.empty(P, dtype=torch.int64), b.qsl, rs, P, d, W),
+                     (torch.empty(P + 1, dtype=i32), b.qsl, rs, P, d, W),
+                     (torch.empty(P, dtype=i32), b.qsl, rs, P, d, W + 1)):
+            assert not runtime.answered_gather_lens(*args)
+    finally:
+        runtime.end_step()
+    assert not runtime.answered_swa(dec, b.qsl, rs, table, D, 0)  # the step is closed
+
+
 def test_predicted_kept_is_vllms_trim_rule():
     """``runtime.predicted_kept`` against vLLM 0.33's rule written out (``_prepare_replay_batch``
     without PCP: a request keeping its rows keeps all, every other request its last ``W``;
@@ -327,15 +376,18 @@ def test_predicted_kept_is_vllms_trim_rule():
         pre = rng.random(B) < 0.6
         keeps = rng.random(B) < rng.choice([0.0, 0.3])
         want_kept = np.where(keeps, q, np.minimum(q, W))
+        lens = runtime.query_lens(np.concatenate([[0], np.cumsum(q)]).astype(np.int32), B)
+        assert isinstance(lens, list) == (B <= runtime.SMALL_BATCH) and np.array_equal(np.asarray(lens), q)
         for forced in (False, True):
             if forced:
                 want = want_kept if pre.any() else None
             else:
                 want = want_kept if ((q > W) & pre & ~keeps).any() else None
-            got = runtime.predicted_kept(q, keeps, pre, W, forced=forced)
+            got = runtime.predicted_kept(lens, keeps, pre, W, forced=forced)
             assert (got is None) == (want is None) and (got is None or np.array_equal(got, want)), (q, pre, keeps)
+            assert got is None or got.dtype == np.int32
             if not keeps.any():
-                none = runtime.predicted_kept(q, None, pre, W, forced=forced)
+                none = runtime.predicted_kept(lens, None, pre, W, forced=forced)
                 assert (none is None) == (want is None) and (none is None or np.array_equal(none, want))
 
 

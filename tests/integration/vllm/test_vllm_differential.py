@@ -223,7 +223,7 @@ def test_two_steps_reuse_the_persistent_buffers(be):
 
 
 def test_predicted_split_is_vllms_split():
-    """``runtime.predicted_split`` (the one-launch step's prediction, numpy) against vLLM's own
+    """``runtime.predicted_split`` (the one-launch step's prediction) against vLLM's own
     ``split_decodes_and_prefills`` on random decode-first batches: decodes, short extends and
     prefills, thresholds 1-5, ``max_query_len`` as the batch's or a larger scheduled bound; batch
     sizes on both sides of ``runtime.SMALL_BATCH``."""
@@ -244,7 +244,7 @@ def test_predicted_split_is_vllms_split():
         cm = SimpleNamespace(max_query_len=mql, num_reqs=B, num_actual_tokens=T,
                              query_start_loc_cpu=torch.from_numpy(qsl), is_prefilling=None)
         d, _, D, _ = split_decodes_and_prefills(cm, decode_threshold=th)
-        assert runtime.predicted_split(np.diff(qsl), qsl, T, mql, th) == (d, D), (q.tolist(), th, mql)
+        assert runtime.predicted_split(runtime.query_lens(qsl, B), qsl, T, mql, th) == (d, D), (q.tolist(), th, mql)
 
 
 @pytest.mark.parametrize("wrong", ["split", "kept"])
