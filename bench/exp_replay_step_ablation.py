@@ -1,0 +1,127 @@
+"""Where the replay step's host time goes, by leaving parts out (one H200, in context).
+
+    . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/exp_replay_step_ablation.py --out DIR
+
+``profile_replay_step.py`` times each piece of the pack's step alone, back to back; on the H200
+machines those pieces add up to about two thirds of the whole step. This experiment times the
+whole step of ``bench_replay_step.py``'s pack column (the 1x16K and 8x4K+32d steps) and the same
+step with one part left out at a time, in interleaved rounds (host µs per step, median of 9
+rounds of 300 back-to-back steps): the difference is what that part costs where it runs. The
+same again with the kernel launch made a no-op gives the Python alone. Outputs are not checked
+here (``bench_replay_step.py`` does that); parts left out leave their outputs unwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
+import numpy as np
+import torch
+
+import swa_backends
+from swa_backends.common.types import INDEX_DTYPE
+from swa_backends.common.validation import set_validation
+from swa_backends.integrations.vllm import runtime as rt
+from swa_backends.kernels import prepare_replay_step as kp
+from swa_backends.testing import vllm_kernels as vk
+from swa_backends.testing.vllm_shims import routed_shims
+
+SHAPES = {"1x16K": (1, 16384, 0), "8x4K+32d": (8, 4096, 32)}
+
+
+def step_fn(be, s, b, g, target, scratch, shims, *, predict=True, later=True, empty=True):
+    """``brs.pack_step`` with parts optionally left out: the model state's prediction (the
+    target's split stays as last predicted), vLLM's later calls, vLLM's per-build ``torch.empty``
+    of the gather lengths (a kept tensor instead)."""
+    W, BS, D, T = brs.W, brs.BS, s.D, s.T
+    swa, gls, pad = shims["swa_indices_and_lens"], shims["prefill_gather_lens"], shims["pad_replayed_slots"]
+    kept_gl = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)
+
+    def run():
+        rt.begin_step()
+        try:
+            if s.replays:
+                pad[(s.B,)](b["slots"], b["slots"].stride(0), s.cacheable, s.qsl, s.positions, s.R, W, vk.PAD_SLOT_ID,
+                            NUM_GROUPS=s.cacheable.numel(), BLOCK=1024)
+            rt.prepare_step(be, brs.predict(s, target) if predict else target, s.qsl, s.seq, s.positions, b["slots"],
+                            s.R, s.B, T, scratch, gather=(s.plan, W, g))
+            if later:
+                if D:
+                    swa(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"], b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid,
+                        s.table, BS, s.R, num_tokens=D, token_offset=0)
+                if T > D:
+                    swa(b["pre_idx"], b["pre_lens"], W, W, b["pre_lens"], b["pre_lens"], s.qsl, s.seq, s.t2r,
+                        s.valid, s.table, BS, s.R, num_tokens=T - D, token_offset=D)
+                if s.P:
+                    b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev) if empty else kept_gl
+                    gls(b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
+                rt.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g)
+        finally:
+            rt.end_step()
+    return run
+
+
+def rounds(fns: dict, calls: int, n: int) -> dict:
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    for r in range(n):
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            f = fns[k]
+            f()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            times[k].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    set_validation(False)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
+    res: dict = {}
+    with routed_shims(lambda device: be) as shims:
+        for name, shape in SHAPES.items():
+            s = brs.ServingStep(*shape, dev, np.random.default_rng(0))
+            b = s.buffers()
+            g, target, scratch = brs.gather_out_view(s, b), brs.window_target(b), brs.step_scratch(s)
+            bf = s.buffers()
+            fout = brs.fused_out(s, bf)
+            fns = {"whole step": step_fn(be, s, b, g, target, scratch, shims),
+                   "without the prediction": step_fn(be, s, b, g, target, scratch, shims, predict=False),
+                   "without vLLM's later calls": step_fn(be, s, b, g, target, scratch, shims, later=False),
+                   "without vLLM's torch.empty": step_fn(be, s, b, g, target, scratch, shims, empty=False),
+                   "prepare_step alone": step_fn(be, s, b, g, target, scratch, shims, predict=False, later=False),
+                   "prepare_replay_step alone": lambda s=s, bf=bf, fout=fout: brs.fused_step(be, s, bf, fout)}
+            for f in fns.values():
+                f()
+            rounds(fns, calls=100, n=2)  # untimed
+            res[name] = {"launching": rounds(fns, calls=300, n=9)}
+            real = kp._K
+            kp._K = lambda key, grid, *args: None  # the Python alone
+            try:
+                res[name]["launch a no-op"] = rounds(fns, calls=300, n=9)
+            finally:
+                kp._K = real
+            for mode, row in res[name].items():
+                print(name, mode, row, flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "exp_replay_step_ablation.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
