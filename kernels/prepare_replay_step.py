@@ -36,10 +36,6 @@ from ._launch import Kernel, jit
 from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
 BLOCK_T = 16
-#: steps of at most HALF_TILE_TOKENS tokens give each token program HALF_TILE of its BLOCK_T lanes
-#: (a runtime argument: the same compiled kernel)
-HALF_TILE_TOKENS = 1024
-HALF_TILE = BLOCK_T // 2
 BLOCK_W = 128
 BLOCK_R = 256  # requests per program without a plan
 KB = 8  # cacheable-group entries per load
@@ -75,7 +71,7 @@ def _gather_len(q0, q1, seq, R, W):
 @triton.jit
 def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr, n_groups,
                 bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
-                B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, tpp, DO_PAD: tl.constexpr,
+                B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, DO_PAD: tl.constexpr,
                 SPLIT: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                 KB: tl.constexpr):
     """Tokens ``[tile*BLOCK_T, ...)``, columns ``[cb*BLOCK_W, ...)`` (``pid = tile *
@@ -86,9 +82,8 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
     loop gets software-pipelined into twice the registers.)"""
     tile = pid // col_blocks
     cb = pid - tile * col_blocks
-    lane = tl.arange(0, BLOCK_T)
-    t = tile * tpp + lane
-    m = (lane < tpp) & (t < T)  # tpp tokens per program (<= BLOCK_T), the other lanes idle
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    m = t < T
     req = find_request(qsl_ptr, B, t, n_steps)
     ok = m & (req < B)
     R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, ok)
@@ -196,7 +191,7 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
                          rs_out_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
                          gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
                          B, T, G, width, n, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
-                         req_progs, tpp,
+                         req_progs,
                          DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
                          HAS_GL: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
@@ -205,7 +200,7 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
     if pid < tok_tiles:
         _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                     n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr,
-                    P, vg, B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, tpp, DO_PAD, SPLIT, HAS_VALID,
+                    P, vg, B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, DO_PAD, SPLIT, HAS_VALID,
                     BLOCK_T, BLOCK_W, KB)
     elif HAS_PLAN:
         if pid < tok_tiles + req_progs:
@@ -258,8 +253,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     n_groups = cacheable_groups.shape[0]
     do_pad = not (any_replay is False or Wr == 0 or n_groups == 0)
     col_blocks = (width + BLOCK_W - 1) // BLOCK_W or 1
-    tpp = HALF_TILE if T <= HALF_TILE_TOKENS else BLOCK_T
-    tok_tiles = (T + tpp - 1) // tpp * col_blocks
+    tok_tiles = (T + BLOCK_T - 1) // BLOCK_T * col_blocks
     if plan is not None:
         entry = plan._launch_cache.get(positions.get_device())
         if entry is None:
@@ -289,7 +283,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        rs, swa, swa.stride(0), lens, pswa, pswa.stride(0) if split else 0, plens, prefill_from or 0,
        valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, tpp, do_pad, plan is not None, split, has_valid, has_gl, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R,
+       tok_tiles, req_progs, do_pad, plan is not None, split, has_valid, has_gl, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R,
        GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     return PreparedStep(rs, slot_mappings, swa, lens, batch, pswa, plens, gl)

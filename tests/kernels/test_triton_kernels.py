@@ -204,23 +204,6 @@ def test_gather_replay_batch_graph_padding_is_pad(tb):
     assert (got.slot_mappings[:, n:] == PAD).all() and (got.rows[n:] == 0).all()
 
 
-@pytest.mark.parametrize("tokens", ["half", "full"])
-def test_prepare_token_programs_half_and_full(tb, monkeypatch, tokens):
-    """``prepare_replay_step``'s token programs take half their tile's lanes at steps of up to
-    ``HALF_TILE_TOKENS`` tokens and all of them above (a runtime argument, the same compiled
-    kernel): both against the reference, at token counts on and off the tile boundaries."""
-    all_variants()["prepare_replay_step"]["triton"].load()
-    from swa_backends.kernels import prepare_replay_step as kp
-
-    monkeypatch.setattr(kp, "HALF_TILE_TOKENS", 1 << 30 if tokens == "half" else 0)
-    rng = np.random.default_rng(5 if tokens == "half" else 6)
-    for _ in range(6):
-        b = random_batch(rng, W=int(rng.choice([8, 130])), max_q=int(rng.choice([kp.HALF_TILE, 37, 150])), max_reqs=5,
-                         long_prefill=True)
-        args, kwargs = case_for("prepare_replay_step", rng, "cpu", batch=b)
-        _check(tb, "prepare_replay_step", args, kwargs)
-
-
 @pytest.mark.parametrize("op", ["swa_indices_and_lens", "prepare_replay_step", "combined_indices"])
 @pytest.mark.parametrize("block_size", [3, 24])
 def test_block_size_not_a_power_of_two(tb, op, block_size):
