@@ -42,19 +42,12 @@ KB = 8  # cacheable-group entries per load
 
 
 @triton.jit
-def _replay_start_of(rall_ptr, n_r, idx_ptr, pre_ptr, b, mask):
-    """``batch_replay_start`` for batch rows ``b`` (int32, 0 where masked off). Row ``b``'s own
-    entry ``R_per_request[b]`` is read beside ``idx_mapping[b]`` and used where the mapping is
-    the identity there (the vLLM integration's: its replay starts come per batch row); the
-    indexed read, which waits for ``idx_mapping``, is masked off on those rows, so the
-    identity costs no dependent memory round trip."""
+def _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mask):
+    """``batch_replay_start`` for batch rows ``b`` (int32, 0 where masked off)."""
     i = tl.load(idx_ptr + b, mask=mask, other=0).to(tl.int64)
     pre = tl.load(pre_ptr + b, mask=mask, other=0) != 0
-    own_ok = mask & (b < n_r)
-    own = tl.load(rall_ptr + b, mask=own_ok, other=0)
-    same = own_ok & (i == b)
-    r = tl.load(rall_ptr + i, mask=mask & pre & (~same), other=0)
-    return tl.where(pre, tl.where(same, own, r), 0).to(tl.int32)
+    r = tl.load(rall_ptr + i, mask=mask & pre, other=0)
+    return tl.where(pre, r, 0).to(tl.int32)
 
 
 @triton.jit
@@ -76,8 +69,8 @@ def _gather_len(q0, q1, seq, R, W):
 
 
 @triton.jit
-def _token_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
-                n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
+def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr, n_groups,
+                bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
                 B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, DO_PAD: tl.constexpr,
                 SPLIT: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                 KB: tl.constexpr):
@@ -93,7 +86,7 @@ def _token_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr,
     m = t < T
     req = find_request(qsl_ptr, B, t, n_steps)
     ok = m & (req < B)
-    R = _replay_start_of(rall_ptr, n_r, idx_ptr, pre_ptr, req, ok)
+    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, ok)
     seq = tl.load(seq_ptr + req, mask=ok, other=0)
     end = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
     t64 = t.to(tl.int64)
@@ -132,8 +125,8 @@ def _token_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr,
 
 
 @triton.jit
-def _request_gather_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
-                         groups_ptr, n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
+def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
+                         n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
                          kv_ptr, gl_ptr, g_from, B, G, W, Wr, S, DO_PAD: tl.constexpr, HAS_GL: tl.constexpr,
                          BLOCK: tl.constexpr, GB: tl.constexpr, KB: tl.constexpr, UNIT_T: tl.constexpr):
     """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry,
@@ -151,7 +144,7 @@ def _request_gather_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr,
     d1 = tl.load(drop_ptr + b + 1, mask=has, other=0)
     seq = tl.load(seq_ptr + b, mask=has, other=0)
     trimmed = d1 > d0  # rows dropped inside the request: kept < q
-    R = _replay_start_of(rall_ptr, n_r, idx_ptr, pre_ptr, b, has)
+    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, has)
     start = q0 - d0
     end = tl.where(has, q1 - d1, start)
     if s == 0:
@@ -193,7 +186,7 @@ def _request_gather_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr,
 
 
 @jit
-def _prepare_replay_step(rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
+def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
                          rs_out_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
                          gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
@@ -205,13 +198,13 @@ def _prepare_replay_step(rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
                          KB: tl.constexpr, UNIT_T: tl.constexpr):
     pid = tl.program_id(0)
     if pid < tok_tiles:
-        _token_role(pid, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
+        _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                     n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr,
                     P, vg, B, T, width, n_steps, block_size, bs_shift, W, Wr, col_blocks, DO_PAD, SPLIT, HAS_VALID,
                     BLOCK_T, BLOCK_W, KB)
     elif HAS_PLAN:
         if pid < tok_tiles + req_progs:
-            _request_gather_role(pid - tok_tiles, rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
+            _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
                                  s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr,
                                  opos_ptr, oslot_ptr, os_g, kv_ptr, gl_ptr, g_from, B, G, W, Wr, S, DO_PAD, HAS_GL,
                                  BLOCK, GB, KB, UNIT_T)
@@ -221,7 +214,7 @@ def _prepare_replay_step(rall_ptr, n_r, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
     else:
         b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         mb = b < B
-        R = _replay_start_of(rall_ptr, n_r, idx_ptr, pre_ptr, b, mb)
+        R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mb)
         tl.store(rs_out_ptr + b, R, mask=mb)
         if HAS_GL:
             mg = mb & (b >= g_from)
@@ -280,7 +273,6 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     bt_s0, bt_s1 = block_table.stride()
     _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl), grid,
        R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
-       R_per_request.shape[0],
        idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
        is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
        query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(),
