@@ -204,6 +204,42 @@ def test_gather_replay_batch_graph_padding_is_pad(tb):
     assert (got.slot_mappings[:, n:] == PAD).all() and (got.rows[n:] == 0).all()
 
 
+@pytest.mark.parametrize("mapping", ["identity", "fixed_points"])
+def test_prepare_replay_start_identity_and_fixed_points(tb, mapping):
+    """``prepare_replay_step``'s replay starts through an identity ``idx_mapping`` (the vLLM
+    integration's call: its replay starts come per batch row) and through a mapping whose last
+    row maps elsewhere with ``R_per_request`` one entry shorter than the batch; the same replay
+    start per row as the generated case."""
+    rng = np.random.default_rng(3 if mapping == "identity" else 4)
+    done = 0
+    while done < 4:
+        b = random_batch(rng, W=8, max_q=30, max_reqs=6, long_prefill=True)
+        args, kwargs = case_for("prepare_replay_step", rng, "cpu", batch=b)
+        R_all, idx, pre = args[0], args[1], args[2]
+        B = idx.shape[0]
+        row_R = torch.where(pre, R_all[idx.long()], torch.zeros_like(R_all[idx.long()]))
+        new_idx = torch.arange(B, dtype=idx.dtype)
+        R = row_R.clone()
+        if mapping == "fixed_points":
+            if B < 2:
+                continue
+            R = row_R[: B - 1].clone()
+            if bool(pre[B - 1]):
+                same = torch.nonzero(R == row_R[B - 1]).flatten()
+                free = torch.nonzero(~pre[: B - 1]).flatten()
+                if same.numel():
+                    new_idx[B - 1] = same[0]
+                elif free.numel():  # a row that reads no replay start carries the value
+                    R[free[0]] = row_R[B - 1]
+                    new_idx[B - 1] = free[0]
+                else:
+                    continue
+            else:
+                new_idx[B - 1] = 0
+        _check(tb, "prepare_replay_step", (R, new_idx) + tuple(args[2:]), kwargs)
+        done += 1
+
+
 @pytest.mark.parametrize("op", ["swa_indices_and_lens", "prepare_replay_step", "combined_indices"])
 @pytest.mark.parametrize("block_size", [3, 24])
 def test_block_size_not_a_power_of_two(tb, op, block_size):
