@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
@@ -66,20 +64,8 @@ def step_fn(be, s, b, g, target, scratch, shims, *, predict=True, later=True, em
     return run
 
 
-def rounds(fns: dict, calls: int, n: int) -> dict:
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for r in range(n):
-        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
-            f = fns[k]
-            f()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            times[k].append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+def _rounded(times: dict) -> dict:
+    return {k: round(v, 1) for k, v in times.items()}
 
 
 def main(argv=None) -> int:
@@ -108,12 +94,12 @@ def main(argv=None) -> int:
                    "prepare_replay_step alone": lambda s=s, bf=bf, fout=fout: brs.fused_step(be, s, bf, fout)}
             for f in fns.values():
                 f()
-            rounds(fns, calls=100, n=2)  # untimed
-            res[name] = {"launching": rounds(fns, calls=300, n=9)}
+            brs.host_interleaved(fns, calls=100, rounds=2)  # untimed
+            res[name] = {"launching": _rounded(brs.host_interleaved(fns, calls=300, rounds=9))}
             real = kp._K
             kp._K = lambda key, grid, *args: None  # the Python alone
             try:
-                res[name]["launch a no-op"] = rounds(fns, calls=300, n=9)
+                res[name]["launch a no-op"] = _rounded(brs.host_interleaved(fns, calls=300, rounds=9))
             finally:
                 kp._K = real
             for mode, row in res[name].items():
