@@ -16,9 +16,10 @@ every third prefill replays from 896 after a 1024-token hit; W 128, block 64, 5 
 
 * **vllm** -- vLLM's kernels launched as at its call sites (``testing/vllm_kernels.py``):
   ``_pad_replayed_slots_kernel`` when a request of the step replays (vLLM's model state pads only
-  then: ``replay_start_np.any()``; the single-prefill steps replay nothing); ``_compute_swa_indices_and_lens_kernel`` twice (decode rows
-  into the decode buffer, prefill rows with ``token_offset`` into the prefill buffer; each only
-  when its part has tokens, as the builder calls it);
+  then: ``replay_start_np.any()``; the single-prefill steps replay nothing);
+  ``_compute_swa_indices_and_lens_kernel`` twice (decode rows into the decode buffer, prefill rows
+  with ``token_offset`` into the prefill buffer; each only when its part has tokens, as the
+  builder calls it);
   ``ComputePrefillMetadataKernel``; the ``PAD_SLOT_ID`` fill and ``_gather_replay_batch_kernel``.
 * **pack** -- the same step through the pack as vLLM runs it with the pack installed
   (``integrations/vllm/runtime.py``: the functions the patches and the model state call, into
@@ -239,8 +240,8 @@ def fused_step(be, s: ServingStep, b: dict, out: dict):
     """``prepare_replay_step`` alone, in vLLM's layouts: one launch, nothing around it (padding
     only when a request replays, as the integration launches it)."""
     be.prepare_replay_step(s.R, s.idx, s.prefilling, s.qsl, s.seq, s.positions, b["slots"], s.cacheable, s.table, BS,
-                           W, W if s.replays else 0, index_width=W, plan=s.plan, prefill_from=s.D, gather_lens_from=s.D, valid_group=1,
-                           out=out)
+                           W, W if s.replays else 0, index_width=W, plan=s.plan, prefill_from=s.D,
+                           gather_lens_from=s.D, valid_group=1, out=out)
 
 
 def gather_out_view(s: ServingStep, b: dict) -> dict:

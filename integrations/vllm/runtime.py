@@ -285,7 +285,7 @@ def predicted_split(query_lens: list[int] | np.ndarray, query_start_loc_np: np.n
         if isinstance(query_lens, list):
             for d, n in enumerate(query_lens):
                 if n > decode_threshold:
-                    return d, sum(query_lens[:d])
+                    return d, int(query_start_loc_np[d])
         else:
             prefill = query_lens > decode_threshold
             d = int(prefill.argmax())  # the first prefill; 0 also when there is none (checked next)
@@ -425,8 +425,9 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
     empty int32 ``no_groups`` and a dict ``views`` (per batch size, kept: the first two's
-    slices and the gather lengths' storage, which the answered call's tensor is set to). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is
-    a new tensor object, ~1 µs of host time each.
+    slices and the gather lengths' storage, which the answered call's tensor is set to). The
+    outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is a new
+    tensor object, ~1 µs of host time each.
     Records the calls it answered; returns False (nothing launched, the pad still held) when
     the held pad is on other tensors."""
     step = _local.step
