@@ -2,8 +2,9 @@
 
     . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/exp_replay_step_ablation.py --out DIR
 
-``profile_replay_step.py`` times each piece of the pack's step alone, back to back; on the H200
-machines those pieces add up to about two thirds of the whole step. This experiment times the
+``profile_replay_step.py`` times each piece of the pack's step alone, back to back, where each
+runs with its own code and data hot; on the H200 machines they add up to about four fifths of the
+whole step (its log at b258b93, 8x4K+32d: 38.7-39.8 of 48.6-49.2 µs). This experiment times the
 whole step of ``bench_replay_step.py``'s pack column (the 1x16K and 8x4K+32d steps) and the same
 step with one part left out at a time, in interleaved rounds (host µs per step, median of 9
 rounds of 300 back-to-back steps): the difference is what that part costs where it runs. The
