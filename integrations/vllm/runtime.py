@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -256,12 +256,6 @@ class WindowTarget:
     decode_lens: torch.Tensor
     prefill_rows: torch.Tensor
     prefill_lens: torch.Tensor
-    #: the two row buffers' addresses, read once (an answered window-rows call is matched by them)
-    decode_ptr: int = field(init=False)
-    prefill_ptr: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.decode_ptr, self.prefill_ptr = self.decode_rows.data_ptr(), self.prefill_rows.data_ptr()
 
 
 def query_lens(query_start_loc_np: np.ndarray, num_reqs: int) -> list[int] | np.ndarray:
@@ -424,9 +418,9 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
     that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
-    empty int32 ``no_groups`` and a dict ``views`` (per batch size, kept: the first two's
-    slices and the gather lengths' storage, which the answered call's tensor is set to). The
-    outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is a new
+    empty int32 ``no_groups`` and a dict ``views`` (kept: the first two's slices per batch
+    size; under ``"gather_lens"`` that buffer's storage, which an answered call's tensor is set
+    to). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is a new
     tensor object, ~1 µs of host time each.
     Records the calls it answered; returns False (nothing launched, the pad still held) when
     the held pad is on other tensors."""
@@ -444,11 +438,13 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
                 or p_rs is not rs and p_rs.data_ptr() != rs.data_ptr()):
             return False
     D, d = t.num_decode_tokens, t.num_decodes
-    gl = scratch["gather_lens"]
     views = scratch["views"].get(B)
     if views is None:  # per batch size, made once
-        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B],
-                                       (gl.untyped_storage(), gl.storage_offset(), gl.dtype))
+        views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B])
+    gl = scratch["gather_lens"]
+    gl_view = scratch["views"].get("gather_lens")
+    if gl_view is None or gl_view[0] is not gl:  # the storage an answered call's tensor is set to, read once
+        gl_view = scratch["views"]["gather_lens"] = (gl, gl.untyped_storage(), gl.storage_offset(), gl.dtype)
     out = {"replay_start": scratch["replay_start"], "swa_indices": t.decode_rows, "swa_lens": t.decode_lens,
            "prefill_swa_indices": t.prefill_rows, "prefill_swa_lens": t.prefill_lens, "gather_lens": gl}
     plan = None
@@ -462,11 +458,11 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     step.pad = None
     answered = step.answered
     if D:
-        answered[("swa_indices_and_lens", D, 0)] = (t.decode_ptr, qsl, rs, t.block_table)
+        answered[("swa_indices_and_lens", D, 0)] = (t.decode_rows.data_ptr(), qsl, rs, t.block_table)
     if T > D:
-        answered[("swa_indices_and_lens", T - D, D)] = (t.prefill_ptr, qsl, rs, t.block_table)
+        answered[("swa_indices_and_lens", T - D, D)] = (t.prefill_rows.data_ptr(), qsl, rs, t.block_table)
     if B > d:
-        answered[("gather_lens", B - d, d, t.window)] = (qsl, rs) + views[2]
+        answered[("gather_lens", B - d, d, t.window)] = (qsl, rs) + gl_view[1:]
     if plan is not None:
         answered[("gather_replay_batch", id(plan))] = (plan, qsl, slot_mappings, g_out["rows"])
     return True
