@@ -45,6 +45,7 @@ compared (bit-identical, vLLM's graph-padding rows aside: SPEC §3.2).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -73,6 +74,23 @@ STEPS = dict(bto.STEPS)
 SMOKE_STEPS = {"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}
 COLUMNS = ("vllm", "pack", "pack_fused")
 SHIMS: dict = {}  # the patches' shims, routed to the pack (main: testing.vllm_shims.routed_shims)
+
+
+def integration_backend(dev):
+    """The backend the vLLM integration selects on ``dev`` (the Triton variants, unchecked),
+    validation off, as the serving path runs."""
+    set_validation(False)
+    return swa_backends.select(dev, prefer="triton", checked=False)
+
+
+@contextlib.contextmanager
+def on_this_gpu():
+    """``(device, backend, shims)`` on the current CUDA device: the integration's backend
+    (:func:`integration_backend`) and the patches' shims routed to it."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    be = integration_backend(dev)
+    with routed_shims(lambda device: be) as shims:
+        yield dev, be, shims
 
 
 class ServingStep:
@@ -379,8 +397,7 @@ def main(argv=None) -> int:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cpu") if bto.SMOKE else torch.device("cuda", torch.cuda.current_device())
-    set_validation(False)
-    be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
+    be = integration_backend(dev)
     ref = swa_backends.select(dev, prefer="reference")
     K, origin = vk.load(a.vllm_kernels)
     res = {"meta": {

@@ -22,13 +22,10 @@ import bench_replay_step as brs  # the sibling script (python puts the script's 
 import numpy as np
 import torch
 
-import swa_backends
 from swa_backends.common.types import INDEX_DTYPE
-from swa_backends.common.validation import set_validation
 from swa_backends.integrations.vllm import runtime as rt
 from swa_backends.kernels import prepare_replay_step as kp
 from swa_backends.testing import vllm_kernels as vk
-from swa_backends.testing.vllm_shims import routed_shims
 
 SHAPES = {"1x16K": (1, 16384, 0), "8x4K+32d": (8, 4096, 32)}
 
@@ -76,11 +73,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    set_validation(False)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
     res: dict = {}
-    with routed_shims(lambda device: be) as shims:
+    with brs.on_this_gpu() as (dev, be, shims):
         for name, shape in SHAPES.items():
             s = brs.ServingStep(*shape, dev, np.random.default_rng(0))
             b = s.buffers()

@@ -25,11 +25,8 @@ import bench_replay_step as brs  # the sibling script (python puts the script's 
 import numpy as np
 import torch
 
-import swa_backends
-from swa_backends.common.validation import set_validation
 from swa_backends.integrations.vllm import runtime as rt
 from swa_backends.testing import vllm_kernels as vk
-from swa_backends.testing.vllm_shims import routed_shims
 
 
 def main(argv=None) -> int:
@@ -39,10 +36,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    set_validation(False)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    be = swa_backends.select(dev, prefer="triton", checked=False)  # as the integration selects it
-    with routed_shims(lambda device: be) as shims:
+    with brs.on_this_gpu() as (dev, be, shims):
         return _profile(dev, be, shims, a)
 
 
