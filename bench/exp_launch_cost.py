@@ -1,0 +1,143 @@
+"""What one compiled launch of ``prepare_replay_step`` costs on the host, taken apart (one H200).
+
+    . bench/gpu_env.sh && python3 bench/exp_launch_cost.py --out DIR
+
+The replay step's ablation (``exp_replay_step_ablation.py``) puts 17-25 µs of a step's host time
+in the kernel launch alone. This experiment times, on ``bench_replay_step.py``'s fused step
+(validation off, the integration's backend), back to back without a sync (host µs per call,
+median of 7 interleaved rounds of 300 calls):
+
+* ``op``: ``be.prepare_replay_step(...)`` whole (dispatch, argument list, launch);
+* ``kernel``: the pack's ``Kernel.__call__`` with the op's recorded arguments;
+* ``run_tensors``: Triton's compiled launcher (``CompiledKernel.run``) with them, tensors as given;
+* ``run_addresses``: the same with every tensor replaced by its address, read beforehand
+  (Triton's launcher takes an ``int`` as the pointer and skips ``data_ptr()`` and the driver's
+  ``cuPointerGetAttribute`` check);
+* ``run_addresses_read``: the same, reading the addresses in the timed call (what a launcher
+  that passes addresses would pay);
+* ``one_pointer``: a Triton kernel of one pointer argument, through its compiled launcher (the
+  floor of any Triton launch on this machine);
+* ``torch_fill``: ``Tensor.fill_`` on a small tensor (one torch launch).
+
+Nothing is checked here beyond the op's outputs equalling the addressed launch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from swa_backends.kernels import prepare_replay_step as kp
+
+SHAPES = {"1x1K": (1, 1024, 0), "8x4K+32d": (8, 4096, 32)}
+
+
+@triton.jit
+def _one_pointer(x_ptr):
+    tl.store(x_ptr + tl.program_id(0), 1)
+
+
+def timed(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    for r in range(rounds + 2):  # two untimed rounds first
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            f = fns[k]
+            f()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            dt = (time.perf_counter() - t0) / calls * 1e6
+            torch.cuda.synchronize()
+            if r >= 2:
+                times[k].append(dt)
+    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
+
+
+def shape_fns(name, shape, be, dev, rng) -> dict:
+    s = brs.ServingStep(*shape, dev, rng)
+    b = s.buffers()
+    out = brs.fused_out(s, b)
+    op = lambda: brs.fused_step(be, s, b, out)  # noqa: E731
+    op()
+    got = {}
+    K = kp._K
+
+    class Recorder:
+        def __call__(self, key, grid, *args):
+            got.update(key=key, grid=grid, args=args)
+            K(key, grid, *args)
+
+    kp._K = Recorder()
+    try:
+        op()
+    finally:
+        kp._K = K
+    key, grid, args = got["key"], got["grid"], got["args"]
+    ck = K._compiled[(torch.cuda.current_device(), key)]
+    stream = torch.cuda.current_stream().cuda_stream
+    addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    g0, g1, g2 = grid
+    fn, meta = ck.function, ck.packed_metadata
+
+    def run_addresses_read():
+        a = list(args)
+        for i in tensor_at:
+            a[i] = a[i].data_ptr()
+        ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *a)
+
+    before = {k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)}
+    ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *addresses)
+    torch.cuda.synchronize()
+    for k, v in before.items():
+        if not torch.equal(v, b[k]):
+            raise AssertionError(f"{name}: the addressed launch wrote other values into {k}")
+    print(f"{name}: {len(args)} arguments, {len(tensor_at)} tensors, grid {grid}")
+    return {
+        "op": op,
+        "kernel": lambda: K(key, grid, *args),
+        "run_tensors": lambda: ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *args),
+        "run_addresses": lambda: ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *addresses),
+        "run_addresses_read": run_addresses_read,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    be = brs.integration_backend(dev)
+    rng = np.random.default_rng(0)
+    x = torch.zeros(64, dtype=torch.int32, device=dev)
+    ck1 = _one_pointer[(1,)](x)
+    stream = torch.cuda.current_stream().cuda_stream
+    base = {"one_pointer": lambda: ck1.run(1, 1, 1, stream, ck1.function, ck1.packed_metadata, None, None, None, x),
+            "torch_fill": lambda: x.fill_(3)}
+    res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
+           "steps": {}}
+    for name, shape in SHAPES.items():
+        fns = {**shape_fns(name, shape, be, dev, rng), **base}
+        res["steps"][name] = timed(fns)
+        print(f"\n{name}: host µs per call (median, min-max of 7 rounds of 300)")
+        for k, v in res["steps"][name].items():
+            print(f"  {k:>20} {v['median']:7.2f}  ({v['min']:.2f}-{v['max']:.2f})")
+    (a.out / "exp_launch_cost.json").write_text(json.dumps(res, indent=1))
+    print(f"\nwrote {a.out / 'exp_launch_cost.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
