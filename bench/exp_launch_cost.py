@@ -15,9 +15,17 @@ median of 7 interleaved rounds of 300 calls):
   ``cuPointerGetAttribute`` check);
 * ``run_addresses_read``: the same, reading the addresses in the timed call (what a launcher
   that passes addresses would pay);
+* ``launcher_tensors``: Triton's C launcher itself (``CompiledKernel.run.launch``, under
+  ``CompiledKernel.run``'s Python), tensors as given;
+* ``launcher_addresses``: the same, addresses read beforehand: the least any launch path costs;
 * ``one_pointer``: a Triton kernel of one pointer argument, through its compiled launcher (the
   floor of any Triton launch on this machine);
 * ``torch_fill``: ``Tensor.fill_`` on a small tensor (one torch launch).
+
+Then, in context: ``bench_replay_step.py``'s vLLM column and its pack column as it is, with the
+launch replaced by that least launch (``launcher_addresses``, recorded from the step's own
+launch), and with the launch a no-op, at 1x1K and 1x16K, interleaved as there (host µs per step):
+how far the pack's column can come down by its launch path alone.
 
 Nothing is checked here beyond the op's outputs equalling the addressed launch's.
 """
@@ -37,6 +45,8 @@ import triton
 import triton.language as tl
 
 from swa_backends.kernels import prepare_replay_step as kp
+from swa_backends.testing import vllm_kernels as vk
+from swa_backends.testing.vllm_shims import routed_shims
 
 SHAPES = {"1x1K": (1, 1024, 0), "8x4K+32d": (8, 4096, 32)}
 
@@ -97,6 +107,11 @@ def shape_fns(name, shape, be, dev, rng) -> dict:
             a[i] = a[i].data_ptr()
         ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *a)
 
+    launch, coop, pdl = ck.run.launch, ck.run.launch_cooperative_grid, ck.run.launch_pdl
+
+    def launcher_addresses():
+        launch(g0, g1, g2, stream, fn, coop, pdl, None, None, meta, None, None, None, *addresses)
+
     before = {k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)}
     ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *addresses)
     torch.cuda.synchronize()
@@ -110,7 +125,53 @@ def shape_fns(name, shape, be, dev, rng) -> dict:
         "run_tensors": lambda: ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *args),
         "run_addresses": lambda: ck.run(g0, g1, g2, stream, fn, meta, None, None, None, *addresses),
         "run_addresses_read": run_addresses_read,
-    }
+        "launcher_tensors": lambda: launch(g0, g1, g2, stream, fn, coop, pdl, None, None, meta, None, None, None,
+                                           *args),
+        "launcher_addresses": launcher_addresses,
+    }, (key, launcher_addresses)
+
+
+def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
+    """Host µs per step: vLLM's column, the pack's as it is, with the least launch, with none."""
+    s = brs.ServingStep(*shape, dev, rng)
+    b, bv = s.buffers(), s.buffers()
+    g, target, scratch = brs.gather_out_view(s, b), brs.window_target(b), brs.step_scratch(s)
+    pack = lambda: brs.pack_step(be, s, b, g, target, scratch, shims)  # noqa: E731
+    pack()
+    got = {}
+    real = kp._K
+
+    class Recorder:
+        def __call__(self, key, grid, *args):
+            got.update(key=key, grid=grid, args=args)
+            real(key, grid, *args)
+
+    kp._K = Recorder()
+    try:
+        pack()
+    finally:
+        kp._K = real
+    ck = real._compiled[(torch.cuda.current_device(), got["key"])]
+    stream = torch.cuda.current_stream().cuda_stream
+    addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in got["args"])
+    launch, g = ck.run.launch, got["grid"]
+    least = (g[0], g[1], g[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl, None, None,
+             ck.packed_metadata, None, None, None, *addresses)
+
+    def with_launch(fake):
+        def run():
+            kp._K = fake
+            try:
+                pack()
+            finally:
+                kp._K = real
+        return run
+
+    fns = {"vllm": lambda: brs.vllm_step(K, s, bv), "pack": pack,
+           "pack, least launch": with_launch(lambda key, grid, *a: launch(*least)),
+           "pack, no launch": with_launch(lambda key, grid, *a: None)}
+    brs.host_interleaved(fns, calls=300, rounds=2)  # untimed
+    return brs.host_interleaved(fns, calls=300, rounds=7)
 
 
 def main(argv=None) -> int:
@@ -129,11 +190,21 @@ def main(argv=None) -> int:
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
            "steps": {}}
     for name, shape in SHAPES.items():
-        fns = {**shape_fns(name, shape, be, dev, rng), **base}
+        fns = {**shape_fns(name, shape, be, dev, rng)[0], **base}
         res["steps"][name] = timed(fns)
         print(f"\n{name}: host µs per call (median, min-max of 7 rounds of 300)")
         for k, v in res["steps"][name].items():
             print(f"  {k:>20} {v['median']:7.2f}  ({v['min']:.2f}-{v['max']:.2f})")
+    K, origin = vk.load(None)
+    res["meta"]["vllm_kernels"] = origin
+    if K is not None:
+        with routed_shims(lambda device: be) as shims:
+            for name in ("1x1K", "1x16K"):
+                shape = brs.STEPS[name]
+                row = res.setdefault("in_context", {})[name] = step_columns(name, shape, be, shims, K, dev, rng)
+                print(f"\n{name} in context: host µs per step (median of 7 interleaved rounds of 300)")
+                for k, v in row.items():
+                    print(f"  {k:>20} {v:7.2f}  ({v / row['vllm']:.2f}x vLLM)")
     (a.out / "exp_launch_cost.json").write_text(json.dumps(res, indent=1))
     print(f"\nwrote {a.out / 'exp_launch_cost.json'}")
     return 0
