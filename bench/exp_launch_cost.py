@@ -154,8 +154,8 @@ def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
     ck = real._compiled[(torch.cuda.current_device(), got["key"])]
     stream = torch.cuda.current_stream().cuda_stream
     addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in got["args"])
-    launch, g = ck.run.launch, got["grid"]
-    least = (g[0], g[1], g[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl, None, None,
+    launch, grid = ck.run.launch, got["grid"]
+    least = (grid[0], grid[1], grid[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl, None, None,
              ck.packed_metadata, None, None, None, *addresses)
 
     def with_launch(fake):
