@@ -20,7 +20,10 @@ median of 7 interleaved rounds of 300 calls):
 * ``launcher_addresses``: the same, addresses read beforehand: the least any launch path costs;
 * ``one_pointer``: a Triton kernel of one pointer argument, through its compiled launcher (the
   floor of any Triton launch on this machine);
-* ``torch_fill``: ``Tensor.fill_`` on a small tensor (one torch launch).
+* ``torch_fill``: ``Tensor.fill_`` on a small tensor (one torch launch);
+* ``current_device``, ``_cuda_getDevice``, ``current_stream``: what ``Kernel`` asks for each
+  launch (Triton's driver's device getter is ``torch.cuda.current_device``, torch's
+  ``_cuda_getDevice`` under it; its stream getter torch's ``_cuda_getCurrentRawStream``).
 
 Then, in context: ``bench_replay_step.py``'s vLLM column and its pack column as it is, with the
 launch replaced by that least launch (``launcher_addresses``, recorded from the step's own
@@ -186,7 +189,9 @@ def main(argv=None) -> int:
     ck1 = _one_pointer[(1,)](x)
     stream = torch.cuda.current_stream().cuda_stream
     base = {"one_pointer": lambda: ck1.run(1, 1, 1, stream, ck1.function, ck1.packed_metadata, None, None, None, x),
-            "torch_fill": lambda: x.fill_(3)}
+            "torch_fill": lambda: x.fill_(3), "current_device": torch.cuda.current_device,
+            "_cuda_getDevice": torch._C._cuda_getDevice,
+            "current_stream": lambda: torch._C._cuda_getCurrentRawStream(0)}
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
            "steps": {}}
     for name, shape in SHAPES.items():

@@ -96,6 +96,29 @@ def test_compiled_launcher_and_tritons_launch_path_agree(gb, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_tritons_36_c_launcher_is_called_directly(gb, monkeypatch):
+    """On Triton 3.6 (the H200 machine: its launcher body's hash is pinned in
+    ``_launch.DIRECT_LAUNCHERS``) every compiled key of the pack's kernels is launched through
+    the kernel's C launcher after its first launch, and gives the reference's result."""
+    import triton
+
+    from swa_backends.kernels import _launch
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"Triton {triton.__version__}: its launcher body is not one the pack calls past")
+    monkeypatch.setattr(_launch, "check_keys", False)
+    rng = np.random.default_rng(31)
+    for op in KERNEL_OPS:
+        args, kwargs = case_for(op, rng, "cpu")
+        for _ in range(2):
+            got, want = run_op(op, getattr(gb, op), args, kwargs, _dev(gb))
+            assert mismatch(op, got, want) is None
+    for name, k in _launch.KERNELS.items():
+        assert set(k._direct) == set(k._compiled), f"{name}: compiled keys not launched directly"
+    assert any(k._direct for k in _launch.KERNELS.values())
+
+
+@pytest.mark.gpu
 def test_launch_from_a_fresh_thread(gb):
     """A launch from a thread that has made no CUDA call yet, of a key whose compiled kernel
     exists: the compiled launcher on that thread gives the reference's result."""

@@ -1,5 +1,6 @@
 """The pack's launch path (``kernels/_launch.py``) without a GPU: what :class:`Kernel` hands
-Triton's compiled launcher after a key's first launch, launch hooks, ``check_keys``; and the
+Triton's compiled launcher after a key's first launch, and its C launcher where the launcher's
+body is a known one, launch hooks, ``check_keys``; and the
 benchmark script's CPU smoke mode in its own process.
 
 On the GPU the same path runs for real: tests/kernels/test_triton_gpu.py checks it against Triton's
@@ -136,6 +137,88 @@ def test_check_keys_sends_every_launch_through_triton_and_catches_a_missing_spec
     jit.ck = FakeCompiled()  # Triton compiled another kernel for the same key
     with pytest.raises(AssertionError, match="two compiled kernels"):
         k(("key",), (1, 1, 1), x, 1, y, None, 64)
+
+
+class FakeLauncher:
+    """A compiled kernel's ``run`` object: its C ``launch`` records the calls it gets."""
+
+    def __init__(self, global_scratch_size=0, profile_scratch_size=0):
+        self.global_scratch_size, self.profile_scratch_size = global_scratch_size, profile_scratch_size
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.launched, self.called = [], []
+        self.launch = lambda *a: self.launched.append(a)
+
+    def __call__(self, *args):
+        self.called.append(args)
+
+
+def _body_hash(cls) -> str:
+    import hashlib
+    import inspect
+
+    return hashlib.sha256("".join(inspect.getsource(cls.__call__).split()).encode()).hexdigest()
+
+
+@pytest.fixture
+def direct(kernel, monkeypatch):
+    """``kernel`` whose compiled kernel's ``run`` is a :class:`FakeLauncher` whose body is
+    declared known."""
+    from swa_backends.kernels import _launch
+
+    k, jit, _, hooks = kernel
+    ck = FakeCompiled()
+    ck.run = FakeLauncher()
+    jit.ck = ck
+    monkeypatch.setattr(_launch, "DIRECT_LAUNCHERS", frozenset({_body_hash(FakeLauncher)}))
+    monkeypatch.setattr(_launch, "_known_calls", {})
+    return k, ck, hooks
+
+
+def test_a_known_launcher_body_is_bypassed_for_its_c_launcher(direct):
+    k, ck, _ = direct
+    x, y = torch.arange(4), torch.ones(3)
+    k(("key",), (5, 1, 1), x, 10, y, None, 64)
+    k(("key",), (6, 2, 1), x, 11, y, None, 64)
+    # what that body passes its C launcher: grid, stream, function, cooperative grid, PDL,
+    # two scratch buffers (None: none declared), packed metadata, launch metadata and hooks
+    # (None: no hook), then every argument
+    assert ck.run.launched == [(6, 2, 1, 777, 1234, False, True, None, None, (4, 1, 0), None, None, None, x, 11, y,
+                                None, 64)]
+    assert ck.run.called == [] and k.launches == 2
+
+
+@pytest.mark.parametrize("scratch", [dict(global_scratch_size=64), dict(profile_scratch_size=8)])
+def test_a_kernel_with_scratch_goes_through_run(direct, scratch):
+    k, ck, _ = direct
+    ck.run = FakeLauncher(**scratch)
+    x, y = torch.arange(4), torch.ones(3)
+    for _ in range(2):
+        k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    assert ck.run.launched == [] and ck.run.called == [(1, 1, 1, 777, 1234, (4, 1, 0), None, None, None, x, 1, y,
+                                                        None, 64)]
+
+
+def test_an_unknown_launcher_body_goes_through_run(direct, monkeypatch):
+    from swa_backends.kernels import _launch
+
+    k, ck, _ = direct
+    monkeypatch.setattr(_launch, "DIRECT_LAUNCHERS", frozenset({"0" * 64}))
+    x, y = torch.arange(4), torch.ones(3)
+    for _ in range(2):
+        k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    assert ck.run.launched == [] and len(ck.run.called) == 1
+
+
+def test_a_launch_hook_sends_the_launch_through_run(direct):
+    k, ck, hooks = direct
+    x, y = torch.arange(4), torch.ones(3)
+    k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    hooks.launch_exit_hook = print
+    k(("key",), (2, 1, 1), x, 1, y, None, 64)
+    hooks.launch_exit_hook = None
+    k(("key",), (3, 1, 1), x, 1, y, None, 64)
+    assert ck.run.called == [(2, 1, 1, 777, 1234, (4, 1, 0), ("meta", (2, 1, 1), 777), None, print, x, 1, y, None, 64)]
+    assert [c[:3] for c in ck.run.launched] == [(3, 1, 1)]
 
 
 def _run(args, **kw):
