@@ -263,7 +263,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         rows, oqsl, opos, oslot, kv = (rb["rows"], rb["query_start_loc"], rb["positions"], rb["slot_mappings"],
                                        rb["kv_start"])
         grid = (tok_tiles + req_progs + pad_progs, 1, 1)
-        os_g = oslot.stride(0) if G > 1 else n_pad
+        os_g = oslot.stride()[0] if G > 1 else n_pad
     else:
         dropped = rows = oqsl = opos = oslot = kv = None
         n = n_pad = req_progs = os_g = 0
@@ -280,13 +280,14 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
        cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
        block_table, bt_s0, bt_s1, block_table.shape[1],
-       rs, swa, swa.stride(0), lens, pswa, pswa.stride(0) if split else 0, plens, prefill_from or 0,
+       rs, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
        valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
        tok_tiles, req_progs, do_pad, plan is not None, split, has_valid, has_gl, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R,
        GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
-    return PreparedStep(rs, slot_mappings, swa, lens, batch, pswa, plens, gl)
+    return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl))
 
 
 _pow2_shift = functools.lru_cache(maxsize=64)(pow2_shift)
+_tuple_new = tuple.__new__  # a NamedTuple of every field: its generated __new__ costs 2.4x (CPython 3.11)
