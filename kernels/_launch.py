@@ -23,12 +23,10 @@ generated code: it reads each tensor's address and launches). Where calling it d
 hash of its source text (:data:`DIRECT_LAUNCHERS`: Triton 3.6's, which forwards every
 argument after two scratch buffers it allocates only when the kernel declares scratch), the
 kernel declares none, and no launch hook is set -- :class:`Kernel` calls the C launcher
-itself, with each tensor argument's address (``data_ptr()``) where Triton's launcher would
-read it and then ask the driver to check it is device memory (``cuPointerGetAttribute``; the
-pack's validation checks devices, and a caller that turns validation off vouches for them).
-On the H200 machine (torch 2.11, Triton 3.6) a launch of ``prepare_replay_step`` (21 tensors)
-then costs 3.3-3.7 µs of host time fewer (``bench/exp_launch_cost.py``). Any other Triton, a
-kernel with scratch, or a hook set: ``CompiledKernel.run``, as before.
+itself: on the H200 machine (torch 2.11, Triton 3.6) ``CompiledKernel.run``'s Python costs
+1.5-2.3 µs of a ``prepare_replay_step`` launch's host time above the C launcher's
+(``bench/exp_launch_cost.py``). Any other Triton, a kernel with scratch, or a hook set:
+``CompiledKernel.run``, as before.
 
 Under the interpreter (``TRITON_INTERPRET=1``) Triton returns no compiled kernel, so every
 launch takes Triton's path. Nothing here decorates a kernel or reads the environment.
@@ -139,12 +137,9 @@ class Kernel:
                 if enter is None and leave is None:
                     direct = self._direct.get(slot)
                     if direct is not None:
-                        launch, function, coop, pdl, packed, tensors = direct
-                        a = list(args)
-                        for i in tensors:  # the launcher takes an address as it is (no driver query)
-                            a[i] = a[i].data_ptr()
+                        launch, function, coop, pdl, packed = direct
                         launch(grid[0], grid[1], grid[2], stream, function, coop, pdl, None, None, packed, None, None,
-                               None, *a)
+                               None, *args)
                         return
                     meta = None
                 else:
@@ -173,8 +168,7 @@ class Kernel:
         if known is ck and slot not in self._direct:
             direct = direct_launch(ck)
             if direct is not None:
-                # the key fixes which arguments are tensors (a None is a specialisation of its own)
-                self._direct[slot] = (*direct, tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)))
+                self._direct[slot] = direct
         if check_keys and known is not ck:
             raise AssertionError(
                 f"{self.name}: launch key {key} maps to two compiled kernels; the key misses a specialisation")
