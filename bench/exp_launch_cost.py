@@ -8,7 +8,8 @@ in the kernel launch alone. This experiment times, on ``bench_replay_step.py``'s
 median of 7 interleaved rounds of 300 calls):
 
 * ``op``: ``be.prepare_replay_step(...)`` whole (dispatch, argument list, launch);
-* ``kernel``: the pack's ``Kernel.__call__`` with the op's recorded arguments;
+* ``kernel``: the pack's ``Kernel.__call__`` with the op's recorded arguments (from fd23f75 on
+  it calls the C launcher below directly on Triton 3.6);
 * ``run_tensors``: Triton's compiled launcher (``CompiledKernel.run``) with them, tensors as given;
 * ``run_addresses``: the same with every tensor replaced by its address, read beforehand
   (Triton's launcher takes an ``int`` as the pointer and skips ``data_ptr()`` and the driver's
@@ -77,29 +78,38 @@ def timed(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
     return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
 
 
+def recorded_launch(fn) -> tuple:
+    """``(key, grid, args, compiled kernel, stream)`` of the ``prepare_replay_step`` launch one
+    call of ``fn`` makes (after a warm call: the key is compiled)."""
+    fn()
+    got = {}
+    real = kp._K
+
+    def recorder(key, grid, *args):
+        got.update(key=key, grid=grid, args=args)
+        real(key, grid, *args)
+
+    kp._K = recorder
+    try:
+        fn()
+    finally:
+        kp._K = real
+    ck = real._compiled[(torch.cuda.current_device(), got["key"])]
+    return got["key"], got["grid"], got["args"], ck, torch.cuda.current_stream().cuda_stream
+
+
+def addresses_of(args) -> tuple:
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def shape_fns(name, shape, be, dev, rng) -> dict:
     s = brs.ServingStep(*shape, dev, rng)
     b = s.buffers()
     out = brs.fused_out(s, b)
     op = lambda: brs.fused_step(be, s, b, out)  # noqa: E731
-    op()
-    got = {}
+    key, grid, args, ck, stream = recorded_launch(op)
     K = kp._K
-
-    class Recorder:
-        def __call__(self, key, grid, *args):
-            got.update(key=key, grid=grid, args=args)
-            K(key, grid, *args)
-
-    kp._K = Recorder()
-    try:
-        op()
-    finally:
-        kp._K = K
-    key, grid, args = got["key"], got["grid"], got["args"]
-    ck = K._compiled[(torch.cuda.current_device(), key)]
-    stream = torch.cuda.current_stream().cuda_stream
-    addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+    addresses = addresses_of(args)
     tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     g0, g1, g2 = grid
     fn, meta = ck.function, ck.packed_metadata
@@ -131,7 +141,7 @@ def shape_fns(name, shape, be, dev, rng) -> dict:
         "launcher_tensors": lambda: launch(g0, g1, g2, stream, fn, coop, pdl, None, None, meta, None, None, None,
                                            *args),
         "launcher_addresses": launcher_addresses,
-    }, (key, launcher_addresses)
+    }
 
 
 def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
@@ -140,26 +150,10 @@ def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
     b, bv = s.buffers(), s.buffers()
     g, target, scratch = brs.gather_out_view(s, b), brs.window_target(b), brs.step_scratch(s)
     pack = lambda: brs.pack_step(be, s, b, g, target, scratch, shims)  # noqa: E731
-    pack()
-    got = {}
-    real = kp._K
-
-    class Recorder:
-        def __call__(self, key, grid, *args):
-            got.update(key=key, grid=grid, args=args)
-            real(key, grid, *args)
-
-    kp._K = Recorder()
-    try:
-        pack()
-    finally:
-        kp._K = real
-    ck = real._compiled[(torch.cuda.current_device(), got["key"])]
-    stream = torch.cuda.current_stream().cuda_stream
-    addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in got["args"])
-    launch, grid = ck.run.launch, got["grid"]
+    _, grid, args, ck, stream = recorded_launch(pack)
+    launch, real = ck.run.launch, kp._K
     least = (grid[0], grid[1], grid[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl, None, None,
-             ck.packed_metadata, None, None, None, *addresses)
+             ck.packed_metadata, None, None, None, *addresses_of(args))
 
     def with_launch(fake):
         def run():
@@ -195,7 +189,7 @@ def main(argv=None) -> int:
     res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
            "steps": {}}
     for name, shape in SHAPES.items():
-        fns = {**shape_fns(name, shape, be, dev, rng)[0], **base}
+        fns = {**shape_fns(name, shape, be, dev, rng), **base}
         res["steps"][name] = timed(fns)
         print(f"\n{name}: host µs per call (median, min-max of 7 rounds of 300)")
         for k, v in res["steps"][name].items():
