@@ -60,6 +60,13 @@ class FakeJit:
         return launch
 
 
+def _hook_chain():
+    """Triton's ``HookChain`` class (None where this Triton's hook knobs hold plain callables)."""
+    import importlib
+
+    return getattr(importlib.import_module("triton.knobs"), "HookChain", None)
+
+
 @pytest.fixture
 def kernel(monkeypatch):
     from swa_backends.kernels import _launch
@@ -70,8 +77,9 @@ def kernel(monkeypatch):
     jit = FakeJit(names, ck)
     k = _launch.Kernel(jit, name="test_launch.fake")
     hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    # what the first real launch binds on a GPU: device and stream getters, Triton's runtime knobs
-    k._runtime = ((lambda: 0), (lambda dev: 777), hooks)
+    # what the first real launch binds on a GPU: device and stream getters, Triton's runtime
+    # knobs and its hook-chain class
+    k._runtime = ((lambda: 0), (lambda dev: 777), hooks, _hook_chain())
     yield k, jit, ck, hooks
     _launch.KERNELS.pop("test_launch.fake", None)
 
@@ -219,6 +227,23 @@ def test_a_launch_hook_sends_the_launch_through_run(direct):
     k(("key",), (3, 1, 1), x, 1, y, None, 64)
     assert ck.run.called == [(2, 1, 1, 777, 1234, (4, 1, 0), ("meta", (2, 1, 1), 777), None, print, x, 1, y, None, 64)]
     assert [c[:3] for c in ck.run.launched] == [(3, 1, 1)]
+
+
+def test_empty_hook_chains_keep_the_direct_launch(direct):
+    HookChain = _hook_chain()
+    if HookChain is None:
+        pytest.skip("this Triton's launch-hook knobs hold plain callables or None")
+    k, ck, hooks = direct
+    x, y = torch.arange(4), torch.ones(3)
+    k(("key",), (1, 1, 1), x, 1, y, None, 64)
+    hooks.launch_enter_hook, hooks.launch_exit_hook = HookChain(), HookChain(reversed=True)
+    k(("key",), (2, 1, 1), x, 1, y, None, 64)
+    assert [c[:3] for c in ck.run.launched] == [(2, 1, 1)] and ck.run.called == []
+    hooks.launch_enter_hook.add(print)
+    k(("key",), (3, 1, 1), x, 1, y, None, 64)
+    call = ck.run.called[-1]
+    assert call[:3] == (3, 1, 1) and call[6] == ("meta", (3, 1, 1), 777) and call[7] is hooks.launch_enter_hook
+    assert len(ck.run.launched) == 1
 
 
 def _run(args, **kw):
