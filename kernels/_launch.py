@@ -120,7 +120,7 @@ class Kernel:
         self.launches = 0  # every launch of this kernel in this process (tests count them)
         self._compiled: dict = {}
         self._direct: dict = {}  # (device, key) -> direct_launch(compiled) where it applies
-        self._runtime = None  # (current device getter, stream getter, Triton's runtime knobs)
+        self._runtime = None  # (device getter, stream getter, Triton's runtime knobs, its HookChain class or None)
         KERNELS[self.name] = self
 
     def __call__(self, key: tuple, grid: tuple, *args) -> None:
