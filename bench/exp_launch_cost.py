@@ -152,8 +152,8 @@ def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
     pack = lambda: brs.pack_step(be, s, b, g, target, scratch, shims)  # noqa: E731
     _, grid, args, ck, stream = recorded_launch(pack)
     launch, real = ck.run.launch, kp._K
-    least = (grid[0], grid[1], grid[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl, None, None,
-             ck.packed_metadata, None, None, None, *addresses_of(args))
+    least = (grid[0], grid[1], grid[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl,
+             None, None, ck.packed_metadata, None, None, None, *addresses_of(args))
 
     def with_launch(fake):
         def run():
