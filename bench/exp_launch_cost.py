@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -186,7 +187,8 @@ def main(argv=None) -> int:
             "torch_fill": lambda: x.fill_(3), "current_device": torch.cuda.current_device,
             "_cuda_getDevice": torch._C._cuda_getDevice,
             "current_stream": lambda: torch._C._cuda_getCurrentRawStream(0)}
-    res = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
+    res = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("SWA_COMMIT"),
+                    "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
            "steps": {}}
     for name, shape in SHAPES.items():
         fns = {**shape_fns(name, shape, be, dev, rng), **base}
