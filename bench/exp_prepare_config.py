@@ -1,0 +1,175 @@
+"""Where ``prepare_replay_step``'s GPU time goes at the small steps, and what its launch shape buys (one H200).
+
+    . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/exp_prepare_config.py --out DIR
+    TRITON_INTERPRET=1 python bench/exp_prepare_config.py --out DIR --smoke   # no GPU: checks the script
+
+``bench_replay_step.py`` puts the pack's one launch at 0.52-0.54x vLLM's GPU time at 1x1K with L2
+warm (5.7 against 10.5 µs), where an empty Triton kernel costs 3.5 µs. This experiment takes that
+launch apart on ``bench_replay_step.py``'s steps (1x1K, 1x16K, 16x1K+240d: its shapes, layouts and
+vLLM's sequence; padding only where a request replays, as the integration launches it). GPU µs
+per step, L2 flushed and warm (``bench_triton_ops.gpu_us``, a ~2 ms GPU sleep before each call),
+the median over interleaved rounds:
+
+* ``vllm``: vLLM's kernel sequence for the step (the ratios' base);
+* ``empty``: the empty Triton kernel (one launch's floor);
+* ``op``: the op as the pack launches it;
+* ``tokens only`` / ``requests only``: the same launch with its request programs cut off (the grid
+  ends at the token tiles) / with no token tiles (``tok_tiles`` 0): which role is the long pole;
+* ``T<t>W<w>n<k>``: the launch built for a token tile of ``t`` tokens, ``w`` window columns per
+  program and ``k`` warps (the module's tile constants set while the op builds its arguments,
+  launched through Triton's JIT); every one is first checked bit-identical to vLLM's outputs
+  (to the reference's without vLLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# the sibling scripts (python puts the script's folder first on sys.path); importing them sets
+# TRITON_INTERPRET for --smoke before Triton loads
+import bench_replay_step as brs  # noqa: E402
+import bench_triton_ops as bto  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import swa_backends  # noqa: E402
+from swa_backends.kernels import prepare_replay_step as kp  # noqa: E402
+from swa_backends.testing import vllm_kernels as vk  # noqa: E402
+
+STEPS = ("1x1K", "1x16K", "16x1K+240d")
+CONFIGS = tuple((t, w, k) for t in (8, 16) for w in (64, 128) for k in (1, 2, 4, 8))
+
+
+def captured(op, block_t: int, block_w: int) -> tuple:
+    """``(grid, args)`` the op passes its kernel with the token tile ``block_t`` x ``block_w``
+    (nothing launched)."""
+    got = {}
+    saved = kp._K, kp.BLOCK_T, kp.BLOCK_W
+    kp._K = lambda key, grid, *args: got.update(grid=grid, args=args)
+    kp.BLOCK_T, kp.BLOCK_W = block_t, block_w
+    try:
+        op()
+    finally:
+        kp._K, kp.BLOCK_T, kp.BLOCK_W = saved
+    return got["grid"], got["args"]
+
+
+def with_arg(args: tuple, name: str, value) -> tuple:
+    names = list(kp._prepare_replay_step.arg_names)
+    a = list(args)
+    a[names.index(name)] = value
+    return tuple(a)
+
+
+def step_fns(name: str, be, ref, K, dev, rng) -> dict:
+    s = brs.ServingStep(*brs.STEPS[name], dev, rng) if not bto.SMOKE else brs.ServingStep(*_smoke(name), dev, rng)
+    want = s.buffers()
+    if K is not None:
+        kept_want = brs.vllm_step(K, s, want)
+    else:
+        brs.ref_step(ref, s, want, brs.gather_out_view(s, want))
+        kept_want = want["kslots"][:, : s.n]
+    kern = kp._prepare_replay_step
+    fns = {}
+    if K is not None:
+        bv = s.buffers()
+        fns["vllm"] = lambda: brs.vllm_step(K, s, bv)
+    x = torch.zeros(64, dtype=torch.int32, device=dev)
+    empty = bto.empty_kernel()
+    fns["empty"] = lambda: empty[(1,)](x, 1, BLOCK=32)
+    b = s.buffers()
+    out = brs.fused_out(s, b)
+    op = lambda: brs.fused_step(be, s, b, out)  # noqa: E731
+    op()
+    _sync(dev)
+    brs.check(s, want, kept_want, b, out["replay_batch"])
+    fns["op"] = op
+    grid, args = captured(op, kp.BLOCK_T, kp.BLOCK_W)
+    tok = args[list(kern.arg_names).index("tok_tiles")]
+    fns["tokens only"] = lambda: kern[(tok, 1, 1)](*args)
+    if grid[0] > tok:
+        no_tok = with_arg(args, "tok_tiles", 0)
+        fns["requests only"] = lambda: kern[(grid[0] - tok, 1, 1)](*no_tok)
+    for t, w, k in CONFIGS:
+        cb = s.buffers()
+        cout = brs.fused_out(s, cb)
+        g, a = captured(lambda: brs.fused_step(be, s, cb, cout), t, w)
+        kern[g](*a, num_warps=k)
+        _sync(dev)
+        brs.check(s, want, kept_want, cb, cout["replay_batch"])
+        fns[f"T{t}W{w}n{k}"] = (lambda g=g, a=a, k=k: kern[g](*a, num_warps=k))
+    print(f"{name}: B {s.B}, T {s.T}, kept rows {s.n}, grid {grid} ({tok} token tiles); "
+          f"{len(CONFIGS)} configs checked against {'vLLM' if K is not None else 'the reference'}")
+    return fns
+
+
+def _smoke(name: str) -> tuple:
+    return {"1x1K": (1, 140, 0), "1x16K": (1, 300, 0), "16x1K+240d": (3, 140, 3)}[name]
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def gpu_rounds(fns: dict, rounds: int) -> dict:
+    """``{name: {"flushed": µs, "warm": µs}}``: medians over ``rounds`` interleaved rounds of
+    ``bto.gpu_pair`` (100 calls each)."""
+    got = {k: {"flushed": [], "warm": []} for k in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            p = bto.gpu_pair(fns[k], calls=100 if not bto.SMOKE else 2, lead_cycles=bto.REFERENCE_LEAD_CYCLES)
+            got[k]["flushed"].append(p["gpu_us_flushed"])
+            got[k]["warm"].append(p["gpu_us_warm"])
+    return {k: {m: statistics.median(v) for m, v in d.items()} | {"warm_all": d["warm"]} for k, d in got.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="no GPU: tiny steps through Triton's interpreter")
+    ap.add_argument("--vllm-kernels", default=None)
+    a = ap.parse_args(argv)
+    if a.smoke:
+        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+            print("--smoke runs on a CPU-only machine under TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        bto.SMOKE = True
+    elif not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cpu") if bto.SMOKE else torch.device("cuda", torch.cuda.current_device())
+    be = brs.integration_backend(dev)
+    ref = swa_backends.select(dev, prefer="reference")
+    K, origin = vk.load(a.vllm_kernels)
+    rng = np.random.default_rng(0)
+    res = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("SWA_COMMIT"),
+                    "gpu": "cpu (smoke)" if bto.SMOKE else torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                    "triton": triton.__version__, "vllm_kernels": origin, "rounds": a.rounds,
+                    "op_tile": [kp.BLOCK_T, kp.BLOCK_W]}, "steps": {}}
+    for name in STEPS:
+        row = res["steps"][name] = gpu_rounds(step_fns(name, be, ref, K, dev, rng), a.rounds if not bto.SMOKE else 1)
+        base = row.get("vllm")
+        print(f"\n{name}: GPU µs per step, flushed / warm (ratio to vLLM's warm; warm per round)")
+        for k, v in sorted(row.items(), key=lambda kv: kv[1]["warm"]):
+            ratio = f" ({v['warm'] / base['warm']:.2f})" if base else ""
+            rounds = " ".join(f"{x:.2f}" for x in v["warm_all"])
+            print(f"  {k:>14} {v['flushed']:7.2f} / {v['warm']:6.2f}{ratio}   [{rounds}]")
+    (a.out / "exp_prepare_config.json").write_text(json.dumps(res, indent=1))
+    print(f"\nwrote {a.out / 'exp_prepare_config.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
