@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -46,6 +47,23 @@ from swa_backends.testing import vllm_kernels as vk  # noqa: E402
 
 STEPS = ("1x1K", "1x16K", "16x1K+240d")
 CONFIGS = tuple((t, w, k) for t in (8, 16) for w in (64, 128) for k in (1, 2, 4, 8))
+SMOKE_SHAPES = {"1x1K": (1, 140, 0), "1x16K": (1, 300, 0), "16x1K+240d": (3, 140, 3)}
+
+
+def step_shape(name: str) -> tuple:
+    """``(prefills, tokens per prefill, decodes)`` of a step named as ``bench_replay_step``'s
+    (``8x4K+32d``: 8 prefills of 4096 tokens after 32 decodes)."""
+    m = re.fullmatch(r"(\d+)x(\d+)(K?)(?:\+(\d+)d)?", name)
+    if m is None:
+        raise ValueError(f"step {name!r}: expected <prefills>x<tokens>[K][+<decodes>d], e.g. 8x4K+32d")
+    return int(m[1]), int(m[2]) * (1024 if m[3] else 1), int(m[4] or 0)
+
+
+def config_of(name: str) -> tuple:
+    m = re.fullmatch(r"T(\d+)W(\d+)n(\d+)", name)
+    if m is None:
+        raise ValueError(f"config {name!r}: expected T<tokens>W<columns>n<warps>, e.g. T8W128n2")
+    return int(m[1]), int(m[2]), int(m[3])
 
 
 def captured(op, block_t: int, block_w: int) -> tuple:
@@ -69,8 +87,8 @@ def with_arg(args: tuple, name: str, value) -> tuple:
     return tuple(a)
 
 
-def step_fns(name: str, be, ref, K, dev, rng) -> dict:
-    s = brs.ServingStep(*brs.STEPS[name], dev, rng) if not bto.SMOKE else brs.ServingStep(*_smoke(name), dev, rng)
+def step_fns(name: str, configs, be, ref, K, dev, rng) -> dict:
+    s = brs.ServingStep(*(SMOKE_SHAPES.get(name, (1, 140, 0)) if bto.SMOKE else step_shape(name)), dev, rng)
     want = s.buffers()
     if K is not None:
         kept_want = brs.vllm_step(K, s, want)
@@ -98,7 +116,7 @@ def step_fns(name: str, be, ref, K, dev, rng) -> dict:
     if grid[0] > tok:
         no_tok = with_arg(args, "tok_tiles", 0)
         fns["requests only"] = lambda: kern[(grid[0] - tok, 1, 1)](*no_tok)
-    for t, w, k in CONFIGS:
+    for t, w, k in configs:
         cb = s.buffers()
         cout = brs.fused_out(s, cb)
         g, a = captured(lambda: brs.fused_step(be, s, cb, cout), t, w)
@@ -107,12 +125,8 @@ def step_fns(name: str, be, ref, K, dev, rng) -> dict:
         brs.check(s, want, kept_want, cb, cout["replay_batch"])
         fns[f"T{t}W{w}n{k}"] = (lambda g=g, a=a, k=k: kern[g](*a, num_warps=k))
     print(f"{name}: B {s.B}, T {s.T}, kept rows {s.n}, grid {grid} ({tok} token tiles); "
-          f"{len(CONFIGS)} configs checked against {'vLLM' if K is not None else 'the reference'}")
+          f"{len(configs)} configs checked against {'vLLM' if K is not None else 'the reference'}")
     return fns
-
-
-def _smoke(name: str) -> tuple:
-    return {"1x1K": (1, 140, 0), "1x16K": (1, 300, 0), "16x1K+240d": (3, 140, 3)}[name]
 
 
 def _sync(dev) -> None:
@@ -139,7 +153,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="no GPU: tiny steps through Triton's interpreter")
     ap.add_argument("--vllm-kernels", default=None)
+    ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated, e.g. 1x1K,8x4K+32d")
+    ap.add_argument("--configs", default=None, help="comma-separated T<tokens>W<columns>n<warps> (default: "
+                                                      "T 8/16 x W 64/128 x 1/2/4/8 warps)")
     a = ap.parse_args(argv)
+    steps = a.steps.split(",")
+    for name in steps:
+        step_shape(name)
+    configs = CONFIGS if a.configs is None else tuple(config_of(c) for c in a.configs.split(","))
     if a.smoke:
         if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
             print("--smoke runs on a CPU-only machine under TRITON_INTERPRET=1", file=sys.stderr)
@@ -158,8 +179,9 @@ def main(argv=None) -> int:
                     "gpu": "cpu (smoke)" if bto.SMOKE else torch.cuda.get_device_name(dev), "torch": torch.__version__,
                     "triton": triton.__version__, "vllm_kernels": origin, "rounds": a.rounds,
                     "op_tile": [kp.BLOCK_T, kp.BLOCK_W]}, "steps": {}}
-    for name in STEPS:
-        row = res["steps"][name] = gpu_rounds(step_fns(name, be, ref, K, dev, rng), a.rounds if not bto.SMOKE else 1)
+    for name in steps:
+        fns = step_fns(name, configs, be, ref, K, dev, rng)
+        row = res["steps"][name] = gpu_rounds(fns, a.rounds if not bto.SMOKE else 1)
         base = row.get("vllm")
         print(f"\n{name}: GPU µs per step, flushed / warm (ratio to vLLM's warm; warm per round)")
         for k, v in sorted(row.items(), key=lambda kv: kv[1]["warm"]):
