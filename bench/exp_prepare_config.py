@@ -12,12 +12,12 @@ the median over interleaved rounds:
 
 * ``vllm``: vLLM's kernel sequence for the step (the ratios' base);
 * ``empty``: the empty Triton kernel (one launch's floor);
-* ``op``: the op as the pack launches it;
+* ``op``: the op as the pack launches it (its tile chosen by the step's size);
 * ``tokens only`` / ``requests only``: the same launch with its request programs cut off (the grid
   ends at the token tiles) / with no token tiles (``tok_tiles`` 0): which role is the long pole;
 * ``T<t>W<w>n<k>``: the launch built for a token tile of ``t`` tokens, ``w`` window columns per
-  program and ``k`` warps (the module's tile constants set while the op builds its arguments,
-  launched through Triton's JIT); every one is first checked bit-identical to vLLM's outputs
+  program and ``k`` warps (the tile forced while the op builds its arguments, launched through
+  Triton's JIT); every one is first checked bit-identical to vLLM's outputs
   (to the reference's without vLLM).
 """
 
@@ -66,18 +66,18 @@ def config_of(name: str) -> tuple:
     return int(m[1]), int(m[2]), int(m[3])
 
 
-def captured(op, block_t: int, block_w: int) -> tuple:
-    """``(grid, args)`` the op passes its kernel with the token tile ``block_t`` x ``block_w``
-    (nothing launched)."""
+def captured(op, tile=None) -> tuple:
+    """``(grid, args, warps)`` the op passes its kernel (nothing launched), with its token tile
+    ``(tokens, window columns, warps)`` set to ``tile`` (None: the op's own choice)."""
     got = {}
-    saved = kp._K, kp.BLOCK_T, kp.BLOCK_W
-    kp._K = lambda key, grid, *args: got.update(grid=grid, args=args)
-    kp.BLOCK_T, kp.BLOCK_W = block_t, block_w
+    saved = kp._K, kp._forced_tile
+    kp._K = lambda key, grid, *args: got.update(grid=grid, args=args, warps=kp._K_OPTIONS(key)["num_warps"])
+    kp._forced_tile = tile  # any tile, not only the module's TILES (what forced_tile allows)
     try:
         op()
     finally:
-        kp._K, kp.BLOCK_T, kp.BLOCK_W = saved
-    return got["grid"], got["args"]
+        kp._K, kp._forced_tile = saved
+    return got["grid"], got["args"], got["warps"]
 
 
 def with_arg(args: tuple, name: str, value) -> tuple:
@@ -110,16 +110,16 @@ def step_fns(name: str, configs, be, ref, K, dev, rng) -> dict:
     _sync(dev)
     brs.check(s, want, kept_want, b, out["replay_batch"])
     fns["op"] = op
-    grid, args = captured(op, kp.BLOCK_T, kp.BLOCK_W)
+    grid, args, warps = captured(op)
     tok = args[list(kern.arg_names).index("tok_tiles")]
-    fns["tokens only"] = lambda: kern[(tok, 1, 1)](*args)
+    fns["tokens only"] = lambda: kern[(tok, 1, 1)](*args, num_warps=warps)
     if grid[0] > tok:
         no_tok = with_arg(args, "tok_tiles", 0)
-        fns["requests only"] = lambda: kern[(grid[0] - tok, 1, 1)](*no_tok)
+        fns["requests only"] = lambda: kern[(grid[0] - tok, 1, 1)](*no_tok, num_warps=warps)
     for t, w, k in configs:
         cb = s.buffers()
         cout = brs.fused_out(s, cb)
-        g, a = captured(lambda: brs.fused_step(be, s, cb, cout), t, w)
+        g, a, _ = captured(lambda: brs.fused_step(be, s, cb, cout), (t, w, k))
         kern[g](*a, num_warps=k)
         _sync(dev)
         brs.check(s, want, kept_want, cb, cout["replay_batch"])
@@ -178,7 +178,8 @@ def main(argv=None) -> int:
     res = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("SWA_COMMIT"),
                     "gpu": "cpu (smoke)" if bto.SMOKE else torch.cuda.get_device_name(dev), "torch": torch.__version__,
                     "triton": triton.__version__, "vllm_kernels": origin, "rounds": a.rounds,
-                    "op_tile": [kp.BLOCK_T, kp.BLOCK_W]}, "steps": {}}
+                    "op_tiles": {"small_step_tokens": kp.SMALL_STEP_TOKENS, "small": kp.SMALL_TILE,
+                                 "other": kp.TILE}}, "steps": {}}
     for name in steps:
         fns = step_fns(name, configs, be, ref, K, dev, rng)
         row = res["steps"][name] = gpu_rounds(fns, a.rounds if not bto.SMOKE else 1)

@@ -107,14 +107,17 @@ class Kernel:
     """A Triton kernel plus the pack's cache of its compiled specialisations.
 
     ``kernel(key, grid, *args)``: ``key`` a hashable tuple that determines Triton's
-    specialisation (constexprs + varying dtypes + declared alignments), ``grid`` a
-    3-tuple, ``args`` every kernel parameter in order, constexprs included.
+    specialisation (constexprs + varying dtypes + declared alignments, and any compile
+    option ``options`` reads from it), ``grid`` a 3-tuple, ``args`` every kernel parameter in
+    order, constexprs included. ``options``: ``key -> {compile option: value}`` (e.g.
+    ``num_warps``) for the launch that compiles a key; None: Triton's defaults.
     """
 
-    __slots__ = ("fn", "name", "launches", "_compiled", "_direct", "_runtime")
+    __slots__ = ("fn", "name", "options", "launches", "_compiled", "_direct", "_runtime")
 
-    def __init__(self, fn, name: str | None = None):
+    def __init__(self, fn, name: str | None = None, options=None):
         self.fn = fn
+        self.options = options
         inner = getattr(fn, "fn", fn)
         self.name = name or f"{inner.__module__.rsplit('.', 1)[-1]}.{inner.__qualname__}"
         self.launches = 0  # every launch of this kernel in this process (tests count them)
@@ -149,7 +152,7 @@ class Kernel:
         self._first(key, grid, args)
 
     def _first(self, key: tuple, grid: tuple, args: tuple) -> None:
-        ck = self.fn[grid](*args)
+        ck = self.fn[grid](*args, **self.options(key)) if self.options is not None else self.fn[grid](*args)
         LAUNCHED.add((self.name, key))
         if ck is None or not hasattr(ck, "packed_metadata"):  # the interpreter compiles nothing
             return

@@ -25,6 +25,7 @@ a padded group). No host synchronisation.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import triton
@@ -35,8 +36,37 @@ from ._device import PAD, block_split, find_request, pow2_shift, write_graph_pad
 from ._launch import Kernel, jit
 from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
-BLOCK_T = 16
-BLOCK_W = 128
+#: A token program's tile, ``(tokens, window columns, warps)``, by the step's token count.
+#: Measured on one H200 (torch 2.11, Triton 3.6; ``bench/exp_prepare_config.py``, GPU µs with
+#: L2 warm, the step's launch alone): 8 tokens x 128 columns on 2 warps is the fastest tile
+#: tried from 4K tokens up (1x16K 9.1 against 10.3 for the 16 x 128 x 4 it replaced, 32x4K+128d
+#: 57.8 against 65.0); at 1K tokens, where 8-token tiles leave SMs idle and each program's lanes
+#: wait on their loads in turn, 8 x 64 on 4 warps (twice the programs, a quarter of the work per
+#: lane) is (5.3 against 5.6); at 2K the two tie. Each tile is its own compiled kernel: warmups
+#: launch every tile (:func:`forced_tile`).
+SMALL_STEP_TOKENS = 1024
+SMALL_TILE = (8, 64, 4)
+TILE = (8, 128, 2)
+TILES = (SMALL_TILE, TILE)
+_forced_tile = None
+
+
+@contextlib.contextmanager
+def forced_tile(tile):
+    """Inside, every launch uses ``tile`` (one of :data:`TILES`) whatever the step's size: the
+    warmups compile each tile on their small steps (a step past :data:`SMALL_STEP_TOKENS`
+    costs seconds per launch under Triton's interpreter). A process-wide setting, for
+    warmup before serving: a launch made meanwhile elsewhere still computes the same
+    outputs, with this tile."""
+    global _forced_tile
+    if tile not in TILES:
+        raise ValueError(f"forced_tile: tile={tile!r}: expected one of {TILES}")
+    before, _forced_tile = _forced_tile, tile
+    try:
+        yield
+    finally:
+        _forced_tile = before
+
 BLOCK_R = 256  # requests per program without a plan
 KB = 8  # cacheable-group entries per load
 
@@ -224,7 +254,11 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
             tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=mg)
 
 
-_K = Kernel(_prepare_replay_step)
+def _K_OPTIONS(key: tuple) -> dict:
+    return {"num_warps": key[-1]}  # the key ends with the tile
+
+
+_K = Kernel(_prepare_replay_step, options=_K_OPTIONS)
 
 
 def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
@@ -252,8 +286,9 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     gl = out["gather_lens"] if has_gl else None
     n_groups = cacheable_groups.shape[0]
     do_pad = not (any_replay is False or Wr == 0 or n_groups == 0)
-    col_blocks = (width + BLOCK_W - 1) // BLOCK_W or 1
-    tok_tiles = (T + BLOCK_T - 1) // BLOCK_T * col_blocks
+    bt, bw, warps = _forced_tile or (SMALL_TILE if T <= SMALL_STEP_TOKENS else TILE)
+    col_blocks = (width + bw - 1) // bw or 1
+    tok_tiles = (T + bt - 1) // bt * col_blocks
     if plan is not None:
         entry = plan._launch_cache.get(positions.get_device())
         if entry is None:
@@ -271,7 +306,8 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
     bt_s0, bt_s1 = block_table.stride()
-    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl), grid,
+    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl, bt, bw,
+        warps), grid,
        R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
        idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
        is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
@@ -283,7 +319,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        rs, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
        valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv,
        B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, do_pad, plan is not None, split, has_valid, has_gl, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R,
+       tok_tiles, req_progs, do_pad, plan is not None, split, has_valid, has_gl, bt, bw, BLOCK, BLOCK_R,
        GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl))

@@ -18,6 +18,8 @@ hidden-state buffers: freshly allocated buffers are aligned, and so are serving 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -85,15 +87,23 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
             rows = torch.arange(s.T - plan.num_rows, s.T, dtype=SLOT_DTYPE, device=dev)
             run("gather_rows", x, rows)
             run("scatter_rows", x[: plan.num_rows].contiguous(), rows, s.T)
-    for rd in index_dtypes:
-        for idd in index_dtypes:
-            for any_replay in (None, False):
-                # any_replay=False (host knowledge that no request replays) needs replay starts of 0
-                R_all = s.R_all.to(rd) if any_replay is None else torch.zeros_like(s.R_all, dtype=rd)
-                for p in (None, plan):
-                    run("prepare_replay_step", R_all, s.idx.to(idd), s.prefilling, s.qsl, s.seq,
-                        s.positions, s.slots.clone(), s.cacheable, s.block_table, block_size, W, W,
-                        index_width=width, plan=p, any_replay=any_replay)
+    if "prepare_replay_step" in ops:
+        from .prepare_replay_step import TILES, forced_tile
+
+        # the serving layouts (vLLM's builder): decode and prefill rows apart with gather lengths,
+        # and with them tokens left out by a window group's PAD slots (group 1: never cacheable)
+        layouts = [{}, {"prefill_from": 1, "gather_lens_from": 1}]
+        if num_groups > 1:
+            layouts.append({**layouts[1], "valid_group": 1})
+        # the launch tile depends on the step's size: each tile forced on this small step
+        for tile, rd, idd, any_replay, p, layout in itertools.product(TILES, index_dtypes, index_dtypes,
+                                                                       (None, False), (None, plan), layouts):
+            # any_replay=False (host knowledge that no request replays) needs replay starts of 0
+            R_all = s.R_all.to(rd) if any_replay is None else torch.zeros_like(s.R_all, dtype=rd)
+            with forced_tile(tile):
+                run("prepare_replay_step", R_all, s.idx.to(idd), s.prefilling, s.qsl, s.seq, s.positions,
+                    s.slots.clone(), s.cacheable, s.block_table, block_size, W, W, index_width=width, plan=p,
+                    any_replay=any_replay, **layout)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return ran

@@ -18,6 +18,8 @@ per op (tests read it to prove the path went through the pack).
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -473,6 +475,17 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
 # ---------------------------------------------------------------------------------------
 
 
+def _launch_tiles(be: Backend) -> list:
+    """Context factories, one per launch tile of ``be``'s ``prepare_replay_step`` (its Triton
+    kernel's tile follows the step's size; warmup forces each on a small step); one no-op
+    for any other variant."""
+    if "triton" not in be.variants.get("prepare_replay_step", ()):
+        return [contextlib.nullcontext]
+    from ...kernels.prepare_replay_step import TILES, forced_tile
+
+    return [functools.partial(forced_tile, t) for t in TILES]
+
+
 def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa: bool = False,
             gather_lens: bool = False, gather: bool = False, step: bool = False, window: int = 128,
             block_size: int = 32, rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
@@ -523,12 +536,14 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
         ones = torch.ones(2, dtype=torch.bool, device=dev)
         idx = torch.arange(2, dtype=i32, device=dev)
         two = torch.arange(2 * T_pad, dtype=i64, device=dev).view(2, T_pad)  # group 0 cacheable, 1 the window's
-        for held in (True, False):
-            for p in (None, plan) if gather else (None,):
-                groups = torch.zeros(1 if held else 0, dtype=i32, device=dev)
-                be.prepare_replay_step(R, idx, ones, qsl, seq_t, pos[:T], two.clone(), groups, table, bs, W,
-                                       W if held else 0, index_width=width, plan=p, prefill_from=1, gather_lens_from=1,
-                                       valid_group=1)
+        for tile in _launch_tiles(be):  # the Triton kernel's tile depends on the step's size
+            for held in (True, False):
+                for p in (None, plan) if gather else (None,):
+                    groups = torch.zeros(1 if held else 0, dtype=i32, device=dev)
+                    with tile():
+                        be.prepare_replay_step(R, idx, ones, qsl, seq_t, pos[:T], two.clone(), groups, table, bs, W,
+                                               W if held else 0, index_width=width, plan=p, prefill_from=1,
+                                               gather_lens_from=1, valid_group=1)
         ran.append("prepare_replay_step")
     if rows:
         idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)

@@ -240,6 +240,44 @@ def test_prepare_replay_start_identity_and_fixed_points(tb, mapping):
         done += 1
 
 
+@pytest.mark.parametrize("tile", ["small", "other"])
+def test_prepare_replay_step_each_launch_tile(tb, tile):
+    """Both launch tiles of ``prepare_replay_step`` (each forced on small steps, as warmup
+    launches them) against the reference, windows one and several column blocks wide."""
+    from swa_backends.kernels import prepare_replay_step as kp
+
+    forced = kp.SMALL_TILE if tile == "small" else kp.TILE
+    rng = np.random.default_rng(61 if tile == "small" else 62)
+    for W in (8, 130, 200):
+        b = random_batch(rng, W=W, max_q=140, max_reqs=4, long_prefill=True)
+        args, kwargs = case_for("prepare_replay_step", rng, "cpu", batch=b, poison=True)
+        with kp.forced_tile(forced):
+            _check(tb, "prepare_replay_step", args, kwargs)
+    with pytest.raises(ValueError, match=r"forced_tile: tile=\(8, 32, 4\): expected one of"):
+        with kp.forced_tile((8, 32, 4)):
+            pass
+    assert kp._forced_tile is None
+
+
+def test_prepare_replay_step_tile_follows_the_steps_size(tb):
+    """Steps of at most ``SMALL_STEP_TOKENS`` tokens launch the small tile, longer ones the
+    other (one cold prefill each), both equal to the reference."""
+    from swa_backends.kernels import _launch
+    from swa_backends.kernels import prepare_replay_step as kp
+
+    i32 = torch.int32
+    for T, want in ((kp.SMALL_STEP_TOKENS, kp.SMALL_TILE), (kp.SMALL_STEP_TOKENS + 1, kp.TILE)):
+        bs, W = 64, 8
+        positions = torch.arange(T, dtype=SLOT_DTYPE)
+        args = (torch.zeros(1, dtype=i32), torch.zeros(1, dtype=i32), torch.ones(1, dtype=torch.bool),
+                torch.tensor([0, T], dtype=i32), torch.tensor([T], dtype=i32), positions, positions[None].clone(),
+                torch.zeros(0, dtype=i32), torch.arange(T // bs + 2, dtype=i32)[None], bs, W, 0)
+        _launch.LAUNCHED.clear()
+        _check(tb, "prepare_replay_step", args, {})
+        keys = {key for name, key in _launch.LAUNCHED if name == "prepare_replay_step._prepare_replay_step"}
+        assert {key[-3:] for key in keys} == {want}, (T, keys)
+
+
 @pytest.mark.parametrize("op", ["swa_indices_and_lens", "prepare_replay_step", "combined_indices"])
 @pytest.mark.parametrize("block_size", [3, 24])
 def test_block_size_not_a_power_of_two(tb, op, block_size):

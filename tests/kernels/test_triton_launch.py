@@ -53,8 +53,8 @@ class FakeJit:
         self.fn = self  # Kernel names itself after fn.fn
 
     def __getitem__(self, grid):
-        def launch(*args):
-            self.slow_launches.append((grid, args))
+        def launch(*args, **options):
+            self.slow_launches.append((grid, args, options) if options else (grid, args))
             return self.ck
 
         return launch
@@ -103,6 +103,23 @@ def test_each_key_is_compiled_through_tritons_path_once(kernel):
     for key in (("a",), ("b",), ("a",), ("b",)):
         k(key, (1, 1, 1), x, 1, y, None, 64)
     assert len(jit.slow_launches) == 2 and len(ck.calls) == 2
+
+
+def test_compile_options_come_from_the_key_on_its_first_launch(kernel):
+    from swa_backends.kernels import _launch
+
+    plain, jit, ck, _ = kernel
+    k = _launch.Kernel(jit, name="test_launch.fake_options", options=lambda key: {"num_warps": key[-1]})
+    k._runtime = plain._runtime
+    try:
+        x, y = torch.arange(4), torch.ones(3)
+        k(("a", 2), (1, 1, 1), x, 1, y, None, 64)
+        k(("a", 4), (1, 1, 1), x, 1, y, None, 64)
+        k(("a", 2), (1, 1, 1), x, 1, y, None, 64)  # compiled: Triton's launcher, no options
+        assert [launch[2] for launch in jit.slow_launches] == [{"num_warps": 2}, {"num_warps": 4}]
+        assert len(ck.calls) == 1
+    finally:
+        _launch.KERNELS.pop("test_launch.fake_options", None)
 
 
 def test_launch_hooks_get_launch_metadata(kernel):
