@@ -206,9 +206,9 @@ def test_a_known_launcher_body_is_bypassed_for_its_c_launcher(direct):
     k(("key",), (6, 2, 1), x, 11, y, None, 64)
     # what that body passes its C launcher: grid, stream, function, cooperative grid, PDL,
     # two scratch buffers (None: none declared), packed metadata, launch metadata and hooks
-    # (None: no hook), then every argument
-    assert ck.run.launched == [(6, 2, 1, 777, 1234, False, True, None, None, (4, 1, 0), None, None, None, x, 11, y,
-                                None, 64)]
+    # (None: no hook), then every argument, a tensor as its address
+    assert ck.run.launched == [(6, 2, 1, 777, 1234, False, True, None, None, (4, 1, 0), None, None, None,
+                                x.data_ptr(), 11, y.data_ptr(), None, 64)]
     assert ck.run.called == [] and k.launches == 2
 
 
