@@ -24,7 +24,7 @@ hash of its source text (:data:`DIRECT_LAUNCHERS`: Triton 3.6's, which forwards 
 argument after two scratch buffers it allocates only when the kernel declares scratch), the
 kernel declares none, and no launch hook is set -- :class:`Kernel` calls the C launcher
 itself: on the H200 machine (torch 2.11, Triton 3.6) ``CompiledKernel.run``'s Python costs
-1.5-2.7 µs of a ``prepare_replay_step`` launch's host time above the C launcher's
+1.4-2.7 µs of a ``prepare_replay_step`` launch's host time above the C launcher's
 (``bench/exp_launch_cost.py``). It passes each tensor argument as its address
 (``data_ptr()``): for a tensor the C launcher reads the address and asks the driver whether
 it is device memory (``cuPointerGetAttribute``), 2.8-5.8 µs for that launch's 21 pointers,
