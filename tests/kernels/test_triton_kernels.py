@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from swa_backends import SelectionError, select
 from swa_backends.testing.conformance import POISON_INT, case_for, mismatch, random_batch, run_op
 from swa_backends.common.ops import OPS
-from swa_backends.common.registry import probe
 from swa_backends.dispatch import all_variants
 from swa_backends.common.types import PAD, SLOT_DTYPE
 from swa_backends.common.validation import validation

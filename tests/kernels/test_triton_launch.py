@@ -19,7 +19,6 @@ import pytest
 from _tritons import NO_TRITON
 import torch
 
-from swa_backends.common.registry import probe
 
 pytestmark = pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 
