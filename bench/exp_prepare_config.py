@@ -71,7 +71,7 @@ def captured(op, tile=None) -> tuple:
     ``(tokens, window columns, warps)`` set to ``tile`` (None: the op's own choice)."""
     got = {}
     saved = kp._K, kp._forced_tile
-    kp._K = lambda key, grid, *args: got.update(grid=grid, args=args, warps=kp._K_OPTIONS(key)["num_warps"])
+    kp._K = lambda key, grid, *args: got.update(grid=grid, args=args, warps=kp._compile_options(key)["num_warps"])
     kp._forced_tile = tile  # any tile, not only the module's TILES (what forced_tile allows)
     try:
         op()

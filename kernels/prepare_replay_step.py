@@ -254,11 +254,11 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
             tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=mg)
 
 
-def _K_OPTIONS(key: tuple) -> dict:
+def _compile_options(key: tuple) -> dict:
     return {"num_warps": key[-1]}  # the key ends with the tile
 
 
-_K = Kernel(_prepare_replay_step, options=_K_OPTIONS)
+_K = Kernel(_prepare_replay_step, options=_compile_options)
 
 
 def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,

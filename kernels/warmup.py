@@ -8,11 +8,14 @@ small synthetic serving step -- replaying prefills (``R > 0``, padded slots, cla
 windows), a decode, a cold prefill longer than ``W`` (so the decoder sub-batch trims) with
 graph padding -- once for every specialisation the op's launcher can pick: the optional
 inputs (``valid``, top-k), the index dtypes, the compression ratios, the hidden sizes and
-dtypes of the row copies, and the fused step with and without padding and plan.
+dtypes of the row copies, and the fused step with and without padding and plan, in each
+serving layout and launch tile.
 
 The specialisation keys never depend on sizes (token and request counts, strides, W are
-runtime arguments that Triton is told not to specialise on), so after this a serving step
-of any size compiles nothing new. Row copies are specialised on 16-byte alignment of the
+runtime arguments that Triton is told not to specialise on) but for one choice:
+``prepare_replay_step``'s token tile follows the step's token count, and each tile is
+launched here (forced on the small step). So after this a serving step of any size
+compiles nothing new. Row copies are specialised on 16-byte alignment of the
 hidden-state buffers: freshly allocated buffers are aligned, and so are serving buffers.
 """
 

@@ -490,8 +490,9 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
             gather_lens: bool = False, gather: bool = False, step: bool = False, window: int = 128,
             block_size: int = 32, rows: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()) -> list[str]:
     """One small real launch of every op the integration routes, on a synthetic step (a
-    decode and a replaying prefill, padded): the pack's launch keys never depend on sizes,
-    so serving steps compile nothing afterwards. ``rows``: ``(trailing shape, dtype)`` of
+    decode and a replaying prefill, padded): the pack's launch keys never depend on sizes
+    but for ``prepare_replay_step``'s token tile (each tile forced here), so serving steps
+    compile nothing afterwards. ``rows``: ``(trailing shape, dtype)`` of
     each tensor the replay layers gather and scatter. Returns the ops launched."""
     dev = torch.device(device)
     W, bs = int(window), int(block_size)
