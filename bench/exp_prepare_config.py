@@ -3,9 +3,10 @@
     . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/exp_prepare_config.py --out DIR
     TRITON_INTERPRET=1 python bench/exp_prepare_config.py --out DIR --smoke   # no GPU: checks the script
 
-``bench_replay_step.py`` puts the pack's one launch at 0.52-0.54x vLLM's GPU time at 1x1K with L2
-warm (5.7 against 10.5 µs), where an empty Triton kernel costs 3.5 µs. This experiment takes that
-launch apart on ``bench_replay_step.py``'s steps (1x1K, 1x16K, 16x1K+240d: its shapes, layouts and
+``bench_replay_step.py`` put the pack's one launch at 0.52-0.54x vLLM's GPU time at 1x1K with L2
+warm (5.7 against 10.5 µs) before the token tile was chosen by the step's size from this
+experiment's sweep (commit 7f767ef; bench/README.md), where an empty Triton kernel costs 3.5 µs.
+It takes that launch apart on ``bench_replay_step.py``'s steps (1x1K, 1x16K, 16x1K+240d: its shapes, layouts and
 vLLM's sequence; padding only where a request replays, as the integration launches it). GPU µs
 per step, L2 flushed and warm (``bench_triton_ops.gpu_us``, a ~2 ms GPU sleep before each call),
 the median over interleaved rounds:
