@@ -38,7 +38,8 @@ vLLM's builder for both); the decode-lens tail fill.
 GPU time: events around the whole step, median of 200 steps, L2 flushed and warm
 (``bench_triton_ops.gpu_pair``), the GPU asleep ~2 ms before each step so that all of its
 launches are queued before it starts (device time, not host time). Host time: back-to-back steps without a sync, validation off,
-the three columns timed in interleaved rounds. Before timing, the outputs of all three are
+the three columns timed in interleaved rounds; the ratio to vLLM's column is given as the ratio of the
+medians and as the median of each round's ratio (the host's drift between rounds cancels there). Before timing, the outputs of all three are
 compared (bit-identical, vLLM's graph-padding rows aside: SPEC §3.2).
 """
 
@@ -290,9 +291,11 @@ def _fail(what: str):
     raise AssertionError(f"{what} differ from vLLM's")
 
 
-def host_interleaved(fns: dict, calls: int, rounds: int) -> dict:
-    """Host us per step of each column, rounds interleaved (drift hits all alike)."""
-    times = {k: [] for k in fns}
+def host_interleaved(fns: dict, calls: int, rounds: int, per_round: dict | None = None) -> dict:
+    """Host us per step of each column (the median over rounds), rounds interleaved (drift hits
+    all alike); ``per_round``: filled with each column's list of round times."""
+    times = {} if per_round is None else per_round
+    times.update({k: [] for k in fns})
     keys = list(fns)
     for r in range(rounds):
         for k in keys[r % len(keys):] + keys[: r % len(keys)]:
@@ -346,12 +349,19 @@ def run_step(name, shape, K, be, ref, dev, rng) -> dict:
         row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f, lead_cycles=bto.REFERENCE_LEAD_CYCLES).items()})
     if not bto.SMOKE:  # two untimed rounds first: the first shape timed came out 1.3-2x slower in some runs
         host_interleaved(fns, calls=300, rounds=2)
-    host = host_interleaved(fns, calls=300 if not bto.SMOKE else 2, rounds=7 if not bto.SMOKE else 1)
+    rounds: dict = {}
+    host = host_interleaved(fns, calls=300 if not bto.SMOKE else 2, rounds=7 if not bto.SMOKE else 1, per_round=rounds)
     row.update({f"{col}_host_us": v for col, v in host.items()})
     if K is not None:
         for col in ("pack", "pack_fused"):
             for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
                 row[f"{col}_vs_vllm_{k}"] = row[f"{col}_{k}"] / row[f"vllm_{k}"]
+            # the same rounds paired: each round's ratio (its columns timed within milliseconds of
+            # each other), so the host's drift between rounds cancels; their median beside the
+            # ratio of the medians above
+            paired = [a / b for a, b in zip(rounds[col], rounds["vllm"])]
+            row[f"{col}_vs_vllm_host_us_rounds"] = paired
+            row[f"{col}_vs_vllm_host_us_paired"] = statistics.median(paired)
     return row
 
 
@@ -370,6 +380,11 @@ def print_table(res) -> None:
                 r = row.get(f"{col}_vs_vllm_{k}")
                 cells.append(f"{v:8.2f}" + (f" ({r:4.2f})" if r is not None else "       "))
             print(f"{row['step']:>12} {col:>10} " + " ".join(f"{c:>16}" for c in cells))
+    paired = [(row["step"], row["pack_vs_vllm_host_us_paired"]) for row in res["steps"]
+              if "pack_vs_vllm_host_us_paired" in row]
+    if paired:
+        print("host ratio of the pack's column, the median of each round's ratio: "
+              + "; ".join(f"{step} {r:.2f}" for step, r in paired))
 
 
 def main(argv=None) -> int:

@@ -33,3 +33,7 @@ def test_smoke_against_vllm(tmp_path):
         assert row["checked_against"] == "vllm"
         for col in ("pack", "pack_fused"):
             assert row[f"{col}_vs_vllm_host_us"] > 0 and row[f"{col}_vs_vllm_gpu_us_flushed"] > 0
+            # one round in --smoke: the paired ratio is that round's, the ratio of its two times
+            assert row[f"{col}_vs_vllm_host_us_rounds"] == [row[f"{col}_vs_vllm_host_us_paired"]]
+            assert row[f"{col}_vs_vllm_host_us_paired"] == pytest.approx(row[f"{col}_vs_vllm_host_us"])
+    assert "the median of each round's ratio" in proc.stdout
