@@ -62,20 +62,11 @@ def _one_pointer(x_ptr):
 
 
 def timed(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for r in range(rounds + 2):  # two untimed rounds first
-        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
-            f = fns[k]
-            f()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            dt = (time.perf_counter() - t0) / calls * 1e6
-            torch.cuda.synchronize()
-            if r >= 2:
-                times[k].append(dt)
+    """``{name: {"median", "min", "max"}}`` host µs per call over ``rounds`` interleaved rounds
+    (``bench_replay_step.host_interleaved``), after two untimed ones."""
+    brs.host_interleaved(fns, calls=calls, rounds=2)
+    times: dict = {}
+    brs.host_interleaved(fns, calls=calls, rounds=rounds, per_round=times)
     return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
 
 
