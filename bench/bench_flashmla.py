@@ -7,6 +7,11 @@ the torch-native baseline, per cell of H 64 / 128 x K 640 / 1152 x T 4K / 16K x 
     python bench/fetch_flashmla.py                    # once, here: .flashmla/ (vLLM's FlashMLA)
     . bench/gpu_env.sh && PYTHONPATH=.flashmla:$PYTHONPATH python3 bench/bench_flashmla.py --out $OUT
 
+Kernel experiments: ``--variant LABEL=FILE`` (repeatable) also times a copy of the ws kernel's module
+(``git show <rev>:kernels/sparse_mla_gluon_ws.py > FILE``, edited or not) as path ``ws_LABEL`` in the same
+rounds, checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its
+ratio to FlashMLA direct and to ``pack_gluon_ws``, per cell class: min and geometric mean).
+
 TFLOP/s = 2*T*H*K*(D_qk + d_v) / time. The paths of a cell are timed in interleaved rounds
 (one call of each path per round, CUDA events around the call after a GPU sleep that keeps the
 device behind the host, so host overhead is not counted; the median per path), so a slow stretch of
@@ -34,8 +39,22 @@ D = DV = 512
 CELLS = [(H, K, T, S) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384) for S in (1 << 20, 1 << 14)]
 
 
-def paths(dev):
-    """``{name: fn(q, kv, idx, lens, scale, sink) -> (out, lse)}`` and the reasons of those that cannot run."""
+def load_variant(label: str, path: Path):
+    """The module in ``path`` (a copy of ``kernels/sparse_mla_gluon_ws.py``) imported as a sibling of the
+    pack's kernels (its relative imports resolve there), under a name of its own."""
+    import importlib.util
+
+    name = f"swa_backends.kernels._bench_variant_{label}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def paths(dev, variants: dict | None = None):
+    """``{name: fn(q, kv, idx, lens, scale, sink) -> (out, lse)}`` and the reasons of those that cannot run;
+    ``variants``: ``{label: module}`` timed as ``ws_<label>``."""
     from swa_backends.backends.cuda import flashmla, probes
     from swa_backends.kernels import sparse_mla_gluon_ws
 
@@ -54,6 +73,9 @@ def paths(dev):
                                                                                            DV, sink=sink)
     found["pack_gluon_ws"] = lambda q, kv, idx, lens, scale, sink: sparse_mla_gluon_ws.sparse_mla(
         q, kv, idx, lens, scale, DV, sink=sink)
+    for label, vmod in (variants or {}).items():  # not `mod`: direct() above reads FlashMLA's module by that name
+        found[f"ws_{label}"] = lambda q, kv, idx, lens, scale, sink, m=vmod: m.sparse_mla(q, kv, idx, lens, scale, DV,
+                                                                                            sink=sink)
     backend = sb.select(str(dev))
     found["pack_default"] = lambda q, kv, idx, lens, scale, sink: backend.sparse_mla(q, kv, idx, lens, scale, DV,
                                                                                      sink=sink)
@@ -65,13 +87,25 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=9, help="interleaved rounds per cell")
     p.add_argument("--quick", action="store_true", help="the 1M-row cells of T 16K only")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=FILE",
+                   help="also time this copy of kernels/sparse_mla_gluon_ws.py as path ws_LABEL")
+    p.add_argument("--skip", default="", help="comma-separated paths not to run (e.g. pack_flashmla,pack_default)")
     args = p.parse_args(argv)
+    for v in args.variant:
+        label, _, file = v.partition("=")
+        if not label.isidentifier() or not Path(file).is_file():
+            raise ValueError(f"--variant: {v!r}; expected LABEL=FILE, LABEL an identifier, FILE an existing file")
     if not torch.cuda.is_available():
         log("bench_flashmla: needs a CUDA GPU")
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     args.out.mkdir(parents=True, exist_ok=True)
-    fns, reasons, backend = paths(dev)
+    variants = {label: load_variant(label, Path(file)) for label, _, file in (v.partition("=") for v in args.variant)}
+    fns, reasons, backend = paths(dev, variants)
+    for name in filter(None, args.skip.split(",")):
+        if name not in fns:
+            raise ValueError(f"--skip: {name!r} is not a path here; expected one of {sorted(fns)}")
+        del fns[name]
     scale = D ** -0.5
     def checked(name, got):  # the direct call's empty tokens carry lse = +inf: compared in the pack's convention
         if name == "flashmla_direct":
@@ -81,7 +115,8 @@ def main(argv=None) -> int:
     result = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
                        "triton": __import__("triton").__version__, "python": platform.python_version(),
                        "commit": git_commit(), "cells": "H x K x T x cache rows", "unavailable": reasons,
-                       "default_chain": list(backend.variants["sparse_mla"])},
+                       "default_chain": list(backend.variants["sparse_mla"]), "variants": dict(
+                           v.partition("=")[::2] for v in args.variant)},
               "checks": {}, "cells": []}
     failed = False
     sb.set_validation(False)  # the hot path: validation is timed by no one here
@@ -137,6 +172,7 @@ def main(argv=None) -> int:
     (args.out / "bench_flashmla.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "bench_flashmla.png")
     print_table(result)
+    print_variants(result)
     return 1 if failed else 0
 
 
@@ -206,6 +242,24 @@ def print_table(result: dict) -> None:
         print(f"| {size} | " + " | ".join(cells) + f" | {ratio('pack_flashmla')} | {ratio('pack_gluon_ws')} |")
     if result["meta"]["unavailable"]:
         print("unavailable:", result["meta"]["unavailable"])
+
+
+def print_variants(result: dict) -> None:
+    """Per ``ws_*`` path: its ratio to FlashMLA direct and to ``pack_gluon_ws`` over the 1M-row and the
+    16K-row cells (min / geometric mean)."""
+    import math
+
+    names = sorted({n for r in result["cells"] for n in r["tflops"] if n.startswith("ws_")})
+    for n in names:
+        parts = []
+        for base in ("flashmla_direct", "pack_gluon_ws"):
+            for cls, pick in (("1M", lambda r: r["S"] > 1 << 19), ("16K", lambda r: r["S"] <= 1 << 19)):
+                rs = [r["tflops"][n] / r["tflops"][base] for r in result["cells"]
+                      if pick(r) and n in r["tflops"] and r["tflops"].get(base)]
+                if rs:
+                    gm = math.exp(sum(map(math.log, rs)) / len(rs))
+                    parts.append(f"/{base} {cls} min {min(rs):.3f} gm {gm:.3f}")
+        print(f"{n}: " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""bench_flashmla's kernel experiments without a GPU: a ``--variant`` file is imported as a sibling
+of the pack's kernels under a name of its own (so two copies of the ws kernel live side by side),
+bad ``--variant`` / ``--skip`` values are refused before anything runs, and the per-variant summary
+reads a result in the script's layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "bench_flashmla.py"
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as running the script does
+    spec = importlib.util.spec_from_file_location("bench_flashmla", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variant_is_a_separate_copy(bench, tmp_path):
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import swa_backends.kernels.sparse_mla_gluon_ws as shipped
+
+    copy = tmp_path / "ws_copy.py"
+    src = Path(shipped.__file__).read_text()
+    line = next(ln for ln in src.splitlines() if ln.startswith("WORKER_REGS = "))
+    copy.write_text(src.replace(line, "WORKER_REGS = (200, 56)"))
+    mod = bench.load_variant("trial", copy)
+    try:
+        assert mod.__name__ == "swa_backends.kernels._bench_variant_trial"
+        assert mod is not shipped and mod.sparse_mla is not shipped.sparse_mla
+        assert mod._shared is sys.modules["swa_backends.kernels.sparse_mla_gluon"]  # its relative import
+        assert mod._sparse_mla_gluon_ws_fwd is not shipped._sparse_mla_gluon_ws_fwd
+        assert mod.WORKER_REGS == (200, 56) and shipped.WORKER_REGS != (200, 56)  # the copy's own code
+    finally:
+        sys.modules.pop(mod.__name__, None)
+
+
+@pytest.mark.parametrize("argv, what", [(["--variant", "x"], "--variant: 'x'"),
+                                        (["--variant", "1x=bench/bench_flashmla.py"], "LABEL an identifier"),
+                                        (["--variant", "x=/nonexistent.py"], "FILE an existing file")])
+def test_bad_variant_refused(bench, tmp_path, argv, what):
+    with pytest.raises(ValueError, match=what):
+        bench.main(["--out", str(tmp_path)] + argv)
+    assert not any(tmp_path.iterdir())
+
+
+def test_variant_summary(bench, capsys):
+    cells = [{"S": 1 << 20, "tflops": {"flashmla_direct": 400.0, "pack_gluon_ws": 360.0, "ws_a": 380.0}},
+             {"S": 1 << 20, "tflops": {"flashmla_direct": 500.0, "pack_gluon_ws": 450.0, "ws_a": 400.0}},
+             {"S": 1 << 14, "tflops": {"flashmla_direct": 500.0, "pack_gluon_ws": 450.0, "ws_a": 500.0}}]
+    bench.print_variants({"cells": cells})
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("ws_a: ")
+    assert "/flashmla_direct 1M min 0.800 gm 0.872" in line  # sqrt(0.95 * 0.8)
+    assert "/flashmla_direct 16K min 1.000 gm 1.000" in line
+    assert "/pack_gluon_ws 1M min 0.889" in line
+
+
+def test_variants_leave_the_direct_path_alone(bench, monkeypatch):
+    """A variant's module never stands in for FlashMLA's in the direct path (the GPU run of 2026-12-01
+    caught the direct path calling the last variant's module)."""
+    from types import SimpleNamespace
+
+    from swa_backends.backends.cuda import probes
+
+    calls = []
+    fake = SimpleNamespace(flash_mla_sparse_fwd=lambda *a, **k: calls.append("flashmla") or ("o", None, "lse"))
+    monkeypatch.setattr(probes, "find_flashmla", lambda: (fake, None))
+    variant = SimpleNamespace(sparse_mla=lambda *a, **k: calls.append("variant") or ("vo", "vl"))
+    found, _, _ = bench.paths("cpu", {"v": variant})
+
+    class T:
+        def unsqueeze(self, dim):
+            return self
+
+    assert found["flashmla_direct"](T(), T(), T(), None, 1.0, None) == ("o", "lse")
+    assert found["ws_v"](None, None, None, None, 1.0, None) == ("vo", "vl")
+    assert calls == ["flashmla", "variant"]
