@@ -36,16 +36,23 @@ Per item:
 * **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` (all 64 columns: wgmma
   N = 64) while **consumer 1** computes ``S_B``. Consumer ``w`` owns ``acc[:, 256w : 256w+256]``
   (fp32, registers), so both read both tiles' V, each its own half of the columns.
-* consumer 0: softmax against ``m_A = max(m, rowmax S_A)``, publishes ``m_A`` and ``P_A``
-  (shared memory) at once, ``acc += P_A V_A[:, lo]``, frees A lo; then waits for consumer 1's
-  ``m_B``, ``P_B``, rescales to ``m_B``, ``acc += P_B V_B[:, lo]``, frees B lo.
-* consumer 1: waits for ``m_A``, ``P_A``; rescales to ``m_A``; ``acc += P_A V_A[:, hi]`` while
-  its own softmax against ``m_B = max(m_A, rowmax S_B)`` runs; frees A hi; rescales to ``m_B``,
-  publishes ``m_B``, ``P_B``, ``acc += P_B V_B[:, hi]``, frees B hi.
-* so tile A is free early in a pair and consumer 0, the head of the chain (everything waits
-  for ``m_A``), starts the next pair without waiting for a gather; only B's halves are
-  refilled at the end of a pair, under consumer 0's next Q K^T and softmax (freeing one half
-  of each tile at the end of a pair instead measured 291-321 TFLOP/s at H 64).
+* consumer 0: softmax against ``m_A = max(m, rowmax S_A)``, publishes ``m_A`` at once,
+  ``acc += P_A V_A[:, lo]``; under that wgmma it waits for consumer 1's ``m_B`` and publishes
+  ``P_A`` rescaled to ``m_B`` (shared memory); frees A lo, rescales to ``m_B``, waits for
+  ``P_B``, ``acc += P_B V_B[:, lo]``, frees B lo.
+* consumer 1: waits for ``m_A`` only; softmax against ``m_B = max(m_A, rowmax S_B)``, rescales
+  once (to ``m_B``), publishes ``m_B``; ``acc += P_B V_B[:, hi]`` (P from registers) while it
+  publishes ``P_B``; then ``acc += P_A V_A[:, hi]`` with consumer 0's rescaled ``P_A``; frees B
+  hi, then A hi.
+* so a pair rescales an accumulator three times, not four (rescaling a 64 x 64 P costs a
+  quarter of a 64 x 256 accumulator), as FlashMLA's sm90 sparse prefill does; the producer
+  refills the halves in the order they are freed: A lo, B hi, A hi, B lo.
+* measured against the schedule before (consumer 1 rescaled twice: to ``m_A`` for
+  ``P_A V_A[:, hi]`` first, then to ``m_B``; halves refilled A lo, A hi, B hi, B lo; registers
+  232 / 232 / 40), same run, bench_flashmla's cells (``bench_flashmla.py --variant``): 3-7%
+  faster over the L2-resident 16K-row cache, 1-5% slower over the 1M-row cache, where a
+  gather's latency is exposed and A hi is freed later in the pair than before (the 216 / 216 /
+  72 registers gave 0-2% of the gain).
 
 The row sums are kept per consumer and added once at the end. Needs a Triton whose Gluon has
 ``warp_specialize`` and mbarriers (3.6 and 3.9 both do). Imported only when the variant runs.
@@ -75,17 +82,18 @@ HALF = gl.constexpr(256)  # columns per buffer half
 CHUNK = gl.constexpr(64)  # columns per cp.async call (keeps the producer's address registers few)
 PRODUCER_WARPS = gl.constexpr(4)
 # registers per thread: consumer 1 and the producer (the default partition, consumer 0,
-# gets what is left of MAXNREG x 12 warps: 3 x 168 - 232 - 40 = 232)
-WORKER_REGS = (232, 40)
+# gets what is left of MAXNREG x 12 warps: 3 x 168 - 216 - 72 = 216; FlashMLA's split)
+WORKER_REGS = (216, 72)
 MAXNREG = 168
 
 # barrier slots
 _READY = gl.constexpr(0)  # + 2 * buffer + half: 4 (cp.async arrivals of the producer's 128 threads)
 _FREE = gl.constexpr(4)  # + 2 * buffer + half: 4 (one arrival: the half's last reader)
 _QBAR = gl.constexpr(8)  # Q landed (producer's cp.async arrivals)
-_PBAR = gl.constexpr(9)  # + w: consumer w's row max and P in shared memory
+_MBAR = gl.constexpr(9)  # + w: consumer w's row max in shared memory
 _LBAR = gl.constexpr(11)  # + w: consumer w's row sums in shared memory
 _QFREE = gl.constexpr(13)  # both consumers are past their last Q K^T of an item: Q may be refilled
+_SBAR = gl.constexpr(14)  # + w: consumer w's P in shared memory (consumer 0's rescaled to m_B)
 _NBAR = gl.constexpr(16)
 
 
@@ -116,10 +124,26 @@ def _pv_then_free(a, v, acc, free_bar):
 
 
 @gluon.jit
-def _publish(m, p16, m_slot, p_slot, bar):
-    """Row max ``m`` and ``P`` (bf16/fp16) into shared memory for the other consumer's wgmma,
-    then one arrival on ``bar``."""
+def _pv_wait_free(acc, free_bar):
+    """Wait for every wgmma on ``acc``; then, every warp past it, one arrival on ``free_bar``."""
+    acc = _wgmma_wait(0, deps=(acc,))
+    _barrier()
+    mbarrier.arrive(free_bar, count=1)
+    return acc
+
+
+@gluon.jit
+def _publish_max(m, m_slot, bar):
+    """Row max ``m`` into shared memory for the other consumer, then one arrival on ``bar``."""
     m_slot.store(m)
+    _barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _publish_p(p16, p_slot, bar):
+    """``P`` (bf16/fp16) into shared memory for the other consumer's wgmma, then one arrival on
+    ``bar``."""
     p_slot.store(p16)
     _fence_async_shared()  # generic stores -> the other consumer's wgmma (async proxy)
     _barrier()
@@ -205,48 +229,53 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
         s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
         row_max = gl.max(s, axis=1)
         if W == 0:
-            # tile A: softmax against m_A = max(m, rowmax S_A); publish m_A and P_A (relative
-            # to m_A) at once, then P_A V_A[:, lo]; then rescale to m_B and add P_B V_B[:, lo]
+            # tile A: softmax against m_A = max(m, rowmax S_A), m_A published at once (consumer 1's
+            # softmax needs only it), P_A V_A[:, lo]; under that wgmma, m_B from consumer 1: P_A
+            # rescaled to m_B goes to consumer 1 (a 64 x 64 tile, not its 64 x 256 accumulator);
+            # then the own accumulator rescaled to m_B and P_B V_B[:, lo]
             m_a = gl.maximum(m_i, row_max)
             m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)  # nothing valid yet: shift by 0
             alpha = gl.exp2(m_i - m_a_shift)
             p = gl.exp2(s - gl.expand_dims(m_a_shift, 1))
             l_i = l_i * alpha + gl.sum(p, axis=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
-            p16 = p.to(dtype)
-            _publish(m_a, p16, ml_smem[0], p0, bars.index(_PBAR + 0))
-            p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = _pv_then_free(p_op, kv0, acc, bars.index(_FREE + 0))  # A lo: nobody else reads it
-            mbarrier.wait(bars.index(_PBAR + 1), ph)
+            _publish_max(m_a, ml_smem[0], bars.index(_MBAR + 0))
+            p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = _wgmma(p_op, kv0, acc, is_async=True)
+            mbarrier.wait(bars.index(_MBAR + 1), ph)
             m_b = ml_smem[1].load(s_row)
-            sc = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))  # m_A = -inf: 0 (acc, l are 0)
+            sc = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))  # m_A = -inf: 0 (acc, l, P are 0)
+            _publish_p((p * gl.expand_dims(sc, 1)).to(dtype), p0, bars.index(_SBAR + 0))
+            acc = _wgmma_wait(0, deps=(acc,))
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 0), count=1)  # A lo: nobody else reads it
             l_i = l_i * sc
             acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            mbarrier.wait(bars.index(_SBAR + 1), ph)
             acc = _pv_then_free(p1, kv2, acc, bars.index(_FREE + 2))  # B lo: freed last
             m_i = m_b
         else:
-            # tile B: first P_A V_A[:, hi] (relative to m_A), then the own softmax against
-            # m_B = max(m_A, rowmax S_B) under that wgmma, rescale, publish, P_B V_B[:, hi]
-            mbarrier.wait(bars.index(_PBAR + 0), ph)
-            m_a = ml_smem[0].load(s_row)
-            m_a_shift = gl.where(m_a == float("-inf"), 0.0, m_a)
-            alpha = gl.exp2(m_i - m_a_shift)
-            l_i = l_i * alpha
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
-            acc = _wgmma(p0, kv1, acc, is_async=True)
-            m_b = gl.maximum(m_a, row_max)
+            # tile B: softmax against m_B = max(m_A, rowmax S_B) (the accumulator rescaled once,
+            # to m_B), m_B published at once; P_B V_B[:, hi] while P_B goes to consumer 0, then
+            # P_A (rescaled to m_B by consumer 0) V_A[:, hi]
+            mbarrier.wait(bars.index(_MBAR + 0), ph)
+            m_b = gl.maximum(ml_smem[0].load(s_row), row_max)
             m_b_shift = gl.where(m_b == float("-inf"), 0.0, m_b)
-            sc = gl.exp2(m_a - m_b_shift)
+            alpha = gl.exp2(m_i - m_b_shift)
             p = gl.exp2(s - gl.expand_dims(m_b_shift, 1))
-            acc = _wgmma_wait(0, deps=(acc,))
-            _barrier()
-            mbarrier.arrive(bars.index(_FREE + 1), count=1)  # A hi
-            l_i = l_i * sc + gl.sum(p, axis=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(sc, o_row), 1)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+            _publish_max(m_b, ml_smem[1], bars.index(_MBAR + 1))
             p16 = p.to(dtype)
-            _publish(m_b, p16, ml_smem[1], p1, bars.index(_PBAR + 1))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = _pv_then_free(p_op, kv3, acc, bars.index(_FREE + 3))  # B hi
+            acc = _wgmma(p_op, kv3, acc, is_async=True)
+            _publish_p(p16, p1, bars.index(_SBAR + 1))
+            mbarrier.wait(bars.index(_SBAR + 0), ph)
+            acc = _wgmma(p0, kv1, acc, is_async=True)
+            acc = _wgmma_wait(1, deps=(acc,))  # P_B V_B[:, hi] done
+            _barrier()
+            mbarrier.arrive(bars.index(_FREE + 3), count=1)  # B hi
+            acc = _pv_wait_free(acc, bars.index(_FREE + 1))  # A hi
             m_i = m_b
 
     # row sums: each consumer's own, added once; the slots alternate between items (an item
@@ -332,16 +361,16 @@ def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv,
         ok_b = idx_b >= 0
         rows_a = gl.where(ok_a, idx_a, 0).to(gl.int64) * stride_kv
         rows_b = gl.where(ok_b, idx_b, 0).to(gl.int64) * stride_kv
-        # the halves in the order they are freed: A lo, A hi, B hi, B lo
+        # the halves in the order they are freed: A lo, B hi, A hi, B lo
         mbarrier.wait(bars.index(_FREE + 0), ph ^ 1)
         _gather_half(KV, kv_smem.index(0), rows_a, ok_a, 0, offs_c)
         _cp_arrive(bars.index(_READY + 0), increment_count=False)
-        mbarrier.wait(bars.index(_FREE + 1), ph ^ 1)
-        _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HALF, offs_c)
-        _cp_arrive(bars.index(_READY + 1), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 3), ph ^ 1)
         _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HALF, offs_c)
         _cp_arrive(bars.index(_READY + 3), increment_count=False)
+        mbarrier.wait(bars.index(_FREE + 1), ph ^ 1)
+        _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HALF, offs_c)
+        _cp_arrive(bars.index(_READY + 1), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 2), ph ^ 1)
         _gather_half(KV, kv_smem.index(2), rows_b, ok_b, 0, offs_c)
         _cp_arrive(bars.index(_READY + 2), increment_count=False)
@@ -392,7 +421,8 @@ def _sparse_mla_gluon_ws_fwd(
         mbarrier.init(bars.index(_FREE + i), count=1)
     mbarrier.init(bars.index(_QBAR), count=PRODUCER_WARPS * 32)
     for i in gl.static_range(2):
-        mbarrier.init(bars.index(_PBAR + i), count=1)
+        mbarrier.init(bars.index(_MBAR + i), count=1)
+        mbarrier.init(bars.index(_SBAR + i), count=1)
         mbarrier.init(bars.index(_LBAR + i), count=1)
     mbarrier.init(bars.index(_QFREE), count=2)
 
