@@ -49,10 +49,11 @@ Per item:
   refills the halves in the order they are freed: A lo, B hi, A hi, B lo.
 * measured against the schedule before (consumer 1 rescaled twice: to ``m_A`` for
   ``P_A V_A[:, hi]`` first, then to ``m_B``; halves refilled A lo, A hi, B hi, B lo; registers
-  232 / 232 / 40), same run, bench_flashmla's cells (``bench_flashmla.py --variant``): 3-7%
-  faster over the L2-resident 16K-row cache, 1-5% slower over the 1M-row cache, where a
-  gather's latency is exposed and A hi is freed later in the pair than before (the 216 / 216 /
-  72 registers gave 0-2% of the gain).
+  232 / 232 / 40), same runs, bench_flashmla's cells (``bench_flashmla.py --variant``; H200,
+  torch 2.11, Triton 3.6): 3-7% faster over the L2-resident 16K-row cache, 0-5% slower over
+  the 1M-row cache, where a gather's latency is exposed and A hi is freed later in the pair
+  than before (the 216 / 216 / 72 registers gave 0-2% of the gain; what else was tried:
+  ``bench/README.md``).
 
 The row sums are kept per consumer and added once at the end. Needs a Triton whose Gluon has
 ``warp_specialize`` and mbarriers (3.6 and 3.9 both do). Imported only when the variant runs.
