@@ -91,16 +91,19 @@ def main(argv=None) -> int:
                    help="also time this copy of kernels/sparse_mla_gluon_ws.py as path ws_LABEL")
     p.add_argument("--skip", default="", help="comma-separated paths not to run (e.g. pack_flashmla,pack_default)")
     args = p.parse_args(argv)
+    files = {}  # label -> file, every --variant parsed and checked once, before anything runs
     for v in args.variant:
         label, _, file = v.partition("=")
-        if not label.isidentifier() or not Path(file).is_file():
-            raise ValueError(f"--variant: {v!r}; expected LABEL=FILE, LABEL an identifier, FILE an existing file")
+        if not label.isidentifier() or not Path(file).is_file() or label in files:
+            raise ValueError(f"--variant: {v!r}; expected LABEL=FILE, LABEL an identifier not given before, FILE an "
+                             f"existing file")
+        files[label] = file
     if not torch.cuda.is_available():
         log("bench_flashmla: needs a CUDA GPU")
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     args.out.mkdir(parents=True, exist_ok=True)
-    variants = {label: load_variant(label, Path(file)) for label, _, file in (v.partition("=") for v in args.variant)}
+    variants = {label: load_variant(label, Path(file)) for label, file in files.items()}
     fns, reasons, backend = paths(dev, variants)
     for name in filter(None, args.skip.split(",")):
         if name not in fns:
@@ -115,8 +118,7 @@ def main(argv=None) -> int:
     result = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
                        "triton": __import__("triton").__version__, "python": platform.python_version(),
                        "commit": git_commit(), "cells": "H x K x T x cache rows", "unavailable": reasons,
-                       "default_chain": list(backend.variants["sparse_mla"]), "variants": dict(
-                           v.partition("=")[::2] for v in args.variant)},
+                       "default_chain": list(backend.variants["sparse_mla"]), "variants": files},
               "checks": {}, "cells": []}
     failed = False
     sb.set_validation(False)  # the hot path: validation is timed by no one here

@@ -45,8 +45,11 @@ def test_variant_is_a_separate_copy(bench, tmp_path):
 
 @pytest.mark.parametrize("argv, what", [(["--variant", "x"], "--variant: 'x'"),
                                         (["--variant", "1x=bench/bench_flashmla.py"], "LABEL an identifier"),
-                                        (["--variant", "x=/nonexistent.py"], "FILE an existing file")])
-def test_bad_variant_refused(bench, tmp_path, argv, what):
+                                        (["--variant", "x=/nonexistent.py"], "FILE an existing file"),
+                                        (["--variant", "x=bench/bench_flashmla.py", "--variant",
+                                          "x=bench/bench_flashmla.py"], "not given before")])
+def test_bad_variant_refused(bench, tmp_path, argv, what, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the FILE paths above are relative to the checkout
     with pytest.raises(ValueError, match=what):
         bench.main(["--out", str(tmp_path)] + argv)
     assert not any(tmp_path.iterdir())
