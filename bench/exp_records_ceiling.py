@@ -10,7 +10,7 @@ K 640, sink on) it times, same indices pattern, same run:
 * ``bf16``: the tl kernel on bf16 rows, indices random over a 1M-row cache (the goal's baseline,
   as ``bench_sparse_mla.py --records`` times it);
 * ``bf16_l2``: the same kernel and shapes with the indices random over an ``--l2-rows`` cache (8K
-  rows, 9 MiB: resident in the H200's 50 MB L2). Its time is what the bf16 pipeline costs with
+  rows, 9 MiB: resident in the H200's 60 MiB L2). Its time is what the bf16 pipeline costs with
   every DRAM byte free, so ``bf16 / bf16_l2`` bounds what any cut in bytes per row can buy a kernel
   that does this kernel's work: a records kernel reads fewer bytes but does the same matrix work
   plus the dequantisation;
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU (or --numerics-only)")
         return 2
     dev, rows, res = src.setup(a.out, "decode: µs per call, CUDA graph of 20 calls, median of 5 replays; "
-                                      "prefill: ms, median of 5 CUDA-event timed calls")
+                                      "prefill: µs, median of 5 CUDA-event timed calls")
     res["meta"].update(l2_rows=a.l2_rows, commit=bsm.git_commit(),
                        l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
     res["fp8_mma_error"] = fp8
