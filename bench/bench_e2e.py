@@ -17,7 +17,8 @@ writes ``OUT/bench_e2e.json`` (raw per-step times and every summary), ``OUT/benc
 3. **Drift**: relative difference of final hidden states, cold vs prefix hit and trim vs no
    trim, over random prompts, at this config's dtype.
 
-Sizes that do not fit in memory are dropped (and listed). ``--plot-from OUT/bench_e2e.json``
+``--prefer sparse_mla=triton`` runs an op through a named variant (``select``'s ``prefer``), to compare
+variants on the same stack. Sizes that do not fit in memory are dropped (and listed). ``--plot-from OUT/bench_e2e.json``
 redraws the PNG elsewhere (matplotlib may be missing on the GPU host).
 CPU check of the script itself: ``python bench/bench_e2e.py --out /tmp/e2e --device cpu --config small``.
 
@@ -302,7 +303,15 @@ def main(argv=None):
     ap.add_argument("--time-budget", type=float, default=300.0,
                     help="seconds after start past which remaining timing points are skipped (and listed)")
     ap.add_argument("--plot-from", default=None, help="redraw the PNG from a results JSON and exit")
+    ap.add_argument("--prefer", default=None, metavar="OP=VARIANT[,OP=VARIANT]",
+                    help="run these ops through the named variants (select()'s prefer), e.g. sparse_mla=triton")
     args = ap.parse_args(argv)
+    prefer = None
+    if args.prefer:
+        pairs = [p.partition("=") for p in args.prefer.split(",")]
+        if any(not op or not eq or not name for op, eq, name in pairs):
+            ap.error(f"--prefer {args.prefer!r}: expected OP=VARIANT[,OP=VARIANT]")
+        prefer = {op.strip(): name.strip() for op, _, name in pairs}
 
     if args.plot_from:
         res = json.loads(pathlib.Path(args.plot_from).read_text())
@@ -328,8 +337,9 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
 
     t0 = time.perf_counter()
-    backend = sb.select(device)
+    backend = sb.select(device, prefer=prefer)
     results = {
+        "prefer": prefer,
         "device": torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu",
         "torch": torch.__version__, "config_name": cfg_name, "config": cfg.as_dict(),
         "variants": {k: list(v) for k, v in backend.variants.items()},
