@@ -89,7 +89,7 @@ def gluon_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_forma
 VARIANTS += (
     Variant(
         op="sparse_mla", name="gluon_ws", impl="swa_backends.kernels:gluon_ws_sparse_mla",
-        requires=("triton", "gluon_ws"),
+        requires=("triton", "gluon_ws"), warmup="swa_backends.kernels.sparse_mla_gluon_ws:warmup",
         description="persistent warp-specialised Gluon kernel (Hopper wgmma + mbarriers; D 512, H >= 64, "
                     "prefill-sized calls)",
         **_GLUON,

@@ -321,18 +321,28 @@ def run(name: str, kernel, meta: dict, persistent: bool, q, kv, indices, lens, s
         return out, lse
     lens = lens.contiguous()
     sink = sink.contiguous() if sink is not None else None
-    key = (q.device, q.dtype, sink is not None)
-    if key not in built:
-        try:
-            launch(kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse, warmup=True)
-        except Exception as exc:
-            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            raise KernelUnavailable(f"{name} ({q.dtype}, sink={sink is not None}) does not compile with Triton "
-                                    f"{triton.__version__}: {type(exc).__name__}: {lines[-1][:200] if lines else ''}"
-                                    ) from exc
-        built.add(key)
+    build(name, kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse, built)
     launch(kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse)
     return out, lse
+
+
+def build(name: str, kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale, d_v, sink, out, lse,
+          built: set) -> None:
+    """Compile, without launching, the specialisation of ``kernel`` these arguments and ``meta``
+    select, once per process (``built`` remembers it); a compiler failure raises
+    :class:`KernelUnavailable`. :func:`run` calls it before a launch, a warm-up hook ahead of
+    serving."""
+    key = (q.device, q.dtype, tuple(sorted(meta.items())))  # the meta holds every constexpr choice (sink, ...)
+    if key in built:
+        return
+    try:
+        launch(kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse, warmup=True)
+    except Exception as exc:
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        raise KernelUnavailable(f"{name} ({q.dtype}, sink={sink is not None}) does not compile with Triton "
+                                f"{triton.__version__}: {type(exc).__name__}: {lines[-1][:200] if lines else ''}"
+                                ) from exc
+    built.add(key)
 
 
 _BUILT: set = set()

@@ -5,7 +5,7 @@ on a machine without the GPU (``python tests/kernels/aot_compile_sparse_mla_gluo
 Runs the real launcher (``kernels.sparse_mla_gluon.launch(..., warmup=True)``) on CPU
 tensors with the kernel's ``warmup`` replaced by an offline ``triton.compile`` of a
 ``GluonASTSource`` (Triton's own binder and specialisation), for both kernels with and
-without a sink. One line per compiled kernel with its shared memory; ``--report`` adds
+without a sink, the ws kernel with both gather widths. One line per compiled kernel with its shared memory; ``--report`` adds
 registers, spills, HGMMA shapes, LDGSTS and barrier counts (the same reading of ptxas and
 the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR`` writes the TTGIR, PTX and SASS of
 each. Fails when a kernel does not compile, needs more than the H200's 227 KB of shared
@@ -91,13 +91,13 @@ def main(argv: list[str]) -> int:
     failures: list[str] = []
     count = 0
 
-    def compile_offline(fn, name, sink_on, args, kwargs):
+    def compile_offline(fn, name, sink_on, args, kwargs, wide=None):
         nonlocal count
         k, seconds = aot_compile.compile_specialised(fn, target, aot_compile.specialise(fn, target, args, kwargs),
                                                      source=GluonASTSource)
         count += 1
         shared = k.metadata.shared
-        label = f"{name}{' sink' if sink_on else ''}"
+        label = f"{name}{' sink' if sink_on else ''}{' wide' if wide else ''}"
         extra = ""
         if report:
             extra, stores = _report(k)
@@ -126,32 +126,37 @@ def main(argv: list[str]) -> int:
         raise _Compiled  # compiled: stop the variant before it launches on CPU tensors
 
     kernels = {"gluon": (G._sparse_mla_gluon_fwd, "sparse_mla"), "gluon_ws": (WS._sparse_mla_gluon_ws_fwd, "sparse_mla")}
-    for name, (fn, _) in kernels.items():
-        for sink_on in (False, True):
-            H, T = 128, 2
-            q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
-            kv = torch.zeros(64, 512, dtype=torch.bfloat16)
-            idx = torch.zeros(T, 640, dtype=torch.int32)
-            lens = torch.full((T,), 640, dtype=torch.int32)
-            sink = torch.zeros(H) if sink_on else None
-            saved = fn.warmup
-            fn.warmup = (lambda *a, grid, fn=fn, name=name, sink_on=sink_on, **kw:  # noqa: E731
-                         compile_offline(fn, name, sink_on, a, kw))
-            module = WS if name == "gluon_ws" else G
-            try:  # the variant itself: its first call compiles (warmup) before it launches
-                module._BUILT.clear()
-                module.sparse_mla(q, kv, idx, lens, 0.04, 512, sink=sink)
-            except Exception as exc:  # a compile error is the finding
-                if isinstance(exc.__cause__, _Compiled):  # the variant turned it into KernelUnavailable
-                    continue
-                msg = str(exc).strip().splitlines()
-                if os.environ.get("SWA_AOT_TRACE"):
-                    traceback.print_exc()
-                failures.append(f"{name}{' sink' if sink_on else ''}: {type(exc).__name__}: "
-                                f"{' | '.join(msg[-6:])[:1500] if msg else ''}")
-                print(f"cuda:90 [{name}] FAILED: {failures[-1]}", flush=True)
-            finally:
-                fn.warmup = saved
+    real_wide = WS.wide_gathers
+    plan = [("gluon", sink_on, None) for sink_on in (False, True)]
+    plan += [("gluon_ws", sink_on, wide) for wide in (False, True) for sink_on in (False, True)]
+    for name, sink_on, wide in plan:
+        fn = kernels[name][0]
+        H, T = 128, 2
+        q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
+        kv = torch.zeros(64, 512, dtype=torch.bfloat16)
+        idx = torch.zeros(T, 640, dtype=torch.int32)
+        lens = torch.full((T,), 640, dtype=torch.int32)
+        sink = torch.zeros(H) if sink_on else None
+        saved = fn.warmup
+        fn.warmup = (lambda *a, grid, fn=fn, name=name, sink_on=sink_on, wide=wide, **kw:  # noqa: E731
+                     compile_offline(fn, name, sink_on, a, kw, wide))
+        module = WS if name == "gluon_ws" else G
+        WS.wide_gathers = real_wide if wide is None else (lambda kv, wide=wide: wide)  # CPU tensors: no L2 to ask
+        try:  # the variant itself: its first call compiles (warmup) before it launches
+            module._BUILT.clear()
+            module.sparse_mla(q, kv, idx, lens, 0.04, 512, sink=sink)
+        except Exception as exc:  # a compile error is the finding
+            if isinstance(exc.__cause__, _Compiled):  # the variant turned it into KernelUnavailable
+                continue
+            msg = str(exc).strip().splitlines()
+            if os.environ.get("SWA_AOT_TRACE"):
+                traceback.print_exc()
+            failures.append(f"{name}{' sink' if sink_on else ''}{' wide' if wide else ''}: {type(exc).__name__}: "
+                            f"{' | '.join(msg[-6:])[:1500] if msg else ''}")
+            print(f"cuda:90 [{name}] FAILED: {failures[-1]}", flush=True)
+        finally:
+            fn.warmup = saved
+            WS.wide_gathers = real_wide
     for f in failures:
         print("FAIL", f, file=sys.stderr)
     print(f"compiled {count}")

@@ -7,7 +7,8 @@ checked against the reference: the program compute-sanitizer runs (tests/kernels
 Small shapes keep the sanitizers' slowdown affordable; the cases cover what the kernels'
 masks must get right: PAD anywhere, empty rows and requests, graph padding, strided slot
 mappings, split-K decode, ragged last tiles, every sparse-MLA variant that runs here (the tl
-kernel, both Gluon kernels, FlashMLA when it is importable). Exit 1 on a wrong result.
+kernel, both Gluon kernels (the ws one with both gather widths), FlashMLA when it is importable).
+Exit 1 on a wrong result.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ import swa_backends as sb
 from swa_backends.common.ops import OPS
 from swa_backends.kernels import METADATA_KERNELS
 from swa_backends.testing.conformance import case_for, mismatch, run_op, sparse_mla_case, to_device
+
+
+def _wide(ws):
+    """The ws kernel with its wide gathers (chosen for caches larger than L2) on these small caches."""
+    def call(*args, **kwargs):
+        real = ws.wide_gathers
+        ws.wide_gathers = lambda kv: True
+        try:
+            return ws.sparse_mla(*args, **kwargs)
+        finally:
+            ws.wide_gathers = real
+    return call
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +57,8 @@ def main(argv: list[str]) -> int:
     if cap == (9, 0):
         from swa_backends.kernels import sparse_mla_gluon, sparse_mla_gluon_ws
 
-        variants |= {"gluon": sparse_mla_gluon.sparse_mla, "gluon_ws": sparse_mla_gluon_ws.sparse_mla}
+        variants |= {"gluon": sparse_mla_gluon.sparse_mla, "gluon_ws": sparse_mla_gluon_ws.sparse_mla,
+                     "gluon_ws_wide": _wide(sparse_mla_gluon_ws)}
     from swa_backends.backends.cuda import flashmla, probes
 
     if probes.find_flashmla()[0] is not None:

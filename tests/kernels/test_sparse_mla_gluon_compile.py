@@ -1,6 +1,7 @@
 """The two Gluon sparse-MLA kernels (variants ``gluon_ws`` and ``gluon``) compile for sm_90a
 offline (no GPU) with every Triton the host has (this interpreter's, and e.g. the H200's
-Triton 3.6 named in SWA_EXTRA_TRITON_PYTHONS): with and without sink, within 227 KB of
+Triton 3.6 named in SWA_EXTRA_TRITON_PYTHONS): with and without sink (the ws kernel with both
+gather widths), within 227 KB of
 shared memory, without a register spill or a serialised wgmma (tests/kernels/aot_compile_sparse_mla_gluon.py
 --report, in its own process: compiled mode). Skipped, with the reason, where the Triton has
 no Gluon Hopper API. Also: their per-call scope on a faked sm90, their reasons in explain(),
@@ -28,11 +29,12 @@ def test_gluon_kernel_compiles_offline_for_sm90(python):
     fails = [line for line in out.stderr.splitlines() if line.startswith("FAIL")]
     assert out.returncode == 0, f"Triton {version}: " + "\n".join(fails) + out.stdout[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[-1] == "compiled 4", lines[-1]
+    assert lines[-1] == "compiled 6", lines[-1]
     every = [ln for ln in lines if ln.startswith("cuda:90 _sparse_mla_gluon")]
     ws = [ln for ln in every if "[gluon_ws" in ln]
     one = [ln for ln in every if "[gluon_ws" not in ln]
-    assert len(ws) == 2 and len(one) == 2, every  # each without and with a sink
+    assert len(ws) == 4 and len(one) == 2, every  # each without and with a sink; ws with both gather widths
+    assert sum(" wide]" in ln for ln in ws) == 2, ws
     for ln in ws:
         # each consumer warpgroup: S at wgmma N 64 (64x64x16) and P V at N 256; fits; no
         # ptxas serialisation; no spills

@@ -1,8 +1,9 @@
 """The Gluon (Hopper) sparse-MLA kernels -- variants ``gluon_ws`` and ``gluon`` -- on an sm90 GPU
 (``-m gpu``), against the fp32 torch reference: random data (never zeros), PAD holes inside
 the length, whole PAD tiles, lens 0, short rows, odd T, H 64 / 96 / 128, with and without
-sink, bf16 and fp16, poisoned outputs; and the dispatch: which calls take which kernel, what
-``explain()`` says, graph capture, warmup, and a kernel that fails to build.
+sink, bf16 and fp16, poisoned outputs, both gather widths of the ws kernel; and the dispatch:
+which calls take which kernel, what ``explain()`` says, graph capture, warmup, and a kernel
+that fails to build.
 
     python -m pytest -q -m gpu tests/kernels/test_sparse_mla_gluon_gpu.py
 """
@@ -59,6 +60,28 @@ def test_both_kernels(mods, cache, H, K, which):
     for sink in (False, True):
         args, kw = case(cache, 300, H, K, torch.bfloat16, sink=sink, seed=H + K)
         check(_run(mods, which, args, kw), args, kw)
+
+
+@pytest.mark.parametrize("H", [64, 128, 96])
+@pytest.mark.parametrize("K", [640, 77])
+@pytest.mark.parametrize("wide", [False, True])
+def test_ws_both_gather_widths(mods, cache, monkeypatch, H, K, wide):
+    """The ws kernel's two producers (128 or 256 contiguous bytes of a row per warp instruction),
+    each forced on the same calls: the width changes the gathers' shape, never the result."""
+    monkeypatch.setattr(mods["gluon_ws"], "wide_gathers", lambda kv: wide)
+    for sink in (False, True):
+        args, kw = case(cache, 300, H, K, torch.bfloat16, sink=sink, seed=H + K + wide)
+        check(_run(mods, "gluon_ws", args, kw), args, kw)
+
+
+def test_ws_gather_width_follows_the_cache_size(mods, cache):
+    ws = mods["gluon_ws"]
+    row = D * 2  # bf16 bytes per row
+    fit = ws.l2_bytes(torch.cuda.current_device()) // row  # rows that fit in L2
+    assert ws.wide_gathers(cache.to(torch.bfloat16))  # 200K rows: 200 MB
+    assert not ws.wide_gathers(torch.empty(fit, D, dtype=torch.bfloat16, device="cuda"))
+    assert ws.wide_gathers(torch.empty(fit + 1, D, dtype=torch.bfloat16, device="cuda"))
+    assert not ws.wide_gathers(torch.empty(fit, D, dtype=torch.float16, device="cuda")[:16])
 
 
 @pytest.mark.parametrize("which", VARIANTS)
@@ -142,15 +165,19 @@ def test_cuda_graph_capture(mods, cache, H):
 
 
 @pytest.mark.parametrize("H", [64, 128])
-def test_warmup_compiles_what_serving_launches(mods, cache, H):
+def test_warmup_compiles_what_serving_launches(mods, cache, monkeypatch, H):
+    """After warmup, serving calls compile nothing: both gather widths of the ws kernel are built
+    (the warm-up's own calls use small caches, serving's cache is larger than L2)."""
     backend = select("cuda")
     backend.warmup(num_heads=(H,), attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
     fns = [mods["gluon_ws"]._sparse_mla_gluon_ws_fwd]
     before = [sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns]
-    assert all(b >= 1 for b in before) or "flashmla" in backend.variants["sparse_mla"]
-    for T, K in ((300, 128), (2048, 640)):
-        args, kw = case(cache, T, H, K, torch.bfloat16, sink=True, seed=T)
-        backend.sparse_mla(*args, **kw)
+    assert all(b >= 2 for b in before) or "flashmla" in backend.variants["sparse_mla"]
+    for wide in (True, False):
+        monkeypatch.setattr(mods["gluon_ws"], "wide_gathers", lambda kv, wide=wide: wide)
+        for T, K in ((300, 128), (2048, 640)):
+            args, kw = case(cache, T, H, K, torch.bfloat16, sink=True, seed=T)
+            backend.sparse_mla(*args, **kw)
     assert [sum(len(c[0]) for c in fn.device_caches.values()) for fn in fns] == before
 
 
