@@ -510,17 +510,20 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
 
 def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_sink=(False, True),
            **_other) -> list[str]:
-    """``Backend.warmup()`` hook: compile, without launching, both gather widths for these
-    head counts, dtypes and sink settings. The serving cache is larger than L2 (wide gathers)
-    while the warm-up calls of the other hooks use small caches (narrow ones), and a serving
-    call must not be the one that compiles. Unknown keyword arguments (other hooks') are
-    ignored. Returns the ops it compiled for (none where the chain has no ``gluon_ws``)."""
+    """``Backend.warmup()`` hook: compile, without launching, both gather widths for the head
+    counts, dtypes and sink settings whose prefill-sized calls ``backend`` sends to this kernel
+    (none where a variant before it, e.g. vLLM's FlashMLA, takes them). The serving cache is
+    larger than L2 (wide gathers) while the warm-up calls of the other hooks use small caches
+    (narrow ones), and a serving call must not be the one that compiles. Unknown keyword
+    arguments (other hooks') are ignored. Returns the ops it compiled for."""
     if not backend.device.runnable or "gluon_ws" not in backend.variants.get("sparse_mla", ()):
         return []
     dev = torch.device(backend.device.torch_device)
-    D, T, K = _shared.HEAD_DIM, 1, 256  # the index width's divisibility by 16 is what serving's widths have
+    D, K = _shared.HEAD_DIM, 256  # the index width's divisibility by 16 is what serving's widths have
+    T = _shared.num_sms(_shared._device_index(torch.empty(0, device=dev))) if dev.type == "cuda" else 1  # prefill-sized
     idx = torch.zeros(T, K, dtype=torch.int32, device=dev)
     lens = torch.full((T,), K, dtype=torch.int32, device=dev)
+    ran = []
     for dtype in (d for d in attn_dtypes if d in _shared.DTYPES):
         kv = torch.zeros(64, D, dtype=dtype, device=dev)
         for H in (h for h in num_heads if h >= BLOCK_H):
@@ -529,7 +532,10 @@ def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_
             lse = torch.empty(T, H, dtype=torch.float32, device=dev)
             for sink_on in attn_sink:
                 sink = torch.zeros(H, device=dev) if sink_on else None
+                if backend.variant_for("sparse_mla", q, kv, idx, lens, 1.0 / D ** 0.5, D, sink=sink) != "gluon_ws":
+                    continue  # a variant before it serves these calls: nothing of this kernel would run
                 for wide in (False, True):
                     _shared.build("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink_on, wide), True, q, kv, idx, lens,
                                   1.0 / D ** 0.5, D, sink, out, lse, _BUILT)
-    return ["sparse_mla"]
+                ran = ["sparse_mla"]
+    return ran

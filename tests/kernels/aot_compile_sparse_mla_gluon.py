@@ -5,12 +5,12 @@ on a machine without the GPU (``python tests/kernels/aot_compile_sparse_mla_gluo
 Runs the real launcher (``kernels.sparse_mla_gluon.launch(..., warmup=True)``) on CPU
 tensors with the kernel's ``warmup`` replaced by an offline ``triton.compile`` of a
 ``GluonASTSource`` (Triton's own binder and specialisation), for both kernels with and
-without a sink, the ws kernel with both gather widths. One line per compiled kernel with its shared memory; ``--report`` adds
-registers, spills, HGMMA shapes, LDGSTS and barrier counts (the same reading of ptxas and
-the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR`` writes the TTGIR, PTX and SASS of
-each. Fails when a kernel does not compile, needs more than the H200's 227 KB of shared
-memory, spills or makes ptxas serialise its wgmma. Exit 0 with ``SKIP:`` when this Triton has
-no Gluon Hopper API. Own process: compiled mode.
+without a sink, the ws kernel with both gather widths. One line per compiled kernel with its
+shared memory; ``--report`` adds registers, spills, HGMMA shapes, LDGSTS and barrier counts
+(the same reading of ptxas and the SASS as ``aot_compile_sparse_mla.py``); ``--dump DIR``
+writes the TTGIR, PTX and SASS of each. Fails when a kernel does not compile, needs more than
+the H200's 227 KB of shared memory, spills or makes ptxas serialise its wgmma. Exit 0 with
+``SKIP:`` when this Triton has no Gluon Hopper API. Own process: compiled mode.
 """
 
 from __future__ import annotations

@@ -111,3 +111,51 @@ print(why(FakeQ(300, 64, 512, torch.float16)))
     assert "D_qk=576" in lines[5]
     assert "d_v=256" in lines[6]
     assert "kv dtype torch.bfloat16 differs" in lines[7]
+
+
+def test_ws_warmup_compiles_both_widths_of_what_dispatch_sends_it():
+    """The ws kernel's warmup hook, on a CPU stand-in for an sm90 backend with the compile step
+    recorded instead of run: both gather widths for every head count (>= 64), dtype it takes and
+    sink setting whose prefill-sized call dispatch sends to it; nothing where another variant
+    (FlashMLA) takes the call, where the chain has no ws kernel, or on a device that cannot run."""
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = r'''
+import types
+import torch
+from swa_backends.kernels import sparse_mla_gluon as G, sparse_mla_gluon_ws as WS
+if WS.api_reason():
+    print("SKIP", WS.api_reason()); raise SystemExit
+built = []
+G.build = lambda name, kernel, meta, persistent, q, kv, idx, lens, scale, d_v, sink, out, lse, done: built.append(
+    (q.shape[1], str(q.dtype), meta["HAS_SINK"], meta["WIDE"], sink is not None, name, persistent))
+class Backend:  # dispatch sends a prefill-sized call to first(q)
+    def __init__(self, first, chain=("flashmla", "gluon_ws", "gluon", "triton", "reference"), runnable=True):
+        self.device = types.SimpleNamespace(runnable=runnable, torch_device="cpu")
+        self.variants = {"sparse_mla": chain}
+        self.first = first
+    def variant_for(self, op, q, kv, idx, lens, scale, d_v, sink=None):
+        assert op == "sparse_mla" and kv.dtype == q.dtype and idx.shape[0] == q.shape[0] == lens.shape[0]
+        return self.first(q)
+def run(backend, **kw):
+    built.clear()
+    print(WS.warmup(backend, **kw), sorted(built))
+run(Backend(lambda q: "gluon_ws"), num_heads=(16, 64, 128), attn_dtypes=(torch.bfloat16, torch.float32),
+    attn_sink=(False, True))
+run(Backend(lambda q: "flashmla"), num_heads=(64, 128))
+run(Backend(lambda q: "flashmla" if q.shape[1] == 64 else "gluon_ws"), num_heads=(64, 128), attn_sink=(True,))
+run(Backend(lambda q: "gluon_ws", chain=("triton", "reference")))
+run(Backend(lambda q: "gluon_ws", runnable=False))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    if lines and lines[0].startswith("SKIP"):
+        pytest.skip(lines[0])
+    every = [(H, "torch.bfloat16", s, w, s, "gluon_ws", True) for H in (64, 128) for s in (False, True)
+             for w in (False, True)]
+    assert lines[0] == f"['sparse_mla'] {sorted(every)}"  # H 16 and fp32 are not its calls
+    assert lines[1] == "[] []"  # FlashMLA serves: nothing of the ws kernel would run
+    assert lines[2] == "['sparse_mla'] " + str([(128, "torch.bfloat16", True, w, True, "gluon_ws", True)
+                                                  for w in (False, True)])
+    assert lines[3] == "[] []" and lines[4] == "[] []"
