@@ -17,9 +17,9 @@ writes ``OUT/bench_e2e.json`` (raw per-step times and every summary), ``OUT/benc
 3. **Drift**: relative difference of final hidden states, cold vs prefix hit and trim vs no
    trim, over random prompts, at this config's dtype.
 
-``--prefer sparse_mla=triton`` runs an op through a named variant (``select``'s ``prefer``), to compare
-variants on the same stack. Sizes that do not fit in memory are dropped (and listed). ``--plot-from OUT/bench_e2e.json``
-redraws the PNG elsewhere (matplotlib may be missing on the GPU host).
+``--prefer sparse_mla=triton`` runs an op through a named variant (``select``'s ``prefer``), to
+compare variants on the same stack. Sizes that do not fit in memory are dropped (and listed).
+``--plot-from OUT/bench_e2e.json`` redraws the PNG elsewhere (matplotlib may be missing on the GPU host).
 CPU check of the script itself: ``python bench/bench_e2e.py --out /tmp/e2e --device cpu --config small``.
 
 Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on the GPU machine) and the

@@ -8,8 +8,7 @@ arrive/wait. The persistent warp-specialised kernel (``gluon_ws``) hands data be
 warpgroups through mbarriers, so racecheck reports every such hand-off (and the same class of
 reports for vLLM's FlashMLA, whose warpgroups do the same; H200, compute-sanitizer of CUDA 13,
 2026-12-01). Those two (the ws kernel with both gather widths) run under memcheck here and are
-left out of racecheck; every other
-kernel must come out of racecheck clean."""
+left out of racecheck; every other kernel must come out of racecheck clean."""
 
 from __future__ import annotations
 
