@@ -49,15 +49,8 @@ from swa_backends.common.device import resolve_device  # noqa: E402
 from swa_backends.common.ops import _records as R  # noqa: E402
 from swa_backends.kernels import sparse_mla as K  # noqa: E402
 
-D, KK, BS = src.D, src.KK, src.BS
+D, KK, BS = src.D, src.KK, src.BS  # BS: records per page (the L2 cache's rows a multiple of it)
 HEADS, DECODE_T, PREFILL_T = (64, 128), (1, 8, 32, 64, 128, 256), (4096,)
-
-
-def small_record_cache(fmt: str, rows):
-    """``rows`` (a multiple of ``BS``) written into a new ``fmt`` record cache, OCP flavour."""
-    kv = R.new_cache(rows.shape[0] // BS, BS, fmt, device=rows.device)
-    R.write(kv, rows, torch.arange(rows.shape[0], device=rows.device), fmt, "e4m3fn")
-    return kv
 
 
 def fp8_mma_error(fmt: str, dev, T=32, H=64, S=8192, seed=0) -> dict:
@@ -67,7 +60,7 @@ def fp8_mma_error(fmt: str, dev, T=32, H=64, S=8192, seed=0) -> dict:
     of rounding P to bf16 alone, as the bf16 kernels do."""
     g = torch.Generator(device=dev).manual_seed(seed)
     rows = torch.randn(S, D, generator=g, device=dev).to(torch.bfloat16)
-    kv = small_record_cache(fmt, rows)
+    kv = src.record_cache(fmt, rows, dev)
     idx = torch.randint(0, S, (T, KK), generator=g, device=dev)
     keys = R.dequantize(kv, idx.reshape(-1), fmt, "e4m3fn").float().reshape(T, KK, D)
     q = torch.randn(T, H, D, generator=g, device=dev).to(torch.bfloat16).float()
@@ -121,7 +114,7 @@ def main(argv=None) -> int:
     end = time.time() + a.budget
     scale = 1.0 / math.sqrt(D)
     small = rows[:a.l2_rows].contiguous()
-    caches = {f: (src.record_cache(f, rows, dev), small_record_cache(f, small)) for f in formats}
+    caches = {f: (src.record_cache(f, rows, dev), src.record_cache(f, small, dev)) for f in formats}
     ws = bsm.build_kernels(resolve_device(str(dev)), dev, {"gluon_ws"})["gluon_ws"]
     res["meta"]["gluon_ws"] = ws.why_not or "runs"
 

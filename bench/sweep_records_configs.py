@@ -68,10 +68,13 @@ def setup(out: Path, time_note: str):
 
 
 def record_cache(fmt: str, rows, dev):
-    """``rows`` written into a new ``fmt`` record cache (OCP flavour), ``BS`` records per page."""
-    kv = R.new_cache(S // BS, BS, fmt, device=dev)
-    for c in range(0, S, 1 << 15):
-        R.write(kv, rows[c:c + (1 << 15)], torch.arange(c, c + (1 << 15), device=dev), fmt, "e4m3fn")
+    """``rows`` (a multiple of ``BS`` of them) written into a new ``fmt`` record cache (OCP flavour),
+    ``BS`` records per page, in chunks that keep the torch writer's fp32 temporaries small."""
+    n = rows.shape[0]
+    kv = R.new_cache(n // BS, BS, fmt, device=dev)
+    for c in range(0, n, 1 << 15):
+        e = min(n, c + (1 << 15))
+        R.write(kv, rows[c:e], torch.arange(c, e, device=dev), fmt, "e4m3fn")
     return kv
 
 
