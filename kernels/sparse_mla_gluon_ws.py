@@ -17,6 +17,14 @@ Measured facts behind the design (one H200, torch 2.11, Triton 3.6; ``bench/READ
   current item's last Q K^T (barrier ``QFREE``) and gathers its first tiles as their halves
   free up, all under the current item's tail and epilogue: 379 against 281 TFLOP/s for one
   item per program at H 64, 363 against 306 at H 128 (T 16K, K 640).
+* Why O leaves through shared memory: stored from the wgmma accumulator's layout, a warp
+  instruction writes 16 bytes of each of 8 rows (4 bytes a thread): 4096 half-filled 32-byte
+  sectors per item. Timed against FlashMLA at K 640 and K 1152 (bench_flashmla's cells, T 16K),
+  the kernel matched its time per pair of tiles (3.8-4.0 us) but paid about 4.4 us per item
+  against FlashMLA's 1.4-2.1. Staged 64 columns at a time through the consumer's P slot (free at
+  the epilogue) and written 16 bytes a thread, 128 bytes a row: same run, H200, torch 2.11,
+  Triton 3.6, 1.06-1.16x the direct store over a 1M-row cache, 1.09-1.20x over a 16K-row one,
+  about 1.2 us per item left.
 * Barrier phases run on across items (a count of the pairs and items before); the row sums
   are exchanged in slots that alternate between items (an item without pairs would
   otherwise overwrite a slot the other consumer has yet to read).
@@ -196,7 +204,6 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
     s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
-    o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
     FIRST: gl.constexpr = W  # consumer 0 starts Q K^T with the lo half, consumer 1 with hi
     OWN: gl.constexpr = 2 * W  # this consumer's tile buffer (halves OWN + 0 / OWN + 1)
     idx_row = IDX + t * stride_it
@@ -314,10 +321,34 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
         gl.store(LSE + t * stride_lt + offs_h, lse, mask=h_ok)
     inv = gl.convert_layout(1.0 / denom, o_row)
     o = (acc * gl.expand_dims(inv, 1)).to(dtype)
-    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_row)
-    offs_v = W * HALF + gl.arange(0, HALF, layout=o_col)
-    o_ptrs = OUT + t * stride_ot + gl.expand_dims(offs_ho.to(gl.int64) * stride_oh, 1) + gl.expand_dims(offs_v, 0)
-    gl.store(o_ptrs, o, mask=gl.expand_dims(offs_ho < H, 1) & gl.expand_dims(offs_v >= 0, 0))
+    # O leaves through this consumer's P slot, 64 columns at a time, so that a warp writes whole
+    # 128-byte row segments (16 bytes a thread) instead of the accumulator layout's 16 bytes per
+    # row (4 a thread). The slot is free: the other consumer, its only other reader, is past its
+    # last P V (the row-sum exchange above waited for it)
+    chunks = gl.permute(gl.reshape(o, [BLOCK_H, 4, 64]), (0, 2, 1))  # [64 heads, 64 columns, chunk]
+    even, odd = gl.split(gl.reshape(chunks, [BLOCK_H, 64, 2, 2]))  # chunk = 2 * hi + lo: split on lo
+    c0, c2 = gl.split(even)
+    c1, c3 = gl.split(odd)
+    slot = p_smem.index(W)
+    st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
+    row_ptrs = gl.expand_dims(OUT + t * stride_ot + offs_ho.to(gl.int64) * stride_oh, 1)
+    cols = W * HALF + gl.arange(0, 64, layout=gl.SliceLayout(0, st))
+    mask = gl.expand_dims(offs_ho < H, 1) & gl.expand_dims(cols >= 0, 0)
+    _store_chunk(c0, slot, row_ptrs, cols, mask, st)
+    _store_chunk(c1, slot, row_ptrs, cols + 64, mask, st)
+    _store_chunk(c2, slot, row_ptrs, cols + 128, mask, st)
+    _store_chunk(c3, slot, row_ptrs, cols + 192, mask, st)
+
+
+@gluon.jit
+def _store_chunk(chunk, slot, row_ptrs, cols, mask, st: gl.constexpr):
+    """``chunk`` [64, 64] to ``row_ptrs + cols`` (layout ``st``: 16 bytes a thread) through the
+    shared ``slot``; the slot is free again when it returns."""
+    slot.store(chunk)
+    _barrier()
+    gl.store(row_ptrs + gl.expand_dims(cols, 0), slot.load(st), mask=mask)
+    _barrier()  # every thread's load of the slot done
 
 
 @gluon.jit
