@@ -13,7 +13,7 @@ import swa_backends as sb
 from platform_helpers import assert_matches_reference, vendor_case
 
 CASES = [  # device, vendor variant, a case it takes
-    ("cuda:sm90", "flashmla", dict(K=128, heads=(64,))),
+    ("cuda:sm90", "flashmla", dict(K=128, heads=(16,))),  # gluon_ws leads, for H >= 64
     ("cuda:sm100", "flashmla", dict(K=200, heads=(3,))),
     ("cuda:sm120", "flashinfer_sm12x", dict(K=136, heads=(16,))),
     ("rocm:gfx950", "aiter_opus", dict(T=1024, K=9, S=60, heads=(1,))),

@@ -180,12 +180,13 @@ def test_flashinfer_input_check_wants_the_mixed_layout():
 
 # --- selection: arch gating as data, probes as reasons ---------------------------------
 
-@pytest.mark.parametrize("device, first", [("cuda:sm90", "flashmla"), ("cuda:sm100", "flashmla"),
-                                           ("cuda:sm120", "flashinfer_sm12x")])
-def test_vendor_variant_chosen_when_its_package_is_there(device, first):
+# on sm90 the pack's gluon_ws leads (measured faster on the H200), the vendor kernel next
+@pytest.mark.parametrize("device, head", [("cuda:sm90", ("gluon_ws", "flashmla")), ("cuda:sm100", ("flashmla",)),
+                                          ("cuda:sm120", ("flashinfer_sm12x",))])
+def test_vendor_variant_chosen_when_its_package_is_there(device, head):
     with contract_doubles(device):
         b = sb.select(device)
-        assert b.variants["sparse_mla"][0] == first
+        assert b.variants["sparse_mla"][:len(head)] == head
         assert b.variants["sparse_mla"][-1] == "reference"
 
 
