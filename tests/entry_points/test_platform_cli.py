@@ -78,14 +78,13 @@ def test_info_matches_matrix_and_api(device, emulate, capsys):
             assert name in row.allowed(op)
             assert verified == row.status(name)
     names = [n for n, _ in table["sparse_mla"]]
-    lead = PACK_LEADS.get(device, ())
-    first = names[len(lead)] if emulate and VENDOR[device] else names[0]
     vendor = VENDOR[device]
     if emulate and vendor:
-        assert tuple(names[:len(lead)]) == lead
-        assert first == vendor and row.status(vendor) in ("emulated", "hardware")  # sm90's FlashMLA ran on an H200
+        lead = PACK_LEADS.get(device, ())
+        assert tuple(names[:len(lead) + 1]) == (*lead, vendor)
+        assert row.status(vendor) in ("emulated", "hardware")  # sm90's FlashMLA ran on an H200
     else:
-        assert first not in ("flashmla", "flashinfer", "flashinfer_sm12x", "aiter_opus", "npu_sparse_flash_mla")
+        assert names[0] not in ("flashmla", "flashinfer", "flashinfer_sm12x", "aiter_opus", "npu_sparse_flash_mla")
 
 
 @pytest.mark.parametrize("device", ["rocm:gfx950", "ascend:910b", "cuda:sm90", "cuda:sm100"])
