@@ -6,8 +6,9 @@ checked against the reference: the program compute-sanitizer runs (tests/kernels
 
 Small shapes keep the sanitizers' slowdown affordable; the cases cover what the kernels'
 masks must get right: PAD anywhere, empty rows and requests, graph padding, strided slot
-mappings, split-K decode, ragged last tiles, every sparse-MLA variant that runs here (the tl
-kernel, both Gluon kernels (the ws one with both gather widths), FlashMLA when it is importable).
+mappings, split-K decode, ragged last tiles, a partial 64-head block, every sparse-MLA variant
+that runs here (the tl kernel, both Gluon kernels (the ws one with both gather widths), FlashMLA
+when it is importable).
 Exit 1 on a wrong result.
 """
 
@@ -66,7 +67,9 @@ def main(argv: list[str]) -> int:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     variants = {k: v for k, v in variants.items() if k not in skip}
     for name, fn in variants.items():
-        shapes = [(3, 16, 512, 77), (sms, 64, 512, 200), (1, 64, 512, 640)]  # ragged, prefill-sized, decode
+        # ragged, prefill-sized, prefill-sized with a partial head block (heads 96-127 masked) and a partial
+        # last tile, decode
+        shapes = [(3, 16, 512, 77), (sms, 64, 512, 200), (sms // 2 + 1, 96, 512, 136), (1, 64, 512, 640)]
         for T, H, D, K in shapes:
             if name.startswith("gluon") and (T * ((H + 63) // 64) < sms or H < 64):
                 continue  # outside their scope (dispatch would not send it there)
