@@ -11,6 +11,7 @@ Kernel experiments: ``--variant LABEL=FILE`` (repeatable) also times a copy of t
 (``git show <rev>:kernels/sparse_mla_gluon_ws.py > FILE``, edited or not) as path ``ws_LABEL`` in the same
 rounds, checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its
 ratio to FlashMLA direct and to ``pack_gluon_ws``, per cell class: min and geometric mean).
+``--cells H:K:T:ROWS,...`` times those cells instead of the grid.
 
 TFLOP/s = 2*T*H*K*(D_qk + d_v) / time. The paths of a cell are timed in interleaved rounds
 (one call of each path per round, CUDA events around the call after a GPU sleep that keeps the
@@ -37,6 +38,18 @@ from bench_sparse_mla import check, git_commit, log, make_inputs, tflops, timed,
 
 D = DV = 512
 CELLS = [(H, K, T, S) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384) for S in (1 << 20, 1 << 14)]
+
+
+def parse_cells(text: str) -> list[tuple[int, int, int, int]]:
+    """``--cells``: ``"H:K:T:ROWS,..."`` -> ``[(H, K, T, ROWS), ...]`` (empty text: none), every value
+    a positive integer, K at most ROWS (the indices are distinct rows of the cache)."""
+    cells = []
+    for part in filter(None, text.split(",")):
+        values = part.split(":")
+        if len(values) != 4 or not all(v.isdigit() and int(v) > 0 for v in values) or int(values[1]) > int(values[3]):
+            raise ValueError(f"--cells: {part!r}; expected H:K:T:ROWS, four positive integers with K <= ROWS")
+        cells.append(tuple(int(v) for v in values))
+    return cells
 
 
 def load_variant(label: str, path: Path):
@@ -90,7 +103,12 @@ def main(argv=None) -> int:
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=FILE",
                    help="also time this copy of kernels/sparse_mla_gluon_ws.py as path ws_LABEL")
     p.add_argument("--skip", default="", help="comma-separated paths not to run (e.g. pack_flashmla,pack_default)")
+    p.add_argument("--cells", default="", metavar="H:K:T:ROWS,...",
+                   help="these cells instead of the grid (e.g. 128:2048:4096:1048576 for H 128, K 2048, T 4K, 1M rows)")
     args = p.parse_args(argv)
+    chosen = parse_cells(args.cells)
+    if chosen and args.quick:
+        raise ValueError(f"--cells {args.cells!r} with --quick; expected one of the two")
     files = {}  # label -> file, every --variant parsed and checked once, before anything runs
     for v in args.variant:
         label, _, file = v.partition("=")
@@ -139,7 +157,7 @@ def main(argv=None) -> int:
             log(f"check {name:<16} H {H:>3}: {'ok' if why is None else why} (rel {rel:.2e})")
     bad = {k.split("/")[0] for k, v in result["checks"].items() if not v["ok"]}
 
-    cells = [c for c in CELLS if not args.quick or (c[2] == 16384 and c[3] == 1 << 20)]
+    cells = chosen or [c for c in CELLS if not args.quick or (c[2] == 16384 and c[3] == 1 << 20)]
     kvs = {}
     for H, K, T, S in cells:
         kv = kvs.get(S)

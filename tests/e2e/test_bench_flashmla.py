@@ -87,3 +87,14 @@ def test_variants_leave_the_direct_path_alone(bench, monkeypatch):
     assert found["flashmla_direct"](T(), T(), T(), None, 1.0, None) == ("o", "lse")
     assert found["ws_v"](None, None, None, None, 1.0, None) == ("vo", "vl")
     assert calls == ["flashmla", "variant"]
+
+
+def test_cells_parsed_and_bad_ones_refused(bench, tmp_path):
+    assert bench.parse_cells("") == []
+    assert bench.parse_cells("128:2048:4096:1048576,64:640:16:640") == [(128, 2048, 4096, 1 << 20), (64, 640, 16, 640)]
+    for bad in ("128:640:4096", "a:640:4096:1024", "0:640:4096:1024", "64:2048:16:1024", "64:-1:16:1024"):
+        with pytest.raises(ValueError, match="--cells: .*expected H:K:T:ROWS"):
+            bench.parse_cells(bad)
+    with pytest.raises(ValueError, match="with --quick"):
+        bench.main(["--out", str(tmp_path), "--quick", "--cells", "64:640:16:640"])
+    assert not any(tmp_path.iterdir())
