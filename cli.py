@@ -157,6 +157,8 @@ def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = F
         lines.append("every variant:")
         for c in e.table:
             why = "; ".join(c.reasons) if c.reasons else "ok"
+            if c.ahead:
+                why += "; " + "; ".join(c.ahead)
             status = style(f"{c.status:<9}", {"chosen": "32", "per-call": "36", "rejected": "2"}.get(c.status, "0"))
             lines.append(f"  {c.op:<24} {c.variant:<18} {status} {why}")
     return "\n".join(lines)

@@ -67,6 +67,16 @@ def priority(platform: str, op: str) -> tuple[str, ...]:
     return tuple(table.get(op, table["*"]))
 
 
+def ahead_rules(platform: str, op: str, chain: tuple[Variant, ...]) -> tuple[tuple[Variant, str, str], ...]:
+    """The platform backend's per-call exceptions to its priority (``AHEAD``) that apply to
+    ``chain``: ``(variant, name of the variant it runs before, "module:attr" predicate)`` where
+    both are in the chain, the first after the second."""
+    rules = getattr(importlib.import_module(BACKEND_MODULES[platform]), "AHEAD", {}).get(op, ())
+    names = [v.name for v in chain]
+    return tuple((chain[names.index(first)], over, pred) for first, over, pred in rules
+                 if first in names and over in names and names.index(first) > names.index(over))
+
+
 def platform_input_check(platform: str, op: str) -> str | None:
     """The platform backend's own input check for ``op`` (``INPUT_CHECKS``), if any: a
     ``"module:attr"`` called as ``check(device, *args, **kwargs)`` that raises ``ValueError``
@@ -119,6 +129,8 @@ class Candidate:
     verified: str | None
     graph_safe: bool
     index_layout: str | None
+    #: the per-call exceptions to the chain's order under which this variant runs before another (``AHEAD``)
+    ahead: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,7 +144,7 @@ class Explanation:
         return {
             "capabilities": self.capabilities.as_dict(),
             "chosen": {op: list(names) for op, names in self.chosen.items()},
-            "table": [c.__dict__ | {"reasons": list(c.reasons)} for c in self.table],
+            "table": [c.__dict__ | {"reasons": list(c.reasons), "ahead": list(c.ahead)} for c in self.table],
         }
 
 
@@ -205,13 +217,18 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
         if not chain:
             raise SelectionError(f"{op}: no variant can run on {device}", {v.name: r for v, r in assessed})
         chains[op] = tuple(chain)
+        ahead: dict[str, list[str]] = {}
+        for first, over, pred in (ahead_rules(device.platform, op, chains[op]) if row is not None else ()):
+            doc = " ".join((load_attr(pred).__doc__ or "").strip().split("\n\n")[0].split())
+            ahead.setdefault(first.name, []).append(
+                f"runs before {over} for a call where {pred} gives a reason ({doc})")
         for v, reasons in assessed:
             if any(v is c for c in chain):
                 status = "chosen" if v is chain[-1] else "per-call"
             else:
                 status = "rejected" if reasons else "eligible"
             table.append(Candidate(op, v.name, status, tuple(reasons), row.status(v.name) if row else None,
-                                   v.graph_safe, v.index_layout))
+                                   v.graph_safe, v.index_layout, tuple(ahead.get(v.name, ()))))
     return row, fallback, chains, table
 
 
@@ -345,6 +362,14 @@ class Backend:
         self.failures: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
         self.variants = {op: tuple(v.name for v in chain) for op, chain in chains.items()}
+        #: op -> {name: ((variant, "module:attr"), ...)}: variants run before ``name`` when the predicate
+        #: gives a reason for the call (the platform's ``AHEAD``; explain() shows them)
+        self._ahead: dict[str, dict[str, tuple]] = {}
+        if device.platform in BACKEND_MODULES:
+            for op, chain in chains.items():
+                for first, over, pred in ahead_rules(device.platform, op, chain):
+                    rules = self._ahead.setdefault(op, {})
+                    rules[over] = (*rules.get(over, ()), (first, pred))
         for op in OPS:
             setattr(self, op, self._make(op))
         for name, fn in HOST_OPS.items():
@@ -369,18 +394,28 @@ class Backend:
 
     def variant_for(self, op: str, *args, **kwargs) -> str:
         """Name of the variant a call with these arguments would run."""
-        return self._pick(op, args, kwargs)[0].name
+        return self._pick(op, args, kwargs).name
 
-    def _pick(self, op: str, args: tuple, kwargs: dict, start: int = 0) -> tuple[Variant, int]:
+    def _pick(self, op: str, args: tuple, kwargs: dict, skip: tuple[str, ...] = ()) -> Variant:
+        """The first variant of the chain that takes the call (``skip``: those that could not build it
+        in this call), or a later one the platform runs before it for this call (``AHEAD``)."""
         chain = self._chains[op]
         failed = self.failures.get(op, {})
+        ahead = self._ahead.get(op)
         reasons: dict[str, list[str]] = {}
-        for i in range(start, len(chain)):
-            v = chain[i]
+        for v in chain:
+            if v.name in skip:
+                continue
             why = [failed[v.name]] if v.name in failed else (v.input_reasons(args, kwargs) if v.per_call else [])
-            if not why:
-                return v, i
-            reasons[v.name] = why
+            if why:
+                reasons[v.name] = why
+                continue
+            for first, pred in (ahead.get(v.name, ()) if ahead else ()):
+                if (first.name not in skip and first.name not in failed and any(c is first for c in chain)
+                        and load_attr(pred)(*args, **kwargs)
+                        and not (first.input_reasons(args, kwargs) if first.per_call else [])):
+                    return first
+            return v
         raise SelectionError(f"{op}: no chosen variant accepts these inputs on {self.device}", reasons)
 
     def _failed(self, op: str, v: Variant, exc: KernelUnavailable) -> None:
@@ -434,14 +469,14 @@ class Backend:
             def call(*args, **kwargs):
                 if checked and validation_enabled():
                     validate(*args, **kwargs)
-                start = 0
+                tried: tuple[str, ...] = ()
                 while True:
-                    v, i = self._pick(op, args, kwargs, start)
+                    v = self._pick(op, args, kwargs, tried)
                     try:
                         return v.load()(*args, **kwargs)
                     except KernelUnavailable as exc:
                         self._failed(op, v, exc)
-                        start = i + 1  # this call: the next variant
+                        tried += (v.name,)  # this call: the next variant
 
         functools.update_wrapper(call, spec.reference)
         call.__name__ = op

@@ -151,6 +151,12 @@ def fake_device(device: DeviceInfo | str) -> Iterator[DeviceInfo]:
         _override.pop()
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_l2_bytes(index: int) -> int:
+    """L2 size in bytes of CUDA device ``index``, read once per process."""
+    return torch.cuda.get_device_properties(index).L2_cache_size
+
+
 def current_device() -> DeviceInfo:
     """The device ops run on by default: a fake one if injected, else the first accelerator
     (CUDA/ROCm through torch, then Ascend), else the CPU."""

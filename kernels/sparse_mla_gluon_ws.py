@@ -73,8 +73,6 @@ The row sums are kept per consumer and added once at the end. Needs a Triton who
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -83,6 +81,7 @@ from triton.experimental.gluon.language.nvidia import hopper as _hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from ..common.device import cuda_l2_bytes as l2_bytes
 from . import sparse_mla_gluon as _shared
 
 _cp_async = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
@@ -508,12 +507,6 @@ def api_reason() -> str | None:
 
 
 _BUILT: set = set()
-
-
-@functools.lru_cache(maxsize=None)
-def l2_bytes(index: int) -> int:
-    """L2 size of CUDA device ``index``, read once per process."""
-    return torch.cuda.get_device_properties(index).L2_cache_size
 
 
 def wide_gathers(kv: torch.Tensor) -> bool:

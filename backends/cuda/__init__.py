@@ -53,8 +53,17 @@ VARIANTS: tuple = (
 
 # First variant with no reasons wins; names not declared for an op are skipped. On sm90 the pack's
 # gluon_ws leads FlashMLA: measured faster on the H200 (bench/results/h200/bench_flashmla.json);
-# FlashMLA serves the calls gluon_ws does not take (decode-sized, H < 64, D_qk 576).
+# FlashMLA serves the calls gluon_ws does not take (decode-sized, H < 64, D_qk 576) and, per call, the
+# class where it measured faster (AHEAD below).
 PRIORITY = {
     "sparse_mla": ("gluon_ws", "flashmla", "gluon", "flashinfer", "flashinfer_sm12x", "triton", "reference"),
     "*": ("triton", "reference"),
+}
+
+# Per-call exceptions to PRIORITY, op -> ((variant, the variant it runs before, "module:attr"), ...): the
+# predicate takes the op's arguments and returns why the variant runs first for this call, or None.
+# FlashMLA before gluon_ws where FlashMLA measured faster on the H200 (large K at 128 heads over a
+# cache larger than L2; flashmla.ahead_of_gluon_ws).
+AHEAD = {
+    "sparse_mla": (("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws"),),
 }

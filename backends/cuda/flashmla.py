@@ -33,7 +33,7 @@ import functools
 import torch
 
 from ..adapters import no_tokens, pad_heads, round_up
-from ...common.device import current_device
+from ...common.device import cuda_l2_bytes, current_device
 from ...common.types import PAD
 from .probes import find_flashmla
 
@@ -71,6 +71,38 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="ro
         why.append(f"FlashMLA sparse prefill serves at most 128 heads (padded to the next count it serves), "
                    f"got {q.shape[1]}")
     return why
+
+
+#: Where FlashMLA runs before the pack's gluon_ws (the ``AHEAD`` rule of the CUDA backend): measured
+#: on one H200 (bench/results/h200/bench_flashmla_ksweep.json, torch 2.11, Triton 3.6, T 4K), over a
+#: cache larger than L2 at 128 heads gluon_ws / FlashMLA fell with K: 1.028 (K 640), 1.008 (896),
+#: 0.999 (1152), 0.993 (1536), 0.940 (2048); at K 1152 nine timings in five runs (this sweep,
+#: bench_flashmla.json and the trials log, T 4K and 16K) gave 0.979-1.007, 0.988 on average; at 64
+#: heads 0.999-1.011 up to K 2048, over a 16K-row cache 1.014 at K 2048.
+AHEAD_MIN_HEADS = 128
+AHEAD_MIN_K = 1152
+
+
+def _l2_of(kv: torch.Tensor) -> int | None:
+    """L2 bytes of the CUDA device holding ``kv`` (None: not a CUDA tensor)."""
+    if not kv.is_cuda:
+        return None
+    return cuda_l2_bytes(kv.device.index if kv.device.index is not None else torch.cuda.current_device())
+
+
+def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
+    """Per call, why FlashMLA runs before gluon_ws (None: it does not): at least 128 heads, at
+    least 1152 indices per token and a cache spanning more bytes than the device's L2, where
+    FlashMLA measured faster on the H200. Shapes and the device's L2 size only: no device work."""
+    H, K = q.shape[1], indices.shape[-1]
+    if H < AHEAD_MIN_HEADS or K < AHEAD_MIN_K or kv.dim() != 2:
+        return None
+    l2 = _l2_of(kv)
+    size = kv.shape[0] * kv.stride(0) * kv.element_size()
+    if l2 is None or size <= l2:
+        return None
+    return (f"H {H} >= {AHEAD_MIN_HEADS}, K {K} >= {AHEAD_MIN_K} and a {size >> 20} MiB cache > L2 "
+            f"({l2 >> 20} MiB): FlashMLA measured faster there (H200)")
 
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):

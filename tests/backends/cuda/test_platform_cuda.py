@@ -258,3 +258,64 @@ def test_contract_doubles_restore_everything():
         assert registry.probe("vllm_flashmla") is None and registry.probe("flashinfer_dsv4") is None
     assert {m: sys.modules.get(m) for m in before} == before
     assert "vllm_flashmla" not in registry._PROBE_OVERRIDES
+
+
+# --- per-call order: FlashMLA before gluon_ws where it measured faster (AHEAD) -------------
+
+def _prefill(H, K, rows, T=4):
+    q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
+    kv = torch.zeros(rows, 512, dtype=torch.bfloat16)
+    return (q, kv, torch.zeros(T, K, dtype=torch.int32), torch.full((T,), K, dtype=torch.int32), 0.04, 512)
+
+
+def test_ahead_of_gluon_ws_reason_names_the_class(monkeypatch):
+    assert flashmla.ahead_of_gluon_ws(*_prefill(128, 1536, 4096)) is None  # a host tensor: no L2 to compare with
+    monkeypatch.setattr(flashmla, "_l2_of", lambda kv: 1 << 20)  # 1 MiB
+    why = flashmla.ahead_of_gluon_ws(*_prefill(128, 1152, 4096), sink=None)
+    assert why and "H 128 >= 128" in why and "K 1152 >= 1152" in why and "4 MiB cache > L2 (1 MiB)" in why
+    for H, K, rows in ((64, 2048, 4096), (128, 896, 4096), (128, 2048, 1024)):  # each condition alone fails it
+        assert flashmla.ahead_of_gluon_ws(*_prefill(H, K, rows)) is None, (H, K, rows)
+    args = _prefill(128, 1536, 4096)
+    assert flashmla.ahead_of_gluon_ws(args[0], args[1].view(4096, 1, 512), *args[2:]) is None  # not the rows layout
+
+
+def test_flashmla_runs_before_gluon_ws_where_it_measured_faster(monkeypatch):
+    monkeypatch.setattr(flashmla, "_l2_of", lambda kv: 1 << 20)
+    with contract_doubles("cuda:sm90"):
+        b = sb.select("cuda:sm90")
+        assert b.variants["sparse_mla"][:2] == ("gluon_ws", "flashmla")
+        assert b.variant_for("sparse_mla", *_prefill(128, 1536, 4096)) == "flashmla"
+        for H, K, rows in ((64, 1536, 4096), (128, 896, 4096), (128, 1536, 512)):
+            assert b.variant_for("sparse_mla", *_prefill(H, K, rows)) == "gluon_ws", (H, K, rows)
+        row = next(c for c in b.explain().table if c.op == "sparse_mla" and c.variant == "flashmla")
+        assert row.ahead and "runs before gluon_ws" in row.ahead[0] and "ahead_of_gluon_ws" in row.ahead[0]
+        b.failures["sparse_mla"] = {"flashmla": "failed to build in this process: (injected)"}
+        assert b.variant_for("sparse_mla", *_prefill(128, 1536, 4096)) == "gluon_ws"
+    without = sb.select("cuda:sm90")  # no FlashMLA here: no rule applies
+    assert "flashmla" not in without.variants["sparse_mla"] and not without._ahead
+
+
+def test_a_call_flashmla_cannot_build_runs_gluon_ws_next(monkeypatch):
+    """The per-call order and the fall-through compose: FlashMLA first, it cannot build this call,
+    then the variant it ran before (not the one after it)."""
+    from swa_backends.dispatch import variant
+
+    monkeypatch.setattr(flashmla, "_l2_of", lambda kv: 1 << 20)
+    calls = []
+
+    def cannot(*a, **k):
+        calls.append("flashmla")
+        raise sb.KernelUnavailable("injected by the test", whole_variant=False)
+
+    def ws(q, *a, **k):
+        calls.append("gluon_ws")
+        return torch.zeros(q.shape[0], q.shape[1], 512, dtype=q.dtype), torch.zeros(q.shape[0], q.shape[1])
+
+    with contract_doubles("cuda:sm90"):
+        b = sb.select("cuda:sm90")
+        # the declarations' loaded implementations (restored after the test, unlike a module attribute they cache)
+        monkeypatch.setitem(variant("sparse_mla", "flashmla")._cache, "impl", cannot)
+        monkeypatch.setitem(variant("sparse_mla", "gluon_ws")._cache, "impl", ws)
+        with pytest.warns(RuntimeWarning, match="flashmla.*cannot build this call"):
+            b.sparse_mla(*_prefill(128, 1536, 4096))
+    assert calls == ["flashmla", "gluon_ws"]
