@@ -365,11 +365,10 @@ class Backend:
         #: op -> {name: ((variant, "module:attr"), ...)}: variants run before ``name`` when the predicate
         #: gives a reason for the call (the platform's ``AHEAD``; explain() shows them)
         self._ahead: dict[str, dict[str, tuple]] = {}
-        if device.platform in BACKEND_MODULES:
-            for op, chain in chains.items():
-                for first, over, pred in ahead_rules(device.platform, op, chain):
-                    rules = self._ahead.setdefault(op, {})
-                    rules[over] = (*rules.get(over, ()), (first, pred))
+        for op, chain in chains.items():
+            for first, over, pred in ahead_rules(device.platform, op, chain):
+                rules = self._ahead.setdefault(op, {})
+                rules[over] = (*rules.get(over, ()), (first, pred))
         for op in OPS:
             setattr(self, op, self._make(op))
         for name, fn in HOST_OPS.items():

@@ -157,6 +157,13 @@ def cuda_l2_bytes(index: int) -> int:
     return torch.cuda.get_device_properties(index).L2_cache_size
 
 
+def l2_bytes_of(t: torch.Tensor) -> int | None:
+    """L2 size in bytes of the CUDA device holding ``t`` (None: not a CUDA tensor)."""
+    if not t.is_cuda:
+        return None
+    return cuda_l2_bytes(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
 def current_device() -> DeviceInfo:
     """The device ops run on by default: a fake one if injected, else the first accelerator
     (CUDA/ROCm through torch, then Ascend), else the CPU."""

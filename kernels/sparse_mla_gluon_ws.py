@@ -81,7 +81,7 @@ from triton.experimental.gluon.language.nvidia import hopper as _hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..common.device import cuda_l2_bytes as l2_bytes
+from ..common.device import l2_bytes_of
 from . import sparse_mla_gluon as _shared
 
 _cp_async = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
@@ -517,7 +517,7 @@ def wide_gathers(kv: torch.Tensor) -> bool:
     faster over a 1M-row (1 GiB) cache, the narrow ones 2-4% faster over a 16K-row (16 MiB) one.
     The cache's size stands in for where its rows live: a large cache read in a few places
     would be better served narrow, which the kernel cannot know."""
-    return kv.shape[0] * kv.stride(0) * kv.element_size() > l2_bytes(_shared._device_index(kv))
+    return kv.shape[0] * kv.stride(0) * kv.element_size() > l2_bytes_of(kv)
 
 
 def _meta(has_sink: bool, wide: bool) -> dict:

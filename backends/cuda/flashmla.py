@@ -33,7 +33,7 @@ import functools
 import torch
 
 from ..adapters import no_tokens, pad_heads, round_up
-from ...common.device import cuda_l2_bytes, current_device
+from ...common.device import current_device, l2_bytes_of
 from ...common.types import PAD
 from .probes import find_flashmla
 
@@ -83,13 +83,6 @@ AHEAD_MIN_HEADS = 128
 AHEAD_MIN_K = 1152
 
 
-def _l2_of(kv: torch.Tensor) -> int | None:
-    """L2 bytes of the CUDA device holding ``kv`` (None: not a CUDA tensor)."""
-    if not kv.is_cuda:
-        return None
-    return cuda_l2_bytes(kv.device.index if kv.device.index is not None else torch.cuda.current_device())
-
-
 def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
     """Per call, why FlashMLA runs before gluon_ws (None: it does not): at least 128 heads, at
     least 1152 indices per token and a cache spanning more bytes than the device's L2, where
@@ -97,7 +90,7 @@ def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
     H, K = q.shape[1], indices.shape[-1]
     if H < AHEAD_MIN_HEADS or K < AHEAD_MIN_K or kv.dim() != 2:
         return None
-    l2 = _l2_of(kv)
+    l2 = l2_bytes_of(kv)
     size = kv.shape[0] * kv.stride(0) * kv.element_size()
     if l2 is None or size <= l2:
         return None

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from swa_backends import KernelUnavailable, select
+from swa_backends.common.device import cuda_l2_bytes
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
 
@@ -77,7 +78,7 @@ def test_ws_both_gather_widths(mods, cache, monkeypatch, H, K, wide):
 def test_ws_gather_width_follows_the_cache_size(mods, cache):
     ws = mods["gluon_ws"]
     row = D * 2  # bf16 bytes per row
-    fit = ws.l2_bytes(torch.cuda.current_device()) // row  # rows that fit in L2
+    fit = cuda_l2_bytes(torch.cuda.current_device()) // row  # rows that fit in L2
     assert ws.wide_gathers(cache.to(torch.bfloat16))  # 200K rows: 200 MB
     assert not ws.wide_gathers(torch.empty(fit, D, dtype=torch.bfloat16, device="cuda"))
     assert ws.wide_gathers(torch.empty(fit + 1, D, dtype=torch.bfloat16, device="cuda"))

@@ -270,7 +270,7 @@ def _prefill(H, K, rows, T=4):
 
 def test_ahead_of_gluon_ws_reason_names_the_class(monkeypatch):
     assert flashmla.ahead_of_gluon_ws(*_prefill(128, 1536, 4096)) is None  # a host tensor: no L2 to compare with
-    monkeypatch.setattr(flashmla, "_l2_of", lambda kv: 1 << 20)  # 1 MiB
+    monkeypatch.setattr(flashmla, "l2_bytes_of", lambda kv: 1 << 20)  # 1 MiB
     why = flashmla.ahead_of_gluon_ws(*_prefill(128, 1152, 4096), sink=None)
     assert why and "H 128 >= 128" in why and "K 1152 >= 1152" in why and "4 MiB cache > L2 (1 MiB)" in why
     for H, K, rows in ((64, 2048, 4096), (128, 896, 4096), (128, 2048, 1024)):  # each condition alone fails it
@@ -280,7 +280,7 @@ def test_ahead_of_gluon_ws_reason_names_the_class(monkeypatch):
 
 
 def test_flashmla_runs_before_gluon_ws_where_it_measured_faster(monkeypatch):
-    monkeypatch.setattr(flashmla, "_l2_of", lambda kv: 1 << 20)
+    monkeypatch.setattr(flashmla, "l2_bytes_of", lambda kv: 1 << 20)
     with contract_doubles("cuda:sm90"):
         b = sb.select("cuda:sm90")
         assert b.variants["sparse_mla"][:2] == ("gluon_ws", "flashmla")
@@ -300,7 +300,7 @@ def test_a_call_flashmla_cannot_build_runs_gluon_ws_next(monkeypatch):
     then the variant it ran before (not the one after it)."""
     from swa_backends.dispatch import variant
 
-    monkeypatch.setattr(flashmla, "_l2_of", lambda kv: 1 << 20)
+    monkeypatch.setattr(flashmla, "l2_bytes_of", lambda kv: 1 << 20)
     calls = []
 
     def cannot(*a, **k):
