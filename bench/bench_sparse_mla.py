@@ -28,7 +28,7 @@ does not fit or is wrong is a recorded result, never the end of the run):
 4. ``--sweep``: the tl kernel over launch configs (:data:`SWEEP`, or ``--config``) at T 16K /
    K 640 / H 64 and 128: correctness, what Triton compiled, time; best per head count and a
    suggested ``TUNED`` row.
-5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640): latency per call in a CUDA graph,
+5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640; ``--decode-t`` for others): latency per call in a CUDA graph,
    bandwidth over the KV bytes read, for the tl kernel's split-K settings, the default path and
    torch.
 6. ``--records [FMT[:FP8],...]``: the tl kernel reading a paged DeepSeek-V4/V4.1 record cache
@@ -452,6 +452,8 @@ def parse_args(argv=None):
                          "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1")
     ap.add_argument("--decode", action="store_true",
                     help="also decode-sized calls: tl split-K settings, the default path and torch (CUDA graphs)")
+    ap.add_argument("--decode-t", default=None, metavar="T,T,...",
+                    help="with --decode: the token counts to time instead of the plan's (positive integers)")
     ap.add_argument("--records", nargs="?", const="v4_fp8:e4m3fn", default=None, metavar="FMT[:FP8],...",
                     help="also time the tl kernel reading paged KV records beside bf16 rows (same indices; decode-like "
                          "T <= 256 with split-K in CUDA graphs, and prefill): ratio = bf16 time / records time. "
@@ -469,6 +471,12 @@ def main(argv=None) -> int:
     unknown = sorted(set(wanted) - set(KERNELS))
     if unknown:
         raise SystemExit(f"--kernels: unknown {unknown}; choose from {list(KERNELS)}")
+    decode_t = None
+    if args.decode_t is not None:
+        parts = [p.strip() for p in args.decode_t.split(",")]
+        if not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--decode-t: {args.decode_t!r}; expected comma-separated positive integers, e.g. 1,2,4")
+        decode_t = tuple(int(p) for p in parts)
     on_gpu = torch.cuda.is_available()
     if not on_gpu and not args.smoke:
         log("needs a CUDA GPU (or --smoke: small sizes, on a CPU through Triton's interpreter)")
@@ -479,6 +487,8 @@ def main(argv=None) -> int:
     if args.smoke:
         args.sweep = args.decode = True
     plan = PLANS["h200" if not args.smoke else ("gpu-smoke" if on_gpu else "tiny")]
+    if decode_t is not None:
+        plan = {**plan, "decode_T": decode_t}
     D = DV = plan["D"]
     out_path = Path(args.out)
     if out_path.suffix != ".json":
