@@ -26,7 +26,9 @@ tile runs under the current tile's math:
   tile;
 * iteration i: wait for tile i's cp.async group, fence, CTA barrier; now the buffer of tile
   i-1 is free in both warpgroups: issue the gather of tile ``i + NBUF - 1`` into it at once
-  (row offsets from an index tile loaded one iteration earlier), then S, softmax, P V.
+  (row offsets from an index tile loaded one iteration earlier), then S, softmax, P V;
+* after the last tile, O goes to global memory through the free KV buffer 0 (16-byte stores,
+  a warp writing 512 contiguous bytes of a row), as in ``gluon_ws``.
 
 PAD rows and rows past ``lens`` are masked cp.async (zero fill, no memory traffic) and
 ``-inf`` scores. Scope: the variant declares CUDA sm90 and bf16/fp16; :func:`input_check`
