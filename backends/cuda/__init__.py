@@ -54,7 +54,7 @@ VARIANTS: tuple = (
 # First variant with no reasons wins; names not declared for an op are skipped. On sm90 the pack's
 # gluon_ws leads FlashMLA: measured faster on the H200 (bench/results/h200/bench_flashmla.json);
 # FlashMLA serves the calls gluon_ws does not take (decode-sized, H < 64, D_qk 576) and, per call, the
-# class where it measured faster (AHEAD below).
+# class where it measured faster (AHEAD below), except the calls of a few tokens, where the tl kernel did.
 PRIORITY = {
     "sparse_mla": ("gluon_ws", "flashmla", "gluon", "flashinfer", "flashinfer_sm12x", "triton", "reference"),
     "*": ("triton", "reference"),
@@ -62,8 +62,10 @@ PRIORITY = {
 
 # Per-call exceptions to PRIORITY, op -> ((variant, the variant it runs before, "module:attr"), ...): the
 # predicate takes the op's arguments and returns why the variant runs first for this call, or None.
-# FlashMLA before gluon_ws where FlashMLA measured faster on the H200 (large K at 128 heads over a
-# cache larger than L2; flashmla.ahead_of_gluon_ws).
+# Both where the earlier variant measured faster on the H200: FlashMLA before gluon_ws (large K at 128
+# heads over a cache larger than L2; flashmla.ahead_of_gluon_ws), the tl kernel before FlashMLA (calls
+# of at most 12 token x 64-head items; flashmla.triton_ahead_of_flashmla).
 AHEAD = {
-    "sparse_mla": (("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws"),),
+    "sparse_mla": (("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws"),
+                   ("triton", "flashmla", f"{_PKG}.flashmla:triton_ahead_of_flashmla")),
 }

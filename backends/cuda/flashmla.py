@@ -98,6 +98,30 @@ def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
             f"({l2 >> 20} MiB): FlashMLA measured faster there (H200)")
 
 
+
+#: Where the pack's portable tl kernel (variant ``triton``) runs before FlashMLA (the CUDA backend's
+#: second ``AHEAD`` rule): calls of a few tokens, which gluon_ws and gluon decline and FlashMLA would
+#: take. Measured on one H200 (bench/results/h200/bench_sparse_mla_decode.json, torch 2.11, Triton
+#: 3.6, K 640, 1M-row cache, CUDA-graph replay): FlashMLA's sparse prefill kernel takes 23.9-25.6 us
+#: from T 1 to T 32 at 64 and 128 heads; the tl kernel with its split-K takes 11.3 us at 1 item (token
+#: x 64-head block) and grows with the items: 21.2-21.5 us at 12 (T 12 at H 64, T 6 at H 128), 26.9-
+#: 27.0 us at 16 (T 16, T 8), where FlashMLA's 24.3-24.4 is faster. Only that K was measured.
+TRITON_AHEAD_MAX_ITEMS = 12
+TRITON_AHEAD_MAX_K = 640
+
+
+def triton_ahead_of_flashmla(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
+    """Per call, why the tl kernel runs before FlashMLA (None: it does not): at least 64 heads, at
+    most 12 (token, 64-head) items and at most 640 indices per token, where it measured faster on
+    the H200. Shapes only: no device work."""
+    T, H = q.shape[0], q.shape[1]
+    K = indices.shape[-1]
+    items = T * -(-H // 64)
+    if H < 64 or items > TRITON_AHEAD_MAX_ITEMS or K > TRITON_AHEAD_MAX_K:
+        return None
+    return (f"{items} (token, 64-head) items <= {TRITON_AHEAD_MAX_ITEMS} and K {K} <= {TRITON_AHEAD_MAX_K}: the "
+            "tl kernel's split-K measured faster than FlashMLA there (H200)")
+
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
     """The reference's ``(out, lse)`` computed by FlashMLA's sparse prefill kernel (KV rows
     only: the variant declares ``kv_format="rows"``, dispatch sends records elsewhere)."""

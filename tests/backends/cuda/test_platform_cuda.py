@@ -319,3 +319,37 @@ def test_a_call_flashmla_cannot_build_runs_gluon_ws_next(monkeypatch):
         with pytest.warns(RuntimeWarning, match="flashmla.*cannot build this call"):
             b.sparse_mla(*_prefill(128, 1536, 4096))
     assert calls == ["flashmla", "gluon_ws"]
+
+
+# --- per-call order: the tl kernel before FlashMLA for calls of a few tokens (AHEAD) ---------
+
+def test_triton_ahead_of_flashmla_reason_names_the_class():
+    why = flashmla.triton_ahead_of_flashmla(*_prefill(128, 640, 64, T=6))
+    assert why and "12 (token, 64-head) items <= 12" in why and "K 640 <= 640" in why
+    assert flashmla.triton_ahead_of_flashmla(*_prefill(64, 640, 64, T=12))  # 12 items at 64 heads
+    assert flashmla.triton_ahead_of_flashmla(*_prefill(96, 512, 64, T=1))  # 2 items: the partial block counts whole
+    for H, K, T in ((128, 640, 7), (64, 640, 13), (64, 1152, 1), (16, 640, 1)):  # each condition alone fails it
+        assert flashmla.triton_ahead_of_flashmla(*_prefill(H, K, 64, T=T)) is None, (H, K, T)
+
+
+def test_triton_runs_before_flashmla_for_calls_of_a_few_tokens(monkeypatch):
+    from swa_backends.kernels import sparse_mla_gluon
+
+    # host tensors pass the Gluon kernels' decode-size check (it counts SMs of a CUDA tensor's device):
+    # declined here as they are on the GPU, so FlashMLA is the variant that would take these calls
+    real = sparse_mla_gluon.input_check
+    monkeypatch.setattr(sparse_mla_gluon, "input_check",
+                        lambda q, *a, **k: real(q, *a, **k) + (["decode-sized"] if q.shape[0] < 64 else []))
+    with contract_doubles("cuda:sm90"):
+        b = sb.select("cuda:sm90")
+        assert b.variants["sparse_mla"] == ("gluon_ws", "flashmla", "gluon", "triton", "reference")
+        assert b.variant_for("sparse_mla", *_prefill(64, 640, 64, T=1)) == "triton"
+        assert b.variant_for("sparse_mla", *_prefill(128, 640, 64, T=6)) == "triton"
+        for H, K, T in ((64, 640, 16), (128, 640, 8), (64, 1152, 1), (16, 640, 1)):
+            assert b.variant_for("sparse_mla", *_prefill(H, K, 64, T=T)) == "flashmla", (H, K, T)
+        assert b.variant_for("sparse_mla", *_prefill(64, 640, 64, T=256)) == "gluon_ws"  # prefill-sized: unchanged
+        row = next(c for c in b.explain().table if c.op == "sparse_mla" and c.variant == "triton")
+        assert row.ahead and "runs before flashmla" in row.ahead[0] and "triton_ahead_of_flashmla" in row.ahead[0]
+        # the tl kernel cannot run (a whole-variant failure): FlashMLA takes the call again
+        b.failures["sparse_mla"] = {"triton": "failed to build in this process: (injected)"}
+        assert b.variant_for("sparse_mla", *_prefill(64, 640, 64, T=1)) == "flashmla"
