@@ -28,9 +28,9 @@ does not fit or is wrong is a recorded result, never the end of the run):
 4. ``--sweep``: the tl kernel over launch configs (:data:`SWEEP`, or ``--config``) at T 16K /
    K 640 / H 64 and 128: correctness, what Triton compiled, time; best per head count and a
    suggested ``TUNED`` row.
-5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640; ``--decode-t`` for others): latency per call in a CUDA graph,
-   bandwidth over the KV bytes read, for the tl kernel's split-K settings, the default path and
-   torch.
+5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640; ``--decode-t`` for others): latency
+   per call in a CUDA graph, bandwidth over the KV bytes read, for the tl kernel's split-K
+   settings, the default path and torch.
 6. ``--records [FMT[:FP8],...]``: the tl kernel reading a paged DeepSeek-V4/V4.1 record cache
    (``kv_format``; default ``v4_fp8:e4m3fn``, the record SM90 and ROCm serve) beside the same
    kernel on bf16 rows, same indices, same run: a correctness check per format on PAD patterns,

@@ -228,7 +228,7 @@ def _sparse_mla_gluon_fwd(
     o = (acc * gl.expand_dims(inv, 1)).to(dtype)
     # O leaves through KV buffer 0, so that a thread writes 16 bytes and a warp 512 contiguous
     # bytes of a row, instead of the accumulator layout's 4 bytes a thread and 16 a row: same
-    # rounds, H200, torch 2.11, Triton 3.6 (bench/exp_gluon_store_ab.py), 1.08-1.12x the direct
+    # rounds, H200, torch 2.11, Triton 3.6 (bench/exp_gluon_store_ab.py), 1.07-1.12x the direct
     # store over bench_flashmla's cells. The buffers are free once every warp is past its last
     # P V and the masked look-ahead gather has landed (waited above); the barrier makes that
     # true for all warps before the first write

@@ -98,7 +98,6 @@ def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
             f"({l2 >> 20} MiB): FlashMLA measured faster there (H200)")
 
 
-
 #: Where the pack's portable tl kernel (variant ``triton``) runs before FlashMLA (the CUDA backend's
 #: second ``AHEAD`` rule): calls of a few tokens, which gluon_ws and gluon decline and FlashMLA would
 #: take. Measured on one H200 (bench/results/h200/bench_sparse_mla_decode.json, torch 2.11, Triton
@@ -121,6 +120,7 @@ def triton_ahead_of_flashmla(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str 
         return None
     return (f"{items} (token, 64-head) items <= {TRITON_AHEAD_MAX_ITEMS} and K {K} <= {TRITON_AHEAD_MAX_K}: the "
             "tl kernel's split-K measured faster than FlashMLA there (H200)")
+
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
     """The reference's ``(out, lse)`` computed by FlashMLA's sparse prefill kernel (KV rows

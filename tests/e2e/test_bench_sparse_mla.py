@@ -52,3 +52,12 @@ def test_bench_smoke(tmp_path):
     assert all(result["best"].values())
     assert result["decode"] and all(v.get("correct") for r in result["decode"] for v in r["variants"])
     assert any(v["name"].startswith("triton splits=") for r in result["decode"] for v in r["variants"])
+
+
+@pytest.mark.parametrize("value", ["1,x", "0", "1,,2", "-3"])
+def test_bad_decode_t_is_refused_before_anything_runs(tmp_path, value):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sparse_mla.py"), "--out", str(tmp_path / "o"),
+                           "--decode", f"--decode-t={value}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert f"--decode-t: {value!r}; expected comma-separated positive integers" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "o").exists()
