@@ -218,7 +218,7 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
             raise SelectionError(f"{op}: no variant can run on {device}", {v.name: r for v, r in assessed})
         chains[op] = tuple(chain)
         ahead: dict[str, list[str]] = {}
-        for first, over, pred in (ahead_rules(device.platform, op, chains[op]) if row is not None else ()):
+        for first, over, pred in ahead_rules(device.platform, op, chains[op]):  # the rules Backend applies
             doc = " ".join((load_attr(pred).__doc__ or "").strip().split("\n\n")[0].split())
             ahead.setdefault(first.name, []).append(
                 f"runs before {over} for a call where {pred} gives a reason ({doc})")
@@ -410,7 +410,7 @@ class Backend:
                 reasons[v.name] = why
                 continue
             for first, pred in (ahead.get(v.name, ()) if ahead else ()):
-                if (first.name not in skip and first.name not in failed and any(c is first for c in chain)
+                if (first.name not in skip and first.name not in failed  # first is in the chain: ahead_rules
                         and load_attr(pred)(*args, **kwargs)
                         and not (first.input_reasons(args, kwargs) if first.per_call else [])):
                     return first

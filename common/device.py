@@ -151,6 +151,11 @@ def fake_device(device: DeviceInfo | str) -> Iterator[DeviceInfo]:
         _override.pop()
 
 
+def cuda_index(t: torch.Tensor) -> int:
+    """Index of the CUDA device holding ``t`` (a bare ``cuda`` device: the current one)."""
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 @functools.lru_cache(maxsize=None)
 def cuda_l2_bytes(index: int) -> int:
     """L2 size in bytes of CUDA device ``index``, read once per process."""
@@ -161,7 +166,7 @@ def l2_bytes_of(t: torch.Tensor) -> int | None:
     """L2 size in bytes of the CUDA device holding ``t`` (None: not a CUDA tensor)."""
     if not t.is_cuda:
         return None
-    return cuda_l2_bytes(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return cuda_l2_bytes(cuda_index(t))
 
 
 def current_device() -> DeviceInfo:

@@ -49,6 +49,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper as _hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 
+from ..common.device import cuda_index
 from ..common.errors import KernelUnavailable
 
 LOG2E = 1.4426950408889634
@@ -276,10 +277,6 @@ def num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
-
-
 def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     """Per-call reasons the Gluon kernels do not take this call (the variants' ``input_check``):
     shapes and strides only, no device work, graph-safe. The device (CUDA sm90), the dtypes
@@ -295,7 +292,7 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     if q.stride(2) != 1 or kv.stride(1) != 1 or indices.stride(1) != 1:
         why.append("needs unit inner strides of q, kv and indices")
     if q.is_cuda and not why:
-        programs, sms = T * triton.cdiv(H, BLOCK_H), num_sms(_device_index(q))
+        programs, sms = T * triton.cdiv(H, BLOCK_H), num_sms(cuda_index(q))
         if programs < sms:
             why.append(f"{programs} (token, 64-head) programs < {sms} SMs: decode-sized (the triton variant's "
                        "split-K fills the GPU)")
@@ -317,7 +314,7 @@ def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale,
     if persistent:  # one program per SM, each over every grid-th (token, head block)
         args = args + (T * num_hb,)
         if q.is_cuda:  # offline compiles pass CPU tensors: the grid does not matter there
-            grid = (max(1, min(T * num_hb, num_sms(_device_index(q)))),)
+            grid = (max(1, min(T * num_hb, num_sms(cuda_index(q)))),)
     if warmup:
         return kernel.warmup(*args, grid=grid, **meta)
     kernel[grid](*args, **meta)

@@ -81,7 +81,7 @@ from triton.experimental.gluon.language.nvidia import hopper as _hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..common.device import l2_bytes_of
+from ..common.device import cuda_index, l2_bytes_of
 from . import sparse_mla_gluon as _shared
 
 _cp_async = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
@@ -544,7 +544,7 @@ def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_
         return []
     dev = torch.device(backend.device.torch_device)
     D, K = _shared.HEAD_DIM, 256  # the index width's divisibility by 16 is what serving's widths have
-    T = _shared.num_sms(_shared._device_index(torch.empty(0, device=dev))) if dev.type == "cuda" else 1  # prefill-sized
+    T = _shared.num_sms(cuda_index(torch.empty(0, device=dev))) if dev.type == "cuda" else 1  # prefill-sized
     idx = torch.zeros(T, K, dtype=torch.int32, device=dev)
     lens = torch.full((T,), K, dtype=torch.int32, device=dev)
     ran = []

@@ -33,7 +33,7 @@ import functools
 import torch
 
 from ..adapters import no_tokens, pad_heads, round_up
-from ...common.device import current_device, l2_bytes_of
+from ...common.device import cuda_index, current_device, l2_bytes_of
 from ...common.types import PAD
 from .probes import find_flashmla
 
@@ -54,7 +54,7 @@ def _served_heads(q: torch.Tensor) -> tuple[int, ...]:
     """The head counts the FlashMLA build of ``q``'s device serves (host tensors: the device
     the pack is told it runs on, e.g. an emulated one)."""
     if q.is_cuda:
-        return _heads_for(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        return _heads_for(cuda_index(q))
     cap = current_device().capability or (10, 0)
     return HEADS.get(cap[0], HEADS[10])
 

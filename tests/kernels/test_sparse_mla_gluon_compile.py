@@ -80,7 +80,7 @@ from swa_backends.kernels import sparse_mla_gluon as G
 if G.api_reason():
     print("SKIP", G.api_reason()); raise SystemExit
 G.num_sms = lambda index: 132  # an sm90 with 132 SMs
-G._device_index = lambda t: 0
+G.cuda_index = lambda t: 0
 class FakeQ:
     is_cuda = True
     def __init__(self, T, H, D, dtype=torch.bfloat16):
