@@ -45,6 +45,17 @@ Per item:
   (128 bytes) when it fits (``wide_gathers``; the constexpr ``WIDE`` picks the producer): same
   run, H200, Triton 3.6, the wide gathers 2.8% faster in geometric mean over a 1M-row cache
   (up to 6% at H 128) and 3.2% slower over a 16K-row one, where the rows come from L2.
+* with the wide gathers, the two programs of a token (its two 64-head blocks: adjacent items,
+  so two SMs at the same time) would gather the same rows in step, the second's requests
+  waiting on the first's DRAM misses. So an odd head block's buffers hold D's halves swapped
+  (``lo`` = columns 256-511, Q's too; Q K^T sums over all of D, only the output's columns
+  follow): each program asks first for the half the other asks for second, a quarter pair
+  later, from L2. Same run, H200, torch 2.11, Triton 3.6 (``bench_flashmla.py --variant``, the
+  unswapped kernel beside it): 1.002-1.023x the unswapped kernel at H 128 over the 1M-row cache,
+  H 128 / K 1152 there from 0.978 / 0.998x FlashMLA to 1.001 / 1.015x. Over a 16K-row cache
+  (narrow gathers, rows from L2) swapping measured 1-3% slower at H 128: not done there. Also
+  tried at H 128: the odd block one or two pairs ahead, wrapping round (2-5% slower); a token's
+  blocks on programs half the grid apart (no gain).
 * **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` (all 64 columns: wgmma
   N = 64) while **consumer 1** computes ``S_B``. Consumer ``w`` owns ``acc[:, 256w : 256w+256]``
   (fp32, registers), so both read both tiles' V, each its own half of the columns.
@@ -173,7 +184,7 @@ def _publish_p(p16, p_slot, bar):
 @gluon.jit
 def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
              stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED):
     """Consumer ``W`` (0: even tiles, buffer 0; 1: odd tiles, buffer 1), over this program's
     items."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -187,7 +198,7 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_I
         t = (item // NUM_HB).to(gl.int64)
         length = gl.load(LENS + t)
         _consume_item(W, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh, stride_lt,
-                      qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
+                      qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED, done, k,
                       s_layout, o_layout)
         done += _pairs(length)
         k += 1
@@ -195,7 +206,7 @@ def _consume(W: gl.constexpr, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_I
 
 @gluon.jit
 def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, stride_it, stride_ot, stride_oh,
-                  stride_lt, qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, done, k,
+                  stride_lt, qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED, done, k,
                   s_layout: gl.constexpr, o_layout: gl.constexpr):
     """Consumer ``W``'s share of one item (token ``t``, head block ``hb``): ``done`` pairs and
     ``k`` items came before it in this program."""
@@ -332,7 +343,10 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
     st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
     row_ptrs = gl.expand_dims(OUT + t * stride_ot + offs_ho.to(gl.int64) * stride_oh, 1)
-    cols = W * HALF + gl.arange(0, 64, layout=gl.SliceLayout(0, st))
+    # this consumer's buffer halves hold columns [256 * own, 256 * own + 256) of D (swapped for odd head
+    # blocks where the producer gathers wide: _produce)
+    own = W ^ ((hb % 2) * SWAPPED)
+    cols = own * HALF + gl.arange(0, 64, layout=gl.SliceLayout(0, st))
     mask = gl.expand_dims(offs_ho < H, 1) & gl.expand_dims(cols >= 0, 0)
     _store_chunk(c0, slot, row_ptrs, cols, mask, st)
     _store_chunk(c1, slot, row_ptrs, cols + 64, mask, st)
@@ -374,24 +388,37 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
         hb = item % NUM_HB
         t = (item // NUM_HB).to(gl.int64)
         length = gl.load(LENS + t)
-        _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem,
-                      bars, done, k, row_l, offs_c, 8 * TPR)
+        # wide gathers (a cache larger than L2): an odd head block's buffers hold D's halves swapped (half
+        # 0 = columns 256-511, Q's too). The program of the token's even head block, which runs in step
+        # with it on another SM, then gathers the other half of the same rows at the same time, and the
+        # half each asks for next was asked for by the other a quarter pair before (an L2 hit, not a wait
+        # on the same DRAM miss). Q K^T sums over all of D, so only the output's columns follow the swap
+        # (_consume_item). Two bodies with constant column offsets: runtime offsets spilled the producer
+        # (Triton 3.6 and 3.9). Narrow gathers (rows from L2) do not swap: measured 1-3% slower at H 128
+        if TPR == TPR_NARROW or hb % 2 == 0:
+            _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem,
+                          kv_smem, bars, done, k, row_l, offs_c, 8 * TPR, 0)
+        else:
+            _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem,
+                          kv_smem, bars, done, k, row_l, offs_c, 8 * TPR, HALF)
         done += _pairs(length)
         k += 1
 
 
 @gluon.jit
 def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem, kv_smem, bars,
-                  done, k, row_l: gl.constexpr, offs_c, CH: gl.constexpr):
+                  done, k, row_l: gl.constexpr, offs_c, CH: gl.constexpr, LO: gl.constexpr):
     """The producer's share of one item: its Q once the consumers are past the previous
     item's last Q K^T, then its tiles as their halves free up (the first ones while the
-    consumers still finish the previous item)."""
+    consumers still finish the previous item). Buffer half 0 ("lo") holds columns
+    ``[LO, LO + 256)`` of D, half 1 the others."""
+    HI: gl.constexpr = HALF - LO
     # Q [64 heads, 512] as two halves (heads past H zero-filled)
     mbarrier.wait(bars.index(_QFREE), (k & 1) ^ 1)
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
     q_rows = t * stride_qt + offs_h.to(gl.int64) * stride_qh
-    _gather_half(Q, q_smem.index(0), q_rows, offs_h < H, 0, offs_c, CH)
-    _gather_half(Q, q_smem.index(1), q_rows, offs_h < H, HALF, offs_c, CH)
+    _gather_half(Q, q_smem.index(0), q_rows, offs_h < H, LO, offs_c, CH)
+    _gather_half(Q, q_smem.index(1), q_rows, offs_h < H, HI, offs_c, CH)
     _cp_arrive(bars.index(_QBAR), increment_count=False)
 
     idx_row = IDX + t * stride_it
@@ -405,18 +432,18 @@ def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv,
         ok_b = idx_b >= 0
         rows_a = gl.where(ok_a, idx_a, 0).to(gl.int64) * stride_kv
         rows_b = gl.where(ok_b, idx_b, 0).to(gl.int64) * stride_kv
-        # the halves in the order they are freed: A lo, B hi, A hi, B lo
+        # the halves in the order they are freed: A lo, B hi, A hi, B lo (lo: buffer half 0)
         mbarrier.wait(bars.index(_FREE + 0), ph ^ 1)
-        _gather_half(KV, kv_smem.index(0), rows_a, ok_a, 0, offs_c, CH)
+        _gather_half(KV, kv_smem.index(0), rows_a, ok_a, LO, offs_c, CH)
         _cp_arrive(bars.index(_READY + 0), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 3), ph ^ 1)
-        _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HALF, offs_c, CH)
+        _gather_half(KV, kv_smem.index(3), rows_b, ok_b, HI, offs_c, CH)
         _cp_arrive(bars.index(_READY + 3), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 1), ph ^ 1)
-        _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HALF, offs_c, CH)
+        _gather_half(KV, kv_smem.index(1), rows_a, ok_a, HI, offs_c, CH)
         _cp_arrive(bars.index(_READY + 1), increment_count=False)
         mbarrier.wait(bars.index(_FREE + 2), ph ^ 1)
-        _gather_half(KV, kv_smem.index(2), rows_b, ok_b, 0, offs_c, CH)
+        _gather_half(KV, kv_smem.index(2), rows_b, ok_b, LO, offs_c, CH)
         _cp_arrive(bars.index(_READY + 2), increment_count=False)
 
 
@@ -427,23 +454,23 @@ def _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv,
 @gluon.jit
 def _consumer0(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED):
     _consume(0, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_it, stride_ot, stride_oh, stride_lt,
-             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED)
 
 
 @gluon.jit
 def _consumer1(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
                stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+               q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED):
     _consume(1, Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_it, stride_ot, stride_oh, stride_lt,
-             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
+             qk_scale, q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED)
 
 
 @gluon.jit
 def _producer_narrow(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
                      stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-                     q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+                     q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED):
     _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_qt, stride_qh, stride_kv, stride_it,
              stride_ot, stride_oh, stride_lt, qk_scale, q_smem, kv_smem, bars, TPR_NARROW)
 
@@ -451,7 +478,7 @@ def _producer_narrow(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
 @gluon.jit
 def _producer_wide(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
                    stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-                   q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK):
+                   q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, SWAPPED):
     _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS, stride_qt, stride_qh, stride_kv, stride_it,
              stride_ot, stride_oh, stride_lt, qk_scale, q_smem, kv_smem, bars, TPR_WIDE)
 
@@ -490,7 +517,7 @@ def _sparse_mla_gluon_ws_fwd(
 
     args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
-            q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK)
+            q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, WIDE)  # SWAPPED: as the producer
     if WIDE:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_producer_wide, args)], [4, PRODUCER_WARPS],
                            [REGS_1, REGS_P])
