@@ -75,17 +75,18 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="ro
 
 #: Where FlashMLA runs before the pack's gluon_ws (the ``AHEAD`` rule of the CUDA backend): measured
 #: on one H200 (bench/results/h200/bench_flashmla_ksweep.json, torch 2.11, Triton 3.6, T 4K), over a
-#: cache larger than L2 at 128 heads gluon_ws / FlashMLA fell with K: 1.028 (K 640), 1.008 (896),
-#: 0.999 (1152), 0.993 (1536), 0.940 (2048); at K 1152 nine timings in five runs (this sweep,
-#: bench_flashmla.json and the trials log, T 4K and 16K) gave 0.979-1.007, 0.988 on average; at 64
-#: heads 0.999-1.011 up to K 2048, over a 16K-row cache 1.014 at K 2048.
+#: cache larger than L2 at 128 heads gluon_ws / FlashMLA: 1.020 (K 640), 1.012 (896), 1.004 (1152),
+#: 0.992 (1536), 1.003 (1792), 0.988 (2048); at K 1152 five timings in three runs (this sweep,
+#: bench_flashmla.json and the trials log, T 4K and 16K) 0.998-1.015, 1.004 on average. So FlashMLA
+#: first from K 1536, where the two are within about 1% and FlashMLA ahead at both ends of the range.
+#: At 64 heads (no rule) 0.991-0.997 from K 1152 to 2048 in this sweep, 0.999-1.011 in the one before.
 AHEAD_MIN_HEADS = 128
-AHEAD_MIN_K = 1152
+AHEAD_MIN_K = 1536
 
 
 def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
     """Per call, why FlashMLA runs before gluon_ws (None: it does not): at least 128 heads, at
-    least 1152 indices per token and a cache spanning more bytes than the device's L2, where
+    least 1536 indices per token and a cache spanning more bytes than the device's L2, where
     FlashMLA measured faster on the H200. Shapes and the device's L2 size only: no device work."""
     H, K = q.shape[1], indices.shape[-1]
     if H < AHEAD_MIN_HEADS or K < AHEAD_MIN_K or kv.dim() != 2:

@@ -271,9 +271,9 @@ def _prefill(H, K, rows, T=4):
 def test_ahead_of_gluon_ws_reason_names_the_class(monkeypatch):
     assert flashmla.ahead_of_gluon_ws(*_prefill(128, 1536, 4096)) is None  # a host tensor: no L2 to compare with
     monkeypatch.setattr(flashmla, "l2_bytes_of", lambda kv: 1 << 20)  # 1 MiB
-    why = flashmla.ahead_of_gluon_ws(*_prefill(128, 1152, 4096), sink=None)
-    assert why and "H 128 >= 128" in why and "K 1152 >= 1152" in why and "4 MiB cache > L2 (1 MiB)" in why
-    for H, K, rows in ((64, 2048, 4096), (128, 896, 4096), (128, 2048, 1024)):  # each condition alone fails it
+    why = flashmla.ahead_of_gluon_ws(*_prefill(128, 1536, 4096), sink=None)
+    assert why and "H 128 >= 128" in why and "K 1536 >= 1536" in why and "4 MiB cache > L2 (1 MiB)" in why
+    for H, K, rows in ((64, 2048, 4096), (128, 1152, 4096), (128, 2048, 1024)):  # each condition alone fails it
         assert flashmla.ahead_of_gluon_ws(*_prefill(H, K, rows)) is None, (H, K, rows)
     args = _prefill(128, 1536, 4096)
     assert flashmla.ahead_of_gluon_ws(args[0], args[1].view(4096, 1, 512), *args[2:]) is None  # not the rows layout
@@ -285,7 +285,7 @@ def test_flashmla_runs_before_gluon_ws_where_it_measured_faster(monkeypatch):
         b = sb.select("cuda:sm90")
         assert b.variants["sparse_mla"][:2] == ("gluon_ws", "flashmla")
         assert b.variant_for("sparse_mla", *_prefill(128, 1536, 4096)) == "flashmla"
-        for H, K, rows in ((64, 1536, 4096), (128, 896, 4096), (128, 1536, 512)):
+        for H, K, rows in ((64, 1536, 4096), (128, 1152, 4096), (128, 1536, 512)):
             assert b.variant_for("sparse_mla", *_prefill(H, K, rows)) == "gluon_ws", (H, K, rows)
         row = next(c for c in b.explain().table if c.op == "sparse_mla" and c.variant == "flashmla")
         assert row.ahead and "runs before gluon_ws" in row.ahead[0] and "ahead_of_gluon_ws" in row.ahead[0]
