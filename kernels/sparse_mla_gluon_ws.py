@@ -53,7 +53,7 @@ Per item:
   later, from L2. Same run, H200, torch 2.11, Triton 3.6 (``bench_flashmla.py --variant``, the
   unswapped kernel beside it): 1.002-1.023x the unswapped kernel at H 128 over the 1M-row cache,
   H 128 / K 1152 there from 0.978 / 0.998x FlashMLA to 1.001 / 1.015x. Over a 16K-row cache
-  (narrow gathers, rows from L2) swapping measured 1-3% slower at H 128: not done there. Also
+  (narrow gathers, rows from L2) swapping measured 0.969-0.995x at H 128: not done there. Also
   tried at H 128: the odd block one or two pairs ahead, wrapping round (2-5% slower); a token's
   blocks on programs half the grid apart (no gain).
 * **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` (all 64 columns: wgmma
@@ -394,7 +394,7 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
         # half each asks for next was asked for by the other a quarter pair before (an L2 hit, not a wait
         # on the same DRAM miss). Q K^T sums over all of D, so only the output's columns follow the swap
         # (_consume_item). Two bodies with constant column offsets: runtime offsets spilled the producer
-        # (Triton 3.6 and 3.9). Narrow gathers (rows from L2) do not swap: measured 1-3% slower at H 128
+        # (Triton 3.6 and 3.9). Narrow gathers (rows from L2) do not swap: 0.969-0.995x at H 128 (H200)
         if TPR == TPR_NARROW or hb % 2 == 0:
             _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem,
                           kv_smem, bars, done, k, row_l, offs_c, 8 * TPR, 0)
