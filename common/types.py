@@ -21,6 +21,16 @@ MAX_POSITION = 2**30  # positions, seq_lens, replay starts
 MAX_WINDOW = 2**20  # W, Wr, block sizes, index widths
 
 
+#: Heads one sparse-MLA program (a wgmma M block) serves; the unit of work of every sparse-MLA
+#: kernel is a (token, head block) item.
+HEAD_BLOCK = 64
+
+
+def head_block_items(T: int, H: int) -> int:
+    """The (token, 64-head block) items of a sparse-MLA call of ``T`` tokens and ``H`` heads."""
+    return T * -(-H // HEAD_BLOCK)
+
+
 def swa_lo(p: torch.Tensor, W: int, R: torch.Tensor) -> torch.Tensor:
     """The clamp contract: ``lo(p) = max(p - W + 1, 0, R)`` (elementwise)."""
     return torch.maximum(torch.clamp(p - (W - 1), min=0), R.to(p.dtype))

@@ -75,6 +75,7 @@ import triton.language as tl
 
 from ..common.errors import KernelUnavailable
 from ..common.ops import _records
+from ..common.types import head_block_items
 
 LOG2E = 1.4426950408889634
 # Fixed when this module is imported, as Triton fixes it when the kernels are decorated. Triton 3.9's
@@ -554,7 +555,7 @@ def pick_config(T: int, H: int, D: int, d_v: int, K: int, device: torch.device, 
     to the shape."""
     platform = _platform(device)
     if D <= 512:
-        items = T * -(-H // 64)
+        items = head_block_items(T, H)
         for p, hmin, max_items, fmts, c in DECODE_TUNED:
             if p == platform and H > hmin and items <= max_items and kv_format in fmts:
                 return c

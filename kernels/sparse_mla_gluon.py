@@ -50,6 +50,7 @@ from triton.experimental.gluon.language.nvidia import hopper as _hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 
 from ..common.device import cuda_index
+from ..common.types import HEAD_BLOCK, head_block_items
 from ..common.errors import KernelUnavailable
 
 LOG2E = 1.4426950408889634
@@ -251,7 +252,7 @@ def _sparse_mla_gluon_fwd(
 # scope and launch (shared with the warp-specialised kernel of sparse_mla_gluon_ws.py)
 # ---------------------------------------------------------------------------------------
 
-BLOCK_H = 64
+BLOCK_H = HEAD_BLOCK
 HEAD_DIM = 512
 BN = 64  # KV rows per tile; each warpgroup computes half of S's columns
 NBUF = 2  # KV tile buffers: the gather of tile i+1 runs under tile i's math
@@ -292,7 +293,7 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     if q.stride(2) != 1 or kv.stride(1) != 1 or indices.stride(1) != 1:
         why.append("needs unit inner strides of q, kv and indices")
     if q.is_cuda and not why:
-        programs, sms = T * triton.cdiv(H, BLOCK_H), num_sms(cuda_index(q))
+        programs, sms = head_block_items(T, H), num_sms(cuda_index(q))
         if programs < sms:
             why.append(f"{programs} (token, 64-head) programs < {sms} SMs: decode-sized (the triton variant's "
                        "split-K fills the GPU)")

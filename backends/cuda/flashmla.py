@@ -34,7 +34,7 @@ import torch
 
 from ..adapters import no_tokens, pad_heads, round_up
 from ...common.device import cuda_index, current_device, l2_bytes_of
-from ...common.types import PAD
+from ...common.types import PAD, head_block_items
 from .probes import find_flashmla
 
 # Head counts each FlashMLA build serves without padding (vLLM 0.33's interface).
@@ -114,9 +114,8 @@ def triton_ahead_of_flashmla(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str 
     """Per call, why the tl kernel runs before FlashMLA (None: it does not): at least 64 heads, at
     most 12 (token, 64-head) items and at most 640 indices per token, where it measured faster on
     the H200. Shapes only: no device work."""
-    T, H = q.shape[0], q.shape[1]
-    K = indices.shape[-1]
-    items = T * -(-H // 64)
+    H, K = q.shape[1], indices.shape[-1]
+    items = head_block_items(q.shape[0], H)
     if H < 64 or items > TRITON_AHEAD_MAX_ITEMS or K > TRITON_AHEAD_MAX_K:
         return None
     return (f"{items} (token, 64-head) items <= {TRITON_AHEAD_MAX_ITEMS} and K {K} <= {TRITON_AHEAD_MAX_K}: the "
