@@ -19,6 +19,7 @@ from .common.device import DeviceInfo, current_device, fake_device, parse_device
 from .common.errors import KernelUnavailable, MatrixError, SelectionError
 from .common.ops import (
     OPS,
+    TRIM_THRESHOLD,
     PCPPartition,
     admit_prefix_hit,
     agree_across_dp,
@@ -40,7 +41,7 @@ from .pcp import pcp_pad_own_block, pcp_pad_replayed_slots
 __version__ = "0.1.0"
 
 __all__ = [
-    "PAD", "OPS", "Admission", "Backend", "Capabilities", "DeviceInfo", "Explanation", "KernelUnavailable",
+    "PAD", "OPS", "TRIM_THRESHOLD", "Admission", "Backend", "Capabilities", "DeviceInfo", "Explanation", "KernelUnavailable",
     "MatrixError", "PCPPartition", "pcp_gather_columns", "pcp_pad_own_block", "pcp_pad_replayed_slots",
     "pcp_partition", "pcp_restore_tokens", "ReplayBatch", "ReplayPlan", "SelectionError", "ServingConfig",
     "SideDecision", "admit_prefix_hit", "agree_across_dp", "allocate_replay_batch_out", "capabilities",

@@ -25,7 +25,7 @@ return nothing and declare what they write):
 
 Results of ``gather_replay_batch`` come back as ``(rows, query_start_loc, positions,
 slot_mappings, kv_start)`` (:func:`replay_batch` makes a :class:`ReplayBatch`);
-``prepare_replay_step`` returns ``(replay_start, swa_indices, swa_lens, prefill_swa_indices,
+``prepare_replay_step`` returns ``(replay_start, swa_indices, swa_lens, stale_replay, prefill_swa_indices,
 prefill_swa_lens, gather_lens)`` (the last three empty unless ``prefill_from`` /
 ``gather_lens_from`` ask for them; their ``out_`` buffers may be left out then) and, with a
 plan, the five sub-batch tensors after them. :func:`call` runs any op with its Python arguments
@@ -55,7 +55,7 @@ _SCALARS = {
     "window_offset": "int", "topk_offset": "int", "d_v": "int", "num_rows": "int", "num_rows_padded": "int",
     "index_width": "int", "num_tokens": "int", "token_offset": "int", "sm_scale": "float", "any_replay": "bool",
     "kv_format": "str", "fp8": "str", "return_lse": "bool", "prefill_from": "int", "gather_lens_from": "int",
-    "valid_group": "int",
+    "valid_group": "int", "null_block": "int?",
 }
 # A ReplayPlan argument, as tensors and sizes (its window is the op's W).
 PLAN_FIELDS = ("kept", "trimmed", "dropped_before", "num_rows", "num_rows_padded")
@@ -63,7 +63,8 @@ PLAN_FIELDS = ("kept", "trimmed", "dropped_before", "num_rows", "num_rows_padded
 REPLAY_BATCH_FIELDS = ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start")
 #: Outputs of the tensor-level prepare_replay_step (the PreparedStep tensors; the padded
 #: slot_mappings is the mutated input, not an output).
-PREPARED_FIELDS = ("replay_start", "swa_indices", "swa_lens", "prefill_swa_indices", "prefill_swa_lens", "gather_lens")
+PREPARED_FIELDS = ("replay_start", "swa_indices", "swa_lens", "stale_replay", "prefill_swa_indices", "prefill_swa_lens",
+                   "gather_lens")
 
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
 

@@ -40,6 +40,7 @@ import numpy as np
 import swa_backends as sb
 import torch
 from swa_backends.examples.dsv41_stack import Engine, Stack, StackConfig
+from swa_backends.examples.dsv41_stack.engine import EAGER_TRIM_THRESHOLD
 from swa_backends.examples.dsv41_stack.probe import ReadRecorder, drift_trial, summarize
 
 # Upstream, decoder replay on / off, TTFT of one request in ms (GB200, V4.1-Flash), from the PR text.
@@ -195,7 +196,8 @@ def sanity(stack, backend, cfg, rng, chunk):
     """One validated hit with instrumented reads at a small ISL on this device and config."""
     isl = 4 * cfg.window + cfg.block_size + 3
     p = rng.integers(0, cfg.vocab, isl).tolist()
-    eng = Engine(stack, backend=backend, max_batched_tokens=chunk, decoder_trim="trim", max_tokens=4 * isl)
+    eng = Engine(stack, backend=backend, max_batched_tokens=chunk, decoder_trim="trim", max_tokens=4 * isl,
+                 trim_threshold=0)  # the sanity check trims its small steps too
     eng.submit("warm", p)
     eng.run()
     rec = ReadRecorder(eng)
@@ -298,8 +300,9 @@ def main(argv=None):
     ap.add_argument("--hit-isl", default=None, help="ISLs of the prefix-hit TTFT test (default: --isl)")
     ap.add_argument("--drift", type=int, default=None, help="random prompts for the drift measure (default 8 GPU, 24 CPU)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trim-threshold", type=int, default=0,
-                    help="steps under this many tokens keep every row (upstream: 1025, the CUDA-graph steps)")
+    ap.add_argument("--trim-threshold", type=int, default=EAGER_TRIM_THRESHOLD,
+                    help="steps under this many tokens keep every row (default: the example engine's, "
+                         f"{EAGER_TRIM_THRESHOLD}: past the steps vLLM runs in CUDA graphs; 0 trims every step)")
     ap.add_argument("--time-budget", type=float, default=300.0,
                     help="seconds after start past which remaining timing points are skipped (and listed)")
     ap.add_argument("--plot-from", default=None, help="redraw the PNG from a results JSON and exit")

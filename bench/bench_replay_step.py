@@ -130,7 +130,7 @@ class ServingStep:
         self.idx = t(self.idx_np, INDEX_DTYPE)
         self.valid = torch.ones(self.T, dtype=torch.bool, device=dev)
         # decoder replay: each prefill keeps its last W rows (the pack's planner decides as vLLM's does)
-        plan = swa_backends.plan_replay_batch(self.qsl_np, pre, np.zeros(B, bool), W)
+        plan = swa_backends.plan_replay_batch(self.qsl_np, pre, np.zeros(B, bool), W, trim_threshold=0)
         self.kept = plan.kept.numpy().astype(np.int32) if plan is not None else np.diff(self.qsl_np).astype(np.int32)
         self.n = int(self.kept.sum())
         dropped_np = runtime.dropped_before(self.kept, self.qsl_np)

@@ -306,7 +306,7 @@ class Step:
         self.block_table = t(table, INDEX_DTYPE)
         self.prefilling = t(pre, torch.bool)
         self.idx = t(np.arange(B), INDEX_DTYPE)
-        self.plan = plan_replay_batch(self.qsl_host, pre, np.zeros(B, bool), W)
+        self.plan = plan_replay_batch(self.qsl_host, pre, np.zeros(B, bool), W, trim_threshold=0)
 
 
 STEPS = {

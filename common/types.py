@@ -67,7 +67,10 @@ class ReplayPlan:
     ``kept`` int32 [B] rows each request keeps; ``trimmed`` bool [B] (kept < q);
     ``dropped_before`` int32 [B+1] rows dropped before each boundary;
     ``num_rows`` = sum(kept); ``num_rows_padded`` >= num_rows (graph size, PAD slots past
-    ``num_rows``); ``window`` = W. All tensors live on the host (CPU).
+    ``num_rows``); ``window`` = W; ``prefilling`` bool [B] or None (unknown): the requests
+    whose length the device cannot change (only decodes are resized on the device, by
+    adaptive verification; validation holds prefills to the plan's length). All tensors
+    live on the host (CPU).
     """
 
     kept: torch.Tensor
@@ -76,6 +79,7 @@ class ReplayPlan:
     num_rows: int
     num_rows_padded: int
     window: int
+    prefilling: torch.Tensor | None = None
     _device_cache: dict = field(default_factory=dict, repr=False, compare=False)
     #: per-device launch arguments a backend derives from the plan once (kernels' own use)
     _launch_cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -98,13 +102,15 @@ class ReplayPlan:
 
     @classmethod
     def from_kept(cls, kept, query_start_loc_host, num_rows_padded: int, window: int, *,
-                  dropped_before=None, device_dropped_before: torch.Tensor | None = None) -> "ReplayPlan":
+                  dropped_before=None, device_dropped_before: torch.Tensor | None = None,
+                  is_prefilling=None) -> "ReplayPlan":
         """The plan of a decision already made: ``kept`` rows per request (host ints) over a
         batch's host ``query_start_loc`` ([B+1] or longer), ``dropped_before`` derived
         (:meth:`dropped_before_of`) unless given; no checks (a planner's result:
         ``plan_replay_batch``, or a serving engine's own planning). ``device_dropped_before``:
         the same values already on a device (an engine's own upload): the plan's device copy
-        there, so :meth:`device_dropped_before` copies nothing."""
+        there, so :meth:`device_dropped_before` copies nothing. ``is_prefilling`` (host bools,
+        optional): the plan's ``prefilling``."""
         import numpy as np
 
         kept = np.asarray(kept).astype(np.int32, copy=False)
@@ -113,7 +119,9 @@ class ReplayPlan:
             dropped_before = cls.dropped_before_of(kept, qsl)
         plan = cls(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(kept < np.diff(qsl)),
                    dropped_before=torch.from_numpy(np.asarray(dropped_before).astype(np.int32, copy=False)),
-                   num_rows=int(kept.sum()), num_rows_padded=int(num_rows_padded), window=int(window))
+                   num_rows=int(kept.sum()), num_rows_padded=int(num_rows_padded), window=int(window),
+                   prefilling=None if is_prefilling is None else torch.from_numpy(
+                       np.asarray(is_prefilling, dtype=bool)[: kept.shape[0]].copy()))
         if device_dropped_before is not None:
             plan._device_cache[str(device_dropped_before.device)] = device_dropped_before
         return plan

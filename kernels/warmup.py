@@ -82,7 +82,7 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
     run("plain_indices", swa, lens)
     run("plain_indices", swa, lens, topk, topk_lens)
     run("indices_to_csr", swa, lens)
-    plan = backend.plan_replay_batch(s.qsl_host, s.prefilling_host, np.zeros(s.B, bool), W, pad_to=s.n_kept + 3)
+    plan = backend.plan_replay_batch(s.qsl_host, s.prefilling_host, np.zeros(s.B, bool), W, pad_to=s.n_kept + 3, trim_threshold=0)
     run("gather_replay_batch", plan, s.qsl, s.seq, s.R, s.positions, s.slots, W)
     for hidden in hidden_sizes:
         for dtype in hidden_dtypes:

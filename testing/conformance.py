@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..common.ops import OPS, plan_replay_batch
-from ..common.types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch
+from ..common.types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 
 POISON_INT = -7  # never a valid slot, index or length: shows unwritten outputs
 
@@ -78,23 +78,34 @@ class Batch:
 def random_batch(rng: np.random.Generator, *, max_reqs: int = 6, max_q: int = 48, W: int | None = None,
                  block_size: int | None = None, num_groups: int | None = None, max_padded: int = 5,
                  long_prefill: bool = False) -> Batch:
-    """A random valid step. Request kinds: decode (q 1), cold prefill, chunked prefill,
-    replaying prefill (``R = hit - Wr > 0``, its chunk starting at or after ``R``), with
-    replay starts on and off block boundaries; some padded token columns at the end.
-    ``long_prefill``: at least one request is a prefill longer than W (something trims)."""
+    """A random valid step. Request kinds: decode (q 1), speculative decode (q 2-4: verification
+    rows), cold prefill, chunked prefill, replaying prefill (``R = hit - Wr > 0``, its chunk
+    starting at or after ``R``), with replay starts on and off block boundaries, a prefill
+    restarted in place (its replay start stale: above its chunk's first position, SPEC §0) and,
+    rarely, a graph-capture dummy (its block-table row all the null block, 0); some padded
+    token columns at the end. ``long_prefill``: at least one request is a prefill longer than
+    W (something trims)."""
     W = W if W is not None else int(rng.choice([1, 3, 8, 16, 32, 128]))
     Wr = W
     bs = block_size if block_size is not None else int(rng.choice([1, 4, 16, 64]))
     G = num_groups if num_groups is not None else int(rng.integers(1, 6))
     B = int(rng.integers(1 if long_prefill else 0, max_reqs + 1))
     forced = int(rng.integers(0, B)) if long_prefill else -1
-    q, seq, R, pre = [], [], [], []
+    q, seq, R, pre, dummies = [], [], [], [], []
     for i in range(B):
-        kind = rng.choice(["decode", "cold", "chunk", "replay", "replay_aligned"])
-        if i == forced and kind == "decode":
+        kind = rng.choice(["decode", "spec", "cold", "chunk", "replay", "replay_aligned", "restarted"],
+                          p=[0.16, 0.1, 0.16, 0.16, 0.16, 0.16, 0.1])
+        if i == forced and kind in ("decode", "spec"):
             kind = "cold"
+        if rng.random() < 0.08:
+            dummies.append(i)
         if kind == "decode":
             qi, prefix, Ri, p = 1, int(rng.integers(0, 4 * W + 8)), 0, False
+        elif kind == "spec":
+            qi, prefix, Ri, p = int(rng.integers(2, 5)), int(rng.integers(0, 4 * W + 8)), 0, False
+        elif kind == "restarted":  # recomputes from an earlier position, its old replay start kept
+            prefix = int(rng.integers(0, 2 * W + 4))
+            qi, Ri, p = int(rng.integers(1, max_q + 1)), prefix + int(rng.integers(1, W + 8)), True
         elif kind == "cold":
             qi, prefix, Ri, p = int(rng.integers(1, max_q + 1)), 0, 0, True
         elif kind == "chunk":
@@ -117,6 +128,7 @@ def random_batch(rng: np.random.Generator, *, max_reqs: int = 6, max_q: int = 48
     seq_a = np.array(seq, np.int64)
     max_blocks = int(math.ceil(max(seq_a.max() if B else 1, 1) / bs)) + int(rng.integers(0, 3))
     pool = rng.permutation(B * max_blocks + 8)[: B * max_blocks].reshape(B, max_blocks) if B else np.zeros((0, max_blocks))
+    pool[dummies] = 0  # the shared null block
     T = int(q_a.sum())
     npad = int(rng.integers(0, max_padded + 1))
     slots = np.full((G, T + npad), PAD, np.int64)
@@ -246,9 +258,7 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
         keeps = rng.random(b.B) < 0.2
         long = np.flatnonzero(pre & (b.q > b.W))
         keeps[long[0]] = False  # something trims
-        n = int(np.where(pre & ~keeps, np.minimum(b.q, b.W), b.q).sum())
-        pad_to = None if rng.random() < 0.5 else n + int(rng.integers(0, 9))
-        plan = plan_replay_batch(b.qsl, pre, keeps, b.W, pad_to=pad_to)
+        plan = host_plan(rng, b, keeps)
         kw = {}
         if poison:
             from ..common.ops.gather_replay_batch import out_shapes
@@ -260,6 +270,23 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
     if op == "prepare_replay_step":
         return prepare_case(rng, dev, batch=batch, poison=poison, exact_out=exact_out)
     raise KeyError(op)
+
+
+def host_plan(rng: np.random.Generator, b: Batch, keeps: np.ndarray) -> ReplayPlan:
+    """A trimming plan for batch ``b`` (its tensors the device's view), made from the host's
+    ``query_start_loc``: the same as the device's, or, two times in five when ``b`` has decodes,
+    one where adaptive verification resized them on the device alone (the host counts each
+    decode at 1-4 rows, SPEC §3.2). Padded to the graph size half the time; always large
+    enough for the device's kept rows."""
+    pre = b.prefilling
+    host_q = b.q.copy()
+    if (~pre).any() and rng.random() < 0.4:
+        host_q[~pre] = rng.integers(1, 5, int((~pre).sum()))
+    host_qsl = np.concatenate([[0], np.cumsum(host_q)]).astype(np.int64)
+    kept = np.where(pre & ~keeps, np.minimum(host_q, b.W), host_q)
+    n_host, n_dev = int(kept.sum()), int(kept.sum() - host_q[~pre].sum() + b.q[~pre].sum())
+    pad_to = max(n_host, n_dev) + (0 if n_dev <= n_host and rng.random() < 0.5 else int(rng.integers(0, 9)))
+    return plan_replay_batch(host_qsl, pre, keeps, b.W, pad_to=pad_to, trim_threshold=0)
 
 
 def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False,
@@ -283,8 +310,7 @@ def prepare_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, p
     if with_plan:
         keeps = rng.random(b.B) < 0.2
         keeps[np.flatnonzero(b.prefilling & (b.q > b.W))[0]] = False
-        n = int(np.where(b.prefilling & ~keeps, np.minimum(b.q, b.W), b.q).sum())
-        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=None if rng.random() < 0.5 else n + int(rng.integers(0, 9)))
+        plan = host_plan(rng, b, keeps)
     kw: dict = {"index_width": width, "plan": plan}
     if rng.random() < 0.3:
         kw["any_replay"] = bool((b.R > 0).any())

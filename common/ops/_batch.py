@@ -60,6 +60,21 @@ def token_view(
     return TokenView(req, ok, pos, offset)
 
 
+def live_replay_start(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, replay_start: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: each request's replay start ``R``, or 0 where it is stale, above the
+    request's first scheduled position ``seq_len - q`` (SPEC §0: an in-place restart left
+    it behind; the request is treated as not replaying: no padding, no clamp)."""
+    q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+    R = replay_start.to(torch.int64)
+    return torch.where(R <= seq_lens.to(torch.int64) - q, R, torch.zeros_like(R))
+
+
+def stale_replay(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, replay_start: torch.Tensor) -> torch.Tensor:
+    """bool [B]: the requests whose replay start is stale (see :func:`live_replay_start`)."""
+    q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+    return replay_start.to(torch.int64) > seq_lens.to(torch.int64) - q
+
+
 def resolve_num_tokens(query_start_loc: torch.Tensor, num_tokens: int | None, valid: torch.Tensor | None,
                        token_offset: int = 0) -> int:
     """T for ops whose token count is not carried by a tensor: ``num_tokens``, else the

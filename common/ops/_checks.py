@@ -14,7 +14,6 @@ from ..validation import (
     fail,
     value_checks_enabled,
 )
-from ._batch import token_view
 
 
 def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, num_tokens: int | None = None,
@@ -56,32 +55,6 @@ def check_window(op: str, name: str, W, *, min_value: int = 1) -> int:
 def check_positions(op: str, positions: torch.Tensor) -> None:
     """Token positions in ``[0, MAX_POSITION]`` (the kernels add windows to them in int32)."""
     check_range(op, "positions", positions, low=0, high=MAX_POSITION + 1)
-
-
-def check_replay_not_above_positions(op: str, positions: torch.Tensor, query_start_loc, replay_start) -> None:
-    """Clamp precondition: ``R <= p`` for every token of a request with ``R > 0``."""
-    if not value_checks_enabled() or positions.numel() == 0 or replay_start.numel() == 0:
-        return
-    view = token_view(query_start_loc, None, positions.shape[0])
-    R = view.take(replay_start)
-    bad = view.valid & (R > 0) & (positions < R)
-    if bool(bad.any()):
-        t = int(torch.nonzero(bad)[0])
-        fail(op, "replay_start", f"replay_start[{int(view.req[t])}]={int(R[t])}",
-             f"<= the position of every token of that request (token {t} is at position {int(positions[t])})")
-
-
-def check_replay_not_above_prefix(op: str, query_start_loc, seq_lens, replay_start) -> None:
-    """Clamp precondition in (qsl, seq_lens) form: ``R <= seq_len - q`` where ``R > 0``."""
-    if not value_checks_enabled() or replay_start.numel() == 0:
-        return
-    prefix = seq_lens.to(torch.int64) - (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
-    R = replay_start.to(torch.int64)
-    bad = (R > 0) & (R > prefix)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        fail(op, "replay_start", f"replay_start[{i}]={int(R[i])}",
-             f"<= the first query position {int(prefix[i])} of request {i} (R <= p for every prefill token)")
 
 
 def check_block_table(op: str, block_table, B: int, device) -> None:

@@ -11,8 +11,8 @@ import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
-from ._batch import token_view
-from ._checks import check_batch, check_replay_not_above_prefix, check_window
+from ._batch import live_replay_start, token_view
+from ._checks import check_batch, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ._results import Results
 
@@ -47,7 +47,6 @@ def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, to
             fail(NAME, "out", out, "a tuple (indices, lens)")
         check_out(NAME, "out[0]", out[0], shape=(T, combined_width(top_k, W)), dtype=INDEX_DTYPE, device=dev)
         check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
-    check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
     if value_checks_enabled() and B > 0:
         need = int(_gather_lens(query_start_loc, seq_lens, replay_start, W).max()) + window_offset
         if need > slab_stride:
@@ -70,7 +69,7 @@ def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, t
     width = combined_width(top_k, W)
     view = token_view(query_start_loc, seq_lens, T, valid=valid)
     b = view.req
-    R = view.take(replay_start)
+    R = view.take(live_replay_start(query_start_loc, seq_lens, replay_start))
     lo = swa_lo(view.pos, W, R)
     swa_len = view.pos - lo + 1
     gather_start = seq_lens.to(torch.int64) - _gather_lens(query_start_loc, seq_lens, replay_start, W).to(torch.int64)

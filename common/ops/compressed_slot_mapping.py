@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import PAD, SLOT_DTYPE
-from ..validation import check_int, check_out, check_tensor, fail
+from ..validation import INT32_MAX, check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
 from ._results import Results
@@ -13,7 +13,8 @@ from ._results import Results
 NAME = "compressed_slot_mapping"
 
 
-def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, out=None) -> None:
+def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,
+             out=None) -> None:
     check_tensor(NAME, "token_slots", token_slots, dtypes=SLOT_DTYPE, ndim=1)
     dev = token_slots.device
     T = token_slots.shape[0]
@@ -24,19 +25,25 @@ def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ra
     check_int(NAME, "ratio", ratio, min_value=1, max_value=block_size, why="at most block_size")
     if block_size % ratio:
         fail(NAME, "ratio", ratio, f"a divisor of block_size={block_size} (compressed blocks hold block_size // ratio entries)")
+    if null_block is not None:
+        check_int(NAME, "null_block", null_block, min_value=0, max_value=INT32_MAX,
+                  why="a block id, or None for an engine without a shared null block")
     if out is not None:
         check_out(NAME, "out", out, shape=(T,), dtype=SLOT_DTYPE, device=dev)
     if ratio > 1:
         check_block_table_covers(NAME, block_table, seq_lens, block_size, slots_per_block=block_size // ratio)
 
 
-def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, out=None) -> torch.Tensor:
+def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,
+              out=None) -> torch.Tensor:
     """int64 [T]: for token ``t`` at position ``p`` of request ``b``, a compressed entry is
     written only at closing positions ``(p + 1) % ratio == 0`` whose own token slot is not
     PAD (so replayed tokens inherit the padding), at
     ``block_table[b, (p // ratio) // bs_c] * bs_c + (p // ratio) % bs_c`` with
-    ``bs_c = block_size // ratio``; everything else (and tokens past ``query_start_loc[B]``)
-    is PAD. ``ratio == 1`` copies ``token_slots``.
+    ``bs_c = block_size // ratio``, unless that block is the engine's shared ``null_block``
+    (vLLM's block 0: graph-capture dummy batches have all-zero block tables; None: no null
+    block); everything else (and tokens past ``query_start_loc[B]``) is PAD. ``ratio == 1``
+    copies ``token_slots``.
     """
     T = token_slots.shape[0]
     if out is None:
@@ -51,6 +58,8 @@ def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, r
     block = table[view.req, col]
     slot = block * bs_c + cp % bs_c
     writes = view.valid & ((view.pos + 1) % ratio == 0) & (token_slots != PAD)
+    if null_block is not None:
+        writes &= block != null_block
     return out.copy_(torch.where(writes, slot, torch.full_like(slot, PAD)))
 
 

@@ -6,7 +6,8 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
-from ._checks import check_batch, check_positions, check_replay_not_above_positions, check_slot_mappings, check_window
+from ._batch import live_replay_start
+from ._checks import check_batch, check_positions, check_slot_mappings, check_window
 from ._results import Results
 
 NAME = "gather_replay_batch"
@@ -45,7 +46,6 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
         fail(NAME, "W", W, f"the plan's window {plan.window}")
     check_plan(NAME, plan, query_start_loc, T)
     check_positions(NAME, positions)
-    check_replay_not_above_positions(NAME, positions, query_start_loc, replay_start)
     if out is not None:
         if not isinstance(out, dict):
             fail(NAME, "out", out, "a dict of buffers from allocate_out()")
@@ -59,32 +59,49 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
 def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:
     """The plan fits this batch (it was made from the host copy of the same
     ``query_start_loc``): shapes and counts always, and with value checks, on the *device*
-    ``query_start_loc``, every request keeps between 0 and its query length rows, the kept
-    rows add up to ``num_rows`` and none keeps more than the plan's longest run (what the
-    launch is sized for). A plan from another batch fails here instead of writing past
-    the sub-batch buffers."""
+    ``query_start_loc``: every request keeps between 0 and its query length rows, a trimmed
+    request (and, where the plan knows them, a prefill) has the query length the plan was
+    made for, the trimmed flags match, and the kept rows fit the sub-batch buffers
+    (``num_rows_padded``). Decodes the device resized (adaptive verification: the host
+    counts a decode at one length, the device at another) are accepted: their kept rows
+    follow the device. A plan from another batch fails here instead of writing past the
+    sub-batch buffers."""
     B = query_start_loc.shape[0] - 1
-    check_int(op, "plan.num_rows", plan.num_rows, min_value=0, max_value=num_tokens, why="the batch's tokens")
+    check_int(op, "plan.num_rows", plan.num_rows, min_value=0)  # the host's count: decodes may differ here
     check_int(op, "plan.num_rows_padded", plan.num_rows_padded, min_value=plan.num_rows)
     check_tensor(op, "plan.kept", plan.kept, dtypes=INDEX_DTYPE, shape=(B,))
     check_tensor(op, "plan.trimmed", plan.trimmed, dtypes=torch.bool, shape=(B,), device=plan.kept.device)
     check_tensor(op, "plan.dropped_before", plan.dropped_before, dtypes=INDEX_DTYPE, shape=(B + 1,),
                  device=plan.kept.device)
+    if plan.prefilling is not None:
+        check_tensor(op, "plan.prefilling", plan.prefilling, dtypes=torch.bool, shape=(B,), device=plan.kept.device)
     if not value_checks_enabled() or B == 0:
         return
     kept_host = plan.kept.to("cpu", torch.int64)
-    if bool((kept_host < 0).any()) or int(kept_host.sum()) != plan.num_rows:
-        fail(op, "plan.kept", kept_host.tolist()[:16], f"values >= 0 adding up to plan.num_rows={plan.num_rows}")
+    dropped = plan.dropped_before.to("cpu", torch.int64)
+    inside = dropped[1:] - dropped[:-1]  # rows the plan drops inside each request: q - kept
+    if bool((kept_host < 0).any()) or int(kept_host.sum()) != plan.num_rows or bool((inside < 0).any()) \
+            or int(dropped[0]) != 0:
+        fail(op, "plan", f"kept={kept_host.tolist()[:16]}, dropped_before={dropped.tolist()[:16]}",
+             f"kept >= 0 adding up to plan.num_rows={plan.num_rows} and dropped_before non-decreasing from 0 "
+             "(a plan from plan_replay_batch or ReplayPlan.from_kept)")
     qsl = query_start_loc.detach().to("cpu", torch.int64)
-    out_qsl = qsl - plan.dropped_before.to("cpu", torch.int64)
+    out_qsl = qsl - dropped
     kept = out_qsl[1:] - out_qsl[:-1]
     q = qsl[1:] - qsl[:-1]
-    bad = (kept < 0) | (kept > q) | (kept > int(kept_host.max()))
-    if int(out_qsl[0]) != 0 or int(out_qsl[-1]) != plan.num_rows or bool(bad.any()):
-        i = int(torch.nonzero(bad)[0]) if bool(bad.any()) else 0
-        fail(op, "plan", f"request {i} keeps {int(kept[i])} of {int(q[i])} rows",
-             "a plan made from this batch's query_start_loc (plan_replay_batch): 0 <= kept <= q per request, "
-             f"the kept rows adding up to num_rows={plan.num_rows}")
+    q_plan = kept_host + inside  # the query lengths the plan was made for (host)
+    fixed = plan.trimmed.to("cpu") if plan.prefilling is None else plan.trimmed.to("cpu") | plan.prefilling.to("cpu")
+    bad = (kept < 0) | (kept > q) | (fixed & (q != q_plan))
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        what = "a trimmed request" if bool(plan.trimmed[i]) else ("a prefill" if bool(fixed[i]) else "a request")
+        fail(op, "plan", f"request {i} ({what}) has {int(q[i])} rows on the device, the plan was made for {int(q_plan[i])}",
+             "a plan made from this batch's query_start_loc (plan_replay_batch): only decodes may differ "
+             "between the host and the device (adaptive verification), and keep all their rows")
+    if int(out_qsl[-1]) > plan.num_rows_padded:
+        fail(op, "query_start_loc", f"query_start_loc[{B}]={int(qsl[-1])}",
+             f"at most {plan.num_rows_padded + int(dropped[-1])}: the kept rows ({int(out_qsl[-1])}) must fit "
+             f"the sub-batch's {plan.num_rows_padded} rows")
     trimmed = plan.trimmed.to("cpu")
     if not torch.equal(trimmed, kept < q):
         i = int(torch.nonzero(trimmed != (kept < q))[0])
@@ -93,11 +110,14 @@ def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> N
 
 
 def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *, out=None) -> ReplayBatch:
-    """Request ``i`` keeps its last ``kept_i`` rows before its end ``query_start_loc[i+1]``
-    (the *device* copy); they land at ``end - dropped_before[i+1]``. Returns ``rows``,
+    """The sub-batch follows the *device* ``query_start_loc``: request ``i``'s kept rows are
+    the output rows ``[qsl[i] - dropped_before[i], qsl[i+1] - dropped_before[i+1])``, gathered
+    from the last rows before its end ``qsl[i+1]`` (so a decode the device resized keeps all
+    its device rows; a trimmed request keeps ``kept_i``). Returns ``rows``,
     ``query_start_loc``, ``positions``, ``slot_mappings`` and ``kv_start`` (``max(R,
-    seq_len - W)`` for trimmed requests, ``R`` otherwise). Rows past ``num_rows`` (graph
-    padding) gather row 0 with every slot PAD.
+    seq_len - W)`` for trimmed requests, ``R`` otherwise; a stale R counts as 0). Rows from
+    ``qsl[B] - dropped_before[B]`` (the device's kept count) to ``num_rows_padded`` are graph
+    padding: row 0 with every slot PAD; kept rows past ``num_rows_padded`` are not written.
     """
     dev = positions.device
     n, n_pad = plan.num_rows, plan.num_rows_padded
@@ -107,11 +127,11 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
     out_qsl = qsl - dropped.to(torch.int64)
     o = torch.arange(n_pad, device=dev, dtype=torch.int64)
     req = torch.searchsorted(out_qsl[1:].contiguous(), o, right=True).clamp(max=max(plan.num_reqs - 1, 0))
-    real = o < n
+    real = o < out_qsl[-1]  # the device's kept rows (== n unless the device resized decodes)
     rows = torch.where(real, o + dropped.to(torch.int64)[req + 1], 0)
     if plan.num_reqs == 0:
         rows = torch.zeros_like(o)
-    R = replay_start.to(torch.int64)
+    R = live_replay_start(query_start_loc, seq_lens, replay_start)
     kv_start = torch.where(trimmed, torch.maximum(R, seq_lens.to(torch.int64) - W), R).to(INDEX_DTYPE)
     gathered_slots = slot_mappings.index_select(1, rows)
     gathered_slots = torch.where(real[None, :], gathered_slots, PAD)

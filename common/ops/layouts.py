@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ._batch import nonempty_table
-from ._checks import check_batch, check_block_table, check_block_table_covers, check_replay_not_above_prefix
+from ._checks import check_batch, check_block_table, check_block_table_covers
 from .prefill_gather_lens import reference as _gather_lens
 from ..types import INDEX_DTYPE, PAD
 from ..validation import check_int, check_out, check_range, check_tensor, checks_writes, fail, value_checks_enabled
@@ -181,7 +181,6 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
         fail(op, "slab_stride", slab_stride, f"B * slab_stride <= 2**31 - 1 (int32 rows; B={B})")
     if out is not None:
         check_out(op, "out", out, shape=(B * slab_stride,), dtype=INDEX_DTYPE, device=dev)
-    check_replay_not_above_prefix(op, query_start_loc, seq_lens, replay_start)
     check_block_table_covers(op, block_table, seq_lens, block_size)
     if ratio > 0 and value_checks_enabled() and B:
         bs_c = block_size // ratio

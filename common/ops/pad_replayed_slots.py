@@ -7,7 +7,7 @@ import torch
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
 from ..validation import check_range, check_tensor, fail, value_checks_enabled
 from ._batch import token_view
-from ._checks import check_batch, check_positions, check_replay_not_above_positions, check_slot_mappings, check_window
+from ._checks import check_batch, check_positions, check_slot_mappings, check_window
 from ._results import Results
 
 NAME = "pad_replayed_slots"
@@ -26,7 +26,6 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
         fail(NAME, "any_replay", any_replay, "None or a bool (host knowledge that some R > 0)")
     check_range(NAME, "cacheable_groups", cacheable_groups, low=0, high=G)
     check_positions(NAME, positions)
-    check_replay_not_above_positions(NAME, positions, query_start_loc, replay_start)
     if any_replay is False and value_checks_enabled() and bool((replay_start > 0).any()):
         # the switch only skips the launch; it may never skip a duty (cached KV would be rewritten)
         fail(NAME, "any_replay", any_replay, "True or None when some replay_start > 0")
@@ -34,7 +33,9 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
 
 def reference(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> torch.Tensor:
     """In place: ``slot_mappings[g, t] = PAD`` for ``g`` in ``cacheable_groups`` and every
-    token ``t`` of a request with ``R > 0`` and ``R <= positions[t] < R + Wr``.
+    token ``t`` of a request with ``R > 0`` and ``R <= positions[t] < R + Wr``, unless ``R`` is
+    stale: above the request's first position ``positions[query_start_loc[b]]`` (SPEC §0;
+    such a request is not replaying).
 
     Window (non-cacheable) groups and columns past ``query_start_loc[B]`` are untouched.
     ``any_replay=False`` (host knowledge that every R is 0) returns without any launch.
@@ -45,7 +46,8 @@ def reference(slot_mappings, cacheable_groups, query_start_loc, positions, repla
         return slot_mappings
     view = token_view(query_start_loc, None, T)
     R = view.take(replay_start)
-    replayed = view.valid & (R > 0) & (positions >= R) & (positions < R + Wr)
+    first = positions[(torch.arange(T, device=positions.device) - view.offset).clamp(0, T - 1)]  # p of the request's first token
+    replayed = view.valid & (R > 0) & (R <= first) & (positions >= R) & (positions < R + Wr)
     G = slot_mappings.shape[0]
     cacheable = torch.zeros(G, dtype=torch.bool, device=slot_mappings.device)
     cacheable[cacheable_groups.to(torch.int64)] = True

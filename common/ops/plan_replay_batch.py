@@ -12,6 +12,13 @@ from ..validation import check_int, fail
 
 NAME = "plan_replay_batch"
 
+#: vLLM 0.33's ``CompilationConfig.decoder_replay_trim_threshold``: steps of fewer tokens are
+#: launch-bound, so the replay layers run on the whole batch (a trim would cost more host time
+#: than it saves: the decoder-side seed measured a 1K prompt's TTFT going from 56 to 110 ms)
+TRIM_THRESHOLD = 768
+#: the step's CUDA-graph mode, as vLLM's runtime mode names it
+STEP_GRAPH_MODES = ("none", "piecewise", "full")
+
 
 def _host_1d(name: str, value, dtype) -> np.ndarray:
     if isinstance(value, torch.Tensor):
@@ -30,7 +37,8 @@ def _host_1d(name: str, value, dtype) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def validate(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None) -> None:
+def validate(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
+             trim_threshold=TRIM_THRESHOLD, num_tokens=None) -> None:
     qsl = _host_1d("query_start_loc_host", query_start_loc_host, int)
     if qsl.size < 1 or qsl[0] != 0 or bool((np.diff(qsl) < 0).any()) or int(qsl[-1]) > MAX_POSITION:
         fail(NAME, "query_start_loc_host", qsl.tolist()[:16],
@@ -46,12 +54,23 @@ def validate(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None)
     sizes = [pad_to] if isinstance(pad_to, int) else (pad_to or [])
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 or s > MAX_POSITION for s in sizes):
         fail(NAME, "pad_to", pad_to, f"graph sizes as ints in [1, MAX_POSITION={MAX_POSITION}]")
+    if not isinstance(graph_mode, str) or graph_mode not in STEP_GRAPH_MODES:
+        fail(NAME, "graph_mode", graph_mode, f"the step's CUDA-graph mode, one of {STEP_GRAPH_MODES}")
+    check_int(NAME, "trim_threshold", trim_threshold, min_value=0, max_value=MAX_POSITION, why="MAX_POSITION")
+    if num_tokens is not None:
+        check_int(NAME, "num_tokens", num_tokens, min_value=int(qsl[-1]), max_value=MAX_POSITION,
+                  why="MAX_POSITION; at least query_start_loc_host[-1]")
 
 
-def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None) -> ReplayPlan | None:
+def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
+              trim_threshold=TRIM_THRESHOLD, num_tokens=None) -> ReplayPlan | None:
     """``kept = q`` for requests that keep all rows (``keeps_rows``, e.g. prompt logprobs) and
     non-prefills, else ``min(q, W)``; ``trims = any(kept < q)``; ``dropped_before =
-    query_start_loc - [0, cumsum(kept)]``. Returns None when nothing trims.
+    query_start_loc - [0, cumsum(kept)]``. Returns None when nothing trims, and by the trim
+    policy (SPEC §3.5) for a FULL-graph step (``graph_mode="full"``: the graph keeps the whole
+    batch) and a step of fewer than ``trim_threshold`` tokens (``num_tokens``, the step's
+    padded size, default ``query_start_loc_host[-1]``: such steps are launch-bound).
+    ``trim_threshold=0`` trims every eager or PIECEWISE step that has something to trim.
 
     ``pad_to``: an int graph size (must be >= the kept rows) or a sequence of sizes (the
     smallest that fits; none fits: no padding).
@@ -59,6 +78,9 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
     qsl = _host_1d("query_start_loc_host", query_start_loc_host, int)
     prefilling = _host_1d("is_prefilling", is_prefilling, bool)
     keeps = _host_1d("keeps_rows", keeps_rows, bool)
+    step_tokens = int(qsl[-1]) if num_tokens is None else num_tokens
+    if graph_mode == "full" or step_tokens < trim_threshold:
+        return None
     q = np.diff(qsl)
     kept = np.where(prefilling & ~keeps, np.minimum(q, W), q)
     trimmed = kept < q
@@ -74,5 +96,4 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
     else:
         fits = [s for s in pad_to if s >= n]
         n_pad = min(fits) if fits else n
-    return ReplayPlan.from_kept(kept, qsl, n_pad, W)
-
+    return ReplayPlan.from_kept(kept, qsl, n_pad, W, is_prefilling=prefilling)

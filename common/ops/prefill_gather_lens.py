@@ -6,7 +6,8 @@ import torch
 
 from ..types import INDEX_DTYPE
 from ..validation import check_out, check_tensor
-from ._checks import check_batch, check_replay_not_above_prefix, check_window
+from ._batch import live_replay_start
+from ._checks import check_batch, check_window
 from ._results import Results
 
 NAME = "prefill_gather_lens"
@@ -19,17 +20,17 @@ def validate(query_start_loc, seq_lens, replay_start, W, *, out=None) -> None:
     B = check_batch(NAME, query_start_loc, seq_lens, replay_start, from_zero=False)
     if out is not None:
         check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=query_start_loc.device)
-    check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
 
 
 def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.Tensor:
     """int32 [B]: ``q + min(max(prefix - R, 0), W - 1)`` with ``q = qsl[b+1] - qsl[b]`` (so
     ``query_start_loc`` may be a slice of a batch's, not starting at 0); the chunk gathers window KV of
     positions ``[seq_len - gather_len, seq_len)``. The first replay chunk (prefix = R)
-    gathers exactly from R."""
+    gathers exactly from R; a stale R (above ``prefix``, SPEC §0) counts as 0."""
     q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
     prefix = seq_lens.to(torch.int64) - q
-    back = torch.clamp(prefix - replay_start.to(torch.int64), min=0).clamp(max=W - 1)
+    R = live_replay_start(query_start_loc, seq_lens, replay_start)
+    back = torch.clamp(prefix - R, min=0).clamp(max=W - 1)
     lens = (q + back).to(INDEX_DTYPE)
     if out is None:
         return lens

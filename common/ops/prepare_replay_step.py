@@ -27,17 +27,22 @@ import torch
 from ..types import INDEX_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_tensor, fail, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
+from ._batch import stale_replay
 from ._results import Results
 
 NAME = "prepare_replay_step"
 
 
 class PreparedStep(NamedTuple):
-    """``replay_start`` int32 [B]; ``slot_mappings`` (the input, padded in place);
+    """``replay_start`` int32 [B] (each row's live replay start: 0 where it was stale);
+    ``slot_mappings`` (the input, padded in place);
     ``swa_indices`` int32 [P, index_width] and ``swa_lens`` int32 [P] (tokens ``[0, P)``,
     ``P = prefill_from``, default T); ``replay_batch`` (:class:`ReplayBatch`, None without a
     plan); ``prefill_swa_indices`` [T - P, index_width] and ``prefill_swa_lens`` [T - P]
-    (tokens ``[P, T)``); ``gather_lens`` int32 [B - gather_lens_from] (empty by default)."""
+    (tokens ``[P, T)``); ``gather_lens`` int32 [B - gather_lens_from] (empty by default);
+    ``stale_replay`` int32 [B]: 1 where a row's replay start was stale (above its first
+    scheduled position ``seq_len - q``, SPEC §0: an in-place restart) and counted as 0, so
+    the engine can preempt and re-admit the request without reading the device first."""
 
     replay_start: torch.Tensor
     slot_mappings: torch.Tensor
@@ -47,19 +52,20 @@ class PreparedStep(NamedTuple):
     prefill_swa_indices: torch.Tensor | None = None
     prefill_swa_lens: torch.Tensor | None = None
     gather_lens: torch.Tensor | None = None
+    stale_replay: torch.Tensor | None = None
 
 
 #: the outputs that exist only when their keyword asks for them (``out=`` may leave them out)
 OPTIONAL_OUTPUTS = ("prefill_swa_indices", "prefill_swa_lens", "gather_lens")
 #: the outputs whose ``out=`` buffers may have more rows than the step writes (a serving
 #: engine's persistent buffers, sized for its largest step): the step writes their leading rows
-LEADING_ROWS = ("replay_start", "swa_indices", "swa_lens") + OPTIONAL_OUTPUTS
+LEADING_ROWS = ("replay_start", "swa_indices", "swa_lens", "stale_replay") + OPTIONAL_OUTPUTS
 
 
 def _rows(B: int, T: int, prefill_from: int | None, gather_lens_from: int | None) -> dict:
     """Rows the step writes of each :data:`LEADING_ROWS` output."""
     P = T if prefill_from is None else prefill_from
-    return {"replay_start": B, "swa_indices": P, "swa_lens": P, "prefill_swa_indices": T - P,
+    return {"replay_start": B, "stale_replay": B, "swa_indices": P, "swa_lens": P, "prefill_swa_indices": T - P,
             "prefill_swa_lens": T - P, "gather_lens": B - (B if gather_lens_from is None else gather_lens_from)}
 
 
@@ -71,7 +77,7 @@ def _leading(o: dict, rows: dict) -> dict:
 def out_shapes(num_reqs: int, num_tokens: int, index_width: int, plan: ReplayPlan | None = None,
                num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None) -> dict:
     """Shapes and dtypes of the ``out=`` buffers: ``replay_start``, ``swa_indices``,
-    ``swa_lens``, with ``prefill_from`` ``prefill_swa_indices`` and ``prefill_swa_lens``,
+    ``swa_lens``, ``stale_replay``, with ``prefill_from`` ``prefill_swa_indices`` and ``prefill_swa_lens``,
     with ``gather_lens_from`` ``gather_lens`` and, with a plan, ``replay_batch``
     (``gather_replay_batch``'s dict)."""
     P = num_tokens if prefill_from is None else prefill_from
@@ -79,6 +85,7 @@ def out_shapes(num_reqs: int, num_tokens: int, index_width: int, plan: ReplayPla
         "replay_start": ((num_reqs,), INDEX_DTYPE),
         "swa_indices": ((P, index_width), INDEX_DTYPE),
         "swa_lens": ((P,), INDEX_DTYPE),
+        "stale_replay": ((num_reqs,), INDEX_DTYPE),
     }
     if prefill_from is not None:
         shapes["prefill_swa_indices"] = ((num_tokens - P, index_width), INDEX_DTYPE)
@@ -146,7 +153,7 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     if out is not None and not isinstance(out, dict):
         fail(NAME, "out", out, "a dict of buffers from allocate_out()")
     o = _buffers(out)
-    needed = ["replay_start", "swa_indices", "swa_lens"]
+    needed = ["replay_start", "swa_indices", "swa_lens", "stale_replay"]
     if prefill_from is not None:
         needed += ["prefill_swa_indices", "prefill_swa_lens"]
     if gather_lens_from is not None:
@@ -180,8 +187,9 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         fail(NAME, "plan", plan, "None or a ReplayPlan from plan_replay_batch")
     if plan is not None and out is not None and "replay_batch" not in o:
         fail(NAME, "out", sorted(o), "a buffer dict for 'replay_batch' (a plan is given)")
-    # The clamp checks below read the replay starts this call will produce; without value
-    # checks (graph capture) the validators only look at the tensor's metadata.
+    # The checks below read the replay starts this call will produce (a stale one is valid:
+    # it counts as 0); without value checks (graph capture) the validators only look at the
+    # tensor's metadata.
     if value_checks_enabled():
         R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
     else:
@@ -210,7 +218,8 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
 def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
               cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
               prefill_from=None, gather_lens_from=None, valid_group=None, out=None) -> PreparedStep:
-    """``R = batch_replay_start(R_per_request, idx_mapping, is_prefilling)``;
+    """``R = batch_replay_start(R_per_request, idx_mapping, is_prefilling)``, then ``stale_replay
+    = R > seq_len - q`` and ``R = 0`` there (the live replay start, SPEC §0);
     ``valid = slot_mappings[valid_group] >= 0`` (before padding; all True without it);
     ``pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr)``;
     ``swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, R,
@@ -224,7 +233,13 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     given = _buffers(out)
     T = positions.shape[0]
     o = _leading(given, _rows(idx_mapping.shape[0], T, prefill_from, gather_lens_from))
-    R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
+    R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
+    stale = stale_replay(query_start_loc, seq_lens, R)
+    R = torch.where(stale, torch.zeros_like(R), R)
+    stale = stale.to(INDEX_DTYPE)
+    if out is not None:
+        R = o["replay_start"].copy_(R)
+        stale = o["stale_replay"].copy_(stale)
     valid = None if valid_group is None else slot_mappings[valid_group, :T] >= 0
     pad_replayed_slots.reference(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
                                  any_replay=any_replay)
@@ -246,12 +261,12 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
                                               out=o.get("replay_batch"))
     (idx, lens), (pidx, plens) = parts
     if out is not None:  # the buffers as given (their leading rows written)
-        R, idx, lens = given["replay_start"], given["swa_indices"], given["swa_lens"]
+        R, idx, lens, stale = given["replay_start"], given["swa_indices"], given["swa_lens"], given["stale_replay"]
         if prefill_from is not None:
             pidx, plens = given["prefill_swa_indices"], given["prefill_swa_lens"]
         if gather_lens_from is not None:
             gather_lens = given["gather_lens"]
-    return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens)
+    return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens, stale)
 
 
 def _result_shapes(a) -> dict:
@@ -272,10 +287,11 @@ def _pack(t: dict, a) -> PreparedStep:
                             **{k.split(".", 1)[1]: v for k, v in t.items() if k.startswith("replay_batch.")})
     asked = {"prefill_swa_indices": "prefill_from", "prefill_swa_lens": "prefill_from", "gather_lens": "gather_lens_from"}
     return PreparedStep(t["replay_start"], a["slot_mappings"], t["swa_indices"], t["swa_lens"], batch,
-                        *(t.get(k) if a.get(asked[k]) is not None else None for k in OPTIONAL_OUTPUTS))
+                        *(t.get(k) if a.get(asked[k]) is not None else None for k in OPTIONAL_OUTPUTS),
+                        t["stale_replay"])
 
 
-RESULTS = Results(("replay_start", "swa_indices", "swa_lens"), _result_shapes, out="dict", pack=_pack,
+RESULTS = Results(("replay_start", "swa_indices", "swa_lens", "stale_replay"), _result_shapes, out="dict", pack=_pack,
                   plan_names=tuple(f"replay_batch.{f}" for f in ("rows", "query_start_loc", "positions",
                                                                  "slot_mappings", "kv_start")),
                   optional_names=OPTIONAL_OUTPUTS)

@@ -6,12 +6,11 @@ import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
 from ..validation import check_int, check_out, check_tensor, fail
-from ._batch import nonempty_table, resolve_num_tokens, token_view
+from ._batch import live_replay_start, nonempty_table, resolve_num_tokens, token_view
 from ._checks import (
     check_batch,
     check_block_table,
     check_block_table_covers,
-    check_replay_not_above_prefix,
     check_window,
 )
 from ._results import Results
@@ -49,7 +48,6 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
         check_out(NAME, "out[0]", out[0], shape=(T, width), dtype=INDEX_DTYPE, device=dev)
         check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
     check_block_table_covers(NAME, block_table, seq_lens, block_size)
-    check_replay_not_above_prefix(NAME, query_start_loc, seq_lens, replay_start)
 
 
 def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
@@ -57,7 +55,8 @@ def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_star
               out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices int32 [T, index_width], lens int32 [T])``.
 
-    Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``,
+    Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``
+    (a stale ``R``, above the request's first position ``seq_len - q``, counts as 0: SPEC §0),
     ``indices[t, j] = slot(lo(p) + j)`` for ``j < lens`` through the block table
     (``block_table[b, pos // bs] * bs + pos % bs``), PAD after. Invalid tokens (past
     ``query_start_loc[B]`` or ``valid[t]`` False): ``lens = 0``, row all PAD.
@@ -71,7 +70,7 @@ def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_star
     dev = query_start_loc.device
     table = nonempty_table(block_table)
     view = token_view(query_start_loc, seq_lens, T, valid=valid, token_offset=off)
-    R = view.take(replay_start)
+    R = view.take(live_replay_start(query_start_loc, seq_lens, replay_start))
     lo = swa_lo(view.pos, W, R)
     lens = torch.where(view.valid, view.pos - lo + 1, torch.zeros_like(lo))
     j = torch.arange(width, device=dev, dtype=torch.int64)

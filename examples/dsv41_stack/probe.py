@@ -156,12 +156,13 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_prompt(stack, prompt, *, warm=None, decoder_trim="trim", max_batched_tokens=2048, forced=None,
-               max_new_tokens=1, backend=None, max_tokens=None, recorder=False):
+               max_new_tokens=1, backend=None, max_tokens=None, recorder=False, trim_threshold=0):
     """Run ``prompt`` on a fresh engine, after ``warm`` (a prompt that fills the prefix cache)
-    when given. Returns ``(request, engine, recorder or None)``."""
+    when given; ``trim_threshold`` 0 (the probe's default) trims every step that has rows to
+    trim, whatever its size. Returns ``(request, engine, recorder or None)``."""
     need = (len(prompt) + max_new_tokens) + (len(warm) + 1 if warm is not None else 0)
     eng = Engine(stack, backend=backend, max_batched_tokens=max_batched_tokens, decoder_trim=decoder_trim,
-                 max_tokens=max_tokens or 2 * need + 256)
+                 max_tokens=max_tokens or 2 * need + 256, trim_threshold=trim_threshold)
     if warm is not None:
         eng.submit("warm", warm, max_new_tokens=1)
         eng.run()

@@ -385,7 +385,8 @@ class ModelStateMixin:
         num_tokens = int(kept_query_start_loc_np[-1])
         dropped_np = (qsl_np - kept_query_start_loc_np).astype(np.int32, copy=False)  # rows dropped before each boundary
         dropped = self._dropped_before.copy_to_uva(dropped_np)
-        plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np, device_dropped=dropped)
+        plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np, device_dropped=dropped,
+                                   is_prefilling=input_batch.is_prefilling_np[:num_reqs])
         G = slot_mappings.shape[0]
         kept_slot_mappings = self._kept_slot_mappings[:G, :num_padded]  # vLLM's own view (row-strided)
         out = {"rows": self._kept_rows[:num_padded], "query_start_loc": self._kept_query_start_loc[: num_reqs + 1],
@@ -525,6 +526,7 @@ class ModelStateMixin:
                 "arange": torch.arange(n, dtype=torch.int32, device=dev),
                 "ones": torch.ones(n, dtype=torch.bool, device=dev),
                 "replay_start": torch.zeros(n, dtype=torch.int32, device=dev),
+                "stale_replay": torch.zeros(n, dtype=torch.int32, device=dev),
                 "gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
                 "no_groups": torch.zeros(0, dtype=torch.int32, device=dev), "views": {}}
         return scratch

@@ -180,14 +180,17 @@ def dropped_before(kept_lens: np.ndarray, query_start_loc_np: np.ndarray) -> np.
 
 
 def replay_plan(kept_lens: np.ndarray, query_start_loc_np: np.ndarray, num_padded: int, window: int, *,
-                dropped: np.ndarray | None = None, device_dropped: torch.Tensor | None = None) -> ReplayPlan:
+                dropped: np.ndarray | None = None, device_dropped: torch.Tensor | None = None,
+                is_prefilling: np.ndarray | None = None) -> ReplayPlan:
     """vLLM's planning result (``kept_lens``, the host ``query_start_loc``, the padded size)
     as the pack's :class:`ReplayPlan` (vLLM's own planning -- graph policy, DP agreement,
     idle batches, trim threshold -- decided ``kept_lens``). ``device_dropped``: the plan's
     ``dropped_before`` already on the device (vLLM's UVA upload), so the plan makes no
-    host-to-device copy of its own."""
+    host-to-device copy of its own. ``is_prefilling``: vLLM's host flags, so a validating
+    backend holds prefills to their host length while decodes follow the device (adaptive
+    verification resizes them there)."""
     return ReplayPlan.from_kept(kept_lens, query_start_loc_np, num_padded, window, dropped_before=dropped,
-                                device_dropped_before=device_dropped)
+                                device_dropped_before=device_dropped, is_prefilling=is_prefilling)
 
 
 def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens, replay_start, positions, slot_mappings,
@@ -419,7 +422,7 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     buffers, the prefills' gather lengths into ``scratch["gather_lens"]`` and, with ``gather =
     (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
     that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
-    ``ones`` (bool) of ``max_num_reqs``, ``replay_start`` and ``gather_lens`` (int32), an
+    ``ones`` (bool) of ``max_num_reqs``, ``replay_start``, ``stale_replay`` and ``gather_lens`` (int32), an
     empty int32 ``no_groups`` and a dict ``views`` (kept: the first two's slices per batch
     size; under ``"gather_lens"`` that buffer's storage, which an answered call's tensor is set
     to). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is a new
@@ -447,7 +450,8 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     gl_view = scratch["views"].get("gather_lens")
     if gl_view is None or gl_view[0] is not gl:  # the storage an answered call's tensor is set to, read once
         gl_view = scratch["views"]["gather_lens"] = (gl, gl.untyped_storage(), gl.storage_offset(), gl.dtype)
-    out = {"replay_start": scratch["replay_start"], "swa_indices": t.decode_rows, "swa_lens": t.decode_lens,
+    out = {"replay_start": scratch["replay_start"], "stale_replay": scratch["stale_replay"],
+           "swa_indices": t.decode_rows, "swa_lens": t.decode_lens,
            "prefill_swa_indices": t.prefill_rows, "prefill_swa_lens": t.prefill_lens, "gather_lens": gl}
     plan = None
     if gather is not None and gather[1] == t.window:

@@ -186,7 +186,7 @@ def test_combined_layout_out_of_slab_topk_stays_pad(be):
 def test_gather_replay_batch_worked_example(be):
     # W 128: decode (q 1, seq 500), prefill (q 300, seq 300), prefill (q 100, seq 300, R 50)
     qsl_host = [0, 1, 301, 401]
-    plan = sb.plan_replay_batch(qsl_host, [False, True, True], [False, False, False], 128)
+    plan = sb.plan_replay_batch(qsl_host, [False, True, True], [False, False, False], 128, trim_threshold=0)
     assert plan is not None and plan.num_rows == 229
     assert plan.dropped_before.tolist() == [0, 0, 172, 172]
     qsl = torch.tensor(qsl_host, dtype=i32)
@@ -203,7 +203,7 @@ def test_gather_replay_batch_worked_example(be):
 
 
 def test_gather_replay_batch_padding_gathers_row0_with_pad_slots(be):
-    plan = sb.plan_replay_batch([0, 200], [True], [False], 128, pad_to=[64, 256, 512])
+    plan = sb.plan_replay_batch([0, 200], [True], [False], 128, pad_to=[64, 256, 512], trim_threshold=0)
     assert (plan.num_rows, plan.num_rows_padded) == (128, 256)
     positions = torch.arange(200, dtype=i64)
     slots = positions[None] + 1000
@@ -214,9 +214,9 @@ def test_gather_replay_batch_padding_gathers_row0_with_pad_slots(be):
 
 
 def test_plan_none_when_nothing_trims():
-    assert sb.plan_replay_batch([0, 1, 2, 130], [False, False, True], [False, False, False], 128) is None
-    assert sb.plan_replay_batch([0, 300], [True], [True], 128) is None  # keeps all rows (prompt logprobs)
-    assert sb.plan_replay_batch([0, 300], [False], [False], 128) is None  # decode/spec rows never trim
+    assert sb.plan_replay_batch([0, 1, 2, 130], [False, False, True], [False, False, False], 128, trim_threshold=0) is None
+    assert sb.plan_replay_batch([0, 300], [True], [True], 128, trim_threshold=0) is None  # keeps all rows (prompt logprobs)
+    assert sb.plan_replay_batch([0, 300], [False], [False], 128, trim_threshold=0) is None  # decode/spec rows never trim
 
 
 def test_gather_and_scatter_rows_roundtrip(be):
@@ -254,3 +254,99 @@ def test_prepare_replay_step_worked_example(be):
     assert got.prefill_swa_indices[3].tolist() == [24, 25, 26, 27, PAD, PAD, PAD, PAD]  # block 6 of request 1
     assert got.gather_lens.tolist() == [4]
     assert slots[0].tolist() == [100, PAD, PAD, PAD, PAD] and slots[1, 1:].ne(PAD).all()
+
+
+# --- the seeds' corners: stale replay starts (§0), the null block (§2.3), device-resized
+# --- decodes (§3.2), the trim policy (§3.5) -----------------------------------------------
+
+def test_stale_replay_start_counts_as_no_replay(be):
+    # SPEC §0: W 8, block 64, identity table; positions 4..7 (q 4, seq 8) with a stale R = 6
+    qsl, seq, R = torch.tensor([0, 4], dtype=i32), torch.tensor([8], dtype=i32), torch.tensor([6], dtype=i32)
+    table = torch.arange(4, dtype=i32).reshape(1, 4)
+    idx, lens = be.swa_indices_and_lens(qsl, seq, table, 64, 8, R, num_tokens=4)
+    cold_idx, cold_lens = be.swa_indices_and_lens(qsl, seq, table, 64, 8, torch.zeros(1, dtype=i32), num_tokens=4)
+    assert lens.tolist() == cold_lens.tolist() == [5, 6, 7, 8] and torch.equal(idx, cold_idx)
+    assert be.prefill_gather_lens(qsl, seq, R, 8).tolist() == [8]
+    positions = torch.arange(4, 8, dtype=i64)
+    slots = torch.stack([positions + 100, positions + 200])
+    be.pad_replayed_slots(slots, torch.tensor([0], dtype=i32), qsl, positions, R, 8)
+    assert slots[0].tolist() == [104, 105, 106, 107]  # nothing padded
+    got = be.prepare_replay_step(R, torch.tensor([0], dtype=i32), torch.tensor([True]), qsl, seq, positions,
+                                 slots, torch.tensor([0], dtype=i32), table, 64, 8, 8)
+    assert got.replay_start.tolist() == [0] and got.stale_replay.tolist() == [1]
+    assert torch.equal(got.swa_indices, cold_idx) and slots[0].tolist() == [104, 105, 106, 107]
+
+
+def test_live_replay_start_is_not_stale(be):
+    # the same request resuming at its replay start (R = 4 = its first position) replays
+    qsl, seq, R = torch.tensor([0, 4], dtype=i32), torch.tensor([8], dtype=i32), torch.tensor([4], dtype=i32)
+    table = torch.arange(4, dtype=i32).reshape(1, 4)
+    positions = torch.arange(4, 8, dtype=i64)
+    slots = torch.stack([positions + 100, positions + 200])
+    got = be.prepare_replay_step(R, torch.tensor([0], dtype=i32), torch.tensor([True]), qsl, seq, positions,
+                                 slots, torch.tensor([0], dtype=i32), table, 64, 8, 8)
+    assert got.replay_start.tolist() == [4] and got.stale_replay.tolist() == [0]
+    assert got.swa_lens.tolist() == [1, 2, 3, 4] and slots[0].eq(PAD).all()
+
+
+def test_compressed_slot_mapping_never_writes_the_null_block(be):
+    # SPEC §2.3: ratio 2, block 4, an all-zero table (a graph-capture dummy), 16 tokens at positions 0..15
+    qsl, seq = torch.tensor([0, 16], dtype=i32), torch.tensor([16], dtype=i32)
+    zeros = torch.zeros(1, 4, dtype=i32)
+    token_slots = torch.arange(16, dtype=i64)
+    assert be.compressed_slot_mapping(token_slots, qsl, seq, zeros, 4, 2).eq(PAD).all()
+    without = be.compressed_slot_mapping(token_slots, qsl, seq, zeros, 4, 2, null_block=None)
+    assert int(without.ne(PAD).sum()) == 8  # what the null block would receive
+    # an engine whose null block is another id: block 3 is skipped, block 0 is real
+    table = torch.tensor([[0, 3, 1, 2]], dtype=i32)
+    got = be.compressed_slot_mapping(token_slots, qsl, seq, table, 4, 2, null_block=3)
+    assert got[1::2].tolist() == [0, 1, PAD, PAD, 2, 3, 4, 5] and got[0::2].eq(PAD).all()
+
+
+def _resized(be, device_qsl, *, validate=True, T=12):
+    """SPEC §3.2's resized example: two decodes and a 10-token prefill, W 4, host qsl [0, 1, 2, 12]
+    (``T`` tokens in the batch's buffers)."""
+    plan = sb.plan_replay_batch([0, 1, 2, 12], [False, False, True], [False] * 3, 4, trim_threshold=0)
+    assert plan.kept.tolist() == [1, 1, 4] and plan.dropped_before.tolist() == [0, 0, 0, 6]
+    positions = torch.arange(100, 100 + T, dtype=i64)
+    slots = torch.stack([positions + 1000, positions + 2000])
+    args = (plan, torch.tensor(device_qsl, dtype=i32), torch.tensor([200, 300, 110], dtype=i32),
+            torch.zeros(3, dtype=i32), positions, slots, 4)
+    with sb.validation(validate):
+        return be.gather_replay_batch(*args), positions, slots
+
+
+def test_gather_replay_batch_follows_device_resized_decodes(be):
+    rb, positions, slots = _resized(be, [0, 2, 2, 12])  # rows moved between the decodes
+    assert rb.query_start_loc.tolist() == [0, 2, 2, 6] and rb.rows.tolist() == [0, 1, 8, 9, 10, 11]
+    assert torch.equal(rb.positions, positions[rb.rows]) and torch.equal(rb.slot_mappings, slots[:, rb.rows])
+    rb, positions, slots = _resized(be, [0, 1, 1, 11])  # one row fewer: the last row is padding
+    assert rb.query_start_loc.tolist() == [0, 1, 1, 5] and rb.rows.tolist() == [0, 7, 8, 9, 10, 0]
+    assert torch.equal(rb.slot_mappings[:, :5], slots[:, [0, 7, 8, 9, 10]]) and rb.slot_mappings[:, 5].eq(PAD).all()
+    with pytest.raises(ValueError, match="query_start_loc.*fit"):
+        _resized(be, [0, 3, 4, 14], T=14)  # two rows more than the sub-batch holds
+    rb, _, _ = _resized(be, [0, 3, 4, 14], validate=False, T=14)  # unchecked: never past the buffers
+    assert rb.rows.tolist() == [0, 1, 2, 3, 10, 11] and rb.rows.shape == (6,)
+
+
+def test_gather_replay_batch_refuses_a_resized_prefill(be):
+    with pytest.raises(ValueError, match="a trimmed request"):
+        _resized(be, [0, 1, 2, 11])  # the prefill (trimmed) is a row shorter on the device
+    plan = sb.plan_replay_batch([0, 1, 3, 13], [False, True, True], [False] * 3, 4, trim_threshold=0)
+    assert plan.trimmed.tolist() == [False, False, True]
+    positions = torch.arange(13, dtype=i64)
+    with pytest.raises(ValueError, match="a prefill"):  # an untrimmed prefill resized: only decodes may be
+        be.gather_replay_batch(plan, torch.tensor([0, 2, 3, 13], dtype=i32), torch.tensor([50, 60, 70], dtype=i32),
+                               torch.zeros(3, dtype=i32), positions, positions[None] + 5, 4)
+
+
+def test_plan_trim_policy():
+    # SPEC §3.5: W 128, a decode and a 900-token prefill (901 tokens)
+    qsl, pre, keeps = [0, 1, 901], [False, True], [False, False]
+    assert sb.plan_replay_batch(qsl, pre, keeps, 128).kept.tolist() == [1, 128]
+    assert sb.plan_replay_batch(qsl, pre, keeps, 128, graph_mode="piecewise").kept.tolist() == [1, 128]
+    assert sb.plan_replay_batch(qsl, pre, keeps, 128, graph_mode="full") is None
+    assert sb.plan_replay_batch(qsl, pre, keeps, 128, trim_threshold=1000) is None
+    assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128) is None  # 301 < 768 tokens
+    assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128, num_tokens=1024).kept.tolist() == [1, 128]  # padded size
+    assert sb.TRIM_THRESHOLD == 768

@@ -52,11 +52,11 @@ CASES = [
     ("swa_indices_and_lens", _swa_args, 1, lambda a: a[1].to("meta"), "seq_lens"),  # device
     ("swa_indices_and_lens", _swa_args, 1, lambda a: a[1][:1], "seq_lens"),  # shape
     ("swa_indices_and_lens", _swa_args, 0, lambda a: torch.tensor([0, 6, 4], dtype=i32), "query_start_loc"),  # monotonic
-    ("swa_indices_and_lens", _swa_args, 5, lambda a: torch.tensor([7, 0], dtype=i32), "replay_start"),  # R <= p
+    ("swa_indices_and_lens", _swa_args, 5, lambda a: torch.tensor([-1, 0], dtype=i32), "replay_start"),  # R >= 0
     ("swa_indices_and_lens", _swa_args, 4, lambda a: 0, "W"),  # W > 0
     ("swa_indices_and_lens", _swa_args, 2, lambda a: a[2][:, :2], "block_table"),  # table too short
     ("pad_replayed_slots", _pad_args, 1, lambda a: torch.tensor([2], dtype=i32), "cacheable_groups"),  # group range
-    ("pad_replayed_slots", _pad_args, 4, lambda a: torch.tensor([7, 0], dtype=i32), "replay_start"),  # R <= p
+    ("pad_replayed_slots", _pad_args, 4, lambda a: torch.tensor([-1, 0], dtype=i32), "replay_start"),  # R >= 0
     ("pad_replayed_slots", _pad_args, 0, lambda a: a[0].to(i32), "slot_mappings"),
     ("pad_replayed_slots", _pad_args, 3, lambda a: a[3][:3], "query_start_loc"),  # qsl beyond tokens
     ("pad_replayed_slots", _pad_args, 5, lambda a: -1, "Wr"),
@@ -117,13 +117,13 @@ def test_host_ops_validate():
     with pytest.raises(ValueError, match="admit_prefix_hit: local_hit"):
         sb.admit_prefix_hit(-1, 0, 32, 16)
     with pytest.raises(ValueError, match="plan_replay_batch: query_start_loc_host"):
-        sb.plan_replay_batch([0, 5, 3], [True, True], [False, False], 4)
+        sb.plan_replay_batch([0, 5, 3], [True, True], [False, False], 4, trim_threshold=0)
     with pytest.raises(ValueError, match="plan_replay_batch: is_prefilling"):
-        sb.plan_replay_batch([0, 5], [True, True], [False], 4)
+        sb.plan_replay_batch([0, 5], [True, True], [False], 4, trim_threshold=0)
     with pytest.raises(ValueError, match="plan_replay_batch: pad_to"):
-        sb.plan_replay_batch([0, 500], [True], [False], 128, pad_to=64)
+        sb.plan_replay_batch([0, 500], [True], [False], 128, pad_to=64, trim_threshold=0)
     with pytest.raises(ValueError, match="plan_replay_batch: query_start_loc_host"):
-        sb.plan_replay_batch(torch.tensor([0, 5], device="meta"), [True], [False], 4)
+        sb.plan_replay_batch(torch.tensor([0, 5], device="meta"), [True], [False], 4, trim_threshold=0)
     with pytest.raises(ValueError, match="gather_replay_batch: plan"):
         BE.gather_replay_batch(None, *[torch.zeros(1)] * 5, 4)
 
@@ -178,7 +178,7 @@ def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
     rng = np.random.default_rng(4)
     for _ in range(50):
         b = random_batch(rng, W=4, long_prefill=True)
-        plan = sb.plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+        plan = sb.plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W, trim_threshold=0)
         if plan is not None:
             break
     t = b.tensors("cpu")

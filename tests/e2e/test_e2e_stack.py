@@ -48,7 +48,7 @@ def comp_snapshot(eng: Engine, blocks):
 
 
 def test_engine_uses_select(stack):
-    eng = Engine(stack)
+    eng = Engine(stack, trim_threshold=0)
     assert eng.be.variants == sb.select("cpu").variants
     assert eng.replay_layers == list(range(stack.cfg.n_source, stack.cfg.n_layers))
 
@@ -58,7 +58,7 @@ def test_engine_uses_select(stack):
 def test_prefix_hit_replays_window_and_keeps_cached_kv(stack, mode, chunk):
     rng = np.random.default_rng(7)
     prompt = rand_prompt(rng, 437)
-    eng = Engine(stack, max_batched_tokens=chunk, decoder_trim=mode, max_tokens=4096)
+    eng = Engine(stack, max_batched_tokens=chunk, decoder_trim=mode, max_tokens=4096, trim_threshold=0)
     eng.submit("cold", prompt, max_new_tokens=2)
     eng.run()
     bs = stack.cfg.block_size
@@ -153,7 +153,7 @@ def test_trim_equals_untrimmed_with_the_same_clamped_windows(stack, seed):
 
 def test_decoder_side_runs_each_prefills_last_window(stack):
     rng = np.random.default_rng(11)
-    eng = Engine(stack, max_batched_tokens=1000, decoder_trim="trim", max_tokens=4096)
+    eng = Engine(stack, max_batched_tokens=1000, decoder_trim="trim", max_tokens=4096, trim_threshold=0)
     eng.submit("a", rand_prompt(rng, 300), max_new_tokens=3)
     eng.step()
     eng.submit("b", rand_prompt(rng, 90))  # shorter than W: keeps every row
@@ -188,7 +188,7 @@ def test_keep_all_rows_and_batch_mates_match_running_alone(stack):
     forced = rand_prompt(rng, 3)
 
     def run(names):
-        eng = Engine(stack, max_batched_tokens=4096, decoder_trim="trim", max_tokens=8192)
+        eng = Engine(stack, max_batched_tokens=4096, decoder_trim="trim", max_tokens=8192, trim_threshold=0)
         eng.submit("warm", base)
         eng.run()
         reqs = {n: eng.submit(n, specs[n], max_new_tokens=3, forced_tokens=forced, keep_all_rows=(n == "keep"))
@@ -316,7 +316,7 @@ def test_e2e_on_gpu_with_the_selected_kernels():
     bs = cfg.block_size
     hidden = {}
     for mode in ("trim", "clamp", "off"):
-        eng = Engine(st, backend=be, max_batched_tokens=1024, decoder_trim=mode, max_tokens=8192)
+        eng = Engine(st, backend=be, max_batched_tokens=1024, decoder_trim=mode, max_tokens=8192, trim_threshold=0)
         eng.submit("cold", prompt)
         eng.run()
         shared = eng.cache.main.lookup(eng.done["cold"].keys)[: (len(prompt) - 1) // bs]

@@ -159,7 +159,7 @@ def test_sub_batch_long_kept_runs_and_many_groups_on_gpu(gb, op, strided):
         long = np.flatnonzero(b.prefilling & (b.q > b.W))
         keeps = np.zeros(b.B, bool)
         keeps[long[1:]] = True
-        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(b.T) + 64)
+        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(b.T) + 64, trim_threshold=0)
         t = b.tensors("cpu")
         if op == "gather_replay_batch":
             args, kwargs = (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"],
@@ -256,7 +256,7 @@ def graph_case(op: str, rng, dev, hidden: int = 7168):
         idx = ri(-1, 10**6, (T, K))
         return (idx, ri(0, K + 1, T)), {"out": (torch.empty(T + 1, **i32), torch.empty(T * K, **i32))}
     if op in ("gather_replay_batch", "prepare_replay_step"):
-        plan = plan_replay_batch(b.qsl, b.prefilling, np.zeros(B, bool), W, pad_to=int(b.prefilling.sum()) * W + 8)
+        plan = plan_replay_batch(b.qsl, b.prefilling, np.zeros(B, bool), W, pad_to=int(b.prefilling.sum()) * W + 8, trim_threshold=0)
         if op == "gather_replay_batch":
             return (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"],
                     W), {"out": gather_out(plan, b.num_groups, dev)}

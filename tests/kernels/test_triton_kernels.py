@@ -184,7 +184,7 @@ def test_pad_replayed_slots_writes_only_replayed_cacheable_slots(tb):
 def plan_for_batch(b):
     from swa_backends.common.ops import plan_replay_batch
 
-    return plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+    return plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W, trim_threshold=0)
 
 
 def test_gather_replay_batch_graph_padding_is_pad(tb):
@@ -194,7 +194,7 @@ def test_gather_replay_batch_graph_padding_is_pad(tb):
     b = random_batch(rng, long_prefill=True, max_reqs=4, W=8, max_q=30)
     t = b.tensors("cpu")
     pre = b.prefilling
-    plan = plan_replay_batch(b.qsl, pre, np.zeros(b.B, bool), b.W, pad_to=[4096])
+    plan = plan_replay_batch(b.qsl, pre, np.zeros(b.B, bool), b.W, pad_to=[4096], trim_threshold=0)
     assert plan.num_rows_padded == 4096
     got, _ = _check(tb, "gather_replay_batch",
                     (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W),
@@ -307,7 +307,7 @@ def test_sub_batch_long_kept_runs_and_many_groups(tb, op):
         keeps = np.zeros(b.B, bool)
         keeps[long[1:]] = True
         t = b.tensors("cpu")
-        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(rng.integers(1, 300)) + b.T)
+        plan = plan_replay_batch(b.qsl, b.prefilling, keeps, b.W, pad_to=int(rng.integers(1, 300)) + b.T, trim_threshold=0)
         if op == "gather_replay_batch":
             args = (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"],
                     t["slot_mappings"], b.W)

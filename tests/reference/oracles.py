@@ -22,10 +22,15 @@ def requests(qsl):
         yield b, int(qsl[b]), int(qsl[b + 1])
 
 
+def live(R, seq, q) -> int:
+    """A request's replay start, 0 when stale: above its first scheduled position seq - q (SPEC §0)."""
+    return int(R) if int(R) <= int(seq) - q else 0
+
+
 def pad_replayed_slots(slots, groups, qsl, positions, R, Wr):
     out = np.array(slots, dtype=np.int64, copy=True)
     for b, s, e in requests(qsl):
-        if R[b] <= 0:
+        if R[b] <= 0 or s >= e or R[b] > positions[s]:  # no replay, or a stale one (SPEC §0)
             continue
         for t in range(s, e):
             if R[b] <= positions[t] < R[b] + Wr:
@@ -38,7 +43,7 @@ def slot_of(block_table, b, pos, bs):
     return int(block_table[b][pos // bs]) * bs + pos % bs
 
 
-def compressed_slot_mapping(token_slots, qsl, seq, block_table, bs, ratio):
+def compressed_slot_mapping(token_slots, qsl, seq, block_table, bs, ratio, null_block=0):
     T = len(token_slots)
     if ratio == 1:
         return np.array(token_slots, dtype=np.int64)
@@ -48,9 +53,10 @@ def compressed_slot_mapping(token_slots, qsl, seq, block_table, bs, ratio):
         q = e - s
         for t in range(s, e):
             p = int(seq[b]) - q + (t - s)
-            if (p + 1) % ratio == 0 and token_slots[t] != PAD:
-                cp = p // ratio
-                out[t] = int(block_table[b][cp // bs_c]) * bs_c + cp % bs_c
+            cp = p // ratio
+            block = int(block_table[b][cp // bs_c]) if (p + 1) % ratio == 0 else 0
+            if (p + 1) % ratio == 0 and token_slots[t] != PAD and block != null_block:  # SPEC §2.3
+                out[t] = block * bs_c + cp % bs_c
     return out
 
 
@@ -63,7 +69,7 @@ def swa_indices_and_lens(qsl, seq, block_table, bs, W, R, width, T, valid=None):
             if t >= T or (valid is not None and not valid[t]):
                 continue
             p = int(seq[b]) - q + (t - s)
-            first = lo(p, W, int(R[b]))
+            first = lo(p, W, live(R[b], seq[b], q))
             lens[t] = p - first + 1
             for j in range(lens[t]):
                 idx[t, j] = slot_of(block_table, b, first + j, bs)
@@ -75,7 +81,7 @@ def prefill_gather_lens(qsl, seq, R, W):
     for b, s, e in requests(qsl):
         q = e - s
         prefix = int(seq[b]) - q
-        out.append(q + min(max(prefix - int(R[b]), 0), W - 1))
+        out.append(q + min(max(prefix - live(R[b], seq[b], q), 0), W - 1))
     return np.array(out, np.int64)
 
 
@@ -98,7 +104,7 @@ def combined_indices(topk, qsl, seq, R, W, ratio, top_k, M, N, valid=None):
                 v = int(topk[t][j])
                 idx[t, col] = b * M + v if 0 <= v < N else PAD
                 col += 1
-            first = lo(p, W, int(R[b]))
+            first = lo(p, W, live(R[b], seq[b], q))
             for pos in range(first, p + 1):
                 idx[t, col] = b * M + N + (pos - gather_start)
                 col += 1
@@ -152,7 +158,8 @@ def indices_to_csr(indices, lens):
 
 
 def plan_and_gather(qsl_host, prefilling, keeps, W, qsl, seq, R, positions, slots, pad_to=None):
-    """SPEC §3.1 + §3.2 with loops; returns None when nothing trims."""
+    """SPEC §3.1 + §3.2 with loops (the plan from the host ``qsl_host``, the gather on the
+    device ``qsl``, which may resize decodes); returns None when nothing trims."""
     B = len(qsl_host) - 1
     kept = []
     for b in range(B):
@@ -165,13 +172,17 @@ def plan_and_gather(qsl_host, prefilling, keeps, W, qsl, seq, R, positions, slot
     n_pad = n if pad_to is None else pad_to
     rows, out_qsl, kv_start = [], [0], []
     for b, s, e in requests(qsl):
-        rows.extend(range(e - kept[b], e))
-        out_qsl.append(out_qsl[-1] + kept[b])
-        kv_start.append(max(int(R[b]), int(seq[b]) - W) if trimmed[b] else int(R[b]))
-    rows += [0] * (n_pad - n)
+        dropped_inside = (qsl_host[b + 1] - qsl_host[b]) - kept[b]
+        kept_dev = (e - s) - dropped_inside  # a decode keeps its device rows, a trimmed prefill kept[b]
+        rows.extend(range(e - kept_dev, e))
+        out_qsl.append(out_qsl[-1] + kept_dev)
+        Rb = live(R[b], seq[b], e - s)
+        kv_start.append(max(Rb, int(seq[b]) - W) if trimmed[b] else Rb)
+    n_dev = len(rows)
+    rows = (rows + [0] * max(0, n_pad - n_dev))[:n_pad]
     G = slots.shape[0]
     g_slots = np.full((G, n_pad), PAD, np.int64)
-    for i, r in enumerate(rows[:n]):
+    for i, r in enumerate(rows[: min(n_dev, n_pad)]):
         g_slots[:, i] = slots[:, r]
     return {
         "rows": np.array(rows, np.int64),
