@@ -60,20 +60,24 @@ def pow2_shift(block_size: int) -> int:
 
 
 @triton.jit
-def write_graph_padding(pid, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad, BLOCK: tl.constexpr,
-                        GB: tl.constexpr):
-    """Graph padding of the decoder sub-batch, block ``pid`` of rows ``[n, n_pad)``: row 0,
-    its position, every slot PAD (``gather_replay_batch`` and the fused prepare; ``os_g``:
-    the output slot mappings' row stride)."""
+def write_graph_padding(pid, n_progs, qsl_ptr, drop_ptr, B, T, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n_pad,
+                        BLOCK: tl.constexpr, GB: tl.constexpr):
+    """Graph padding of the decoder sub-batch, program ``pid`` of ``n_progs``: rows from the
+    device's kept count ``query_start_loc[B] - dropped_before[B]`` (the host's count unless the
+    device resized decodes) to ``n_pad``, a block of ``BLOCK`` rows at a time: row 0, its
+    position, every slot PAD (``gather_replay_batch`` and the fused prepare; ``os_g``: the
+    output slot mappings' row stride)."""
     r = tl.arange(0, BLOCK)
     g = tl.arange(0, GB)
-    o = n + pid * BLOCK + r
-    m = o < n_pad
-    p0 = tl.load(pos_ptr + r * 0, mask=m, other=0)
-    tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
-    tl.store(opos_ptr + o, p0, mask=m)
-    for g0 in range(0, G, GB):
-        gg = g0 + g
-        gm = (gg[:, None] < G) & m[None, :]
-        tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
-                 mask=gm)
+    n_dev = tl.maximum(tl.load(qsl_ptr + B) - tl.load(drop_ptr + B), 0)
+    p0 = tl.load(pos_ptr + r * 0, mask=r * 0 < T, other=0)  # positions[0] (none in an empty batch)
+    for o0 in range(n_dev + pid * BLOCK, n_pad, n_progs * BLOCK):
+        o = o0 + r
+        m = o < n_pad
+        tl.store(rows_ptr + o, tl.zeros([BLOCK], tl.int64), mask=m)
+        tl.store(opos_ptr + o, p0, mask=m)
+        for g0 in range(0, G, GB):
+            gg = g0 + g
+            gm = (gg[:, None] < G) & m[None, :]
+            tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
+                     mask=gm)

@@ -35,10 +35,11 @@ def _combined_indices(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_pt
     end = tl.load(qsl_ptr + req + 1, mask=ok, other=0).to(tl.int64)
     seq = tl.load(seq_ptr + req, mask=ok, other=0).to(tl.int64)
     R = tl.load(rs_ptr + req, mask=ok, other=0).to(tl.int64)
+    q = end - start
+    R = tl.where(R <= seq - q, R, 0)  # a stale replay start (above the first position) replays nothing
     pos = seq - end + t
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     swa_len = tl.where(ok, pos - lo + 1, 0)
-    q = end - start
     gather_len = q + tl.minimum(tl.maximum(seq - q - R, 0), W - 1)  # prefill_gather_lens
     gather_start = seq - gather_len
     topk_len = tl.where(ok, tl.minimum((pos + 1) // ratio, top_k), 0)  # ratio 0: top_k passed as 0

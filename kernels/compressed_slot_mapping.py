@@ -14,7 +14,7 @@ BLOCK = 512
 
 @jit
 def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps,
-                             bs_c, ratio, BLOCK: tl.constexpr):
+                             bs_c, ratio, null_block, BLOCK: tl.constexpr):
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = t < T
     req = find_request(qsl_ptr, B, t, n_steps)
@@ -27,7 +27,7 @@ def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_
     block = tl.load(bt_ptr + req.to(tl.int64) * bt_s0 + col * bt_s1, mask=ok & (col >= 0), other=0).to(tl.int64)
     slot = block * bs_c + cp % bs_c
     tok = tl.load(tok_ptr + t, mask=m, other=PAD)
-    writes = ok & ((pos + 1) % ratio == 0) & (tok != PAD)
+    writes = ok & ((pos + 1) % ratio == 0) & (tok != PAD) & (block != null_block)  # -1: no null block
     tl.store(out_ptr + t, tl.where(writes, slot, PAD), mask=m)
 
 
@@ -36,11 +36,12 @@ _KEY = ()
 
 
 def compressed_slot_mapping(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *,
-                            out=None) -> torch.Tensor:
+                            null_block=0, out=None) -> torch.Tensor:
     """int64 [T]: token ``t`` at position ``p`` of request ``b`` writes a compressed entry
     only at closing positions ``(p + 1) % ratio == 0`` whose own token slot is not PAD, at
     ``block_table[b, (p // ratio) // bs_c] * bs_c + (p // ratio) % bs_c`` with
-    ``bs_c = block_size // ratio``; everything else is PAD. ``ratio == 1`` copies
+    ``bs_c = block_size // ratio``, unless that block is ``null_block`` (the engine's shared
+    null block; None: none); everything else is PAD. ``ratio == 1`` copies
     ``token_slots``. One launch (a copy for ratio 1), no host synchronisation.
     """
     T = token_slots.shape[0]
@@ -54,5 +55,5 @@ def compressed_slot_mapping(token_slots, query_start_loc, seq_lens, block_table,
     _K(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
        contiguous(token_slots), contiguous(query_start_loc), contiguous(seq_lens), block_table,
        block_table.stride(0), block_table.stride(1), block_table.shape[1], out, B, T, B.bit_length(),
-       block_size // ratio, ratio, BLOCK)
+       block_size // ratio, ratio, -1 if null_block is None else null_block, BLOCK)
     return out

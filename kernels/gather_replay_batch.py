@@ -4,11 +4,17 @@ Request programs, then padding programs, in one 1-D grid:
 
 * program ``b * S + s`` (``b < max(B, 1)``, ``s < S``) serves request ``b``. Its kept rows
   are the output rows ``[qsl[b] - dropped[b], qsl[b+1] - dropped[b+1])`` (the sub-batch
-  ``query_start_loc``), each gathered from row ``o + dropped[b+1]``; the program takes
-  every ``S``-th block of ``BLOCK`` of them (usually its only block). It also writes the
-  request's output ``query_start_loc`` entry (and entry ``B`` for the last request) and
-  its ``kv_start``;
-* the padding programs write rows ``[n, n_pad)``: row 0, its position, every slot PAD.
+  ``query_start_loc``, on the *device* ``qsl``: a decode resized there keeps its device
+  rows), each gathered from row ``o + dropped[b+1]``; the program takes every ``S``-th block
+  of ``BLOCK`` of them (usually its only block). It also writes the request's output
+  ``query_start_loc`` entry (and entry ``B`` for the last request) and its ``kv_start``;
+* the padding programs write rows from the device's kept count ``qsl[B] - dropped[B]`` to
+  ``n_pad``: row 0, its position, every slot PAD (at least one padding program, so rows a
+  device-shrunk batch leaves below the host's count are padded too).
+
+Every store is masked to the output buffers' ``n_pad`` rows and every gather to the batch's
+``T`` rows, whatever the device ``qsl`` says: a batch outside the contract (validation off)
+gets wrong rows, never a write or read outside the tensors.
 
 Global-memory round trips per program, all independent loads of a round issued together:
 one for the request's scalars (``qsl``, ``dropped`` -- trimmed where it grows --, ``seq_lens``,
@@ -42,7 +48,7 @@ MAX_REQUEST_PROGRAMS = 4096  # bound on B * S (programs per request S >= 1)
 @jit
 def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
-                         B, G, n, n_pad, W, S, req_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
+                         B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
                          UNIT_T: tl.constexpr):
     pid = tl.program_id(0)
     r = tl.arange(0, BLOCK)
@@ -59,6 +65,7 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, 
         R = tl.load(rs_ptr + b, mask=has, other=0)
         seq = tl.load(seq_ptr + b, mask=has, other=0)
         trimmed = d1 > d0  # rows dropped inside the request: kept < q
+        R = tl.where(R <= seq - (q1 - q0), R, 0)  # a stale replay start (above the first position): none
         start = q0 - d0
         end = tl.where(has, q1 - d1, start)
         if s == 0:
@@ -66,28 +73,32 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, 
             tl.store(oqsl_ptr + B, end, mask=has & (b == B - 1))
             kv = tl.where(trimmed, tl.maximum(R, seq - W), R)
             tl.store(kv_ptr + b, kv, mask=has)
-        # round trip 2: positions and slots of the request's rows, a block at a time
-        for o0 in range(start + s * BLOCK, end, S * BLOCK):
+        # round trip 2: positions and slots of the request's rows, a block at a time, never
+        # past the output's n_pad rows (a device qsl longer than the plan: its rows are dropped)
+        for o0 in range(tl.maximum(start, 0) + s * BLOCK, tl.minimum(end, n_pad), S * BLOCK):
             o = o0 + r
-            m = o < end
             row = (o + d1).to(tl.int64)
+            m = (o < end) & (o < n_pad)
+            mr = m & (row < T) & (row >= 0)  # the batch's rows only
+            gr = (g[:, None] < G) & mr[None, :]
             gm = (g[:, None] < G) & m[None, :]
-            p = tl.load(pos_ptr + row, mask=m, other=0)
+            p = tl.load(pos_ptr + row, mask=mr, other=0)
             if UNIT_T:  # the slot rows contiguous (usual): load and store tiles share one layout
                 tok = row[None, :]
             else:
                 tok = row[None, :] * s_t
-            sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
+            sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + tok, mask=gr, other=PAD)
             tl.store(rows_ptr + o, row, mask=m)
             tl.store(opos_ptr + o, p, mask=m)
             tl.store(oslot_ptr + g[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
             for g0 in range(GB, G, GB):  # more than GB groups (rare)
                 gg = g0 + g
                 gm = (gg[:, None] < G) & m[None, :]
-                sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
+                sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + tok, mask=gm & mr[None, :], other=PAD)
                 tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
     else:
-        write_graph_padding(pid - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad, BLOCK, GB)
+        write_graph_padding(pid - req_progs, pad_progs, qsl_ptr, drop_ptr, B, T, pos_ptr, rows_ptr, opos_ptr, oslot_ptr,
+                            os_g, G, n_pad, BLOCK, GB)
 
 _K = Kernel(_gather_replay_batch)
 _KEYS = ((False,), (True,))  # by UNIT_T
@@ -106,7 +117,8 @@ def plan_launch(plan, positions) -> tuple:
     n, n_pad, B = plan.num_rows, plan.num_rows_padded, plan.num_reqs
     longest = int(plan.kept.max()) if B else 0
     S = max(1, min(-(-longest // BLOCK), MAX_REQUEST_PROGRAMS // max(B, 1)))
-    req_progs, pad_progs = max(B, 1) * S, -(-(n_pad - n) // BLOCK)
+    # at least one padding program: the device's kept count may fall below the host's
+    req_progs, pad_progs = max(B, 1) * S, max(-(-(n_pad - n) // BLOCK), 1 if n_pad else 0)
     entry = (dropped, B, n, n_pad, S, req_progs, pad_progs, (req_progs + pad_progs, 1, 1))
     plan._launch_cache[positions.get_device()] = entry
     return entry
@@ -114,17 +126,19 @@ def plan_launch(plan, positions) -> tuple:
 
 def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
                         out=None) -> ReplayBatch:
-    """Request ``i`` keeps its last ``kept_i`` rows before its end ``query_start_loc[i+1]``
-    (the *device* copy); they land at ``end - dropped_before[i+1]``. Returns ``rows``,
-    ``query_start_loc``, ``positions``, ``slot_mappings`` and ``kv_start`` (``max(R,
-    seq_len - W)`` for trimmed requests, ``R`` otherwise). Rows past ``num_rows`` (graph
-    padding) gather row 0 with every slot PAD. One launch; no host synchronisation once the
-    plan's device copy exists (``plan.device_dropped_before(device)``, made on first use).
+    """The sub-batch on the *device* ``query_start_loc``: request ``i``'s kept rows are the
+    output rows ``[qsl[i] - dropped_before[i], qsl[i+1] - dropped_before[i+1])``, gathered
+    from the last rows before its end (a decode resized on the device keeps its device rows).
+    Returns ``rows``, ``query_start_loc``, ``positions``, ``slot_mappings`` and ``kv_start``
+    (``max(R, seq_len - W)`` for trimmed requests, ``R`` otherwise; a stale R counts as 0).
+    Rows from the device's kept count to ``num_rows_padded`` (graph padding) gather row 0 with
+    every slot PAD. One launch; no host synchronisation once the plan's device copy exists
+    (``plan.device_dropped_before(device)``, made on first use).
     """
     entry = plan._launch_cache.get(positions.get_device())
     if entry is None:
         entry = plan_launch(plan, positions)
-    dropped, B, n, n_pad, S, req_progs, _, grid = entry
+    dropped, B, n, n_pad, S, req_progs, pad_progs, grid = entry
     G = slot_mappings.shape[0]
     if out is None:
         out = allocate_out(plan, G, positions.device)
@@ -136,8 +150,8 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
        seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
        replay_start if replay_start.is_contiguous() else replay_start.contiguous(),
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
-       rows, oqsl, opos, oslot, oslot.stride(0) if G > 1 else n_pad, kv, B, G, n, n_pad, W, S, req_progs, BLOCK, GB,
-       s_t == 1)
+       rows, oqsl, opos, oslot, oslot.stride(0) if G > 1 else n_pad, kv, B, G, positions.shape[0], n_pad, W, S,
+       req_progs, pad_progs, BLOCK, GB, s_t == 1)
     return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad)
 
 

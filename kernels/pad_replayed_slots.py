@@ -25,7 +25,8 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
     ok = m & (req < B)
     R = tl.load(rs_ptr + req, mask=ok, other=0).to(tl.int64)
     p = tl.load(pos_ptr + t, mask=ok, other=0)
-    replayed = ok & (R > 0) & (p >= R) & (p < R + Wr)
+    first = tl.load(pos_ptr + tl.load(qsl_ptr + req, mask=ok, other=0), mask=ok, other=0)
+    replayed = ok & (R > 0) & (R <= first) & (p >= R) & (p < R + Wr)  # R above the first position: stale
     col = t.to(tl.int64) * s_t
     for k in range(n_groups):
         g = tl.load(groups_ptr + k).to(tl.int64)
@@ -39,7 +40,8 @@ _KEY = ()
 def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
                        any_replay=None) -> torch.Tensor:
     """In place: ``slot_mappings[g, t] = PAD`` for ``g`` in ``cacheable_groups`` and every
-    token ``t`` of a request with ``R > 0`` and ``R <= positions[t] < R + Wr``.
+    token ``t`` of a request with ``R > 0`` and ``R <= positions[t] < R + Wr``, unless ``R``
+    is stale (above the request's first position).
 
     Window (non-cacheable) groups and columns past ``query_start_loc[B]`` are untouched.
     ``any_replay=False`` (host knowledge that every R is 0) returns without any launch.

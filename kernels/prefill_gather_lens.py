@@ -20,6 +20,7 @@ def _prefill_gather_lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK: tl.cons
     seq = tl.load(seq_ptr + b, mask=m, other=0).to(tl.int64)
     R = tl.load(rs_ptr + b, mask=m, other=0).to(tl.int64)
     q = end - start
+    R = tl.where(R <= seq - q, R, 0)  # a stale replay start (above the first position) replays nothing
     back = tl.minimum(tl.maximum(seq - q - R, 0), W - 1)
     tl.store(out_ptr + b, (q + back).to(tl.int32), mask=m)
 
@@ -29,8 +30,8 @@ _KEY = ()
 
 
 def prefill_gather_lens(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.Tensor:
-    """int32 [B]: ``q + min(max(prefix - R, 0), W - 1)``; the chunk gathers window KV of
-    positions ``[seq_len - gather_len, seq_len)``. One launch."""
+    """int32 [B]: ``q + min(max(prefix - R, 0), W - 1)`` (a stale ``R > prefix`` counts as 0);
+    the chunk gathers window KV of positions ``[seq_len - gather_len, seq_len)``. One launch."""
     B = query_start_loc.shape[0] - 1
     if out is None:
         out = torch.empty(max(B, 0), dtype=INDEX_DTYPE, device=query_start_loc.device)

@@ -118,7 +118,9 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
     ok = m & (req < B)
     R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, ok)
     seq = tl.load(seq_ptr + req, mask=ok, other=0)
+    start = tl.load(qsl_ptr + req, mask=ok, other=0)
     end = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
+    R = tl.where(R <= seq - (end - start), R, 0)  # the live replay start: a stale one pads and clamps nothing
     t64 = t.to(tl.int64)
     if DO_PAD and cb == 0:
         p = tl.load(pos_ptr + t, mask=ok, other=0)
@@ -156,13 +158,15 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
 
 @triton.jit
 def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
-                         n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
-                         kv_ptr, gl_ptr, g_from, B, G, W, Wr, S, DO_PAD: tl.constexpr, HAS_GL: tl.constexpr,
+                         n_groups, rs_out_ptr, stale_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
+                         kv_ptr, gl_ptr, g_from, B, G, T, n_pad, W, Wr, S, DO_PAD: tl.constexpr, HAS_GL: tl.constexpr,
                          BLOCK: tl.constexpr, GB: tl.constexpr, KB: tl.constexpr, UNIT_T: tl.constexpr):
-    """Request ``pid // S``: its replay start, sub-batch ``query_start_loc`` entry,
-    ``kv_start`` and (``HAS_GL``, from request ``g_from`` on) gather length (the first of
-    its ``S`` programs), and every ``S``-th block of its kept rows, their slots padded by
-    the same condition the token role pads with."""
+    """Request ``pid // S``: its live replay start and stale flag, sub-batch
+    ``query_start_loc`` entry, ``kv_start`` and (``HAS_GL``, from request ``g_from`` on)
+    gather length (the first of its ``S`` programs), and every ``S``-th block of its kept
+    rows on the device ``qsl`` (as ``gather_replay_batch``: stores inside the ``n_pad``
+    output rows, gathers inside the batch's ``T``), their slots padded by the same
+    condition the token role pads with."""
     r = tl.arange(0, BLOCK)
     g = tl.arange(0, GB)
     b = pid // S
@@ -175,10 +179,13 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
     seq = tl.load(seq_ptr + b, mask=has, other=0)
     trimmed = d1 > d0  # rows dropped inside the request: kept < q
     R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, has)
+    stale = R > seq - (q1 - q0)
+    R = tl.where(stale, 0, R)
     start = q0 - d0
     end = tl.where(has, q1 - d1, start)
     if s == 0:
         tl.store(rs_out_ptr + b, R, mask=has)
+        tl.store(stale_ptr + b, stale.to(tl.int32), mask=has)
         tl.store(oqsl_ptr + b, start)
         tl.store(oqsl_ptr + B, end, mask=has & (b == B - 1))
         tl.store(kv_ptr + b, tl.where(trimmed, tl.maximum(R, seq - W), R), mask=has)
@@ -188,17 +195,18 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
     cacheable = tl.zeros([GB], tl.int32)
     if DO_PAD:
         cacheable = _cacheable(groups_ptr, n_groups, g, KB)
-    for o0 in range(start + s * BLOCK, end, S * BLOCK):
+    for o0 in range(tl.maximum(start, 0) + s * BLOCK, tl.minimum(end, n_pad), S * BLOCK):
         o = o0 + r
-        m = o < end
         row = (o + d1).to(tl.int64)
+        m = (o < end) & (o < n_pad)
+        mr = m & (row < T) & (row >= 0)  # the batch's rows only
         gm = (g[:, None] < G) & m[None, :]
-        p = tl.load(pos_ptr + row, mask=m, other=0)
+        p = tl.load(pos_ptr + row, mask=mr, other=0)
         if UNIT_T:  # the slot rows contiguous (usual): load and store tiles share one layout
             tok = row[None, :]
         else:
             tok = row[None, :] * s_t
-        sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
+        sl = tl.load(slot_ptr + g[:, None].to(tl.int64) * s_g + tok, mask=gm & mr[None, :], other=PAD)
         replayed = m & (R64 > 0) & (p >= R64) & (p < R64 + Wr)
         if DO_PAD:
             sl = tl.where(replayed[None, :] & (cacheable[:, None] != 0), PAD, sl)
@@ -208,7 +216,7 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
         for g0 in range(GB, G, GB):  # more than GB groups (rare)
             gg = g0 + g
             gm = (gg[:, None] < G) & m[None, :]
-            sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + tok, mask=gm, other=PAD)
+            sl = tl.load(slot_ptr + gg[:, None].to(tl.int64) * s_g + tok, mask=gm & mr[None, :], other=PAD)
             if DO_PAD:
                 more = _cacheable(groups_ptr, n_groups, gg, KB)
                 sl = tl.where(replayed[None, :] & (more[:, None] != 0), PAD, sl)
@@ -218,10 +226,10 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
 @jit
 def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
-                         rs_out_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
+                         rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
                          gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
-                         B, T, G, width, n, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
-                         req_progs,
+                         B, T, G, width, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
+                         req_progs, pad_progs,
                          DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
                          HAS_GL: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
@@ -235,23 +243,25 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
     elif HAS_PLAN:
         if pid < tok_tiles + req_progs:
             _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
-                                 s_g, s_t, groups_ptr, n_groups, rs_out_ptr, drop_ptr, rows_ptr, oqsl_ptr,
-                                 opos_ptr, oslot_ptr, os_g, kv_ptr, gl_ptr, g_from, B, G, W, Wr, S, DO_PAD, HAS_GL,
-                                 BLOCK, GB, KB, UNIT_T)
+                                 s_g, s_t, groups_ptr, n_groups, rs_out_ptr, stale_ptr, drop_ptr, rows_ptr, oqsl_ptr,
+                                 opos_ptr, oslot_ptr, os_g, kv_ptr, gl_ptr, g_from, B, G, T, n_pad, W, Wr, S, DO_PAD,
+                                 HAS_GL, BLOCK, GB, KB, UNIT_T)
         else:
-            write_graph_padding(pid - tok_tiles - req_progs, pos_ptr, rows_ptr, opos_ptr, oslot_ptr, os_g, G, n, n_pad,
-                                BLOCK, GB)
+            write_graph_padding(pid - tok_tiles - req_progs, pad_progs, qsl_ptr, drop_ptr, B, T, pos_ptr, rows_ptr,
+                                opos_ptr, oslot_ptr, os_g, G, n_pad, BLOCK, GB)
     else:
         b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         mb = b < B
         R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, mb)
+        q0 = tl.load(qsl_ptr + b, mask=mb, other=0)
+        q1 = tl.load(qsl_ptr + b + 1, mask=mb, other=0)
+        seq = tl.load(seq_ptr + b, mask=mb, other=0)
+        stale = R > seq - (q1 - q0)
+        R = tl.where(stale, 0, R)
         tl.store(rs_out_ptr + b, R, mask=mb)
+        tl.store(stale_ptr + b, stale.to(tl.int32), mask=mb)
         if HAS_GL:
-            mg = mb & (b >= g_from)
-            q0 = tl.load(qsl_ptr + b, mask=mg, other=0)
-            q1 = tl.load(qsl_ptr + b + 1, mask=mg, other=0)
-            seq = tl.load(seq_ptr + b, mask=mg, other=0)
-            tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=mg)
+            tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=mb & (b >= g_from))
 
 
 def _compile_options(key: tuple) -> dict:
@@ -280,7 +290,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     if out is None:
         out = allocate_out(B, T, width, positions.device, plan, G, prefill_from=prefill_from,
                            gather_lens_from=gather_lens_from)
-    rs, swa, lens = out["replay_start"], out["swa_indices"], out["swa_lens"]
+    rs, swa, lens, stale = out["replay_start"], out["swa_indices"], out["swa_lens"], out["stale_replay"]
     pswa = out["prefill_swa_indices"] if split else None
     plens = out["prefill_swa_lens"] if split else None
     gl = out["gather_lens"] if has_gl else None
@@ -301,7 +311,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         os_g = oslot.stride()[0] if G > 1 else n_pad
     else:
         dropped = rows = oqsl = opos = oslot = kv = None
-        n = n_pad = req_progs = os_g = 0
+        n_pad = req_progs = pad_progs = os_g = 0
         S = 1
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
@@ -316,13 +326,13 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
        cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
        block_table, bt_s0, bt_s1, block_table.shape[1],
-       rs, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
+       rs, stale, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
        valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv,
-       B, T, G, width, n, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, do_pad, plan is not None, split, has_valid, has_gl, bt, bw, BLOCK, BLOCK_R,
+       B, T, G, width, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
+       tok_tiles, req_progs, pad_progs, do_pad, plan is not None, split, has_valid, has_gl, bt, bw, BLOCK, BLOCK_R,
        GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
-    return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl))
+    return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale))
 
 
 _pow2_shift = functools.lru_cache(maxsize=64)(pow2_shift)

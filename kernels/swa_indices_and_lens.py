@@ -40,8 +40,10 @@ def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols
     if HAS_VALID:
         ok = ok & (tl.load(valid_ptr + t, mask=m, other=0) != 0)
     seq = tl.load(seq_ptr + req, mask=ok, other=0)
+    start = tl.load(qsl_ptr + req, mask=ok, other=0)
     end = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
     R = tl.load(rs_ptr + req, mask=ok, other=0)
+    R = tl.where(R <= seq - (end - start), R, 0)  # a stale replay start (above the first position) clamps nothing
     pos = seq - (end - ta)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)
@@ -65,7 +67,8 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
                          out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices int32 [T, index_width], lens int32 [T])``.
 
-    Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``,
+    Token at position ``p``: ``lens = p - lo(p) + 1`` with ``lo(p) = max(p - W + 1, 0, R)``
+    (a stale ``R``, above the request's first position, counts as 0),
     ``indices[t, j] = slot(lo(p) + j)`` for ``j < lens`` through the block table, PAD after.
     Invalid tokens (past ``query_start_loc[B]`` or ``valid[t]`` False): ``lens = 0``, row
     all PAD. T is ``num_tokens``, else ``len(valid)``, else ``query_start_loc[-1]`` (a

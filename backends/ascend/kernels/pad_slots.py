@@ -21,7 +21,8 @@ def _pad_kernel(slots_ptr, slots_stride, slots_col_stride, groups_ptr, num_group
         ok = b < B
         R = tl.load(r_ptr + b, mask=ok, other=0).to(tl.int64)
         p = tl.load(pos_ptr + t)
-        replayed = ok & (R > 0) & (p >= R) & (p < R + Wr)
+        first = tl.load(pos_ptr + tl.load(qsl_ptr + b, mask=ok, other=0), mask=ok, other=0)
+        replayed = ok & (R > 0) & (R <= first) & (p >= R) & (p < R + Wr)  # R above the first position: stale
         for gi in range(0, num_groups):
             g = tl.load(groups_ptr + gi).to(tl.int64)
             tl.store(slots_ptr + g * slots_stride + t * slots_col_stride, -1, mask=replayed)  # -1: PAD

@@ -33,6 +33,7 @@ def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx
         end = tl.load(qsl_ptr + b + 1, mask=ok, other=0)
         seq = tl.load(seq_ptr + b, mask=ok, other=0)
         R = tl.load(r_ptr + b, mask=ok, other=0)
+        R = tl.where(R <= seq - (end - start), R, 0)  # a stale replay start (above the first position): none
         pos = seq - (end - start) + (ta - start)
         lo = tl.maximum(tl.maximum(pos - W + 1, 0), R)  # the clamp contract
         n = tl.where(ok, pos - lo + 1, 0)

@@ -165,3 +165,78 @@ def test_gather_replay_batch(be, seed, name, pad_to):
         assert torch.equal(mine["rows"][n:n_pad], torch.zeros(pad_to, dtype=torch.int64, device=DEVICE))
         assert torch.equal(mine["pos"][n:n_pad], b.positions[:1].expand(pad_to))
         assert torch.equal(bufs["rows"][n:n_pad], _poison((max_tokens,), torch.int64)[n:n_pad])
+
+
+def _resized_cases():
+    """Speculative-decode batches whose decodes adaptive verification resized on the device:
+    the host plan counts each decode at another length. ``same``: rows moved between decodes
+    (the batch's total unchanged, as vLLM 0.33's verification does); ``fewer`` / ``more``: the
+    device total one or two rows off, inside the sub-batch buffers."""
+    out = []
+    for seed in range(6):
+        for how in ("same", "fewer", "more"):
+            out.append((seed, how))
+    return out
+
+
+@pytest.mark.parametrize("validate", [True, False], ids=["checked", "unchecked"])
+@pytest.mark.parametrize("seed,how", _resized_cases(), ids=[f"{h}-{s}" for s, h in _resized_cases()])
+def test_gather_replay_batch_follows_device_resized_decodes(be, seed, how, validate):
+    import numpy as np
+
+    from swa_backends import validation
+
+    rng = np.random.default_rng(100 + seed)
+    b = _cases.make_batch(rng, W=16, block_size=8, spec=3, num_decodes=4, kinds=("replay", "long", "cold", "long"),
+                          device=DEVICE)
+    dev_q = b.q[: b.num_decodes]  # what the device verifies
+    host_q = b.q.copy()
+    host_q[: b.num_decodes] = rng.permutation(dev_q)
+    while np.array_equal(host_q[: b.num_decodes], dev_q):  # resized, not merely the same
+        host_q[: b.num_decodes] = rng.integers(1, 5, b.num_decodes)
+        host_q[0] += int(dev_q.sum() - host_q[: b.num_decodes].sum())
+        if host_q[0] < 1:
+            host_q[: b.num_decodes] = dev_q[::-1] + np.arange(b.num_decodes) % 2
+    if how == "fewer":  # the device verifies a row fewer than the host counted
+        host_q[0] += 1
+    elif how == "more":  # ... or a row more
+        i = int(np.argmax(host_q[: b.num_decodes]))
+        if host_q[i] < 2:
+            pytest.skip("every decode counted at one row: none can be counted shorter")
+        host_q[i] -= 1
+    host_qsl = np.concatenate([[0], np.cumsum(host_q)]).astype(np.int32)
+    kept = np.where(b.is_prefilling & ~b.keeps_rows, np.minimum(host_q, b.W), host_q)
+    n_host = int(kept.sum())
+    n_dev = n_host + int(dev_q.sum() - host_q[: b.num_decodes].sum())
+    n_pad = max(n_host, n_dev) + 2
+    B, G, max_tokens = b.B_all, b.slots.shape[0], b.T_pad + 16
+    dropped_np = runtime.dropped_before(kept, host_qsl)
+    dropped = torch.tensor(dropped_np, device=DEVICE)
+    bufs = {"rows": _poison((max_tokens,), torch.int64), "qsl": _poison((B + 3,), torch.int32),
+            "pos": _poison((max_tokens,), torch.int64), "slots": _poison((G, max_tokens), torch.int64),
+            "kv": _poison((B + 3,), torch.int32)}
+    mine = {k: v.clone() for k, v in bufs.items()}
+    kept_w = vk.gather_replay_batch(KERNELS, b.qsl, dropped, b.seq, b.R_t, b.positions, b.slots, bufs["rows"],
+                                    bufs["qsl"], bufs["pos"], bufs["slots"], bufs["kv"], b.W, B, n_host, n_pad)
+    plan = runtime.replay_plan(kept, host_qsl, n_pad, b.W, dropped=dropped_np, device_dropped=dropped,
+                               is_prefilling=b.is_prefilling)
+    kept_g = mine["slots"][:, :n_pad]
+    out = {"rows": mine["rows"][:n_pad], "query_start_loc": mine["qsl"][: B + 1], "positions": mine["pos"][:n_pad],
+           "slot_mappings": kept_g, "kv_start": mine["kv"][:B]}
+    with validation(validate):  # a resized batch is valid: no ValueError, the same rows checked or not
+        runtime.gather_replay_batch(be, plan, b.qsl, b.seq, b.R_t, b.positions, b.slots, b.W, out)
+    assert int(mine["qsl"][B]) == n_dev
+    # the device's kept rows, as vLLM's kernel gathers them
+    assert torch.equal(mine["qsl"][: B + 1], bufs["qsl"][: B + 1])
+    assert torch.equal(mine["rows"][:n_dev], bufs["rows"][:n_dev])
+    assert torch.equal(mine["pos"][:n_dev], bufs["pos"][:n_dev])
+    assert torch.equal(kept_g[:, :n_dev], kept_w[:, :n_dev])
+    assert torch.equal(mine["kv"][:B], bufs["kv"][:B])
+    # past them, up to the sub-batch's size: padding (vLLM: PAD from its host count on, its
+    # kernel's rows below; rows the device dropped stay stale there)
+    assert kept_g[:, n_dev:].eq(-1).all() and mine["rows"][n_dev:n_pad].eq(0).all()
+    if how == "same":
+        assert torch.equal(kept_g, kept_w)
+    # nothing written past the sub-batch's buffers
+    assert torch.equal(mine["rows"][n_pad:], _poison((max_tokens,), torch.int64)[n_pad:])
+    assert torch.equal(mine["slots"][:, n_pad:], _poison((G, max_tokens), torch.int64)[:, n_pad:])
