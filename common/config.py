@@ -13,6 +13,9 @@ from .validation import fail
 
 GRAPH_MODES = ("none", "decode_only", "piecewise", "full", "full_and_piecewise")
 MODEL_RUNNERS = ("v1", "v2")
+#: Speculative drafters by kind (vLLM's ``speculative_config.method``, its MTP model types
+#: folded into ``mtp`` and ``ngram_gpu`` into ``ngram``); ``none``: no speculative decoding.
+DRAFTERS = ("none", "dspark", "mtp", "eagle", "eagle3", "dflash", "draft_model", "ngram", "suffix", "other")
 
 
 @dataclass(frozen=True)
@@ -20,12 +23,16 @@ class ServingConfig:
     """``model_runner``: the engine's model runner (vLLM V2 pads replayed writes);
     ``*_parallel_size``: PP / PCP (prefill context) / DCP (decode context) / DP;
     ``stage_holds_all_layers_after_cut``: this pipeline stage holds every layer after the
-    cut; ``sequence_parallel_moe``; ``dsa_context_parallel`` (Ascend); ``microbatching``;
-    ``drafter_window`` / ``drafter_aux_layers`` (speculative drafter); ``cut_layer``
-    (last KV-source layer; needed to judge aux layers); ``engram_after_cut``; ``lora``;
-    ``graph_mode`` (none, decode_only, piecewise, full, full_and_piecewise);
-    ``async_scheduling``; ``kv_connector_owns_scheduling`` (a connector that drives the
-    scheduler, e.g. disaggregated modes); ``window``: W."""
+    cut; ``sequence_parallel_moe``; ``mega_moe`` (a MegaMoE backend: fused EP dispatch,
+    expert GEMMs and combine); ``dsa_context_parallel`` (Ascend); ``microbatching``;
+    ``drafter``: the speculative drafter's kind (one of :data:`DRAFTERS`, ``none`` without
+    speculative decoding); ``drafter_window`` / ``drafter_aux_layers``: its window (None:
+    unknown, or a drafter that reads no hidden states) and aux layers, both only with a
+    drafter; ``cut_layer`` (last KV-source layer; needed to judge aux layers);
+    ``engram_after_cut``; ``lora``; ``graph_mode`` (none, decode_only, piecewise, full,
+    full_and_piecewise); ``async_scheduling``; ``kv_connector`` (a KV connector is
+    configured); ``kv_connector_owns_scheduling`` (that connector drives the scheduler,
+    e.g. disaggregated modes); ``window``: W."""
 
     model_runner: str = "v2"
     pipeline_parallel_size: int = 1
@@ -34,8 +41,10 @@ class ServingConfig:
     data_parallel_size: int = 1
     stage_holds_all_layers_after_cut: bool = True
     sequence_parallel_moe: bool = False
+    mega_moe: bool = False
     dsa_context_parallel: bool = False
     microbatching: bool = False
+    drafter: str = "none"
     drafter_window: int | None = None
     drafter_aux_layers: tuple[int, ...] = ()
     cut_layer: int | None = None
@@ -43,6 +52,7 @@ class ServingConfig:
     lora: bool = False
     graph_mode: str = "full_and_piecewise"
     async_scheduling: bool = True
+    kv_connector: bool = False
     kv_connector_owns_scheduling: bool = False
     window: int = 128
 
@@ -58,6 +68,8 @@ class ServingConfig:
             fail(op, "model_runner", self.model_runner, f"one of {MODEL_RUNNERS}")
         if self.graph_mode not in GRAPH_MODES:
             fail(op, "graph_mode", self.graph_mode, f"one of {GRAPH_MODES}")
+        if self.drafter not in DRAFTERS:
+            fail(op, "drafter", self.drafter, f"one of {DRAFTERS}")
         if self.drafter_window is not None and (isinstance(self.drafter_window, bool) or not isinstance(self.drafter_window, int) or self.drafter_window < 1):
             fail(op, "drafter_window", self.drafter_window, "None or an int >= 1")
         if not isinstance(self.drafter_aux_layers, tuple) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.drafter_aux_layers):
@@ -66,6 +78,12 @@ class ServingConfig:
             fail(op, "cut_layer", self.cut_layer, "None or a layer id (int >= 0)")
         if self.drafter_aux_layers and self.cut_layer is None:
             fail(op, "cut_layer", None, "the last KV-source layer id when drafter_aux_layers are given")
+        if self.drafter == "none" and (self.drafter_window is not None or self.drafter_aux_layers):
+            fail(op, "drafter", "none", f"the drafter's kind (one of {DRAFTERS[1:]}) when drafter_window or "
+                                        "drafter_aux_layers are given")
+        if self.kv_connector_owns_scheduling and not self.kv_connector:
+            fail(op, "kv_connector", False, "True when kv_connector_owns_scheduling=True (that connector is a KV "
+                                            "connector)")
 
     def fields_for_rules(self) -> dict[str, object]:
         """The config as rule fields, plus the derived ones rules may name:
@@ -117,7 +135,8 @@ def _rule_field_kinds() -> dict[str, tuple[str, tuple | None]]:
     kinds: dict[str, tuple[str, tuple | None]] = {}
     for f in fields(ServingConfig):
         kind = {"bool": "bool", "int": "int", "int | None": "int?", "tuple[int, ...]": "ints"}.get(f.type, "str")
-        kinds[f.name] = (kind, {"model_runner": MODEL_RUNNERS, "graph_mode": GRAPH_MODES}.get(f.name))
+        kinds[f.name] = (kind, {"model_runner": MODEL_RUNNERS, "graph_mode": GRAPH_MODES,
+                                "drafter": DRAFTERS}.get(f.name))
     kinds["drafter_window_exceeds_window"] = ("bool", None)
     kinds["drafter_aux_at_or_before_cut"] = ("bool", None)
     kinds["platform"] = ("str", PLATFORMS)

@@ -39,16 +39,34 @@ def graph_mode(vllm_config) -> str:
     return GRAPH_MODES.get(name, "none" if mode is None else "full_and_piecewise")
 
 
-def sequence_parallel_moe(vllm_config) -> bool:
-    """vLLM's ``_use_sequence_parallel`` (DeepSeek-V4.1 ``nvidia/model.py``): PP 1, expert
-    parallel, TP > 1 and (a MegaMoE backend or DP > 1)."""
+#: vLLM 0.33's ``vllm.config.kernel.MEGA_MOE_BACKENDS``, for configs built without vLLM (the
+#: vLLM stage checks it against vLLM's own)
+MEGA_MOE_BACKENDS_0_33 = frozenset({"deep_gemm_mega_moe", "flashinfer_moe_ep_cutedsl",
+                                    "flashinfer_moe_ep_mega_deep_gemm"})
+
+
+def _mega_moe_backends() -> frozenset:
     try:
         from vllm.config.kernel import MEGA_MOE_BACKENDS
     except Exception:  # noqa: BLE001 - config objects built without vLLM (tests)
-        MEGA_MOE_BACKENDS = ()
+        return MEGA_MOE_BACKENDS_0_33
+    return frozenset(MEGA_MOE_BACKENDS)
+
+
+def mega_moe(vllm_config) -> bool:
+    """The MoE backend is a MegaMoE kernel: one of vLLM's ``MEGA_MOE_BACKENDS`` (what
+    DeepSeek-V4.1's PCP check refuses) or ``aiter_mega_moe`` (ROCm's, which vLLM's LoRA check
+    refuses as a MegaMoE too)."""
+    backend = getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", None)
+    return backend in _mega_moe_backends() or backend == "aiter_mega_moe"
+
+
+def sequence_parallel_moe(vllm_config) -> bool:
+    """vLLM's ``_use_sequence_parallel`` (DeepSeek-V4.1 ``nvidia/model.py``): PP 1, expert
+    parallel, TP > 1 and (a MegaMoE backend or DP > 1)."""
     pc = vllm_config.parallel_config
     kernel = getattr(vllm_config, "kernel_config", None)
-    mega = getattr(kernel, "moe_backend", None) in MEGA_MOE_BACKENDS
+    mega = getattr(kernel, "moe_backend", None) in _mega_moe_backends()
     return bool(pc.pipeline_parallel_size == 1 and getattr(pc, "enable_expert_parallel", False)
                 and getattr(pc, "tensor_parallel_size", 1) > 1 and (mega or pc.data_parallel_size > 1))
 
@@ -76,6 +94,28 @@ def stage_holds_all_layers_after_cut(vllm_config, pp_rank: int | None = None) ->
     return cut is not None and start <= cut and end >= num_layers
 
 
+#: vLLM's speculative methods (``speculative_config.method`` after its post-init) ->
+#: ``ServingConfig.drafter``; any other method is ``other``
+DRAFTER_KINDS = {"dspark": "dspark", "mtp": "mtp", "eagle": "eagle", "eagle3": "eagle3", "dflash": "dflash",
+                 "draft_model": "draft_model", "ngram": "ngram", "ngram_gpu": "ngram", "suffix": "suffix"}
+
+
+def drafter(vllm_config) -> str:
+    """The speculative drafter's kind: ``none`` without a ``speculative_config``, else its
+    method by :data:`DRAFTER_KINDS`; an MTP model type (``deepseek_mtp``, ...: vLLM's post-init
+    folds them into ``mtp``, and every one ends in ``_mtp``) is ``mtp``; ``custom_class``,
+    ``extract_hidden_states`` or a method this release does not know is ``other``."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return "none"
+    method = getattr(spec, "method", None)
+    if method in DRAFTER_KINDS:
+        return DRAFTER_KINDS[method]
+    if isinstance(method, str) and method.endswith("_mtp"):
+        return "mtp"
+    return "other"
+
+
 def drafter_window(vllm_config) -> int | None:
     """The drafter's window as the pack judges it: None without a drafter; the draft
     model's ``sliding_window`` when every draft layer is a sliding-window layer; else
@@ -100,7 +140,8 @@ def serving_config(vllm_config, *, pp_rank: int | None = None) -> ServingConfig:
     starts at the cut layer (it writes every row's KV, then runs trimmed).
     ``drafter_aux_layers`` stays empty: vLLM 0.33 hands the drafter the replay layers'
     aux hidden states for the kept rows and gates the drafter by its window instead
-    (``drafter_window``)."""
+    (``drafter_window``). ``kv_connector`` and ``kv_connector_owns_scheduling`` are both
+    "a ``kv_transfer_config`` is set": vLLM's PCP check refuses any connector."""
     pc = vllm_config.parallel_config
     text = _text_config(vllm_config)
     cut = cut_layer(vllm_config)
@@ -114,13 +155,16 @@ def serving_config(vllm_config, *, pp_rank: int | None = None) -> ServingConfig:
         data_parallel_size=int(pc.data_parallel_size),
         stage_holds_all_layers_after_cut=stage_holds_all_layers_after_cut(vllm_config, pp_rank),
         sequence_parallel_moe=sequence_parallel_moe(vllm_config),
+        mega_moe=mega_moe(vllm_config),
         microbatching=bool(getattr(pc, "use_ubatching", False)),
+        drafter=drafter(vllm_config),
         drafter_window=drafter_window(vllm_config),
         cut_layer=cut,
         engram_after_cut=cut is not None and any(i >= cut for i in engram),
         lora=getattr(vllm_config, "lora_config", None) is not None,
         graph_mode=graph_mode(vllm_config),
         async_scheduling=bool(getattr(sched, "async_scheduling", False)),
+        kv_connector=getattr(vllm_config, "kv_transfer_config", None) is not None,
         kv_connector_owns_scheduling=getattr(vllm_config, "kv_transfer_config", None) is not None,
         window=int(getattr(text, "sliding_window", 128) or 128),
     )

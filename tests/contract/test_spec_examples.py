@@ -1,4 +1,4 @@
-"""Every worked example of SPEC.md §1-§3, through the public API (the CPU backend)."""
+"""Every worked example of SPEC.md §1-§4, through the public API (the CPU backend)."""
 
 from __future__ import annotations
 
@@ -350,3 +350,43 @@ def test_plan_trim_policy():
     assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128) is None  # 301 < 768 tokens
     assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128, num_tokens=1024).kept.tolist() == [1, 128]  # padded size
     assert sb.TRIM_THRESHOLD == 768
+
+
+# --- §4 the capability decision -----------------------------------------------------------
+
+
+def _ids(decision):
+    """The rule ids of a side's reasons, in order ([id] opens each reason)."""
+    return [r[1:r.index("]")] for r in decision.reasons]
+
+
+def test_capabilities_ascend_worked_example():
+    def caps(**kw):
+        return sb.capabilities("ascend:910b", config=sb.ServingConfig(graph_mode="decode_only", **kw))
+
+    on = caps()
+    assert on.encoder_replay.enabled and on.decoder_replay.enabled
+    assert _ids(caps(model_runner="v1").decoder_replay) == ["ascend-runner"]
+    assert _ids(caps(pipeline_parallel_size=2).decoder_replay) == ["ascend-pp"]
+    dcp = caps(decode_context_parallel_size=2)
+    assert _ids(dcp.encoder_replay) == ["dcp"] and _ids(dcp.decoder_replay) == ["needs-encoder", "ascend-dcp"]
+    assert _ids(caps(drafter="eagle", drafter_window=128).decoder_replay) == ["ascend-drafter"]
+    assert caps(drafter="dspark", drafter_window=128).decoder_replay.enabled
+    assert _ids(caps(drafter="dspark", drafter_window=256).decoder_replay) == ["drafter-window"]
+    assert _ids(caps(drafter="dspark").decoder_replay) == ["drafter-window-unknown"]
+    piecewise = sb.capabilities("ascend:910b", config=sb.ServingConfig(graph_mode="piecewise"))
+    assert _ids(piecewise.decoder_replay) == ["ascend-graph"]
+
+
+def test_capabilities_pcp_worked_example():
+    pcp = dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False)
+    base = sb.capabilities("cuda:sm90", config=sb.ServingConfig(**pcp))
+    assert base.encoder_replay.enabled and _ids(base.decoder_replay) == ["pcp"]
+    for extra, rule in ((dict(kv_connector=True), "pcp-connector"), (dict(drafter="ngram"), "pcp-drafter"),
+                        (dict(microbatching=True), "pcp-microbatching"), (dict(mega_moe=True), "pcp-megamoe")):
+        caps = sb.capabilities("cuda:sm90", config=sb.ServingConfig(**pcp, **extra))
+        assert _ids(caps.encoder_replay) == [rule], extra
+        assert "needs-encoder" in _ids(caps.decoder_replay)
+    for extra in (dict(kv_connector=True), dict(drafter="dspark", drafter_window=128), dict(mega_moe=True)):
+        caps = sb.capabilities("cuda:sm90", config=sb.ServingConfig(**extra))
+        assert caps.encoder_replay.enabled and caps.decoder_replay.enabled, extra

@@ -98,39 +98,115 @@ def test_rocm_and_ascend_arch_parsing():
 
 # --- capability rules (SPEC §4) ------------------------------------------------------------
 
+# (device, a config where the side is on, the change that turns the rule on, side, rule id,
+# what its reason must say). Every rule of matrix.yaml appears at least once.
+PCP_ON = dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False)
+ASCEND_ON = dict(graph_mode="none")
+DSPARK = dict(drafter="dspark", drafter_window=128)
 RULE_CASES = [
-    ("cuda:sm90", dict(model_runner="v1"), "encoder", "runner"),
-    ("cuda:sm90", dict(decode_context_parallel_size=2), "encoder", "dcp"),
-    ("rocm:gfx942", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False), "encoder", "pcp-platform"),
-    ("cuda:sm90", dict(prefill_context_parallel_size=2, async_scheduling=False), "encoder", "pcp-eager"),
-    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none"), "encoder", "pcp-sync"),
-    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False,
-                       pipeline_parallel_size=2), "encoder", "pcp-pp"),
-    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False,
-                       data_parallel_size=2), "encoder", "pcp-dp"),
-    ("ascend:910b", dict(kv_connector_owns_scheduling=True), "encoder", "ascend-connector"),
-    ("cuda:sm90", dict(stage_holds_all_layers_after_cut=False), "decoder", "stage-layers"),
-    ("cuda:sm90", dict(sequence_parallel_moe=True), "decoder", "sp-moe"),
-    ("ascend:910b", dict(sequence_parallel_moe=True, graph_mode="none"), "decoder", "sp-moe-ascend"),
-    ("cuda:sm90", dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False), "decoder", "pcp"),
-    ("cuda:sm90", dict(microbatching=True), "decoder", "microbatching"),
-    ("cuda:sm90", dict(engram_after_cut=True), "decoder", "engram"),
-    ("cuda:sm90", dict(drafter_window=256), "decoder", "drafter-window"),
-    ("cuda:sm90", dict(drafter_aux_layers=(2, 30), cut_layer=20), "decoder", "drafter-aux"),
-    ("ascend:910_93", dict(lora=True, graph_mode="none"), "decoder", "ascend-lora"),
-    ("ascend:910b", dict(graph_mode="piecewise"), "decoder", "ascend-graph"),
+    ("cuda:sm90", {}, dict(model_runner="v1"), "encoder", "runner", "model_runner=v1"),
+    ("cuda:sm90", {}, dict(decode_context_parallel_size=2), "encoder", "dcp", "decode_context_parallel_size=2"),
+    ("rocm:gfx942", dict(graph_mode="none", async_scheduling=False), dict(prefill_context_parallel_size=2), "encoder",
+     "pcp-platform", "platform=rocm"),
+    ("cuda:sm90", PCP_ON, dict(graph_mode="piecewise"), "encoder", "pcp-eager", "graph_mode=piecewise"),
+    ("cuda:sm90", PCP_ON, dict(async_scheduling=True), "encoder", "pcp-sync", "async_scheduling=True"),
+    ("cuda:sm90", PCP_ON, dict(pipeline_parallel_size=2), "encoder", "pcp-pp", "got 2"),
+    ("cuda:sm90", PCP_ON, dict(data_parallel_size=2), "encoder", "pcp-dp", "got 2"),
+    ("cuda:sm90", PCP_ON, dict(kv_connector=True), "encoder", "pcp-connector", "kv_connector=True"),
+    ("cuda:sm90", PCP_ON, DSPARK, "encoder", "pcp-drafter", "drafter=dspark"),
+    ("cuda:sm90", PCP_ON, dict(drafter="ngram"), "encoder", "pcp-drafter", "drafter=ngram"),
+    ("cuda:sm90", PCP_ON, dict(microbatching=True), "encoder", "pcp-microbatching", "microbatching=True"),
+    ("cuda:sm90", PCP_ON, dict(mega_moe=True), "encoder", "pcp-megamoe", "mega_moe=True"),
+    ("ascend:910b", dict(kv_connector=True), dict(kv_connector_owns_scheduling=True), "encoder", "ascend-connector",
+     "kv_connector_owns_scheduling=True"),
+    ("cuda:sm90", {}, dict(stage_holds_all_layers_after_cut=False), "decoder", "stage-layers",
+     "stage_holds_all_layers_after_cut=False"),
+    ("cuda:sm90", {}, dict(sequence_parallel_moe=True), "decoder", "sp-moe", "sequence_parallel_moe=True"),
+    ("ascend:910b", dict(ASCEND_ON, dsa_context_parallel=False), dict(sequence_parallel_moe=True), "decoder",
+     "sp-moe-ascend", "dsa_context_parallel=False"),
+    ("cuda:sm90", dict(graph_mode="none", async_scheduling=False), dict(prefill_context_parallel_size=2), "decoder",
+     "pcp", "prefill_context_parallel_size=2"),
+    ("cuda:sm90", {}, dict(microbatching=True), "decoder", "microbatching", "microbatching=True"),
+    ("ascend:910b", ASCEND_ON, dict(microbatching=True), "decoder", "microbatching", "microbatching=True"),
+    ("cuda:sm90", {}, dict(engram_after_cut=True), "decoder", "engram", "engram_after_cut=True"),
+    ("ascend:910b", ASCEND_ON, dict(engram_after_cut=True), "decoder", "engram", "engram_after_cut=True"),
+    ("cuda:sm90", DSPARK, dict(drafter_window=256), "decoder", "drafter-window",
+     "drafter window 256 is wider than W=128"),
+    ("ascend:910b", dict(ASCEND_ON, **DSPARK), dict(drafter_window=129), "decoder", "drafter-window",
+     "drafter window 129 is wider than W=128"),
+    ("cuda:sm90", dict(drafter="ngram"), dict(drafter="mtp"), "decoder", "drafter-window-unknown",
+     "the mtp drafter's window is unknown"),
+    ("ascend:910b", dict(ASCEND_ON, **DSPARK), dict(drafter_window=None), "decoder", "drafter-window-unknown",
+     "the dspark drafter's window is unknown"),
+    ("cuda:sm90", dict(DSPARK, drafter_aux_layers=(25,), cut_layer=20), dict(drafter_aux_layers=(2, 30)), "decoder",
+     "drafter-aux", "(2, 30) include a layer at or before the cut 20"),
+    ("ascend:910_93", ASCEND_ON, dict(lora=True), "decoder", "ascend-lora", "lora=True"),
+    ("ascend:910b", dict(graph_mode="decode_only"), dict(graph_mode="piecewise"), "decoder", "ascend-graph",
+     "graph_mode=piecewise"),
+    ("ascend:910b", ASCEND_ON, dict(model_runner="v1"), "decoder", "ascend-runner", "model_runner=v1"),
+    ("ascend:910b", ASCEND_ON, dict(pipeline_parallel_size=2), "decoder", "ascend-pp", "pipeline_parallel_size=2"),
+    ("ascend:910_93", ASCEND_ON, dict(decode_context_parallel_size=2), "decoder", "ascend-dcp",
+     "decode_context_parallel_size=2"),
+    ("ascend:910b", ASCEND_ON, dict(prefill_context_parallel_size=2), "decoder", "pcp",
+     "prefill_context_parallel_size=2"),
+    ("ascend:910b", dict(ASCEND_ON, **DSPARK), dict(drafter="eagle"), "decoder", "ascend-drafter", "drafter=eagle"),
+    ("ascend:910b", dict(ASCEND_ON, **DSPARK), dict(drafter="mtp"), "decoder", "ascend-drafter", "drafter=mtp"),
 ]
 
 
-@pytest.mark.parametrize("device, config, side, rule", RULE_CASES, ids=[c[3] for c in RULE_CASES])
-def test_each_rule_turns_its_side_off_with_a_named_reason(device, config, side, rule):
-    caps = sb.capabilities(device, config=sb.ServingConfig(**config))
-    decision = caps.encoder_replay if side == "encoder" else caps.decoder_replay
+def _rule_reasons(decision):
+    """The decision's rule reasons (the row gates, the clamp check and needs-encoder aside)."""
+    return [r for r in decision.reasons if not r.startswith(("[matrix:", "[clamp]", "[needs-encoder]"))]
+
+
+@pytest.mark.parametrize("device, on, change, side, rule, says", RULE_CASES,
+                         ids=[f"{c[4]}@{c[0]}-{'-'.join(f'{k}={v}' for k, v in c[2].items())}" for c in RULE_CASES])
+def test_each_rule_both_ways(device, on, change, side, rule, says):
+    """Without the change the side is on; with it, off with exactly this rule's reason, which
+    names the value (and decoder replay follows encoder replay)."""
+    before = sb.capabilities(device, config=sb.ServingConfig(**on))
+    assert before.encoder_replay.enabled, before.encoder_replay.reasons
+    if side == "decoder":
+        assert before.decoder_replay.enabled, before.decoder_replay.reasons
+    after = sb.capabilities(device, config=sb.ServingConfig(**{**on, **change}))
+    decision = after.encoder_replay if side == "encoder" else after.decoder_replay
     assert not decision.enabled
-    assert any(r.startswith(f"[{rule}]") for r in decision.reasons), decision.reasons
-    if side == "encoder":  # decoder replay requires encoder replay
-        assert not caps.decoder_replay.enabled
-        assert any(r.startswith("[needs-encoder]") for r in caps.decoder_replay.reasons)
+    (reason,) = _rule_reasons(decision)
+    assert reason.startswith(f"[{rule}] ") and says in reason, reason
+    if side == "encoder":
+        assert not after.decoder_replay.enabled
+        assert any(r.startswith("[needs-encoder]") for r in after.decoder_replay.reasons)
+    elif not after.encoder_replay.enabled:  # the change also turned encoder replay off (DCP, PCP off CUDA)
+        assert any(r.startswith("[needs-encoder]") for r in after.decoder_replay.reasons)
+
+
+def test_every_rule_has_a_case():
+    assert {rule.id for side in MATRIX.rules.values() for rule in side} == {c[4] for c in RULE_CASES}
+
+
+def test_capabilities_ascend_decoder_off_with_v1_and_with_pp2():
+    """vllm-ascend's gate: model runner v2 only, no pipeline parallel (issue: both used to say on)."""
+    for config in (dict(model_runner="v1"), dict(pipeline_parallel_size=2)):
+        caps = sb.capabilities("ascend:910b", config=sb.ServingConfig(graph_mode="decode_only", **config))
+        assert caps.encoder_replay.enabled and not caps.decoder_replay.enabled, caps.decoder_replay.reasons
+
+
+@pytest.mark.parametrize("change", [dict(kv_connector=True), DSPARK, dict(drafter="ngram"), dict(mega_moe=True),
+                                    dict(kv_connector=True, kv_connector_owns_scheduling=True)])
+def test_pcp_only_restrictions_leave_encoder_on_without_pcp(change):
+    caps = sb.capabilities("cuda:sm90", config=sb.ServingConfig(**change))
+    assert caps.encoder_replay.enabled, caps.encoder_replay.reasons
+    assert caps.decoder_replay.enabled, caps.decoder_replay.reasons
+
+
+@pytest.mark.parametrize("change", [c[2] for c in RULE_CASES if c[4].startswith("ascend-")],
+                         ids=[c[4] for c in RULE_CASES if c[4].startswith("ascend-")])
+def test_ascend_rules_apply_only_on_ascend(change):
+    config = sb.ServingConfig(**{**DSPARK, "kv_connector": True, **change})
+    for device in ("cuda:sm90", "rocm:gfx950", "cpu"):
+        caps = sb.capabilities(device, config=config)
+        reasons = caps.encoder_replay.reasons + caps.decoder_replay.reasons
+        assert not any(r.startswith("[ascend-") for r in reasons), (device, reasons)
 
 
 def test_pcp_allowed_on_cuda_eager_sync_with_decoder_off():
@@ -141,21 +217,45 @@ def test_pcp_allowed_on_cuda_eager_sync_with_decoder_off():
 
 
 def test_rules_that_do_not_apply_leave_both_sides_on():
-    ok = sb.ServingConfig(drafter_window=128, drafter_aux_layers=(25,), cut_layer=20, sequence_parallel_moe=False)
+    ok = sb.ServingConfig(drafter="dspark", drafter_window=128, drafter_aux_layers=(25,), cut_layer=20,
+                          sequence_parallel_moe=False)
     caps = sb.capabilities("cuda:sm90", config=ok)
     assert caps.encoder_replay.enabled and caps.decoder_replay.enabled
     assert caps.encoder_replay.notes and not caps.encoder_replay.reasons
     asc = sb.capabilities("ascend:910b", config=sb.ServingConfig(graph_mode="decode_only", sequence_parallel_moe=True,
                                                                  dsa_context_parallel=True))
     assert asc.decoder_replay.enabled, asc.decoder_replay.reasons
+    # vllm-ascend's supported set: model runner v2, graph mode none or decode-only, DSpark drafting
+    # with a window at most W, a KV connector that does not own scheduling
+    for graph in ("none", "decode_only"):
+        asc = sb.capabilities("ascend:910_93", config=sb.ServingConfig(
+            model_runner="v2", graph_mode=graph, drafter="dspark", drafter_window=128, kv_connector=True))
+        assert asc.encoder_replay.enabled and asc.decoder_replay.enabled, asc.decoder_replay.reasons
 
 
 def test_config_validation_and_strings():
     with pytest.raises(ValueError, match="ServingConfig: graph_mode"):
         sb.ServingConfig(graph_mode="sometimes")
     with pytest.raises(ValueError, match="ServingConfig: cut_layer"):
-        sb.ServingConfig(drafter_aux_layers=(3,))
-    c = sb.ServingConfig.from_strings(["pcp=4", "graph_mode=none", "lora=true", "drafter_aux_layers=1,2", "cut_layer=9"])
+        sb.ServingConfig(drafter="dspark", drafter_aux_layers=(3,))
+    with pytest.raises(ValueError, match=r"ServingConfig: drafter='medusa': expected one of \('none', 'dspark'"):
+        sb.ServingConfig(drafter="medusa")
+    with pytest.raises(ValueError, match=r"ServingConfig: drafter=None: expected one of"):
+        sb.ServingConfig(drafter=None)
+    for orphan in (dict(drafter_window=128), dict(drafter_aux_layers=(3,), cut_layer=20)):
+        with pytest.raises(ValueError, match="ServingConfig: drafter='none': expected the drafter's kind"):
+            sb.ServingConfig(**orphan)
+    with pytest.raises(ValueError, match="ServingConfig: kv_connector=False: expected True when "
+                                         "kv_connector_owns_scheduling=True"):
+        sb.ServingConfig(kv_connector_owns_scheduling=True)
+    with pytest.raises(ValueError, match="ServingConfig: mega_moe=1: expected a bool"):
+        sb.ServingConfig(mega_moe=1)
+    c = sb.ServingConfig.from_strings(["drafter=dspark", "drafter_window=128", "mega_moe=true", "kv_connector=yes"])
+    assert (c.drafter, c.drafter_window, c.mega_moe, c.kv_connector) == ("dspark", 128, True, True)
+    with pytest.raises(ValueError, match="ServingConfig: drafter='Dspark'"):
+        sb.ServingConfig.from_strings(["drafter=Dspark"])
+    c = sb.ServingConfig.from_strings(["pcp=4", "graph_mode=none", "lora=true", "drafter=eagle3",
+                                       "drafter_aux_layers=1,2", "cut_layer=9"])
     assert (c.prefill_context_parallel_size, c.graph_mode, c.lora, c.drafter_aux_layers) == (4, "none", True, (1, 2))
     with pytest.raises(ValueError, match="config"):
         sb.ServingConfig.from_strings(["nonsense=1"])

@@ -245,7 +245,8 @@ def test_guessed_decode_at_a_replayed_position_is_refused():
 
 # ---------------------------------------------------------------------------------------
 # the capability decision (SPEC §4): encoder replay under PCP only on CUDA, eager,
-# synchronous scheduling, PP = DP = DCP = 1; decoder trimming never under PCP
+# synchronous scheduling, PP = DP = DCP = 1, without a KV connector, a drafter,
+# microbatching or MegaMoE; decoder trimming never under PCP
 # ---------------------------------------------------------------------------------------
 
 PCP_OK = dict(prefill_context_parallel_size=4, graph_mode="none", async_scheduling=False)
@@ -281,6 +282,14 @@ def test_pcp_encoder_replay_on_where_spec_allows(device):
          "[dcp] off under decode context parallel; decode_context_parallel_size=2 (needs 1)"),
         ("cuda:sm90", {"model_runner": "v1"},
          "[runner] needs the model runner that pads replayed cacheable writes (v2); model_runner=v1"),
+        ("cuda:sm90", {"kv_connector": True}, "[pcp-connector] under prefill context parallel needs no KV connector; "
+                                              "kv_connector=True"),
+        ("cuda:sm90", {"drafter": "dspark", "drafter_window": 128},
+         "[pcp-drafter] under prefill context parallel needs no speculative decoding; drafter=dspark (needs none)"),
+        ("cuda:sm90", {"microbatching": True},
+         "[pcp-microbatching] under prefill context parallel needs no microbatching; microbatching=True"),
+        ("cuda:sm90", {"mega_moe": True},
+         "[pcp-megamoe] under prefill context parallel needs a MoE backend other than MegaMoE; mega_moe=True"),
     ],
 )
 def test_pcp_encoder_replay_off_names_each_condition(device, change, reason):
@@ -300,7 +309,8 @@ def test_pcp_every_failing_condition_is_reported_at_once():
 
 def test_pcp_rules_do_not_apply_without_pcp():
     # the same settings without PCP: both sides on (on CUDA), no pcp-* reason anywhere
-    caps = capabilities("cuda:sm90", config=ServingConfig(graph_mode="full", async_scheduling=True))
+    caps = capabilities("cuda:sm90", config=ServingConfig(graph_mode="full", async_scheduling=True, kv_connector=True,
+                                                          drafter="dspark", drafter_window=128, mega_moe=True))
     assert caps.encoder_replay.enabled and caps.decoder_replay.enabled
 
 

@@ -47,7 +47,7 @@ def vllm_config(**overrides):
     return cfg
 
 
-def drafter(window=128, layer_types=("sliding_attention",)):
-    return SimpleNamespace(num_speculative_tokens=3,
+def drafter(window=128, layer_types=("sliding_attention",), method="dspark"):
+    return SimpleNamespace(num_speculative_tokens=3, method=method,
                            draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(sliding_window=window,
                                                                                         layer_types=list(layer_types))))

@@ -118,6 +118,7 @@ def test_serving_config_mapping():
             cfg.data_parallel_size) == ("v1", 2, 4, 2)
     assert cfg.microbatching and cfg.graph_mode == "decode_only" and not cfg.async_scheduling
     assert cfg.lora and cfg.kv_connector_owns_scheduling and cfg.engram_after_cut  # an Engram layer AT the cut counts
+    assert cfg.kv_connector and not cfg.mega_moe and cfg.drafter == "none"
     assert icfg.serving_config(_configs.vllm_config(model_config__enforce_eager=True)).graph_mode == "none"
     sp = _configs.vllm_config(parallel_config__enable_expert_parallel=True, parallel_config__tensor_parallel_size=8,
                               parallel_config__data_parallel_size=2)
@@ -130,6 +131,64 @@ def test_serving_config_mapping():
 def test_drafter_window(draft, expected):
     spec = None if draft is None else _configs.drafter(**draft)
     assert icfg.serving_config(_configs.vllm_config(speculative_config=spec)).drafter_window == expected
+
+
+@pytest.mark.parametrize("method,kind", [
+    ("dspark", "dspark"), ("mtp", "mtp"), ("deepseek_mtp", "mtp"), ("eagle", "eagle"), ("eagle3", "eagle3"),
+    ("dflash", "dflash"), ("draft_model", "draft_model"), ("ngram", "ngram"), ("ngram_gpu", "ngram"),
+    ("suffix", "suffix"), ("custom_class", "other"), ("extract_hidden_states", "other"), (None, "other")])
+def test_drafter_kind(method, kind):
+    cfg = icfg.serving_config(_configs.vllm_config(speculative_config=_configs.drafter(method=method)))
+    assert cfg.drafter == kind and cfg.drafter_window == 128
+
+
+def test_ngram_drafter_has_no_window_and_keeps_decoder_replay():
+    """An n-gram drafter has no draft model (no hidden states read): no window to judge, so
+    decoder replay stays on; a DSpark drafter without a draft model config is an unknown window."""
+    from types import SimpleNamespace
+
+    def decide(method):
+        spec = SimpleNamespace(method=method, draft_model_config=None)
+        return icfg.decide(_configs.vllm_config(speculative_config=spec), "cuda:sm90", platform="cuda")
+
+    ngram = decide("ngram")
+    assert (ngram.config.drafter, ngram.config.drafter_window) == ("ngram", None)
+    assert ngram.capabilities.decoder_replay.enabled, ngram.capabilities.decoder_replay.reasons
+    bare = decide("dspark")
+    assert [r.split("]")[0] for r in bare.capabilities.decoder_replay.reasons] == ["[drafter-window-unknown"]
+
+
+@pytest.mark.parametrize("backend,mega", [("auto", False), ("triton", False), ("deep_gemm", False),
+                                          ("deep_gemm_mega_moe", True), ("flashinfer_moe_ep_cutedsl", True),
+                                          ("flashinfer_moe_ep_mega_deep_gemm", True), ("aiter_mega_moe", True)])
+def test_mega_moe(backend, mega):
+    assert icfg.serving_config(_configs.vllm_config(kernel_config__moe_backend=backend)).mega_moe is mega
+
+
+def test_pcp_refusals_become_reasons():
+    """vLLM refuses PCP with a KV connector, a drafter, microbatching or MegaMoE; the pack's
+    decision says which, from the same config (SPEC §4)."""
+    pcp = dict(parallel_config__prefill_context_parallel_size=2, model_config__enforce_eager=True,
+               scheduler_config__async_scheduling=False)
+    for over, rule in ((dict(kv_transfer_config=object()), "pcp-connector"),
+                       (dict(speculative_config=_configs.drafter()), "pcp-drafter"),
+                       (dict(parallel_config__use_ubatching=True), "pcp-microbatching"),
+                       (dict(kernel_config__moe_backend="deep_gemm_mega_moe"), "pcp-megamoe")):
+        d = _decide(**pcp, **over)
+        assert not d.capabilities.encoder_replay.enabled
+        assert [r for r in d.capabilities.encoder_replay.reasons if r.startswith(f"[{rule}]")], over
+
+
+def test_ascend_decision_from_a_vllm_config():
+    """On an Ascend row the same config gives vllm-ascend's gate: model runner v2, graph mode
+    NONE or FULL_DECODE_ONLY, DSpark only."""
+    ok = dict(compilation_config__cudagraph_mode=_configs.CUDAGraphMode.FULL_DECODE_ONLY)
+    assert _decide("ascend:910b", platform="other", **ok).capabilities.decoder_replay.enabled
+    for over, rule in ((dict(use_v2_model_runner=False), "[ascend-runner]"),
+                       (dict(speculative_config=_configs.drafter(method="eagle")), "[ascend-drafter]"),
+                       (dict(compilation_config__cudagraph_mode=_configs.CUDAGraphMode.PIECEWISE), "[ascend-graph]")):
+        caps = _decide("ascend:910b", platform="other", **{**ok, **over}).capabilities
+        assert any(r.startswith(rule) for r in caps.decoder_replay.reasons), (over, caps.decoder_replay.reasons)
 
 
 def _decide(device="cuda:sm90", platform="cuda", **over):

@@ -177,6 +177,67 @@ def test_sequence_parallel_rule_matches_vllm():
                         assert icfg.sequence_parallel_moe(cfg) == _use_sequence_parallel(cfg), (pp, ep, tp, dp, moe)
 
 
+def test_mega_moe_backends_are_vllms():
+    """config.py's fallback for configs built without vLLM is vLLM's own set."""
+    from vllm.config.kernel import MEGA_MOE_BACKENDS, MoEBackend
+    from typing import get_args
+
+    assert icfg.MEGA_MOE_BACKENDS_0_33 == MEGA_MOE_BACKENDS
+    for backend in get_args(MoEBackend):
+        cfg = SimpleNamespace(kernel_config=SimpleNamespace(moe_backend=backend))
+        assert icfg.mega_moe(cfg) == (backend in MEGA_MOE_BACKENDS or backend == "aiter_mega_moe"), backend
+
+
+def _literal_values(tp) -> set[str]:
+    from typing import get_args
+
+    args = get_args(tp)
+    return {tp} if not args else {v for a in args for v in _literal_values(a)}
+
+
+def test_every_speculative_method_has_a_drafter_kind():
+    """Every method vLLM's ``SpeculativeConfig`` takes maps to a ``ServingConfig.drafter`` the
+    rules know; the pinned list makes a new vLLM method show up here, to be named or left
+    ``other`` on purpose."""
+    from vllm.config.speculative import MTPModelTypes, SpeculativeMethod
+
+    from swa_backends.common.config import DRAFTERS
+
+    methods = _literal_values(SpeculativeMethod)
+    mtp_types = _literal_values(MTPModelTypes)
+    assert methods - mtp_types == {"ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+                                   "extract_hidden_states", "dflash", "ngram_gpu", "dspark"}
+    assert "mtp" in mtp_types
+    for method in methods:
+        kind = icfg.drafter(SimpleNamespace(speculative_config=SimpleNamespace(method=method)))
+        assert kind in DRAFTERS and kind != "none", method
+        assert (kind == "mtp") == (method in mtp_types), method
+    assert icfg.drafter(SimpleNamespace(speculative_config=SimpleNamespace(method="custom_class"))) == "other"
+
+
+def test_pcp_refusal_config_mirrors():
+    """The PCP encoder-replay rules (matrix.yaml pcp-*) mirror DeepSeek-V4.1's PCP check: PP = DP =
+    DCP = 1, no microbatching, no drafter, no KV connector, no MegaMoE (vLLM raises; the pack
+    says off with a reason); PCP itself needs model runner V2 and CUDA."""
+    src = inspect.getsource(_resolve("vllm.models.deepseek_v41.nvidia.model:DeepseekV4Model.__init__"))
+    for needle in ("self.parallel_config.prefill_context_parallel_size > 1 and (",
+                   "self.parallel_config.pipeline_parallel_size != 1",
+                   "or self.parallel_config.data_parallel_size != 1",
+                   "or self.parallel_config.decode_context_parallel_size != 1",
+                   "or self.parallel_config.use_ubatching",
+                   "or vllm_config.speculative_config is not None",
+                   "or vllm_config.kv_transfer_config is not None",
+                   "or vllm_config.kernel_config.moe_backend in MEGA_MOE_BACKENDS"):
+        assert needle in src, needle
+    v1 = inspect.getsource(_resolve("vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features"))
+    assert 'unsupported.append("prefill context parallel")' in v1
+    # read, not imported: the ROCm model module cannot import without an AMD GPU
+    from pathlib import Path
+
+    amd = (Path(_resolve("vllm.models.deepseek_v41").__file__).parent / "amd" / "model.py").read_text()
+    assert "DeepSeek-V4.1 PCP currently supports NVIDIA CUDA only." in amd
+
+
 #: sha256[:16] of ``textwrap.dedent(inspect.getsource(...))`` in vLLM 0.33.0
 SOURCE_HASHES = {
     # the kernels the pack replaces (the differential compares against them)
