@@ -153,8 +153,11 @@ def _no_layers(*args):
     raise AssertionError("the metadata differential runs no layer")
 
 
-def make_input_batch(batch, bufs: InputBuffers, *, full: bool = False) -> InputBatch:
-    """``batch`` as vLLM's ``InputBatch`` (request-state index = batch row)."""
+def make_input_batch(batch, bufs: InputBuffers, *, full: bool = False, host_q=None) -> InputBatch:
+    """``batch`` as vLLM's ``InputBatch`` (request-state index = batch row). ``host_q``: the
+    query lengths the host counts when they differ from the device's ``batch.q`` (adaptive
+    verification resizes decodes on the device alone): ``query_start_loc_np`` and the
+    scheduled counts follow them, the device ``query_start_loc`` follows ``batch``."""
     B, B_all = batch.num_reqs, batch.B_all
     ib = InputBatch.make_dummy(B_all if full else B, batch.T_pad if full else batch.T, bufs)
     qsl = batch.qsl if full else batch.qsl[: B + 1]
@@ -162,6 +165,9 @@ def make_input_batch(batch, bufs: InputBuffers, *, full: bool = False) -> InputB
     seq = batch.seq if full else batch.seq[:B]
     is_prefilling = batch.is_prefilling[: B_all if full else B]
     q = batch.q[: B_all if full else B]
+    if host_q is not None:
+        q = np.asarray(host_q)[: len(q)]
+        qsl_np = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
     return replace(
         ib,
         num_reqs=B,
@@ -246,11 +252,12 @@ def _snap(value):
     return f"<{type(value).__name__}>"
 
 
-def run_step(state, setup: Setup, batch, *, mode=CUDAGraphMode.NONE, full: bool = False, slots=None) -> dict:
+def run_step(state, setup: Setup, batch, *, mode=CUDAGraphMode.NONE, full: bool = False, slots=None,
+             host_q=None) -> dict:
     """One ``prepare_attn`` on ``batch``; a snapshot of what it produced."""
     bufs = InputBuffers(setup.cfg.scheduler_config.max_num_seqs, setup.cfg.scheduler_config.max_num_batched_tokens,
                         DEV)
-    ib = make_input_batch(batch, bufs, full=full)
+    ib = make_input_batch(batch, bufs, full=full, host_q=host_q)
     slot_mappings = (batch.slots if slots is None else slots).clone()
     if setup.layers is not None:
         setup.layers.replay_batch = None

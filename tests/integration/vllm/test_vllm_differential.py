@@ -133,6 +133,45 @@ def test_eager_step_with_validation_on(name, monkeypatch):
     assert called.get("swa_indices_and_lens", 0) > 0
 
 
+def _eager_resized(state, setup, batch, *, host_q):
+    h.add_requests(state, batch)
+    return h.run_step(state, setup, batch, host_q=host_q)
+
+
+@pytest.mark.parametrize("validate", [False, True], ids=["unchecked", "checked"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_eager_step_with_device_resized_decodes(seed, validate, monkeypatch):
+    """Adaptive verification: the host counts each speculative decode at one length, the device
+    ``query_start_loc`` at another (the total unchanged, vLLM's own invariant); vLLM plans from
+    the host copy and its kernels follow the device's. Through the pack (checked: the debug
+    switch's validating backend accepts the batch) every metadata tensor is the same."""
+    import numpy as np
+
+    monkeypatch.setattr(runtime, "VALIDATE", validate)
+    monkeypatch.setenv(runtime.PREFER_ENV, "triton")
+    be = runtime.backend_for("cpu")
+    assert be.checked == validate
+    monkeypatch.setattr(runtime, "backend_for", lambda device: be)
+    rng = np.random.default_rng(40 + seed)
+    batch = _cases.make_batch(rng, spec=SPEC, num_decodes=4, kinds=("replay", "long", "replay_chunk", "long"))
+    host_q = batch.q.copy()
+    nd = batch.num_decodes
+    for _ in range(int(rng.integers(1, 4))):  # move rows between decodes: the same total, other lengths
+        j = int(rng.choice(np.flatnonzero(host_q[:nd] > 1))) if (host_q[:nd] > 1).any() else None
+        i = int(rng.integers(0, nd))
+        if j is not None and i != j:
+            host_q[j] -= 1
+            host_q[i] += 1
+    if np.array_equal(host_q[:nd], batch.q[:nd]):
+        pytest.skip("every decode verifies one row: nothing to move between them")
+    assert host_q[:nd].sum() == batch.q[:nd].sum() and (host_q[:nd] >= 1).all()
+    assert not np.array_equal(host_q[:nd], batch.q[:nd])
+    want = _vllm_run(batch, _eager_resized, host_q=host_q)
+    got, called = _pack_run(be, batch, _eager_resized, host_q=host_q)
+    _compare(want, got)
+    assert want["replay"] is not None  # the long prefills trim: the sub-batch is gathered
+
+
 def _piecewise(state, setup, batch, *, extra: int):
     h.add_requests(state, batch)
     kept = sum(min(int(q), batch.W) if (i >= batch.num_decodes and not batch.keeps_rows[i]) else int(q)
