@@ -62,6 +62,18 @@ def _replay_starts(replay_start, partition: PCPPartition, device: torch.device) 
     return t.to(device=device, dtype=INDEX_DTYPE), t.detach().to("cpu", torch.int64)
 
 
+def _live(R: torch.Tensor, Rh: torch.Tensor, partition: PCPPartition) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(R, Rh)`` with every stale R -- above its request's first scheduled position
+    ``num_computed``: an in-place restart, SPEC §0 -- set to 0. Decided per request here,
+    where the request's first position is known: a local row of a later chunk starts above
+    it, so ``pad_replayed_slots`` on the local rows cannot tell."""
+    stale = Rh > partition.num_computed
+    if not bool(stale.any()):
+        return R, Rh
+    Rh = torch.where(stale, torch.zeros_like(Rh), Rh)
+    return Rh.to(device=R.device, dtype=INDEX_DTYPE), Rh
+
+
 def _validate(slot_mappings, cacheable_groups, partition, Rh: torch.Tensor, Wr, replay_on) -> None:
     check_tensor(NAME, "slot_mappings", slot_mappings, dtypes=SLOT_DTYPE, ndim=2)
     dev = slot_mappings.device
@@ -79,11 +91,6 @@ def _validate(slot_mappings, cacheable_groups, partition, Rh: torch.Tensor, Wr, 
     check_range(NAME, "replay_start", Rh, low=0, high=MAX_POSITION + 1)
     pre = partition.is_prefilling
     replays = pre & (Rh > 0) & (partition.query_lens > 0)
-    late = replays & (Rh > partition.num_computed)
-    if bool(late.any()):
-        i = int(torch.nonzero(late)[0])
-        fail(NAME, f"replay_start[{i}]", int(Rh[i]),
-             f"<= num_computed[{i}]={int(partition.num_computed[i])} (R <= p for every prefill token)")
     if replay_on is False and Wr > 0 and bool(replays.any()):
         i = int(torch.nonzero(replays)[0])
         fail(NAME, "replay_on", False, f"True or None: request {i} replays (replay_start[{i}]={int(Rh[i])})")
@@ -164,6 +171,7 @@ def pcp_pad_own_block(slot_mappings, cacheable_groups, partition: PCPPartition, 
     R, Rh = _replay_starts(replay_start, partition, slot_mappings.device)
     if validation_enabled():
         _validate(slot_mappings, cacheable_groups, partition, Rh, Wr, None)
+    R, Rh = _live(R, Rh, partition)
     return _own_block(slot_mappings, cacheable_groups, partition, R, Rh, Wr, backend)
 
 
@@ -215,6 +223,7 @@ def pcp_pad_replayed_slots(slot_mappings, cacheable_groups, partition: PCPPartit
             fail(NAME, "group.size", world, f"P={partition.P} (the PCP group)")
         if me != partition.rank:
             fail(NAME, "partition.rank", partition.rank, f"this process's rank {me} in the group")
+    R, Rh = _live(R, Rh, partition)
     if not _replay_is_on(Rh, partition, Wr, replay_on) or cacheable_groups.numel() == 0:
         return slot_mappings
     block = _own_block(slot_mappings, cacheable_groups, partition, R, Rh, Wr, backend)

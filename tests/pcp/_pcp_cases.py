@@ -38,13 +38,14 @@ class Step:
 
 def random_step(rng: np.random.Generator, P: int, *, max_reqs: int = 6, max_q: int = 40) -> Step:
     """Decodes (some carrying an old R), fresh / chunked / replaying prefills (a first
-    replay chunk starting at R or a later one), one-token prefill chunks, empty rows."""
+    replay chunk starting at R or a later one), prefills restarted in place (a stale R above
+    their first position, SPEC §0), one-token prefill chunks, empty rows."""
     Wr = int(rng.choice([1, 3, 4, 8, 16]))
     G = int(rng.integers(1, 5))
     B = int(rng.integers(0, max_reqs + 1))
     q, nc, pre, R = [], [], [], []
     for _ in range(B):
-        kind = rng.choice(["decode", "fresh", "chunk", "replay", "replay", "one", "empty"])
+        kind = rng.choice(["decode", "fresh", "chunk", "replay", "replay", "one", "empty", "restarted"])
         if kind == "decode":
             r = int(rng.integers(0, 60)) if rng.random() < 0.5 else 0
             q.append(1), nc.append(r + Wr + int(rng.integers(0, 50)) if r else int(rng.integers(1, 200)))
@@ -58,6 +59,10 @@ def random_step(rng: np.random.Generator, P: int, *, max_reqs: int = 6, max_q: i
             start = r if rng.random() < 0.5 else r + int(rng.integers(0, Wr + 3))
             q.append(1 if kind == "one" else int(rng.integers(1, max_q + 1)))
             nc.append(start), pre.append(True), R.append(r)
+        elif kind == "restarted":  # recomputes from an earlier position, its old R kept
+            start = int(rng.integers(0, 40))
+            q.append(int(rng.integers(1, 3 * max_q))), nc.append(start), pre.append(True)
+            R.append(start + int(rng.integers(1, 2 * max_q)))
         else:
             q.append(0), nc.append(int(rng.integers(0, 30))), pre.append(True), R.append(0)
     T = sum(q)
@@ -70,15 +75,16 @@ def random_step(rng: np.random.Generator, P: int, *, max_reqs: int = 6, max_q: i
 
 def oracle_laid_out(step: Step, parts, backend=None) -> torch.Tensor:
     """SPEC §6's statement: single-process ``pad_replayed_slots`` on the global batch laid
-    out in the rank-major column order (each rank's local rows with their request's R on
-    prefilling rows, a filler row with R 0 over each rank's padding)."""
+    out in the rank-major column order (each rank's local rows with their request's live R on
+    prefilling rows -- 0 for a stale one: the request's, not the row's, first position decides
+    --, a filler row with R 0 over each rank's padding)."""
     pad = OPS["pad_replayed_slots"].reference if backend is None else backend.pad_replayed_slots
     padded = parts[0].padded
     lens, pos, Rrows = [], [], []
     for part in parts:
         n = part.query_start_loc.diff().tolist()
         lens += n
-        Rrows += [step.R[i] if step.pre[i] else 0 for i in part.row_req.tolist()]
+        Rrows += [step.R[i] if step.pre[i] and step.R[i] <= step.nc[i] else 0 for i in part.row_req.tolist()]
         pos.append(part.positions)
         if part.num_tokens < padded:
             lens.append(padded - part.num_tokens)

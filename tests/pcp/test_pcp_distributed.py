@@ -80,11 +80,12 @@ def _worker(rank: int, P: int, store: str, report_dir: str, backend: str = "gloo
                 assert out[0].tolist() == SPEC_EXAMPLE_AFTER
             if name == "long":
                 report["variants"] = {op: list(inner.variants[op]) for op in ("pad_replayed_slots", "batch_replay_start")}
+            live = [r if p and r <= c else 0 for p, r, c in zip(step.pre, step.R, step.nc)]  # stale R: 0
             on = replay_on if replay_on is not None else (
-                step.Wr > 0 and any(p and r > 0 and q > 0 for p, r, q in zip(step.pre, step.R, step.q)))
+                step.Wr > 0 and any(r > 0 and q > 0 for r, q in zip(live, step.q)))
             assert joined == int(bool(on) and step.cacheable.numel() > 0), (name, joined, on)
             p = part.positions
-            R = torch.tensor([step.R[i] if step.pre[i] else 0 for i in part.row_req.tolist()], dtype=torch.int64)
+            R = torch.tensor([live[i] for i in part.row_req.tolist()], dtype=torch.int64)
             R = R.repeat_interleave(part.query_start_loc.diff().to(torch.int64))
             local = bool(((R > 0) & (p >= R) & (p < R + step.Wr)).any())
             assert launches == (2 if local and joined else 0), (name, launches, local)
