@@ -133,7 +133,7 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
             tl.store(slot_ptr + grp[:, None] * s_g + t64[None, :] * s_t, tl.full([KB, BLOCK_T], PAD, tl.int64),
                      mask=km[:, None] & replayed[None, :])
     if HAS_VALID:  # the window group is never padded: its slots read the same before and after
-        ok = ok & (tl.load(slot_ptr + vg * s_g + t64 * s_t, mask=ok, other=-1) >= 0)
+        ok = ok & (tl.load(slot_ptr + vg.to(tl.int64) * s_g + t64 * s_t, mask=ok, other=-1) >= 0)
     pos = seq - (end - t)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)

@@ -34,7 +34,9 @@ def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # output row; batch token t + t_off
     j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = t < T
-    ta = t + t_off
+    # t + t_off saturated at INT32_MAX (t_off <= INT32_MAX): a row past INT32_MAX is past
+    # query_start_loc[B] (int32) like the saturated one, where t + t_off would wrap negative
+    ta = tl.minimum(t, 2147483647 - t_off) + t_off
     req = find_request(qsl_ptr, B, ta, n_steps)
     ok = m & (req < B)
     if HAS_VALID:
