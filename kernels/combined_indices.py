@@ -48,7 +48,8 @@ def _combined_indices(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_pt
     base = req.to(tl.int64) * M
     jj = j[None, :]
     in_topk = jj < topk_len[:, None]
-    tk = tl.load(topk_ptr + t.to(tl.int64)[:, None] * tk_s0 + jj * tk_s1, mask=in_topk, other=PAD).to(tl.int64)
+    tk = tl.load(topk_ptr + t.to(tl.int64)[:, None] * tk_s0 + jj.to(tl.int64) * tk_s1, mask=in_topk,
+                 other=PAD).to(tl.int64)
     topk_part = tl.where((tk >= 0) & (tk < N), base[:, None] + tk, PAD)
     w = jj - topk_len[:, None]
     win_part = tl.where((w >= 0) & (w < swa_len[:, None]), base[:, None] + N + (lo - gather_start)[:, None] + w, PAD)

@@ -29,7 +29,8 @@ def _csr_counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constex
     count = tl.zeros([BLOCK_T], tl.int32)
     for k0 in range(0, K, BLOCK_K):
         j = k0 + tl.arange(0, BLOCK_K)[None, :]
-        v = tl.load(idx_ptr + t.to(tl.int64)[:, None] * s0 + j * s1, mask=m[:, None] & (j < K), other=PAD)
+        v = tl.load(idx_ptr + t.to(tl.int64)[:, None] * s0 + j.to(tl.int64) * s1, mask=m[:, None] & (j < K),
+                    other=PAD)
         keep = (j < n[:, None]) & (v != PAD)
         count += tl.sum(keep.to(tl.int32), axis=1)
     tl.store(indptr_ptr + 1 + t, count, mask=m)
@@ -60,7 +61,7 @@ def _csr_compact(idx_ptr, s0, s1, lens_ptr, indptr_ptr, values_ptr, T, K,
     for k0 in range(0, K, BLOCK_K):
         j = k0 + tl.arange(0, BLOCK_K)[None, :]
         inside = m[:, None] & (j < K)
-        v = tl.load(idx_ptr + t64 * s0 + j * s1, mask=inside, other=PAD)
+        v = tl.load(idx_ptr + t64 * s0 + j.to(tl.int64) * s1, mask=inside, other=PAD)
         keep = (j < n[:, None]) & (v != PAD) & inside
         k32 = keep.to(tl.int32)
         rank = tl.cumsum(k32, axis=1) - 1

@@ -26,10 +26,10 @@ def _mixed_indices(swa_ptr, sw_s0, sw_s1, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_pt
     t64 = t.to(tl.int64)[:, None]
     jj = j[None, :]
     mm = m[:, None]
-    win = tl.load(swa_ptr + t64 * sw_s0 + jj * sw_s1, mask=mm & (jj < SW), other=PAD)
+    win = tl.load(swa_ptr + t64 * sw_s0 + jj.to(tl.int64) * sw_s1, mask=mm & (jj < SW), other=PAD)
     k = jj - SW
     in_topk = mm & (k >= 0) & (k < tlen[:, None]) & (k < K)
-    tk = tl.load(topk_ptr + t64 * tk_s0 + k * tk_s1, mask=in_topk, other=PAD)
+    tk = tl.load(topk_ptr + t64 * tk_s0 + k.to(tl.int64) * tk_s1, mask=in_topk, other=PAD)
     out = tl.where(jj < SW, win, tk)
     tl.store(idx_ptr + t64 * width + jj, out, mask=mm & (jj < width))
 

@@ -33,7 +33,8 @@ def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr
     width = K + SW
     in_topk = jj < tlen[:, None]
     if HAS_TOPK:
-        tk = tl.load(topk_ptr + t64 * tk_s0 + jj * tk_s1, mask=mm & in_topk & (jj < K), other=PAD).to(tl.int64)
+        tk = tl.load(topk_ptr + t64 * tk_s0 + jj.to(tl.int64) * tk_s1, mask=mm & in_topk & (jj < K),
+                     other=PAD).to(tl.int64)
         tk = tl.where(tk == PAD, PAD, tk + topk_offset)
     else:
         tk = tl.full([BLOCK_T, BLOCK_W], PAD, tl.int64)
