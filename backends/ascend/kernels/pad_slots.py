@@ -25,7 +25,7 @@ def _pad_kernel(slots_ptr, slots_stride, slots_col_stride, groups_ptr, num_group
         replayed = ok & (R > 0) & (R <= first) & (p >= R) & (p < R + Wr)  # R above the first position: stale
         for gi in range(0, num_groups):
             g = tl.load(groups_ptr + gi).to(tl.int64)
-            tl.store(slots_ptr + g * slots_stride + t * slots_col_stride, -1, mask=replayed)  # -1: PAD
+            tl.store(slots_ptr + g * slots_stride + t.to(tl.int64) * slots_col_stride, -1, mask=replayed)  # -1: PAD
 
 
 def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
@@ -38,6 +38,8 @@ def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positio
     if B == 0:
         return slot_mappings
     programs = max(1, min(core_count(str(positions.device)), T))
-    _pad_kernel[(programs,)](slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), cacheable_groups, cacheable_groups.numel(),
-                             query_start_loc, positions, replay_start, T, B, Wr, STEPS=search_steps(B))
+    # the 1-D inputs are read at unit stride
+    _pad_kernel[(programs,)](slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1),
+                             cacheable_groups.contiguous(), cacheable_groups.numel(), query_start_loc.contiguous(),
+                             positions.contiguous(), replay_start.contiguous(), T, B, Wr, STEPS=search_steps(B))
     return slot_mappings

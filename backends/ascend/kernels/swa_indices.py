@@ -24,7 +24,9 @@ def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx
     cols = tl.arange(0, BLOCK_W)
     for t_ in range(pid, T, nprog):
         t = pid * 0 + t_  # a tensor in both compiled and interpreted mode; the output row
-        ta = t + t_off  # the batch token it describes
+        # the batch token it describes, saturated at INT32_MAX (t_off <= INT32_MAX): a row past
+        # it is past query_start_loc[B] (int32) like the saturated one, where t + t_off wraps
+        ta = tl.minimum(t, 2147483647 - t_off) + t_off
         b = request_of(qsl_ptr, ta, B, STEPS)
         ok = b < B
         if HAS_VALID:  # constexpr switch: the caller's extra mask of padded tokens
@@ -68,9 +70,10 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     dst_idx = idx if idx.is_contiguous() else torch.empty_like(idx, memory_format=torch.contiguous_format)
     block_w = min(MAX_BLOCK_W, triton.next_power_of_2(max(width, 1)))
     programs = max(1, min(core_count(str(dev)), T))
+    qsl = query_start_loc.contiguous()  # the 1-D inputs are read at unit stride
     _swa_kernel[(programs,)](
-        query_start_loc, seq_lens, replay_start, table, table.stride(0),
-        valid if valid is not None else query_start_loc, dst_idx, lens,
+        qsl, seq_lens.contiguous(), replay_start.contiguous(), table, table.stride(0),
+        valid.contiguous() if valid is not None else qsl, dst_idx, lens,
         T, off, B, block_size, W, width,
         HAS_VALID=valid is not None, STEPS=search_steps(B), BLOCK_W=block_w)
     if dst_idx is not idx:
