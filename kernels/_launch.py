@@ -14,8 +14,11 @@ Skipping it is sound only because the pack's key fixes everything Triton special
 :func:`jit` declares every runtime ``int`` parameter ``do_not_specialize`` and every pointer
 ``do_not_specialize_on_alignment`` (except those named in ``align=``, whose alignment the
 caller puts into the key), so Triton's specialisation depends only on the argument dtypes and
-the constexprs, which each op's launcher puts into its key. ``check_keys`` (tests) sends every
-launch through Triton's path and fails when one key maps to two compiled kernels.
+the constexprs, which each op's launcher puts into its key, and on the width Triton gives
+each ``int`` (i32 below 2**31, i64 from it): validation keeps every int a kernel takes below
+2**31, tensor sizes and strides included (SPEC §0 Limits), so that width is always i32 and
+the key need not carry it. ``check_keys`` (tests) sends every launch through Triton's path
+and fails when one key maps to two compiled kernels.
 
 Below ``CompiledKernel.run`` sits the kernel's C launcher (``run.launch``, Triton's
 generated code: it reads each tensor's address and launches). Where calling it directly is

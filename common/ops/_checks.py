@@ -16,6 +16,25 @@ from ..validation import (
 )
 
 
+def check_extents(op: str, name: str, t: torch.Tensor) -> None:
+    """Every size and stride of ``t`` at most ``INT32_MAX`` elements (SPEC §0 Limits). The
+    Triton kernels take them as 32-bit launch arguments: past it Triton types the argument
+    64-bit, which the compiled kernel cached for the op's launch key (``kernels/_launch.py``)
+    does not take. Offsets inside a tensor may pass 2**31 (the kernels compute them in
+    int64); a stride that large puts neighbouring elements 8 GiB or more apart."""
+    if any(n > INT32_MAX for n in t.shape) or any(s > INT32_MAX for s in t.stride()):
+        fail(op, name, f"sizes {tuple(t.shape)}, strides {tuple(t.stride())}",
+             f"every size and stride <= {INT32_MAX} elements (32-bit kernel arguments)")
+
+
+def check_index_rows(op: str, name: str, t: torch.Tensor) -> None:
+    """Index rows ``[T, width]``: sizes and strides as :func:`check_extents`, a width of at
+    most ``MAX_WINDOW`` (SPEC §0 Limits: index widths)."""
+    check_extents(op, name, t)
+    if t.shape[1] > MAX_WINDOW:
+        fail(op, name, t, f"at most MAX_WINDOW={MAX_WINDOW} columns (an index width)")
+
+
 def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, num_tokens: int | None = None,
                 from_zero: bool = True) -> int:
     """``query_start_loc`` int32 [B+1] (+ ``seq_lens``/``replay_start`` int32 [B] on its device).
@@ -25,6 +44,7 @@ def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, n
     ``seq_lens >= q`` (a request's KV includes its own queries), ``replay_start >= 0``.
     """
     check_tensor(op, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
+    check_extents(op, "query_start_loc", query_start_loc)
     B = query_start_loc.shape[0] - 1
     if B < 0:
         fail(op, "query_start_loc", query_start_loc, "shape [B+1] (at least one element)")
@@ -59,6 +79,7 @@ def check_positions(op: str, positions: torch.Tensor) -> None:
 
 def check_block_table(op: str, block_table, B: int, device) -> None:
     check_tensor(op, "block_table", block_table, dtypes=INDEX_DTYPE, ndim=2, device=device)
+    check_extents(op, "block_table", block_table)
     if block_table.shape[0] < B:
         fail(op, "block_table", block_table, f"at least {B} rows (one per request)")
 
@@ -90,6 +111,7 @@ def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *,
 
 def check_slot_mappings(op: str, slot_mappings, device, num_tokens: int) -> int:
     check_tensor(op, "slot_mappings", slot_mappings, dtypes=SLOT_DTYPE, ndim=2, device=device)
+    check_extents(op, "slot_mappings", slot_mappings)
     if slot_mappings.shape[1] < num_tokens:
         fail(op, "slot_mappings", slot_mappings, f"at least {num_tokens} columns (one per token)")
     return slot_mappings.shape[0]

@@ -6,6 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION
 from ..validation import check_out, check_range, check_tensor
+from ._checks import check_extents
 from ._results import Results
 
 NAME = "batch_replay_start"
@@ -15,6 +16,7 @@ def validate(R_per_request, idx_mapping, is_prefilling, *, out=None) -> None:
     check_tensor(NAME, "R_per_request", R_per_request, dtypes=(torch.int32, torch.int64), ndim=1)
     dev = R_per_request.device
     check_tensor(NAME, "idx_mapping", idx_mapping, dtypes=(torch.int32, torch.int64), ndim=1, device=dev)
+    check_extents(NAME, "idx_mapping", idx_mapping)
     B = idx_mapping.shape[0]
     check_tensor(NAME, "is_prefilling", is_prefilling, dtypes=torch.bool, shape=(B,), device=dev)
     if out is not None:

@@ -12,7 +12,7 @@ import torch
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
 from ._batch import live_replay_start, token_view
-from ._checks import check_batch, check_window
+from ._checks import check_batch, check_extents, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ._results import Results
 
@@ -27,6 +27,7 @@ def combined_width(top_k: int, W: int) -> int:
 def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
              *, valid=None, out=None) -> None:
     check_tensor(NAME, "topk_indices", topk_indices, dtypes=INDEX_DTYPE, ndim=2)
+    check_extents(NAME, "topk_indices", topk_indices)
     dev = topk_indices.device
     T = topk_indices.shape[0]
     check_window(NAME, "W", W)

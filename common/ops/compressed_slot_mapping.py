@@ -7,7 +7,7 @@ import torch
 from ..types import PAD, SLOT_DTYPE
 from ..validation import INT32_MAX, check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
-from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
+from ._checks import check_batch, check_block_table, check_block_table_covers, check_extents, check_window
 from ._results import Results
 
 NAME = "compressed_slot_mapping"
@@ -16,6 +16,7 @@ NAME = "compressed_slot_mapping"
 def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,
              out=None) -> None:
     check_tensor(NAME, "token_slots", token_slots, dtypes=SLOT_DTYPE, ndim=1)
+    check_extents(NAME, "token_slots", token_slots)
     dev = token_slots.device
     T = token_slots.shape[0]
     check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)

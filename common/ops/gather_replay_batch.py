@@ -7,7 +7,7 @@ import torch
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
 from ._batch import live_replay_start
-from ._checks import check_batch, check_positions, check_slot_mappings, check_window
+from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
 from ._results import Results
 
 NAME = "gather_replay_batch"
@@ -54,6 +54,7 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
                 fail(NAME, "out", sorted(out), f"a buffer for {key!r}")
             check_out(NAME, f"out[{key!r}]", out[key], shape=shape, dtype=dtype, device=dev,
                       row_stride=key == "slot_mappings")  # e.g. vLLM's [:, :n_pad] of a [G, max_tokens] buffer
+        check_extents(NAME, "out['slot_mappings']", out["slot_mappings"])
 
 
 def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:

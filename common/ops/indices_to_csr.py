@@ -10,6 +10,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
+from ._checks import check_extents
 from ._results import Results
 
 NAME = "indices_to_csr"
@@ -17,6 +18,7 @@ NAME = "indices_to_csr"
 
 def validate(indices, lens, *, out=None) -> None:
     check_tensor(NAME, "indices", indices, dtypes=INDEX_DTYPE, ndim=2)
+    check_extents(NAME, "indices", indices)
     T, K = indices.shape
     check_tensor(NAME, "lens", lens, dtypes=INDEX_DTYPE, shape=(T,), device=indices.device)
     if out is not None:

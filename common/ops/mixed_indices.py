@@ -6,6 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import check_out, check_range, check_tensor, fail
+from ._checks import check_index_rows
 from ._results import Results
 
 NAME = "mixed_indices"
@@ -18,9 +19,11 @@ def mixed_width(swa_width: int, top_k: int) -> int:
 
 def validate(swa_indices, topk_slots, topk_lens, *, out=None) -> None:
     check_tensor(NAME, "swa_indices", swa_indices, dtypes=INDEX_DTYPE, ndim=2)
+    check_index_rows(NAME, "swa_indices", swa_indices)
     dev = swa_indices.device
     T, SW = swa_indices.shape
     check_tensor(NAME, "topk_slots", topk_slots, dtypes=INDEX_DTYPE, ndim=2, device=dev)
+    check_index_rows(NAME, "topk_slots", topk_slots)
     if topk_slots.shape[0] != T:
         fail(NAME, "topk_slots", topk_slots, f"{T} rows (one per token, as swa_indices)")
     check_tensor(NAME, "topk_lens", topk_lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)

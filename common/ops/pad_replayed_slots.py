@@ -7,7 +7,7 @@ import torch
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
 from ..validation import check_range, check_tensor, fail, value_checks_enabled
 from ._batch import token_view
-from ._checks import check_batch, check_positions, check_slot_mappings, check_window
+from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
 from ._results import Results
 
 NAME = "pad_replayed_slots"
@@ -19,6 +19,7 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
     T = positions.shape[0]
     G = check_slot_mappings(NAME, slot_mappings, dev, T)
     check_tensor(NAME, "cacheable_groups", cacheable_groups, dtypes=INDEX_DTYPE, ndim=1, device=dev)
+    check_extents(NAME, "cacheable_groups", cacheable_groups)
     check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
     check_batch(NAME, query_start_loc, None, replay_start, num_tokens=T)
     check_window(NAME, "Wr", Wr, min_value=0)

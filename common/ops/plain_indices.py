@@ -6,6 +6,7 @@ import torch
 
 from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
+from ._checks import check_index_rows
 from ._results import Results
 
 NAME = "plain_indices"
@@ -13,6 +14,7 @@ NAME = "plain_indices"
 
 def validate(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0, out=None) -> None:
     check_tensor(NAME, "swa_indices", swa_indices, dtypes=INDEX_DTYPE, ndim=2)
+    check_index_rows(NAME, "swa_indices", swa_indices)
     dev = swa_indices.device
     T, SW = swa_indices.shape
     check_tensor(NAME, "swa_lens", swa_lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)
@@ -21,6 +23,7 @@ def validate(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_off
     K = 0
     if topk_slots is not None:
         check_tensor(NAME, "topk_slots", topk_slots, dtypes=INDEX_DTYPE, ndim=2, device=dev)
+        check_index_rows(NAME, "topk_slots", topk_slots)
         if topk_slots.shape[0] != T:
             fail(NAME, "topk_slots", topk_slots, f"{T} rows (one per token, as swa_indices)")
         check_tensor(NAME, "topk_lens", topk_lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)

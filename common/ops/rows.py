@@ -6,6 +6,7 @@ import torch
 
 from ..types import SLOT_DTYPE
 from ..validation import check_int, check_out, check_range, check_tensor, fail
+from ._checks import check_extents
 from ._results import Results
 
 GATHER = "gather_rows"
@@ -15,6 +16,7 @@ SCATTER = "scatter_rows"
 def validate_gather(x, rows, *, out=None) -> None:
     check_tensor(GATHER, "x", x, min_ndim=1)
     check_tensor(GATHER, "rows", rows, dtypes=SLOT_DTYPE, ndim=1, device=x.device)
+    check_extents(GATHER, "rows", rows)
     if out is not None:
         check_out(GATHER, "out", out, shape=(rows.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     check_range(GATHER, "rows", rows, low=0, high=x.shape[0])
@@ -30,6 +32,7 @@ def gather_rows(x, rows, *, out=None) -> torch.Tensor:
 def validate_scatter(y, rows, num_rows, *, out=None) -> None:
     check_tensor(SCATTER, "y", y, min_ndim=1)
     check_tensor(SCATTER, "rows", rows, dtypes=SLOT_DTYPE, ndim=1, device=y.device)
+    check_extents(SCATTER, "rows", rows)
     if rows.shape[0] != y.shape[0]:
         fail(SCATTER, "rows", rows, f"{y.shape[0]} entries (one per row of y; slice off graph padding first)")
     check_int(SCATTER, "num_rows", num_rows, min_value=0)

@@ -11,6 +11,7 @@ from ._checks import (
     check_batch,
     check_block_table,
     check_block_table_covers,
+    check_extents,
     check_window,
 )
 from ._results import Results
@@ -30,6 +31,7 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
         check_int(NAME, "token_offset", token_offset, min_value=0)
     if valid is not None:
         check_tensor(NAME, "valid", valid, dtypes=torch.bool, ndim=1, device=dev)
+        check_extents(NAME, "valid", valid)
         if num_tokens is not None and valid.shape[0] != num_tokens:
             fail(NAME, "valid", valid, f"shape [{num_tokens}] (num_tokens)")
     if index_width is not None:
