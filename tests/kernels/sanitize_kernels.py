@@ -8,7 +8,12 @@ Small shapes keep the sanitizers' slowdown affordable; the cases cover what the 
 masks must get right: PAD anywhere, empty rows and requests, graph padding, strided slot
 mappings, split-K decode, ragged last tiles, a partial 64-head block, every sparse-MLA variant
 that runs here (the tl kernel, both Gluon kernels (the ws one with both gather widths), FlashMLA
-when it is importable).
+when it is importable). Then the huge-stride cases (tests/kernels/huge_strides.py: every kernel
+on views whose elements lie 2**31 or more elements apart, after the small launches above have
+compiled and cached each kernel) and each sparse-MLA variant over a KV cache whose last row
+lies 2**31 elements in. Those allocate up to 16 GiB a case; run with
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so that memcheck sees each allocation's own bounds (an
+overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leaves them out.
 Exit 1 on a wrong result.
 """
 
@@ -35,6 +40,30 @@ def _wide(ws):
         finally:
             ws.wide_gathers = real
     return call
+
+
+def huge_kv_cases(variants: dict, dev, rng, sms: int) -> list[str]:
+    """Each sparse-MLA variant on a prefill-sized call (every variant's scope: H 64, D 512)
+    over a 5-row KV cache whose rows lie 2**29 elements apart: index 4 is element 2**31."""
+    import huge_strides
+
+    bad = []
+    for name, fn in variants.items():
+        args, kw = sparse_mla_case(rng, dev, T=sms, H=64, D=512, d_v=512, K=128, S=5, dtype=torch.bfloat16)
+        args = list(args)
+        args[2][:, 0] = 4
+        args[3][:] = args[2].shape[1]
+        want = OPS["sparse_mla"].reference(*to_device(args, "cpu"), **to_device(kw, "cpu"))
+        args[1] = huge_strides.spread(args[1], 0)
+        got = fn(*args, **kw)
+        torch.cuda.synchronize()
+        why = mismatch("sparse_mla", got, want)
+        if why:
+            bad.append(f"sparse_mla/{name} over far KV rows: {why}")
+        print(f"ran sparse_mla/{name} over far KV rows", flush=True)
+        del args, got
+        torch.cuda.empty_cache()
+    return bad
 
 
 def main(argv: list[str]) -> int:
@@ -86,10 +115,22 @@ def main(argv: list[str]) -> int:
                 bad.append(f"sparse_mla/{name} T{T} H{H} K{K}: {why}")
             print(f"ran sparse_mla/{name} T {T} H {H} K {K}", flush=True)
     torch.cuda.synchronize()
+    huge = 0
+    if "--no-huge" not in argv:
+        import huge_strides
+
+        for name in huge_strides.names(str(dev)):
+            outcome, why = huge_strides.run_case(name, str(dev))
+            if outcome != "ok":
+                bad.append(f"huge strides {name}: {outcome}: {why}")
+            print(f"ran huge strides {name}", flush=True)
+            torch.cuda.empty_cache()
+            huge += 1
+        bad += huge_kv_cases(variants, dev, rng, sms)
     for b in bad:
         print("WRONG", b)
-    print(f"kernels run: {len(METADATA_KERNELS)} metadata ops x 2 cases, sparse_mla variants {sorted(variants)}; "
-          f"wrong results: {len(bad)}")
+    print(f"kernels run: {len(METADATA_KERNELS)} metadata ops x 2 cases, sparse_mla variants {sorted(variants)}, "
+          f"huge-stride cases {huge} (+ {len(variants) if huge else 0} far-KV sparse_mla); wrong results: {len(bad)}")
     return 1 if bad else 0
 
 
