@@ -17,14 +17,15 @@ from ..validation import (
 
 
 def check_extents(op: str, name: str, t: torch.Tensor) -> None:
-    """Every size and stride of ``t`` at most ``INT32_MAX`` elements (SPEC §0 Limits). The
-    Triton kernels take them as 32-bit launch arguments: past it Triton types the argument
-    64-bit, which the compiled kernel cached for the op's launch key (``kernels/_launch.py``)
-    does not take. Offsets inside a tensor may pass 2**31 (the kernels compute them in
-    int64); a stride that large puts neighbouring elements 8 GiB or more apart."""
-    if any(n > INT32_MAX for n in t.shape) or any(s > INT32_MAX for s in t.stride()):
+    """Every size of ``t`` at most ``MAX_POSITION`` and every stride at most ``INT32_MAX``
+    elements (SPEC §0 Limits). The Triton kernels take both as 32-bit launch arguments (from
+    2**31 on Triton types an argument i64, which the compiled kernel cached for the op's
+    launch key, ``kernels/_launch.py``, does not take) and walk a dimension in 32-bit lane
+    indices ``program * BLOCK + lane``, which must not wrap past its end. An offset inside a
+    tensor may pass 2**31: the kernels compute index times stride in int64."""
+    if any(n > MAX_POSITION for n in t.shape) or any(s > INT32_MAX for s in t.stride()):
         fail(op, name, f"sizes {tuple(t.shape)}, strides {tuple(t.stride())}",
-             f"every size and stride <= {INT32_MAX} elements (32-bit kernel arguments)")
+             f"sizes <= MAX_POSITION={MAX_POSITION} and strides <= {INT32_MAX} elements (32-bit kernel arguments)")
 
 
 def check_index_rows(op: str, name: str, t: torch.Tensor) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
+from ..types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
 from ._batch import live_replay_start
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
@@ -69,7 +69,8 @@ def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> N
     sub-batch buffers."""
     B = query_start_loc.shape[0] - 1
     check_int(op, "plan.num_rows", plan.num_rows, min_value=0)  # the host's count: decodes may differ here
-    check_int(op, "plan.num_rows_padded", plan.num_rows_padded, min_value=plan.num_rows)
+    check_int(op, "plan.num_rows_padded", plan.num_rows_padded, min_value=plan.num_rows, max_value=MAX_POSITION,
+              why="MAX_POSITION")
     check_tensor(op, "plan.kept", plan.kept, dtypes=INDEX_DTYPE, shape=(B,))
     check_tensor(op, "plan.trimmed", plan.trimmed, dtypes=torch.bool, shape=(B,), device=plan.kept.device)
     check_tensor(op, "plan.dropped_before", plan.dropped_before, dtypes=INDEX_DTYPE, shape=(B + 1,),

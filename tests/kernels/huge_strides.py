@@ -36,7 +36,7 @@ import torch
 
 import swa_backends as sb
 from swa_backends.common.ops import OPS, plan_replay_batch
-from swa_backends.common.types import INDEX_DTYPE, PAD, SLOT_DTYPE
+from swa_backends.common.types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE
 from swa_backends.testing.conformance import mismatch, random_batch
 
 SPAN = 2**31  # elements from a spread dimension's first element to its last
@@ -130,7 +130,8 @@ class Call:
     """One call of a case. ``fn`` None: the op of the pack's Backend with the Triton variant
     preferred (validated first); else that kernel, called after the op's validator unless
     ``validate`` is False. ``refused``: the validator must refuse the call with a ValueError
-    naming that argument, before anything is written (a size or stride past INT32_MAX)."""
+    naming that argument, before anything is written (a size past MAX_POSITION, a stride
+    past INT32_MAX: SPEC §0 Limits)."""
 
     op: str
     args: tuple
@@ -188,12 +189,12 @@ def _(dev):
     return Call("batch_replay_start", (R_all, idx, pre))
 
 
-@case("batch_replay_start/idx_mapping_2_31_rows")
+@case("batch_replay_start/idx_mapping_past_MAX_POSITION_rows")
 def _(dev):
-    # an expanded idx_mapping: a batch of 2**31 rows, no memory
+    # an expanded idx_mapping: a batch of 2**30 + 1 rows, no memory
     R_all = torch.tensor([5, 7], dtype=INDEX_DTYPE, device=dev)
-    idx = torch.ones(1, dtype=INDEX_DTYPE, device=dev).expand(SPAN)
-    pre = torch.ones(1, dtype=torch.bool, device=dev).expand(SPAN)
+    idx = torch.ones(1, dtype=INDEX_DTYPE, device=dev).expand(MAX_POSITION + 1)
+    pre = torch.ones(1, dtype=torch.bool, device=dev).expand(MAX_POSITION + 1)
     return Call("batch_replay_start", (R_all, idx, pre), refused="idx_mapping")
 
 
@@ -306,14 +307,30 @@ def _(dev):
                                          b.block_size, b.W, t["replay_start"]), refused="block_table")
 
 
-@case("swa_indices_and_lens/block_table_2_31_columns")
+@case("swa_indices_and_lens/block_table_past_MAX_POSITION_columns")
 def _(dev):
-    # an expanded block table: 2**31 columns of one block each, no memory
+    # an expanded block table: 2**30 + 1 columns of one block each, no memory
     b = _batch(lambda b: b.B >= 1)
     t = b.tensors(dev)
-    table = t["block_table"][:, :1].expand(b.B, SPAN)
+    table = t["block_table"][:, :1].expand(b.B, MAX_POSITION + 1)
     return Call("swa_indices_and_lens", (t["query_start_loc"], t["seq_lens"], table, b.block_size, b.W,
                                          t["replay_start"]), refused="block_table")
+
+
+@case("swa_indices_and_lens/num_tokens_past_MAX_POSITION")
+def _(dev):
+    a, kw = _swa_args(dev)
+    return Call("swa_indices_and_lens", tuple(a), {**kw, "num_tokens": MAX_POSITION + 1}, refused="num_tokens")
+
+
+@case("swa_indices_and_lens/query_start_loc_past_MAX_POSITION")
+def _(dev):
+    # no num_tokens: the rows are query_start_loc[-1] = 2**30 + 2 tokens (two requests each
+    # within MAX_POSITION), refused before any output is allocated
+    i32 = dict(dtype=INDEX_DTYPE, device=dev)
+    qsl = torch.tensor([0, MAX_POSITION, MAX_POSITION + 2], **i32)
+    return Call("swa_indices_and_lens", (qsl, torch.tensor([MAX_POSITION, 2], **i32), torch.zeros(2, 1, **i32), 16, 8,
+                                         torch.zeros(2, **i32)), refused="query_start_loc")
 
 
 def _far_token_offset(dev, fn) -> Call:
@@ -441,10 +458,10 @@ def _(dev):
     return Call("gather_rows", _far_rows_source(dev, SPAN + 64, 1, torch.int8))
 
 
-@case("gather_rows/2_31_rows")
+@case("gather_rows/past_MAX_POSITION_rows")
 def _(dev):
     x = torch.arange(6, dtype=torch.int8, device=dev).reshape(3, 2)
-    rows = torch.ones(1, dtype=SLOT_DTYPE, device=dev).expand(SPAN)  # 2**31 picks of row 1, no memory
+    rows = torch.ones(1, dtype=SLOT_DTYPE, device=dev).expand(MAX_POSITION + 1)  # picks of row 1, no memory
     return Call("gather_rows", (x, rows), refused="rows")
 
 
