@@ -229,7 +229,7 @@ def _prepare_args(dev, *, plan: bool = True, read_columns: bool = False) -> tupl
             torch.tensor([0], dtype=INDEX_DTYPE, device=dev), table, b.block_size, b.W, b.Wr]
     kw = {"index_width": b.W + 1, "prefill_from": b.T // 2, "gather_lens_from": 1, "valid_group": 2}
     if plan:
-        kw["plan"] = plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
+        kw["plan"] = plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W, trim_threshold=0)
     return args, kw
 
 
