@@ -257,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         message = _one_line(exc)
     except OSError as exc:  # a file the user named (--out, --matrix) that cannot be written or read
         if isinstance(exc, BrokenPipeError):  # the reader went away (| head): nothing left to say
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter flushes it at exit
+            # what is still buffered goes nowhere, not into a second error when Python flushes at exit
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # a stdout with no file descriptor (an embedding caller's)
+                pass
             return 1
         message = _one_line(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     except KeyboardInterrupt:

@@ -390,7 +390,7 @@ def read_yaml(text: str, source: str) -> Any:
 def read_file(path) -> str:
     """The text of a matrix file: a regular file of at most ``MAX_BYTES`` bytes of UTF-8
     (:class:`MatrixError` naming the path otherwise, before reading more than that)."""
-    if not isinstance(path, (str, os.PathLike)):
+    if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
         raise MatrixError(f"matrix={_short(path)}: expected a path to a matrix YAML file")
     try:
         # stat first: opening a FIFO would block, reading a device would not end
