@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from case_worker import run_cases
+from case_worker import failed, over_bounds, run_cases
 
 from swa_backends.cli import MAX_CASES, MAX_SEED, main
 
@@ -208,17 +208,12 @@ def reports():
 
 
 def test_every_mistake_is_one_line_and_exit_2(reports):
-    bad = [r for r in reports if r["outcome"] != "returned"]
-    lines = "\n".join(f"{r['label'][:80]}: {r['outcome']}: {r['detail'][:500]}" for r in bad[:20])
-    assert not bad, f"{len(bad)} of {len(reports)} cases failed:\n{lines}"
+    assert not failed(reports), failed(reports)
     assert len(reports) == len(cases())
 
 
 def test_every_mistake_is_bounded_in_time_and_memory(reports):
-    slow = [(r["label"][:60], r["seconds"]) for r in reports if r["seconds"] is not None and r["seconds"] > MAX_SECONDS]
-    big = [(r["label"][:60], r["rss_growth_mb"]) for r in reports
-           if r["rss_growth_mb"] is not None and r["rss_growth_mb"] > MAX_RSS_GROWTH_MB]
-    assert not slow and not big, (slow, big)
+    assert not over_bounds(reports, seconds=MAX_SECONDS, rss_mb=MAX_RSS_GROWTH_MB)
 
 
 def _processes(commands: dict[str, tuple[list[str], dict]]) -> dict[str, subprocess.CompletedProcess]:

@@ -132,6 +132,19 @@ def run_cases(path: str | Path, *, env: dict | None = None, case_timeout: float 
     return rows
 
 
+def failed(reports: list[dict]) -> str:
+    """The cases that did not return (raised, crashed, hung), one line each; '' if none."""
+    bad = [r for r in reports if r["outcome"] != "returned"]
+    lines = "\n".join(f"{r['label'][:80]}: {r['outcome']}: {r['detail'][:500]}" for r in bad[:20])
+    return f"{len(bad)} of {len(reports)} cases failed:\n{lines}" if bad else ""
+
+
+def over_bounds(reports: list[dict], *, seconds: float, rss_mb: float) -> list[tuple]:
+    """``(label, seconds, rss growth in MB)`` of the cases that took longer or grew more."""
+    return [(r["label"][:60], r["seconds"], r["rss_growth_mb"]) for r in reports
+            if (r["seconds"] or 0) > seconds or (r["rss_growth_mb"] or 0) > rss_mb]
+
+
 def _load_label(path, i: int) -> str:
     return _load(str(path)).cases()[i][0]
 
