@@ -7,6 +7,11 @@ template naming anything but a plain rule field is a :class:`MatrixError` naming
 the value, at load time (not when the rule first applies). A row may *narrow* what variants
 declare, never widen it: listing a variant for an arch its declaration excludes is an error.
 A loaded :class:`Matrix` is immutable and safe to share between threads.
+
+A matrix file is untrusted input (``swa-backends matrix --matrix PATH``, ``select(matrix=PATH)``):
+plain YAML data only (no anchors, aliases, tags or merge keys), bounded in size, nodes and depth,
+read only from a regular file of UTF-8 text; whatever is wrong is one :class:`MatrixError`
+naming the file and the place, raised in bounded time and memory.
 """
 
 from __future__ import annotations
