@@ -9,18 +9,28 @@
 ``info --emulate`` installs the device platform's contract doubles first
 (``swa_backends.testing.emulation``): the report then shows what a deployment *with* the
 vendor packages would pick -- labelled as emulated, never as a measurement.
+
+Every user mistake (a bad flag value, a file that cannot be read or written, a malformed
+matrix file, a variant that cannot run here) is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 
 from .common.config import ServingConfig
 from .common.device import resolve_device
-from .dispatch import Explanation, explain, select
+from .dispatch import explain, format_explanation, select
 from .common.errors import MatrixError, SelectionError
+
+
+#: Bounds of the counts the CLI takes: far above any useful run, far below one that never ends.
+MAX_CASES = 10_000
+MAX_SEED = 2**32 - 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,8 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         "info", parents=[common], help="device, replay decision with reasons, variant per op",
         description="What the pack picks for a device and a serving configuration: whether encoder and decoder "
                     "replay are on (with every reason), and which variant runs each op (per-call chains in order).")
-    info.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                      help="a ServingConfig field (pcp=4, graph_mode=none, lora=true, ...); repeatable")
+    info.add_argument("--config", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                      help="ServingConfig fields (--config pcp=2 graph_mode=none lora=true); the flag may repeat")
     info.add_argument("--all", action="store_true", help="every variant of every op with its reasons")
     info.add_argument("--emulate", action="store_true",
                       help="install the platform's vendor contract doubles: show what a deployment with the vendor "
@@ -64,16 +74,17 @@ def _parser() -> argparse.ArgumentParser:
         "check", parents=[common], help="run every op here against the reference on random batches",
         description="Run every op of the selected backend on a device present here against the CPU torch reference, "
                     "on random serving-like batches, and report pass/fail per op (exit 1 on a failure).")
-    check.add_argument("--cases", type=int, default=20, help="random cases per op (default 20)")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--cases", type=int, default=20, help=f"random cases per op (default 20, at most {MAX_CASES})")
+    check.add_argument("--seed", type=int, default=0, help=f"random seed, 0 to {MAX_SEED}")
     matrix = sub.add_parser(
         "matrix", help="conformance of every variant of every matrix.yaml row: real device or emulated",
         description="The conformance suite for every row of the capability matrix: on this machine's device where it "
                     "is one, emulated elsewhere (Triton's interpreter, contract doubles of the vendor packages).")
     matrix.add_argument("--rows", default=None, help=f"comma-separated rows (default: every row): {_matrix_rows()}")
     matrix.add_argument("--ops", default=None, help="comma-separated op names (default: every op)")
-    matrix.add_argument("--cases", type=int, default=3, help="random cases per op and variant (default 3)")
-    matrix.add_argument("--seed", type=int, default=0)
+    matrix.add_argument("--cases", type=int, default=3,
+                        help=f"random cases per op and variant (default 3, at most {MAX_CASES})")
+    matrix.add_argument("--seed", type=int, default=0, help=f"random seed, 0 to {MAX_SEED}")
     matrix.add_argument("--matrix", default=None, metavar="PATH", help="a matrix YAML file instead of the shipped one")
     matrix.add_argument("--out", default=None, metavar="DIR", help="write matrix_report.json and matrix_report.md here")
     matrix.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
@@ -87,81 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Style:
-    """ANSI colour on a terminal (unless NO_COLOR is set), nothing when piped."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    def __call__(self, text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.enabled else text
-
-    def on_off(self, enabled: bool) -> str:
-        return self("ON", "1;32") if enabled else self("OFF", "1;31")
-
-
 def _colour_default() -> bool:
-    import os
-
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def _side(name: str, d, style: _Style) -> list[str]:
-    lines = [f"{name}: {style.on_off(d.enabled)}"]
-    lines += [f"    - {r}" for r in (d.reasons if not d.enabled else d.notes)]
-    return lines
-
-
-def _table(rows: list[tuple[str, ...]], style: _Style) -> list[str]:
-    """Aligned columns (widths from the plain text; colour codes added after padding)."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for n, r in enumerate(rows):
-        cells = [x.ljust(w) for x, w in zip(r, widths)]
-        if n == 0:
-            cells = [style(c, "1") for c in cells]
-        else:
-            status = {"hardware": "32", "emulated": "33", "not-run": "2"}.get(r[2].strip())
-            if status:
-                cells[2] = style(cells[2], status)
-        out.append("  ".join(cells).rstrip())
-    return out
 
 
 EMULATED_NOTE = ("vendor packages replaced by contract doubles (swa_backends.testing.emulation.{platform}), their probes "
                  "forced available: what a deployment with them would pick, not a measurement")
-
-
-def format_explanation(e: Explanation, *, full: bool = False, emulated: bool = False, colour: bool = False) -> str:
-    style = _Style(colour)
-    caps = e.capabilities
-    lines = [f"device:        {e.device}", f"matrix row:    {caps.row or '(none)'}"]
-    if emulated:
-        lines.append("emulated:      " + EMULATED_NOTE.format(platform=e.device.platform))
-    if caps.fallback:
-        lines.append(f"fallback:      {caps.fallback}")
-    for problem in e.device.problems:
-        lines.append(f"device note:   {problem}")
-    lines += _side("encoder replay", caps.encoder_replay, style) + _side("decoder replay", caps.decoder_replay, style)
-    lines.append("")
-    rows = [("op", "variant", "verified", "graph-safe", "layout")]
-    by = {(c.op, c.variant): c for c in e.table}
-    for op, names in e.chosen.items():
-        for i, name in enumerate(names):
-            c = by[(op, name)]
-            label = name if len(names) == 1 else f"{name} ({'per-call' if i < len(names) - 1 else 'else'})"
-            rows.append((op if i == 0 else "", label, c.verified or "-", "yes" if c.graph_safe else "no", c.index_layout or "-"))
-    lines += _table(rows, style)
-    if full:
-        lines.append("")
-        lines.append("every variant:")
-        for c in e.table:
-            why = "; ".join(c.reasons) if c.reasons else "ok"
-            if c.ahead:
-                why += "; " + "; ".join(c.ahead)
-            status = style(f"{c.status:<9}", {"chosen": "32", "per-call": "36", "rejected": "2"}.get(c.status, "0"))
-            lines.append(f"  {c.op:<24} {c.variant:<18} {status} {why}")
-    return "\n".join(lines)
 
 
 def emulated(device):
@@ -189,15 +131,22 @@ def _info(args) -> int:
             data["emulated_note"] = EMULATED_NOTE.format(platform=info.platform)
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(format_explanation(e, full=args.all, emulated=args.emulate, colour=_colour_default()))
+        note = EMULATED_NOTE.format(platform=info.platform) if args.emulate else None
+        print(format_explanation(e, full=args.all, emulated=note, colour=_colour_default()))
     return 0
+
+
+def _bounded(flag: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise ValueError(f"{flag}={value}: expected an int in [{low}, {high}]")
+    return value
 
 
 def _check(args) -> int:
     from .testing.conformance import check_backend
 
-    if args.cases < 1:
-        raise ValueError(f"--cases={args.cases}: expected an int >= 1")
+    _bounded("--cases", args.cases, 1, MAX_CASES)
+    _bounded("--seed", args.seed, 0, MAX_SEED)
     info = resolve_device(args.device)
     if not info.runnable:
         raise ValueError(f"--device={args.device}: expected a device present here (fake devices: use 'info')")
@@ -216,8 +165,42 @@ def _check(args) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _split(value: str | None) -> list[str] | None:
-    return None if value is None else [x.strip() for x in value.split(",") if x.strip()]
+def _split(flag: str, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    if not items:  # an empty list would run nothing and report success
+        raise ValueError(f"{flag}={value!r}: expected comma-separated names")
+    return items
+
+
+def _check_out_dir(path: str) -> None:
+    """``--out``: a directory, or a path one can be made at (checked before the run, which
+    may take minutes)."""
+    if not path.strip():
+        raise ValueError(f"--out={path!r}: expected a directory path")
+    target = os.path.abspath(path)
+    probe = target
+    while not os.path.exists(probe):  # the nearest existing ancestor must be a writable directory
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        what = "an existing file" if probe == target else f"a path under the file {probe}"
+        raise ValueError(f"--out={path}: expected a directory (or a new one to create), got {what}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"--out={path}: expected a directory this user can write ({probe} is not writable)")
+
+
+def _worker(args, progress: bool) -> int:
+    """The runner's own emulation worker (``--worker JOBS --worker-out RESULTS``, not for users)."""
+    from .testing import matrix_runner
+
+    if not args.worker_out:
+        raise ValueError(f"--worker={args.worker}: expected --worker-out too (the runner starts workers itself)")
+    try:
+        return matrix_runner.run_worker(args.worker, args.worker_out, progress=progress)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"--worker={args.worker}: expected a jobs file written by the matrix runner "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def _matrix(args) -> int:
@@ -225,9 +208,13 @@ def _matrix(args) -> int:
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     if args.worker:
-        return matrix_runner.run_worker(args.worker, args.worker_out, progress=progress)
-    report = matrix_runner.run_matrix(matrix=args.matrix, rows=_split(args.rows), ops=_split(args.ops),
-                                      cases=args.cases, seed=args.seed, progress=progress,
+        return _worker(args, progress)
+    _bounded("--cases", args.cases, 1, MAX_CASES)
+    _bounded("--seed", args.seed, 0, MAX_SEED)
+    if args.out is not None:
+        _check_out_dir(args.out)
+    report = matrix_runner.run_matrix(matrix=args.matrix, rows=_split("--rows", args.rows),
+                                      ops=_split("--ops", args.ops), cases=args.cases, seed=args.seed, progress=progress,
                                       in_process=True if args.in_process else None)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
@@ -239,12 +226,46 @@ def _matrix(args) -> int:
     return report.exit_code
 
 
+def _interpreter_hint(exc: SelectionError, argv: list[str]) -> str | None:
+    """The exact command, when a forced Triton variant failed only for want of the
+    interpreter: Triton fixes compiled or interpreted per process, when it decorates a kernel,
+    so the CLI cannot switch it on for itself."""
+    from .common.registry import probe
+
+    why = probe("triton_interpreter")
+    if why is None or "TRITON_INTERPRET" not in why or not any(why in r for rs in exc.reasons.values() for r in rs):
+        return None
+    return ("Triton kernels run on a CPU only in Triton's interpreter, chosen when the process starts; run: "
+            "TRITON_INTERPRET=1 swa-backends " + shlex.join(argv))
+
+
+def _one_line(text: str, limit: int = 1500) -> str:
+    """A message on one line, cut where a value the user typed made it absurdly long."""
+    line = "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    return line if len(line) <= limit else line[:limit - 4] + " ..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The CLI; every user mistake is one line on stderr and exit status 2 (1: a check failed)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     try:
         return {"info": _info, "check": _check, "matrix": _matrix}[args.command](args)
-    except (ValueError, SelectionError, MatrixError) as exc:
-        sys.stderr.write(f"swa-backends: error: {str(exc).splitlines()[0]}\n")
-        for extra in str(exc).splitlines()[1:]:
-            sys.stderr.write(f"  {extra}\n")
-        return 2
+    except SelectionError as exc:
+        message = _interpreter_hint(exc, argv) or _one_line(exc)
+    except (ValueError, MatrixError) as exc:
+        message = _one_line(exc)
+    except OSError as exc:  # a file the user named (--out, --matrix) that cannot be written or read
+        if isinstance(exc, BrokenPipeError):  # the reader went away (| head): nothing left to say
+            # what is still buffered goes nowhere, not into a second error when Python flushes at exit
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # a stdout with no file descriptor (an embedding caller's)
+                pass
+            return 1
+        message = _one_line(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    except KeyboardInterrupt:
+        sys.stderr.write("swa-backends: interrupted\n")
+        return 130
+    sys.stderr.write(f"swa-backends: error: {message}\n")
+    return 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import textwrap
 import threading
 import warnings
 from collections.abc import Mapping
@@ -117,6 +118,15 @@ class Capabilities:
         return {"device": _device_dict(self.device), "row": self.row, "fallback": self.fallback,
                 "encoder_replay": side(self.encoder_replay), "decoder_replay": side(self.decoder_replay)}
 
+    def __str__(self) -> str:
+        """The decision as ``swa-backends info`` prints it (device, row, both sides with
+        every reason, wrapped)."""
+        return "\n".join(_capability_lines(self, _Style(False)))
+
+    def __repr__(self) -> str:
+        return (f"<Capabilities {self.device.spec}: encoder replay {_on_off(self.encoder_replay.enabled)}, "
+                f"decoder replay {_on_off(self.decoder_replay.enabled)}; print() it for the reasons>")
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -147,11 +157,125 @@ class Explanation:
             "table": [c.__dict__ | {"reasons": list(c.reasons), "ahead": list(c.ahead)} for c in self.table],
         }
 
+    def __str__(self) -> str:
+        """The table ``swa-backends info --all`` prints (:func:`format_explanation`)."""
+        return format_explanation(self)
+
+    def __repr__(self) -> str:
+        caps = self.capabilities
+        return (f"<Explanation {self.device.spec}: encoder replay {_on_off(caps.encoder_replay.enabled)}, "
+                f"decoder replay {_on_off(caps.decoder_replay.enabled)}, {len(self.chosen)} ops; "
+                "print() it for the table>")
+
 
 def _device_dict(d: DeviceInfo) -> dict:
     return {"platform": d.platform, "arch": d.arch, "name": d.name, "torch_device": d.torch_device,
             "capability": list(d.capability) if d.capability else None, "fake": d.fake,
             "problems": list(d.problems)}
+
+
+# ---------------------------------------------------------------------------------------
+# rendering: the one text form of a decision (str(), ``swa-backends info``)
+# ---------------------------------------------------------------------------------------
+
+#: Text width of a rendered decision: reasons wrap under their bullet.
+WIDTH = 100
+
+
+class _Style:
+    """ANSI colour when enabled (the CLI on a terminal), plain text otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+
+def _on_off(enabled: bool) -> str:
+    return "ON" if enabled else "OFF"
+
+
+def _bullets(items, indent: int, mark: str = "- ") -> list[str]:
+    """Each item as a bullet wrapped at :data:`WIDTH`, continuation lines under its text.
+    Long words (module paths, device specs) are never broken."""
+    lead = " " * indent + mark
+    return [textwrap.fill(" ".join(str(item).split()), WIDTH, initial_indent=lead,
+                          subsequent_indent=" " * len(lead), break_long_words=False, break_on_hyphens=False)
+            for item in items]
+
+
+def _capability_lines(caps: Capabilities, style: _Style, emulated: str | None = None) -> list[str]:
+    lines = [f"device:        {caps.device}", f"matrix row:    {caps.row or '(none)'}"]
+    if emulated:
+        lines += _bullets([emulated], 0, "emulated:      ")
+    if caps.fallback:
+        lines += _bullets([caps.fallback], 0, "fallback:      ")
+    for problem in caps.device.problems:
+        lines += _bullets([problem], 0, "device note:   ")
+    for label, d in (("encoder replay", caps.encoder_replay), ("decoder replay", caps.decoder_replay)):
+        lines.append(f"{label}: " + (style("ON", "1;32") if d.enabled else style("OFF", "1;31")))
+        lines += _bullets(d.reasons if not d.enabled else d.notes, 4)
+    return lines
+
+
+def _table(rows: list[tuple[str, ...]], style: _Style) -> list[str]:
+    """Aligned columns (widths from the plain text; colour codes added after padding)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, r in enumerate(rows):
+        cells = [x.ljust(w) for x, w in zip(r, widths)]
+        if n == 0:
+            cells = [style(c, "1") for c in cells]
+        else:
+            status = {"hardware": "32", "emulated": "33", "not-run": "2"}.get(r[2].split(" ")[0])
+            if status:
+                cells[2] = style(cells[2], status)
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+#: How a faked device shows a row's "hardware": the row's record, not this run's.
+ROW_CLAIM = " (row)"
+
+
+def format_explanation(e: Explanation, *, full: bool = True, emulated: str | None = None,
+                       colour: bool = False) -> str:
+    """The decision and the variant per op as a table; ``full``: every variant of every op
+    with its reasons (``info --all``); ``emulated``: a note saying what was emulated.
+
+    The *verified* column is what matrix.yaml records for the device's row. On a faked
+    device nothing ran here, so a row's "hardware" reads as the row's claim."""
+    style = _Style(colour)
+    lines = _capability_lines(e.capabilities, style, emulated)
+    lines.append("")
+    fake = e.device.fake
+    rows = [("op", "variant", "verified", "graph-safe", "layout")]
+    by = {(c.op, c.variant): c for c in e.table}
+    claimed = False
+    for op, names in e.chosen.items():
+        for i, name in enumerate(names):
+            c = by[(op, name)]
+            label = name if len(names) == 1 else f"{name} ({'per-call' if i < len(names) - 1 else 'else'})"
+            verified = c.verified or "-"
+            if fake and verified == "hardware":
+                verified += ROW_CLAIM
+                claimed = True
+            rows.append((op if i == 0 else "", label, verified, "yes" if c.graph_safe else "no", c.index_layout or "-"))
+    lines += _table(rows, style)
+    if claimed:
+        lines.append("")
+        lines += _bullets([f"hardware{ROW_CLAIM}: matrix.yaml records the row as verified on hardware; this "
+                           "device is faked, so nothing ran on it here"], 0, "note: ")
+    if full:
+        lines.append("")
+        lines.append("every variant:")
+        colours = {"chosen": "32", "per-call": "36", "rejected": "2"}
+        for c in e.table:
+            lines.append(f"  {c.op:<24} {c.variant:<18} " + style(c.status, colours.get(c.status, "0")))
+            lines += _bullets(c.reasons, 6)
+            lines += _bullets(c.ahead, 6, "+ ")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------

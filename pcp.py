@@ -30,6 +30,7 @@ import functools
 
 import torch
 
+from .common.ops.agree_across_dp import check_group
 from .common.ops.pcp_partition import PCPPartition
 from .common.ops._checks import check_window
 from .common.types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE
@@ -51,6 +52,8 @@ def _replay_starts(replay_start, partition: PCPPartition, device: torch.device) 
     B = partition.num_reqs
     if isinstance(replay_start, torch.Tensor):
         check_tensor(NAME, "replay_start", replay_start, dtypes=(torch.int32, torch.int64), shape=(B,))
+        if replay_start.device.type == "meta":
+            fail(NAME, "replay_start", replay_start, "values on a real device (read on the host)")
         t = replay_start
     else:
         try:
@@ -146,6 +149,12 @@ def _check_partition(partition) -> None:
         fail(NAME, "partition", partition, "a PCPPartition from pcp_partition(...)")
 
 
+def _check_backend(backend) -> None:
+    if backend is not None and not all(callable(getattr(backend, op, None))
+                                       for op in ("batch_replay_start", "pad_replayed_slots")):
+        fail(NAME, "backend", backend, "None or a Backend from select() (batch_replay_start, pad_replayed_slots)")
+
+
 def _own_block(slot_mappings, cacheable_groups, partition, R: torch.Tensor, Rh: torch.Tensor, Wr: int,
                backend) -> torch.Tensor:
     dev = slot_mappings.device
@@ -168,6 +177,8 @@ def pcp_pad_own_block(slot_mappings, cacheable_groups, partition: PCPPartition, 
     ``pad_replayed_slots`` run on the local batch; a rank with no replayed token launches
     nothing. :func:`pcp_pad_replayed_slots` is this plus the rank-major all-gather."""
     _check_partition(partition)
+    check_tensor(NAME, "slot_mappings", slot_mappings, dtypes=SLOT_DTYPE, ndim=2)
+    _check_backend(backend)
     R, Rh = _replay_starts(replay_start, partition, slot_mappings.device)
     if validation_enabled():
         _validate(slot_mappings, cacheable_groups, partition, Rh, Wr, None)
@@ -213,11 +224,11 @@ def pcp_pad_replayed_slots(slot_mappings, cacheable_groups, partition: PCPPartit
 
     _check_partition(partition)
     check_tensor(NAME, "slot_mappings", slot_mappings, dtypes=SLOT_DTYPE, ndim=2)
+    _check_backend(backend)
     R, Rh = _replay_starts(replay_start, partition, slot_mappings.device)
     if validation_enabled():
         _validate(slot_mappings, cacheable_groups, partition, Rh, Wr, replay_on)
-        if not dist.is_available() or not dist.is_initialized():
-            fail(NAME, "group", group, "an initialised torch.distributed process group (the PCP group)")
+        check_group(NAME, group)
         world, me = dist.get_world_size(group), dist.get_rank(group)
         if world != partition.P:
             fail(NAME, "group.size", world, f"P={partition.P} (the PCP group)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -137,18 +138,26 @@ def _example(platform: str) -> str:
     return {"cuda": "cuda:sm90", "rocm": "rocm:gfx942", "ascend": "ascend:910b"}.get(platform, platform)
 
 
-_override: list[DeviceInfo] = []
+# Per thread: a fake device installed by one thread (a test trying the ROCm path) must not
+# change what another thread's select() sees.
+_override = threading.local()
 
 
 @contextlib.contextmanager
 def fake_device(device: DeviceInfo | str) -> Iterator[DeviceInfo]:
-    """Within the block, :func:`current_device` returns ``device`` (tests, CLI)."""
+    """Within the block, :func:`current_device` returns ``device`` in *this thread* (tests,
+    the CLI); other threads, including ones started inside the block, keep their own."""
     info = parse_device(device) if isinstance(device, str) else device
-    _override.append(info)
+    if not isinstance(info, DeviceInfo):
+        raise ValueError(f"fake_device: device={info!r}: expected a DeviceInfo or a string like 'rocm:gfx942'")
+    stack = getattr(_override, "stack", None)
+    if stack is None:
+        stack = _override.stack = []
+    stack.append(info)
     try:
         yield info
     finally:
-        _override.pop()
+        stack.pop()
 
 
 def cuda_index(t: torch.Tensor) -> int:
@@ -170,10 +179,12 @@ def l2_bytes_of(t: torch.Tensor) -> int | None:
 
 
 def current_device() -> DeviceInfo:
-    """The device ops run on by default: a fake one if injected, else the first accelerator
-    (CUDA/ROCm through torch, then Ascend), else the CPU."""
-    if _override:
-        return _override[-1]
+    """The device ops run on by default: a fake one if this thread installed one
+    (:func:`fake_device`), else the first accelerator (CUDA/ROCm through torch, then Ascend),
+    else the CPU."""
+    stack = getattr(_override, "stack", None)
+    if stack:
+        return stack[-1]
     return _detect_default()
 
 
@@ -214,13 +225,19 @@ def detect(torch_device: str) -> DeviceInfo:
         if isinstance(info, DeviceInfo):
             return info
         raise ValueError(f"device={torch_device!r}: expected a usable Ascend NPU ({info or 'npu or npu:<index>'})")
-    dev = torch.device(torch_device)
+    try:
+        dev = torch.device(torch_device)
+    except (RuntimeError, ValueError) as exc:  # e.g. an index past int64
+        raise ValueError(f"device={torch_device!r}: expected cpu, cuda[:index] or npu[:index] ({exc})") from None
     if dev.type == "cpu":
         return DeviceInfo("cpu", "cpu", name="CPU", torch_device="cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={torch_device!r}: expected an available CUDA/ROCm device (torch sees none)")
         index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device={torch_device!r}: expected an index below {torch.cuda.device_count()} "
+                             "(the CUDA/ROCm devices torch sees)")
         props = torch.cuda.get_device_properties(index)
         where = f"cuda:{index}"
         if getattr(torch.version, "hip", None):

@@ -7,11 +7,18 @@ template naming anything but a plain rule field is a :class:`MatrixError` naming
 the value, at load time (not when the rule first applies). A row may *narrow* what variants
 declare, never widen it: listing a variant for an arch its declaration excludes is an error.
 A loaded :class:`Matrix` is immutable and safe to share between threads.
+
+A matrix file is untrusted input (``swa-backends matrix --matrix PATH``, ``select(matrix=PATH)``):
+plain YAML data only (no anchors, aliases, tags or merge keys), bounded in size, nodes and depth,
+read only from a regular file of UTF-8 text; whatever is wrong is one :class:`MatrixError`
+naming the file and the place, raised in bounded time and memory.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import os
+import stat
 import string
 import threading
 from collections.abc import Mapping
@@ -110,7 +117,20 @@ class Matrix:
 
 
 def _err(source: str, where: str, msg: str) -> MatrixError:
-    return MatrixError(f"{source}: {where}: {msg}")
+    # a message quotes the file's value, never all of it: one line however large the value
+    msg = " ".join(msg.split())
+    return MatrixError(f"{source}: {where}: {msg if len(msg) <= 400 else msg[:397] + '...'}")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message quotes a file's value, never all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _keys(keys) -> str:
+    # keys of any scalar type (str, int, None...): sorted by their text
+    return _short(sorted(keys, key=lambda k: (type(k).__name__, str(k))), 200)
 
 
 def _expect_keys(source: str, where: str, obj: Any, required: set[str], optional: set[str]) -> None:
@@ -121,7 +141,7 @@ def _expect_keys(source: str, where: str, obj: Any, required: set[str], optional
         raise _err(source, where, f"missing key(s) {sorted(missing)}")
     unknown = set(obj) - required - optional
     if unknown:
-        raise _err(source, where, f"unknown key(s) {sorted(unknown)}; expected {sorted(required | optional)}")
+        raise _err(source, where, f"unknown key(s) {_keys(unknown)}; expected {sorted(required | optional)}")
 
 
 def _parse_rule(source: str, side: str, i: int, raw: Any, ids: set[str]) -> Rule:
@@ -204,13 +224,16 @@ def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, 
     platform, arch = raw["platform"], raw["arch"]
     if not isinstance(platform, str) or not isinstance(arch, str):
         raise _err(source, where, f"platform and arch: expected strings (quote numeric-looking archs), got "
-                                  f"{platform!r}, {arch!r}")
+                                  f"{_short(platform)}, {_short(arch)}")
     rid = device_spec(platform, arch)
-    where = f"row {rid!r}"
+    where = f"row {_short(rid)}"
+    for key in ("name", "notes"):
+        if key in raw and not isinstance(raw[key], str):
+            raise _err(source, where, f"{key}: expected a string, got {type(raw[key]).__name__}")
     if platform not in KNOWN_ARCHS:
-        raise _err(source, where, f"unknown platform {platform!r}; expected one of {sorted(KNOWN_ARCHS)}")
+        raise _err(source, where, f"unknown platform {_short(platform)}; expected one of {sorted(KNOWN_ARCHS)}")
     if arch not in KNOWN_ARCHS[platform]:
-        raise _err(source, where, f"unknown arch {arch!r} for {platform}; expected one of {KNOWN_ARCHS[platform]}")
+        raise _err(source, where, f"unknown arch {_short(arch)} for {platform}; expected one of {KNOWN_ARCHS[platform]}")
     if rid in seen:
         raise _err(source, where, "duplicate platform/arch")
     seen.add(rid)
@@ -220,14 +243,16 @@ def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, 
         raise _err(source, where, "variants: expected a mapping op (or '*') -> [variant names]")
     for op, names in raw["variants"].items():
         if op != "*" and op not in OPS:
-            raise _err(source, where, f"variants: unknown op {op!r}; expected '*' or one of {sorted(OPS)}")
+            raise _err(source, where, f"variants: unknown op {_short(op)}; expected '*' or one of {sorted(OPS)}")
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise _err(source, where, f"variants[{op!r}]: expected a non-empty list of variant names")
+        if len(set(names)) != len(names):
+            raise _err(source, where, f"variants[{op!r}]: a variant is listed twice in {_short(names)}")
         ops = list(OPS) if op == "*" else [op]
         for name in names:
             having = [o for o in ops if name in declared.get(o, {})]
             if not having:
-                raise _err(source, where, f"variants[{op!r}]: unknown variant {name!r} (not declared for {op})")
+                raise _err(source, where, f"variants[{op!r}]: unknown variant {_short(name)} (not declared for {op})")
             for o in having:
                 why = declared[o][name].declared_reasons(fake)
                 if why:
@@ -239,12 +264,12 @@ def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, 
         raise _err(source, where, "verified: expected a mapping variant -> status")
     for name, status in raw["verified"].items():
         if name not in listed:
-            raise _err(source, where, f"verified: {name!r} is not among the row's variants {sorted(listed)}")
-        if status not in STATUSES:
-            raise _err(source, where, f"verified[{name!r}]: status {status!r}; expected one of {STATUSES}")
+            raise _err(source, where, f"verified: {_short(name)} is not among the row's variants {sorted(listed)}")
+        if not isinstance(status, str) or status not in STATUSES:
+            raise _err(source, where, f"verified[{name!r}]: status {_short(status)}; expected one of {STATUSES}")
     gates = {side: _parse_gate(source, f"{where}.{side}", raw[side]) for side in SIDES}
-    return Row(rid, platform, arch, str(raw.get("name", "")), variants, dict(raw["verified"]), gates,
-               str(raw.get("notes", "")).strip())
+    return Row(rid, platform, arch, raw.get("name", ""), variants, dict(raw["verified"]), gates,
+               raw.get("notes", "").strip())
 
 
 def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Variant]]) -> Matrix:
@@ -253,7 +278,7 @@ def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Var
     name only those, and only where their declaration allows."""
     _expect_keys(source, "top level", data, {"version", "rows", *SIDES}, set())
     if type(data["version"]) is not int or data["version"] != 1:
-        raise _err(source, "version", f"{data['version']!r}; expected 1")
+        raise _err(source, "version", f"{_short(data['version'])}; expected 1")
     rules = {}
     ids: set[str] = set()
     for side in SIDES:
@@ -270,17 +295,67 @@ def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Var
     return Matrix(rules, rows, source)
 
 
+# ---------------------------------------------------------------------------------------
+# reading: the file is untrusted input (``--matrix PATH``, ``select(matrix=PATH)``)
+# ---------------------------------------------------------------------------------------
+
+#: Bounds on a matrix file, far above the shipped one (about 14 KB, 600 nodes, nested 7 deep):
+#: past them a file is refused before it costs time or memory. PyYAML's pure-Python loader
+#: spends about 0.1 ms a node on a busy 2-core CPU, so a file at the bounds loads in about a second.
+MAX_BYTES = 256 * 1024
+MAX_DEPTH = 20
+MAX_NODES = 10_000
+
+
+class _Refused(Exception):
+    """A YAML construct the loader refuses, at ``mark``."""
+
+    def __init__(self, mark, message: str):
+        super().__init__(message)
+        self.mark = mark
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a mapping with a repeated key is an error (plain
-    YAML keeps the last one: one appended line could silently override a rule)."""
+    """PyYAML's safe loader, restricted to plain data: no anchors or aliases (a few hundred
+    bytes of nested aliases expand to gigabytes), no explicit tags, no merge keys, scalar
+    mapping keys, each key once (plain YAML keeps the last one: one appended line could
+    silently override a rule), at most ``MAX_DEPTH`` levels and ``MAX_NODES`` nodes."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(event.start_mark, f"alias *{event.anchor}: aliases and anchors are not allowed")
+        if event.anchor is not None:
+            raise _Refused(event.start_mark, f"anchor &{event.anchor}: aliases and anchors are not allowed")
+        if event.tag is not None and event.tag != "!":
+            raise _Refused(event.start_mark, f"tag {event.tag}: explicit tags are not allowed")
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _Refused(event.start_mark, f"more than {MAX_NODES} nodes")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            raise _Refused(key_node.start_mark, "merge keys (<<) are not allowed")
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise _Refused(key_node.start_mark, "a mapping key must be a plain scalar, not a list or a mapping")
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise MatrixError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            raise _Refused(key_node.start_mark, f"duplicate key {_short(key)}")
         seen.add(key)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -288,22 +363,72 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _at(mark) -> str:
+    return "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+
+
 def read_yaml(text: str, source: str) -> Any:
-    """YAML text -> data, rejecting duplicate keys (:class:`MatrixError` naming the source)."""
+    """YAML text -> plain data (:class:`_StrictLoader`); anything malformed or refused is one
+    :class:`MatrixError` naming ``source`` and the line."""
+    if not isinstance(text, str):
+        raise MatrixError(f"{source}: expected YAML text (a str), got {type(text).__name__}")
+    if len(text) > MAX_BYTES:
+        raise MatrixError(f"{source}: {len(text)} characters: expected at most {MAX_BYTES}")
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except MatrixError as exc:
-        raise MatrixError(f"{source}: {exc}") from None
+    except _Refused as exc:
+        raise MatrixError(f"{source}: {exc}{_at(exc.mark)}") from None
+    except yaml.MarkedYAMLError as exc:
+        what = "; ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise MatrixError(f"{source}: not valid YAML: {what}{_at(exc.problem_mark or exc.context_mark)}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise MatrixError(f"{source}: not valid YAML: character #x{exc.character:04x} is not allowed at line {line}, "
+                          f"column {column}") from None
     except yaml.YAMLError as exc:
-        raise MatrixError(f"{source}: not valid YAML: {exc}") from None
+        raise MatrixError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except (ValueError, OverflowError) as exc:  # a scalar Python cannot hold (e.g. an int of 5000 digits)
+        raise MatrixError(f"{source}: a value that cannot be read: {' '.join(str(exc).split())[:200]}") from None
+
+
+def read_file(path) -> str:
+    """The text of a matrix file: a regular file of at most ``MAX_BYTES`` bytes of UTF-8
+    (:class:`MatrixError` naming the path otherwise, before reading more than that)."""
+    if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
+        raise MatrixError(f"matrix={_short(path)}: expected a path to a matrix YAML file")
+    try:
+        # stat first: opening a FIFO would block, reading a device would not end
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise MatrixError(f"{path}: {kind}: expected a matrix YAML file")
+        if info.st_size > MAX_BYTES:
+            raise MatrixError(f"{path}: {info.st_size} bytes: expected at most {MAX_BYTES}")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise MatrixError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # an embedded NUL byte in the path
+        if isinstance(exc, MatrixError):
+            raise
+        raise MatrixError(f"matrix={_short(path)}: expected a path to a matrix YAML file ({exc})") from None
+    if len(data) > MAX_BYTES:
+        raise MatrixError(f"{path}: more than {MAX_BYTES} bytes: expected at most {MAX_BYTES}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise MatrixError(f"{path}: line {line}: byte {data[exc.start]:#04x} at offset {exc.start}: "
+                          "expected UTF-8 text") from None
 
 
 def load_matrix(path: str | None, variants: Mapping[str, Mapping[str, Variant]]) -> Matrix:
     """``path`` or the ``matrix.yaml`` shipped inside the package (parsed once per process)."""
     if path is None:
         return _packaged(variants)
-    with open(path, encoding="utf-8") as fh:
-        return parse_matrix(read_yaml(fh.read(), path), path, variants)
+    source = os.fspath(path) if isinstance(path, os.PathLike) else path
+    return parse_matrix(read_yaml(read_file(path), source), source, variants)
 
 
 _PACKAGED: list[Matrix] = []

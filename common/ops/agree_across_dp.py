@@ -25,6 +25,17 @@ def _collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+def check_group(op: str, group) -> None:
+    """``group``: None (the default group) or a ``torch.distributed`` process group, with
+    ``torch.distributed`` initialised."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        fail(op, "group", group, "an initialised torch.distributed process group")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        fail(op, "group", group, "None (the default group) or a torch.distributed ProcessGroup")
+
+
 def agree_across_dp(trims: bool, num_tokens: int, group=None) -> tuple[bool, tuple[int, ...]]:
     """``(any_rank_trims, kept_per_rank)`` over ``group`` (a ``torch.distributed`` group,
     e.g. the CPU/gloo DP group; None = the default group).
@@ -39,8 +50,7 @@ def agree_across_dp(trims: bool, num_tokens: int, group=None) -> tuple[bool, tup
     if not isinstance(trims, bool):
         fail(NAME, "trims", trims, "a bool")
     check_int(NAME, "num_tokens", num_tokens, min_value=0)
-    if not dist.is_available() or not dist.is_initialized():
-        fail(NAME, "group", group, "an initialised torch.distributed process group")
+    check_group(NAME, group)
     world = dist.get_world_size(group)
     if world < 0:  # the calling process is not a member of ``group``
         fail(NAME, "group", group, "a process group this rank belongs to")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ._batch import nonempty_table
-from ._checks import check_batch, check_block_table, check_block_table_covers
+from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ..types import INDEX_DTYPE, PAD
 from ..validation import check_int, check_out, check_range, check_tensor, checks_writes, fail, value_checks_enabled
@@ -162,11 +162,13 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
     op = "combined_workspace_rows"
     check_tensor(op, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1)
     dev = query_start_loc.device
-    check_int(op, "W", W, min_value=1)
+    for name, t in (("seq_lens", seq_lens), ("replay_start", replay_start)):  # required here
+        check_tensor(op, name, t, dtypes=INDEX_DTYPE, ndim=1, device=dev)
+    check_window(op, "W", W)
     check_int(op, "window_offset", window_offset, min_value=0)
     check_int(op, "slab_stride", slab_stride, min_value=window_offset + 1)
-    check_int(op, "block_size", block_size, min_value=1)
-    check_int(op, "ratio", ratio, min_value=0)
+    check_window(op, "block_size", block_size)
+    check_int(op, "ratio", ratio, min_value=0, max_value=block_size, why="block_size")
     check_int(op, "window_base", window_base, min_value=0)
     check_int(op, "compressed_base", compressed_base, min_value=0)
     B = check_batch(op, query_start_loc, seq_lens, replay_start)
@@ -188,6 +190,7 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
         if compressed_block_table.shape[1] < need:
             fail(op, "compressed_block_table", compressed_block_table,
                  f"at least {need} columns (seq_len // ratio entries of {bs_c} per block)")
+        _check_compressed_ids(op, compressed_block_table, seq_lens, window_offset, ratio, bs_c)
     M, N = slab_stride, window_offset
     col = torch.arange(M, device=dev, dtype=torch.int64)[None, :]
     seq = seq_lens.to(torch.int64)[:, None]
@@ -213,6 +216,25 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
     if out is None:
         return rows
     return out.copy_(rows)
+
+
+def _check_compressed_ids(op: str, table, seq_lens, window_offset: int, ratio: int, bs_c: int) -> None:
+    """Every compressed block id the slab reads (entries ``c < min(N, seq_len // ratio)``) is
+    ``>= 0`` and its slots fit in int32: a negative id would make rows that point before the
+    compressed cache -- into the window cache when both share one ``kv`` tensor."""
+    entries_read = torch.clamp(seq_lens.to(torch.int64) // ratio, max=window_offset)
+    blocks = (entries_read + bs_c - 1) // bs_c
+    n = int(blocks.max()) if blocks.numel() else 0
+    if n == 0:
+        return
+    B = seq_lens.shape[0]
+    ids = table[:B, :n].to(torch.int64)
+    used = torch.arange(n, device=table.device)[None, :] < blocks[:, None]
+    bad = used & ((ids < 0) | (ids * bs_c + bs_c - 1 > _INT32_MAX))
+    if bool(bad.any()):
+        b, c = (int(x) for x in torch.nonzero(bad)[0])
+        fail(op, "compressed_block_table", f"compressed_block_table[{b}, {c}]={int(ids[b, c])}",
+             f"a block id >= 0 whose slots fit in int32 (id * {bs_c} + {bs_c - 1} <= {_INT32_MAX})")
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,7 +291,7 @@ def csr_to_plain(indptr, values, width, *, out=None) -> tuple[torch.Tensor, torc
         fail(op, "indptr", indptr, "shape [T+1] (at least one element)")
     T = indptr.shape[0] - 1
     check_tensor(op, "values", values, dtypes=INDEX_DTYPE, ndim=1, device=dev)
-    check_int(op, "width", width, min_value=0)
+    check_window(op, "width", width, min_value=0)  # an index width: the [T, width] rows are allocated
     _check_out_pair(op, out, T, width, dev)
     start = indptr[:-1].to(torch.int64)
     count = indptr[1:].to(torch.int64) - start

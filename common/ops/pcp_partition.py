@@ -25,6 +25,7 @@ of CPU tensors, identical in its global fields on every rank.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,11 @@ from ..types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE
 from ..validation import check_int, fail
 
 NAME = "pcp_partition"
+#: Largest PCP group the partition takes, far above any deployment.
+MAX_PCP_SIZE = 1024
+#: Bound of ``P * B`` (requests): the partition makes one pass over the batch per rank, and
+#: every rank holds each decode, so the work and the gathered layout grow with both.
+MAX_RANK_REQUESTS = 2**22
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,11 +126,17 @@ class PCPPartition:
         return cached
 
 
+def _host_tensor(name: str, values: torch.Tensor) -> np.ndarray:
+    if values.device.type == "meta":
+        fail(NAME, name, values, "values on a real device (the partition reads them on the host)")
+    return values.detach().cpu().resolve_conj().resolve_neg().numpy()
+
+
 def _host_ints(name: str, values, *, length: int | None = None) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
             fail(NAME, name, values, "integer values")
-        values = values.detach().cpu().numpy()
+        values = _host_tensor(name, values)
     try:
         arr = np.asarray(values)
     except Exception:
@@ -146,8 +158,11 @@ def _host_flags(name: str, values, length: int) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         if values.dtype != torch.bool:
             fail(NAME, name, values, "bool values")
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
+        values = _host_tensor(name, values)
+    try:
+        arr = np.asarray(values)
+    except Exception:
+        fail(NAME, name, values, "a 1-D sequence of bools")
     if arr.ndim != 1 or (arr.size and arr.dtype != np.bool_):
         fail(NAME, name, values, "a 1-D sequence of bools")
     if arr.shape[0] != length:
@@ -194,12 +209,14 @@ def pcp_partition(query_lens, num_computed, P: int, rank: int, *, is_prefilling=
     num_computed > 0`` is a decode; see the module docstring for why passing it is better).
     Requests with ``q == 0`` hold no row. Returns a :class:`PCPPartition`.
     """
-    P = check_int(NAME, "P", P, min_value=1)
+    P = check_int(NAME, "P", P, min_value=1, max_value=MAX_PCP_SIZE, why="MAX_PCP_SIZE")
     rank = check_int(NAME, "rank", rank, min_value=0)
     if rank >= P:
         fail(NAME, "rank", rank, f"0 <= rank < P={P}")
     q = _host_ints("query_lens", query_lens)
     B = q.shape[0]
+    if P * B > MAX_RANK_REQUESTS:
+        fail(NAME, "query_lens", f"{B} requests", f"P * requests <= {MAX_RANK_REQUESTS} (P={P}; one pass per rank)")
     nc = _host_ints("num_computed", num_computed, length=B)
     inferred = is_prefilling is None
     pre = ~((q == 1) & (nc > 0)) if inferred else _host_flags("is_prefilling", is_prefilling, B)
@@ -214,6 +231,8 @@ def pcp_partition(query_lens, num_computed, P: int, rank: int, *, is_prefilling=
     rows = [_rank_rows(q, nc, pre, P, r) for r in range(P)]
     counts = tuple(int(ln.sum()) for _, _, ln in rows)
     padded = max(counts) if counts else 0
+    if P * padded > MAX_POSITION:  # decodes are replicated: every rank holds each of them
+        fail(NAME, "P", P, f"a gathered layout of P * padded = {P} * {padded} <= MAX_POSITION={MAX_POSITION} columns")
 
     column_to_token = np.full(P * padded, PAD, np.int64)
     token_to_column = np.full(T, PAD, np.int64)
@@ -243,6 +262,42 @@ def pcp_partition(query_lens, num_computed, P: int, rank: int, *, is_prefilling=
     )
 
 
+def _check_partition(op: str, partition) -> None:
+    if not isinstance(partition, PCPPartition):
+        fail(op, "partition", partition, "a PCPPartition from pcp_partition(...)")
+
+
+def _check_dim(op: str, dim, t: torch.Tensor) -> int:
+    """A dimension of ``t`` (negative counts from the end), as a non-negative index."""
+    if t.dim() == 0:
+        fail(op, "x" if op == "pcp_gather_columns" else "gathered", t, "at least one dimension (the tokens)")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -t.dim() <= dim < t.dim():
+        fail(op, "dim", dim, f"an int in [{-t.dim()}, {t.dim()}) (a dimension of the {t.dim()}-D tensor)")
+    return dim % t.dim()
+
+
+def _check_fill(op: str, fill, dtype: torch.dtype) -> None:
+    """``fill`` is a number ``dtype`` holds exactly (an int in its range for integer dtypes)."""
+    if dtype == torch.bool:
+        ok = isinstance(fill, bool)
+        want = "a bool (x is a bool tensor)"
+    elif dtype.is_floating_point or dtype.is_complex:
+        ok = isinstance(fill, (int, float)) and not isinstance(fill, bool)
+        if ok and dtype.is_floating_point:
+            try:
+                value = float(fill)
+            except OverflowError:
+                value = math.inf
+            ok = not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
+        want = f"an int or float that {dtype} holds"
+    else:
+        info = torch.iinfo(dtype)
+        ok = isinstance(fill, int) and not isinstance(fill, bool) and info.min <= fill <= info.max
+        want = f"an int in [{info.min}, {info.max}] ({dtype})"
+    if not ok:
+        fail(op, "fill", fill, want)
+
+
 def pcp_gather_columns(x: torch.Tensor, partition: PCPPartition, *, dim: int = -1, fill: int = PAD) -> torch.Tensor:
     """Lay a global per-token tensor out in the gathered rank-major column order:
     ``out[..., col] = x[..., column_to_token[col]]`` along ``dim``, ``fill`` (PAD) where a
@@ -251,15 +306,19 @@ def pcp_gather_columns(x: torch.Tensor, partition: PCPPartition, *, dim: int = -
     ``x`` has ``T`` (the batch's token count) or more entries along ``dim``; e.g. the global
     slot mapping ``[G, T]`` -> the gathered mapping ``[G, P * padded]`` every rank holds.
     """
+    op = "pcp_gather_columns"
     if not isinstance(x, torch.Tensor):
-        fail("pcp_gather_columns", "x", x, "a torch.Tensor")
+        fail(op, "x", x, "a torch.Tensor")
+    _check_partition(op, partition)
+    d = _check_dim(op, dim, x)
+    _check_fill(op, fill, x.dtype)
     T = partition.num_global_tokens
-    if x.dim() == 0 or x.shape[dim] < T:
-        fail("pcp_gather_columns", "x", x, f"at least {T} entries along dim {dim} (one per scheduled token)")
+    if x.shape[d] < T:
+        fail(op, "x", x, f"at least {T} entries along dim {dim} (one per scheduled token)")
     c2t = partition.column_to_token.to(x.device)
-    out = x.index_select(dim, c2t.clamp(min=0))
+    out = x.index_select(d, c2t.clamp(min=0))
     shape = [1] * x.dim()
-    shape[dim] = c2t.shape[0]
+    shape[d] = c2t.shape[0]
     return out.masked_fill((c2t < 0).view(shape), fill)
 
 
@@ -268,7 +327,9 @@ def pcp_restore_tokens(gathered: torch.Tensor, partition: PCPPartition, *, dim: 
     (global token order; a decode is read from rank 0's column)."""
     if not isinstance(gathered, torch.Tensor):
         fail("pcp_restore_tokens", "gathered", gathered, "a torch.Tensor")
-    if gathered.dim() == 0 or gathered.shape[dim] < partition.num_columns:
+    _check_partition("pcp_restore_tokens", partition)
+    d = _check_dim("pcp_restore_tokens", dim, gathered)
+    if gathered.shape[d] < partition.num_columns:
         fail("pcp_restore_tokens", "gathered", gathered,
              f"at least {partition.num_columns} entries along dim {dim} (P * padded)")
-    return gathered.index_select(dim, partition.token_to_column.to(gathered.device))
+    return gathered.index_select(d, partition.token_to_column.to(gathered.device))

@@ -24,8 +24,11 @@ def _host_1d(name: str, value, dtype) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
             fail(NAME, name, value, "a host (CPU) tensor, list or numpy array: the plan is built on the host")
-        value = value.numpy()
-    arr = np.asarray(value)
+        value = value.detach().resolve_conj().resolve_neg().numpy()
+    try:
+        arr = np.asarray(value)
+    except Exception:  # ragged nesting, objects numpy cannot hold
+        fail(NAME, name, value, "a 1-D sequence")
     if arr.ndim != 1:
         fail(NAME, name, value, "a 1-D sequence")
     if dtype is bool:

@@ -68,3 +68,26 @@ def test_bad_flags_give_one_clear_line(args, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("swa-backends: error:") and message in lines[0], out.stderr
+
+
+def test_config_takes_several_pairs_after_one_flag(capsys):
+    """README's own example: ``--config pcp=2 graph_mode=none`` (and the repeated form)."""
+    assert main(["info", "--device", "cuda:sm90", "--config", "pcp=2", "graph_mode=none", "--json"]) == 0
+    one_flag = json.loads(capsys.readouterr().out)
+    assert main(["info", "--device", "cuda:sm90", "--config", "pcp=2", "--config", "graph_mode=none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == one_flag
+    caps = sb.capabilities("cuda:sm90", config={"prefill_context_parallel_size": 2, "graph_mode": "none"})
+    assert one_flag["capabilities"]["encoder_replay"]["reasons"] == list(caps.encoder_replay.reasons)
+    assert not any("[pcp-eager]" in r for r in caps.encoder_replay.reasons)  # graph_mode=none was applied
+    assert any("[pcp-sync]" in r for r in caps.encoder_replay.reasons)  # and pcp=2
+
+
+def test_info_text_is_the_explanations_own_rendering(capsys):
+    """``info --all`` prints ``str(explain(device))``: one renderer for the CLI and the API."""
+    for device in ("cuda:sm90", "ascend:910b", "cpu"):
+        assert main(["info", "--device", device, "--all"]) == 0
+        assert capsys.readouterr().out == str(sb.explain(device)) + "\n"
+        assert main(["info", "--device", device]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(str(sb.capabilities(device)) + "\n\n")
+        assert "every variant:" not in out

@@ -26,6 +26,26 @@ ABSENT = {"flashmla": "vLLM is not installed", "flashinfer": "FlashInfer (flashi
           "not installed", "aiter_opus": "AMD AITER is not installed", "npu_sparse_flash_mla": "torch_npu"}
 
 
+def _unwrapped(out: str) -> str:
+    """The output with every wrapped bullet joined back onto one line (continuation lines are
+    indented under the bullet's text)."""
+    return re.sub(r"\n {6,}(?![-+] )", " ", out)
+
+
+def _every_variant(out: str) -> dict[tuple[str, str], tuple[str, list[str]]]:
+    """``{(op, variant): (status, [reasons])}`` from ``--all``'s list."""
+    found: dict = {}
+    key = None
+    for line in _unwrapped(out).split("every variant:\n", 1)[1].splitlines():
+        if line.startswith("      - "):
+            found[key][1].append(line[8:])
+        elif line.startswith("  ") and not line.startswith("      "):
+            op, name, status = line.split()
+            key = (op, name)
+            found[key] = (status, [])
+    return found
+
+
 def _table(out: str) -> dict[str, list[tuple[str, str]]]:
     """``{op: [(variant, verified), ...]}`` from the printed variant table."""
     lines = out.split("\n\n", 1)[1].splitlines()
@@ -60,6 +80,9 @@ def _run(device, emulate, capsys, *extra):
 @pytest.mark.parametrize("device", DEVICES)
 def test_info_matches_matrix_and_api(device, emulate, capsys):
     out, e, row = _run(device, emulate, capsys)
+    assert max(len(line) for line in out.splitlines()) <= 100  # reasons wrap
+    table = _table(out)
+    out = _unwrapped(out)
     caps = e.capabilities
     assert f"matrix row:    {row.id}\n" in out
     assert ("emulated:      vendor packages replaced by contract doubles" in out) == emulate
@@ -70,13 +93,16 @@ def test_info_matches_matrix_and_api(device, emulate, capsys):
             assert f"    - {line}\n" in out
     # the row's own gate text is printed (as a note when on, as a reason when off)
     assert f"[matrix:{row.id}] {row.gates['encoder_replay'].text}" in out
-    table = _table(out)
     assert set(table) == set(sb.OPS)
     for op, printed in table.items():
         assert tuple(n for n, _ in printed) == e.chosen[op]
         for name, verified in printed:
             assert name in row.allowed(op)
-            assert verified == row.status(name)
+            # a faked device never reads as hardware: the row's record is marked as the row's
+            claim = " (row)" if row.status(name) == "hardware" else ""
+            assert verified == row.status(name) + claim
+    assert ("this device is faked, so nothing ran on it here" in out) == any(
+        row.status(n) == "hardware" for names in e.chosen.values() for n in names)
     names = [n for n, _ in table["sparse_mla"]]
     vendor = VENDOR[device]
     if emulate and vendor:
@@ -90,11 +116,12 @@ def test_info_matches_matrix_and_api(device, emulate, capsys):
 @pytest.mark.parametrize("device", ["rocm:gfx950", "ascend:910b", "cuda:sm90", "cuda:sm100"])
 def test_info_all_shows_why_the_vendor_kernel_is_not_used_here(device, capsys):
     out, e, row = _run(device, False, capsys, "--all")
-    lines = [line for line in out.splitlines() if line.startswith("  sparse_mla ")]
+    listed = _every_variant(out)
+    assert set(listed) == {(c.op, c.variant) for c in e.table}
     for name in row.allowed("sparse_mla"):
         if name in ABSENT:
-            line = next(line for line in lines if line.split()[1] == name)
-            assert "rejected" in line and ABSENT[name] in line, line
+            status, reasons = listed[("sparse_mla", name)]
+            assert status == "rejected" and any(ABSENT[name] in r for r in reasons), (status, reasons)
 
 
 def test_info_emulate_json_is_labelled(capsys):
@@ -116,3 +143,29 @@ def test_emulate_leaves_no_trace(capsys):
     assert main(["info", "--device", "cuda:sm100", "--emulate"]) == 0
     capsys.readouterr()
     assert sb.explain("cuda:sm100").chosen == before
+
+
+@pytest.mark.parametrize("device", [*DEVICES, "cpu"])
+def test_printing_an_explanation_or_capabilities_is_readable(device):
+    """``print(sb.explain(d))`` is the table ``info --all`` prints, not the raw object: lines of
+    at most 100 characters (reasons wrap under their bullet and unwrap to the same text), a
+    short repr, and a faked device never reads as verified on hardware here."""
+    e, caps = sb.explain(device), sb.capabilities(device)
+    for obj in (e, caps):
+        text = str(obj)
+        assert max(len(line) for line in text.splitlines()) <= 100, obj
+        assert len(repr(obj)) < 200 and "print()" in repr(obj)
+        for reason in [*caps.encoder_replay.reasons, *caps.encoder_replay.notes, *caps.decoder_replay.reasons,
+                       *caps.decoder_replay.notes]:
+            assert f"    - {reason}\n" in _unwrapped(text) + "\n"
+    assert str(e).startswith(str(caps) + "\n\n")
+    listed = _every_variant(str(e))
+    for c in e.table:
+        status, reasons = listed[(c.op, c.variant)]
+        assert status == c.status and reasons == list(c.reasons)
+    verified = [v for vs in _table(str(e)).values() for _, v in vs]
+    if e.device.fake:
+        assert "hardware" not in verified  # the row's claim is marked as the row's
+        assert all(v in ("hardware (row)", "emulated", "not-run") for v in verified), verified
+    else:
+        assert "hardware" in verified and "hardware (row)" not in verified  # the CPU row: this kind of device
