@@ -68,7 +68,7 @@ def test_switch_off_leaves_vllm_untouched(monkeypatch, fresh):
     monkeypatch.setenv(integration.ENV, "0")
     monkeypatch.setattr(integration, "vllm_version", lambda: pytest.fail("the switch is read first"))
     st = integration.install()
-    assert not st.installed and st.mode == "off" and "integration is off" in st.reason
+    assert not st.installed and st.mode == "off" and "plugin is off" in st.reason
     assert integration.install() is st
     assert [r.levelno for r in fresh.records] == [logging.INFO]
 
