@@ -14,8 +14,10 @@ function for this pack. It is
   or AITER import here. Those load lazily, only for the variant chosen on the device that runs;
 * the vLLM integration's installer: when vLLM is importable (it is, when vLLM calls this),
   :func:`swa_backends.integrations.vllm.install` registers the pack's DeepSeek-V4.1
-  architecture (supported vLLM releases only). It never raises: a failure is one warning
-  and vLLM's own path;
+  architecture (supported vLLM releases on CUDA and ROCm only, after importing the
+  integration's model module, ~50 ms on that machine, and checking the vLLM code it relies
+  on against the pinned release, 1-20 ms through unchanged files; nothing more of vLLM is
+  imported). It never raises: a failure is one warning and vLLM's own path;
 * switched off whole by ``SWA_BACKENDS_VLLM=0`` (or ``off``, ``false``, ``no``): no custom
   op is defined and vLLM is left untouched, with one log line.
 

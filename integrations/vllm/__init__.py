@@ -177,8 +177,8 @@ def _install() -> InstallStatus:
 
     ModelRegistry.register_model(ARCH, MODEL_CLASS)
     return InstallStatus(True, f"vLLM {version} on {platform}: {ARCH} resolves to {MODEL_CLASS}; its replay "
-                               "metadata runs through the pack where swa_backends.capabilities() turns a side on",
-                         version, switch, (), took)
+                               "metadata runs through the pack where swa_backends.capabilities() turns a side on "
+                               f"(the vLLM code it relies on matches {RELEASE}'s)", version, switch, (), took)
 
 
 def status() -> InstallStatus | None:
