@@ -65,10 +65,6 @@ class Overlay:
         return getattr(self.__dict__["base"], name)
 
 
-def _copy_with(obj, **values):
-    return Overlay(obj, values)
-
-
 def v2_model_runner(vllm_config, platform: str) -> tuple[bool, str]:
     """``VllmConfig.use_v2_model_runner`` of vLLM 0.33 on ``platform`` (CUDA or ROCm, where
     Triton is present): ``(V2, why)``."""
@@ -154,9 +150,9 @@ def infer(vllm_config, given: Given, platform: str) -> tuple[object, dict[str, d
     caching, why_caching = prefix_caching(given, vllm_config)
     config = Overlay(vllm_config, {
         "use_v2_model_runner": v2,
-        "compilation_config": _copy_with(vllm_config.compilation_config, cudagraph_mode=mode),
-        "scheduler_config": _copy_with(vllm_config.scheduler_config, async_scheduling=run_async),
-        "cache_config": _copy_with(vllm_config.cache_config, enable_prefix_caching=caching),
+        "compilation_config": Overlay(vllm_config.compilation_config, {"cudagraph_mode": mode}),
+        "scheduler_config": Overlay(vllm_config.scheduler_config, {"async_scheduling": run_async}),
+        "cache_config": Overlay(vllm_config.cache_config, {"enable_prefix_caching": caching}),
     })
     inferred = {
         "model_runner": {"value": "v2" if v2 else "v1", "rule": why_v2},
