@@ -6,7 +6,7 @@ on vLLM's CPU platform, answers for the device it is given (model runner V2 ther
 0.33 picks it on CUDA and ROCm, where a CPU build picks V1), says which fields it re-derived,
 and agrees with ``swa-backends info --device cuda:sm90``. An unreachable model id is one line.
 The three runs share one process (``runpy``, as ``python -m`` runs the module): vLLM's import
-is most of the cost.
+is most of the cost. The rules it re-derives with are tested on config objects below.
 """
 
 from __future__ import annotations
@@ -107,3 +107,60 @@ def test_the_decision_command_answers_for_the_device_it_is_given(tmp_path):
     assert gfx942["capabilities"]["device"]["arch"] == "gfx942"
     assert not gfx942["vllm_encoder"] and "ROCm" in gfx942["vllm_encoder_reason"]
     assert gfx942["vllm_off_for_rocm_only"] and gfx942["pack_turns_encoder_on_on_rocm"]
+
+
+# ---------------------------------------------------------------------------------------
+# the rules re-derived for another platform (integrations/vllm/target.py), on config objects
+# ---------------------------------------------------------------------------------------
+
+
+def _cfg(*, unsupported=(), pp=1, spec=None, backend="uni", hisparse=None):
+    from types import SimpleNamespace
+
+    from vllm.config.vllm import OptimizationLevel
+
+    return SimpleNamespace(
+        attention_config=SimpleNamespace(hisparse_config=hisparse), watermark_config=None,
+        _get_v2_model_runner_unsupported_features=lambda: list(unsupported),
+        optimization_level=OptimizationLevel.O2, speculative_config=spec,
+        model_config=SimpleNamespace(runner_type="generate", is_prefix_caching_supported=True),
+        parallel_config=SimpleNamespace(distributed_executor_backend=backend, pipeline_parallel_size=pp,
+                                        enable_dbo=False, all2all_backend="allgather_reducescatter"))
+
+
+def test_the_model_runner_rule(monkeypatch):
+    from swa_backends.integrations.vllm import target
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert target.v2_model_runner(_cfg(), "cuda")[0] is True
+    v2, why = target.v2_model_runner(_cfg(unsupported=["speculative method 'suffix'"]), "rocm")
+    assert v2 is False and "suffix" in why
+    assert target.v2_model_runner(_cfg(unsupported=["x"], hisparse=object()), "cuda")[0] is True
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert target.v2_model_runner(_cfg(), "cuda") == (False, "VLLM_USE_V2_MODEL_RUNNER=0")
+
+
+def test_the_graph_mode_async_and_prefix_caching_rules():
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+    from vllm.config.vllm import OptimizationLevel
+
+    from swa_backends.integrations.vllm.target import Given, async_scheduling, graph_mode, prefix_caching
+
+    cfg = _cfg()
+    assert graph_mode(Given(), cfg)[0] == CUDAGraphMode.FULL_AND_PIECEWISE
+    assert graph_mode(Given(optimization_level=OptimizationLevel.O1), cfg)[0] == CUDAGraphMode.PIECEWISE
+    assert graph_mode(Given(cudagraph_mode="full_decode_only"), cfg)[0] == CUDAGraphMode.FULL_DECODE_ONLY
+    assert graph_mode(Given(enforce_eager=True, cudagraph_mode="FULL"), cfg) == (CUDAGraphMode.NONE, "--enforce-eager")
+    assert async_scheduling(Given(), cfg, True, "cuda")[0] is True
+    assert async_scheduling(Given(async_scheduling=False), cfg, True, "cuda")[0] is False
+    assert async_scheduling(Given(), _cfg(pp=2), True, "cuda")[0] is True  # V2 schedules PP asynchronously
+    assert async_scheduling(Given(), _cfg(pp=2), False, "cuda") == (
+        False, "model runner V1 does not support it with pipeline parallelism")
+    suffix = SimpleNamespace(method="suffix", disable_padded_drafter_batch=False)
+    assert async_scheduling(Given(), _cfg(spec=suffix), False, "cuda")[0] is False
+    from vllm.v1.executor.abstract import Executor  # its base supports no async scheduling
+
+    assert async_scheduling(Given(), _cfg(backend=Executor), True, "cuda")[0] is False
+    assert prefix_caching(Given(), cfg)[0] is True and prefix_caching(Given(enable_prefix_caching=False), cfg)[0] is False
