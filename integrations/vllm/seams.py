@@ -30,8 +30,8 @@ import its parents). Both give the same fingerprint for the same code (tested). 
 file is byte for byte the pinned one (``FILES``) holds its seams without a parse, unless a live
 object under a seam's name is not the one that file defines. Cost, measured by
 ``tests/integration/vllm/test_vllm_seams.py`` on this project's shared 2-core machine: the 0.33
-table (66 seams over 25 files) 1-2 ms through the unchanged files (``install()``: 1-21 ms),
-0.4-0.7 s parsing every file, ~1 s reading every live object.
+table (72 seams over 27 files) 1-2 ms through the unchanged files (``install()``: 1-30 ms),
+0.4-1.7 s parsing every file, ~1 s reading every live object.
 
 ``python -m swa_backends.integrations.vllm.seams`` prints the installed vLLM's signature
 and fingerprint of every seam of the table, marking each that differs (for a maintainer
