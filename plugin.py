@@ -14,8 +14,12 @@ function for this pack. It is
   or AITER import here. Those load lazily, only for the variant chosen on the device that runs;
 * the vLLM integration's installer: when vLLM is importable (it is, when vLLM calls this),
   :func:`swa_backends.integrations.vllm.install` registers the pack's DeepSeek-V4.1
-  architecture (supported vLLM releases only, ``SWA_BACKENDS_VLLM=0`` turns it off). It
-  never raises: a failure is one warning and vLLM's own path.
+  architecture (supported vLLM releases on CUDA and ROCm only, after importing the
+  integration's model module, ~50 ms on that machine, and checking the vLLM code it relies
+  on against the pinned release, 1-20 ms through unchanged files; nothing more of vLLM is
+  imported). It never raises: a failure is one warning and vLLM's own path;
+* switched off whole by ``SWA_BACKENDS_VLLM=0`` (or ``off``, ``false``, ``no``): no custom
+  op is defined and vLLM is left untouched, with one log line.
 
 It is **not** a ``vllm.platform_plugins`` entry: only one out-of-tree platform can be
 active (vllm-ascend is one), and a kernel pack must coexist with it. With ``VLLM_PLUGINS``
@@ -43,13 +47,17 @@ logger = logging.getLogger(__name__)
 def register() -> tuple[str, ...]:
     """Define the pack's ops as ``torch.ops.swa_backends.*`` (once per process), install the
     vLLM integration where vLLM is importable, and return the ops' qualified names
-    (``swa_backends::gather_rows``, ...; empty, with one warning, if defining them failed).
+    (``swa_backends::gather_rows``, ...; empty, with one warning, if defining them failed;
+    empty, with one log line, when ``SWA_BACKENDS_VLLM`` switches the plugin off).
     Never raises."""
     global _registered
     if _registered is not None:
         return _registered
     with _lock:
         if _registered is None:
+            if _switched_off():
+                _registered = ()
+                return _registered
             try:
                 from . import torch_ops  # defining the custom ops is the import's effect
 
@@ -62,6 +70,22 @@ def register() -> tuple[str, ...]:
             _registered = names
             _install_vllm()
     return _registered
+
+
+def _switched_off() -> bool:
+    """``SWA_BACKENDS_VLLM`` turns the whole plugin off (the integration's ``install()`` logs
+    the one line and records the switch in its status); never raises."""
+    try:
+        from .integrations import vllm as integration
+
+        if integration.mode() != "off":
+            return False
+        integration.install()
+        return True
+    except Exception as exc:  # noqa: BLE001 - loading the plugin never stops vLLM from starting
+        logger.warning("swa_backends: reading SWA_BACKENDS_VLLM failed (%s: %s); the plugin stays off",
+                       type(exc).__name__, exc)
+        return True
 
 
 def _install_vllm() -> None:

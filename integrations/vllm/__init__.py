@@ -3,12 +3,18 @@
 :func:`install` is called by ``swa_backends.plugin.register()``, the pack's
 ``vllm.general_plugins`` entry point, in every vLLM process. It changes nothing unless
 
-* ``SWA_BACKENDS_VLLM`` is not ``0`` (``0``/``off``/``false``: the integration is off;
-  ``force``: skip the platform check below -- tests on a CPU-only machine);
+* ``SWA_BACKENDS_VLLM`` is not ``0`` (``0``/``off``/``false``/``no``: the whole plugin is off,
+  ``plugin.register()`` defines no op either; ``force``: skip the platform check below --
+  tests on a CPU-only machine);
 * vLLM is importable and its release series is in :data:`SUPPORTED_VLLM` (the one place
   the supported versions are declared);
 * vLLM's platform is CUDA or ROCm (the pack's Triton kernels; other platforms keep vLLM's
-  path untouched, e.g. vllm-ascend's NPU).
+  path untouched, e.g. vllm-ascend's NPU);
+* the integration's own modules import here (the model class, its runtime and patches: a
+  worker imports them when it builds the model);
+* every vLLM definition the integration relies on matches the release it was written for
+  (:mod:`.seams`, the table :mod:`.seams_v0_33`): a ``0.33.x`` that changed one is left
+  untouched, with one log line naming the seams that differ.
 
 Then it registers the architecture ``DeepseekV41ForCausalLM`` under the same name as a
 lazy ``"module:Class"`` string (vLLM's supported extension point,
@@ -22,12 +28,14 @@ warning and vLLM's own path.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 
 from ...common.validation import env_switch
@@ -38,7 +46,7 @@ SUPPORTED_VLLM: tuple[str, ...] = ("0.33",)
 #: The release CI installs and every pinned signature and source hash was taken from.
 TESTED_VLLM = "0.33.0"
 
-#: The environment switch: ``0``/``off``/``false``/``no`` turn the integration off;
+#: The environment switch: ``0``/``off``/``false``/``no`` turn the whole plugin off;
 #: ``force`` skips the platform check; anything else (or unset) is automatic.
 ENV = "SWA_BACKENDS_VLLM"
 
@@ -64,12 +72,17 @@ def log_once(level: int, msg: str, *args) -> None:
 @dataclass(frozen=True)
 class InstallStatus:
     """``installed``: the architecture is registered; ``reason``: why (or why not);
-    ``vllm_version``: the vLLM found (None when there is none); ``mode``: the switch."""
+    ``vllm_version``: the vLLM found (None when there is none); ``mode``: the switch;
+    ``seams``: the seams that differ from the pinned release (:mod:`.seams`; empty when none
+    does or they were not checked); ``seam_check_s``: what checking them took (None: not
+    checked)."""
 
     installed: bool
     reason: str
     vllm_version: str | None = None
     mode: str = "auto"
+    seams: tuple[str, ...] = ()
+    seam_check_s: float | None = None
 
 
 def mode() -> str:
@@ -130,8 +143,8 @@ def install() -> InstallStatus:
 def _install() -> InstallStatus:
     switch = mode()
     if switch == "off":
-        return InstallStatus(False, f"{ENV}={os.environ.get(ENV)}: the vLLM integration is off; "
-                                    "vLLM's own DeepSeek-V4.1 path is used", None, switch)
+        return InstallStatus(False, f"{ENV}={os.environ.get(ENV)}: the swa_backends plugin is off (no "
+                                    "torch.ops.swa_backends op is defined, vLLM is left untouched)", None, switch)
     version = vllm_version()
     if version is None:
         return InstallStatus(False, "vLLM is not importable: nothing to integrate with", None, switch)
@@ -145,12 +158,27 @@ def _install() -> InstallStatus:
     if switch != "force" and not (current_platform.is_cuda() or current_platform.is_rocm()):
         return InstallStatus(False, f"vLLM platform {platform} is neither CUDA nor ROCm: vLLM is left untouched "
                                     f"({ENV}=force overrides)", version, switch)
+    try:  # what a worker imports when it builds the model: proven before vLLM is told about it
+        importlib.import_module(MODEL_CLASS.split(":")[0])
+    except Exception as exc:  # noqa: BLE001
+        return InstallStatus(False, f"the integration's model module does not import ({type(exc).__name__}: {exc}); "
+                                    "vLLM is left untouched", version, switch)
+    from . import seams
+    from .seams_v0_33 import FILES, RELEASE, SEAMS
+
+    t0 = time.perf_counter()
+    differ = tuple(seams.check(SEAMS, files=FILES, platform="rocm" if current_platform.is_rocm() else "cuda"))
+    took = time.perf_counter() - t0
+    if differ:
+        return InstallStatus(False, f"vLLM {version}: {len(differ)} seam(s) the integration relies on differ from "
+                                    f"{RELEASE}'s: {'; '.join(differ)}; vLLM is left untouched", version, switch,
+                             differ, took)
     from vllm.model_executor.models.registry import ModelRegistry
 
     ModelRegistry.register_model(ARCH, MODEL_CLASS)
     return InstallStatus(True, f"vLLM {version} on {platform}: {ARCH} resolves to {MODEL_CLASS}; its replay "
-                               "metadata runs through the pack where swa_backends.capabilities() turns a side on",
-                         version, switch)
+                               "metadata runs through the pack where swa_backends.capabilities() turns a side on "
+                               f"(the vLLM code it relies on matches {RELEASE}'s)", version, switch, (), took)
 
 
 def status() -> InstallStatus | None:

@@ -194,6 +194,7 @@ def _encoder_on_rocm(model, route: Route, on: list[str]) -> Route:
         return route
     for cache in caches:
         cache.bounded_replay = True
+    patches.pin((*ENCODER_ROUTES, *BUILDER_ROUTES, *ROCM_ROUTES))  # vLLM's ROCm path has no clamp to fall back to
     log_once(logging.WARNING, "encoder replay turned on on %s for %d window caches (vLLM keeps it off on ROCm: %s); "
              "the clamped window indices, gather lengths and prefill attention run through the pack",
              dev, len(caches), route.decision.vllm_encoder_reason)
@@ -240,7 +241,12 @@ class ModelMixin:
     swa_backends (the pack's ``DeepseekV41ForCausalLM`` is this mixin on vLLM's class)."""
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        route = _before_build(vllm_config)
+        try:
+            route = _before_build(vllm_config)
+        except Exception as exc:  # noqa: BLE001
+            log_once(logging.WARNING, "the pack's set-up before the build failed (%s: %s); DeepSeek-V4.1 runs vLLM's "
+                     "own replay path", type(exc).__name__, exc)
+            route = Route(None)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         try:
             route = _after_build(self, route)
@@ -251,6 +257,7 @@ class ModelMixin:
                 patches.route(name, None)
             _unswap(getattr(_language_model(self), "decoder_replay_layers", None))
             if route.rocm:  # back to what vLLM built on ROCm
+                patches.pin(())
                 for cache in _window_caches(self):
                     cache.bounded_replay = False
             route = Route(route.decision)
@@ -286,7 +293,14 @@ def model_class() -> type:
 
 def __getattr__(name: str):
     if name == "DeepseekV41ForCausalLM":  # what vLLM's registry looks up
-        return model_class()
+        try:
+            return model_class()
+        except Exception as exc:  # noqa: BLE001 - the architecture must load: vLLM's own class then
+            from vllm.models.deepseek_v41 import DeepseekV41ForCausalLM as vllm_class
+
+            log_once(logging.WARNING, "building the pack's DeepSeek-V4.1 class failed (%s: %s); vLLM's own class "
+                     "is used", type(exc).__name__, exc)
+            return vllm_class
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -319,9 +333,19 @@ class ModelStateMixin:
             # the builders' calls must reach the pack to be answered; PCP pads and gathers per rank
             self._swa_fuse = route.builders and self.pcp_size == 1
         except Exception as exc:  # noqa: BLE001
-            log_once(logging.WARNING, "the pack's decoder sub-batch is off (%s: %s); vLLM's gather runs",
-                     type(exc).__name__, exc)
-            self._swa_gather = False
+            if self._swa_backend is None and route.any:  # no backend for this device: nothing can go through it
+                if route.rocm:  # encoder replay the pack turned on has no vLLM path to go back to
+                    log_once(logging.ERROR, "the pack's backend for %s failed (%s: %s) where the pack turned encoder "
+                             "replay on; set SWA_BACKENDS_VLLM=0 to serve with vLLM's own path", device,
+                             type(exc).__name__, exc)
+                    raise
+                log_once(logging.WARNING, "the pack's backend for %s failed (%s: %s); DeepSeek-V4.1's replay metadata "
+                         "runs through vLLM's kernels", device, type(exc).__name__, exc)
+                self._swa_off()
+            else:
+                log_once(logging.WARNING, "the pack's decoder sub-batch is off (%s: %s); vLLM's gather runs",
+                         type(exc).__name__, exc)
+                self._swa_gather = False
 
     def _warm_up_replay_kernels(self, input_batch, slot_mappings) -> None:
         """vLLM's warmup for what stays vLLM's (the pad kernel's own ``warmup`` goes to the
@@ -354,9 +378,24 @@ class ModelStateMixin:
             if route.rocm:  # the prefill attention (rocm_sparse_attn_prefill): this shard's heads, a sink
                 be.warmup(ops=("sparse_mla",), num_heads=(_local_heads(cfg),), qk_head_dim=512, v_head_dim=512,
                           attn_dtypes=(torch.bfloat16,), attn_sink=(True,))
-        except Exception as exc:  # noqa: BLE001
-            log_once(logging.WARNING, "warming up the pack's kernels failed (%s: %s); they compile on first use",
-                     type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not compile: vLLM's path, warmed as vLLM does
+            if route.rocm:  # encoder replay the pack turned on has no vLLM path to go back to
+                log_once(logging.ERROR, "warming up the pack's kernels failed (%s: %s) where the pack turned encoder "
+                         "replay on; set SWA_BACKENDS_VLLM=0 to serve with vLLM's own path", type(exc).__name__, exc)
+                raise
+            log_once(logging.WARNING, "warming up the pack's kernels failed (%s: %s); DeepSeek-V4.1's replay metadata "
+                     "runs through vLLM's kernels", type(exc).__name__, exc)
+            self._swa_off()
+            super()._warm_up_replay_kernels(input_batch, slot_mappings)
+
+    def _swa_off(self) -> None:
+        """Everything this state and its model route through the pack back to vLLM's path."""
+        self._swa_gather = self._swa_fuse = False
+        for name in (*ENCODER_ROUTES, *BUILDER_ROUTES, *ROCM_ROUTES):
+            patches.route(name, None)
+        for obj in (self.decoder_replay_layers, self.replay_cudagraphs):
+            if isinstance(obj, (ReplayLayersMixin, ReplayGraphsMixin)):
+                obj._swa_failed = True
 
     def _kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
         """vLLM's sub-batch, gathered by the pack's ``gather_replay_batch`` into vLLM's
@@ -433,7 +472,10 @@ class ModelStateMixin:
             return super().prepare_attn(*args, **kwargs)
         finally:
             self._swa_predicted = None
-            runtime.end_step()
+            try:
+                runtime.end_step()
+            except Exception as exc:  # noqa: BLE001 - the held pad ran vLLM's kernel (runtime.flush_step)
+                patches.failed("pad_replayed_slots", exc)
 
     def _build_attn_metadata(self, *args, **kwargs):
         """Before vLLM's builders run: one ``prepare_replay_step`` launch writes the held
@@ -449,7 +491,10 @@ class ModelStateMixin:
                 self._swa_fuse = False
                 log_once(logging.WARNING, "the pack's one-launch step failed (%s: %s); each replay-metadata call "
                          "launches its own kernel from now on", type(exc).__name__, exc)
-            runtime.flush_step()  # a pad the step did not take runs before the builders read the slots
+            try:
+                runtime.flush_step()  # a pad the step did not take runs before the builders read the slots
+            except Exception as exc:  # noqa: BLE001 - the held pad ran vLLM's kernel (runtime.flush_step)
+                patches.failed("pad_replayed_slots", exc)
         return super()._build_attn_metadata(*args, **kwargs)
 
     def _swa_prepare_step(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
@@ -607,49 +652,58 @@ def _replay_row_shapes(vllm_config, layers) -> tuple:
 
 class ReplayLayersMixin:
     """``DecoderReplayLayers._run`` with the rows gathered and scattered by the pack
-    (``gather_rows`` / ``scatter_rows``); PCP's padded batches keep vLLM's ``_run``."""
+    (``gather_rows`` / ``scatter_rows``); PCP's padded batches keep vLLM's ``_run``. If the
+    pack's gather or scatter raises, that call and every later one are vLLM's (one warning);
+    vLLM's layers run once either way."""
 
     def _run(self, hidden_states, *states):
         replay_batch = self.replay_batch
-        if replay_batch is None or replay_batch.num_padded is not None:
-            return super()._run(hidden_states, *states)
-        if getattr(self, "_swa_failed", False):
+        if replay_batch is None or replay_batch.num_padded is not None or getattr(self, "_swa_failed", False):
             return super()._run(hidden_states, *states)
         assert isinstance(hidden_states, torch.Tensor)
-        try:
-            return self._swa_run(replay_batch, hidden_states, *states)
-        except Exception as exc:  # noqa: BLE001 - vLLM's _run recomputes every output
-            self._swa_failed = True
-            log_once(logging.WARNING, "the replay layers' row gather/scatter through the pack failed (%s: %s); "
-                     "vLLM's runs from now on", type(exc).__name__, exc)
-            return super()._run(hidden_states, *states)
-
-    def _swa_run(self, replay_batch, hidden_states, *states):
-        be = runtime.backend_for(hidden_states.device)
         rows = replay_batch.rows
         inputs = (hidden_states, *states)
+        try:
+            be = runtime.backend_for(hidden_states.device)
+            row_inputs = None
+            if replay_batch.run_graph is None:
+                row_inputs = [None if t is None else runtime.gather_rows(be, t, rows) for t in inputs]
+        except Exception as exc:  # noqa: BLE001 - nothing ran yet: vLLM's _run does it all
+            _piece_failed(self, "the replay layers' row gather", exc)
+            return super()._run(hidden_states, *states)
         from vllm.forward_context import override_forward_context
 
         with override_forward_context(replay_batch.forward_context):
             if replay_batch.run_graph is not None:
                 row_outputs = replay_batch.run_graph(rows, inputs)
             else:
-                row_inputs = [None if t is None else runtime.gather_rows(be, t, rows) for t in inputs]
                 row_outputs = self.run_layers(*row_inputs)
         num_tokens = hidden_states.shape[0]
         n = rows.numel()
-        return tuple(runtime.scatter_rows(be, out[:n], rows, num_tokens) for out in row_outputs)
+        try:
+            return tuple(runtime.scatter_rows(be, out[:n], rows, num_tokens) for out in row_outputs)
+        except Exception as exc:  # noqa: BLE001 - the layers ran: scattered as vLLM's _run scatters them
+            _piece_failed(self, "the replay layers' row scatter", exc)
+            return tuple(out.new_zeros((num_tokens, *out.shape[1:])).index_copy_(0, rows, out[:n])
+                         for out in row_outputs)
 
 
 class ReplayGraphsMixin:
     """``DecoderReplayCudaGraphManager.run`` with the rows gathered into its static input
-    buffers by the pack's ``gather_rows``."""
+    buffers by the pack's ``gather_rows`` (if that raises, vLLM's ``run``, which writes every
+    buffer row the graph reads, from then on)."""
 
     def run(self, rows, inputs):
-        be = runtime.backend_for(rows.device)
+        if getattr(self, "_swa_failed", False):
+            return super().run(rows, inputs)
         num_rows = rows.shape[0]
-        for buf, t in zip(self.input_buffers, inputs):
-            runtime.gather_rows(be, t, rows, out=buf[:num_rows])
+        try:
+            be = runtime.backend_for(rows.device)
+            for buf, t in zip(self.input_buffers, inputs):
+                runtime.gather_rows(be, t, rows, out=buf[:num_rows])
+        except Exception as exc:  # noqa: BLE001
+            _piece_failed(self, "the replay graphs' row gather", exc)
+            return super().run(rows, inputs)
         from vllm.forward_context import get_forward_context
 
         batch_descriptor = get_forward_context().batch_descriptor
@@ -657,3 +711,10 @@ class ReplayGraphsMixin:
         num_tokens = batch_descriptor.num_tokens
         outputs = self.breakable_cg_runner(*(buf[:num_tokens] for buf in self.input_buffers))
         return tuple(out[:num_rows] for out in outputs)
+
+
+def _piece_failed(obj, what: str, exc: BaseException) -> None:
+    """A pack call inside a swapped vLLM object raised: vLLM's method for it from now on, one warning."""
+    obj._swa_failed = True
+    log_once(logging.WARNING, "%s through the pack failed (%s: %s); vLLM's runs from now on", what,
+             type(exc).__name__, exc)

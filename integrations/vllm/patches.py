@@ -59,6 +59,7 @@ ROCM_ATTENTION = "vllm.models.deepseek_v41.amd.rocm"
 _routes: dict[str, Callable | None] = {"pad_replayed_slots": None, "swa_indices_and_lens": None,
                                        "prefill_gather_lens": None, "rocm_sparse_attn_prefill": None}
 _lock = threading.Lock()
+_pinned: set[str] = set()  # routes vLLM's kernel cannot stand in for (failed() raises)
 
 
 # ---------------------------------------------------------------------------------------
@@ -88,15 +89,16 @@ class _Shim:
         last = self._swa_last
         if last[0] is route and last[1] == device:  # a serving process launches on one device
             return last[2]
-        be = route(device)
+        try:
+            be = route(device)
+        except Exception as exc:  # noqa: BLE001 - no backend (a failed probe or selection): vLLM's kernel
+            self._failed(exc)
+            return None
         self._swa_last = (route, device, be)
         return be
 
     def _failed(self, exc: BaseException) -> None:
-        """A routed call raised: route off for the rest of the process, one warning."""
-        _routes[self.route_name] = None
-        log_once(logging.WARNING, "%s through the pack failed (%s: %s); vLLM's kernel runs from now on",
-                 self.route_name, type(exc).__name__, exc)
+        failed(self.route_name, exc)
 
 
 class PadReplayedSlotsShim(_Shim):
@@ -112,15 +114,26 @@ class PadReplayedSlotsShim(_Shim):
 
     def _launch(self, grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
                 window, pad_slot_id, *, NUM_GROUPS=None, BLOCK=None, **meta):
-        be = self._backend(slot_mappings.device)
-        if be is not None and pad_slot_id == PAD and group_stride == slot_mappings.stride(0) and not meta:
-            try:
+        try:
+            be = self._backend(slot_mappings.device)
+            if be is not None and pad_slot_id == PAD and group_stride == slot_mappings.stride(0) and not meta:
+                # a call held for the step's launch keeps vLLM's kernel as its fallback (runtime.flush_step)
                 runtime.pad_replayed_slots(be, slot_mappings, cacheable_groups, query_start_loc, positions,
-                                           replay_start, window, int(grid[0]))
+                                           replay_start, window, int(grid[0]),
+                                           fallback=functools.partial(self._vllm, grid, slot_mappings, group_stride,
+                                                                      cacheable_groups, query_start_loc, positions,
+                                                                      replay_start, window, pad_slot_id, NUM_GROUPS,
+                                                                      BLOCK))
                 return None
-            except Exception as exc:  # noqa: BLE001 - the kernel raises before writing
-                self._failed(exc)
-        kwargs = dict(meta)
+        except Exception as exc:  # noqa: BLE001 - the kernel raises before writing (a held pad ran vLLM's)
+            self._failed(exc)
+        return self._vllm(grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
+                          window, pad_slot_id, NUM_GROUPS, BLOCK, meta)
+
+    def _vllm(self, grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
+              window, pad_slot_id, NUM_GROUPS=None, BLOCK=None, meta=None):
+        """vLLM's own launch of this call."""
+        kwargs = dict(meta or ())
         if NUM_GROUPS is not None:
             kwargs["NUM_GROUPS"] = NUM_GROUPS
         if BLOCK is not None:
@@ -130,13 +143,17 @@ class PadReplayedSlotsShim(_Shim):
 
     def warmup(self, *args, grid=None, **kwargs):
         """vLLM compiles the pad kernel on its buffers; routed, the pack's kernel is warmed
-        instead (``runtime.warm_up``)."""
+        instead (``runtime.warm_up``); if that fails, the route goes back to vLLM's kernel,
+        which is warmed as vLLM asked."""
         slot_mappings = args[0] if args else kwargs.get("slot_mappings_ptr")
-        be = self._backend(slot_mappings.device) if slot_mappings is not None else None
-        if be is None:
-            return self._swa_original.warmup(*args, grid=grid, **kwargs)
-        runtime.warm_up(be, slot_mappings.device, pad=True, num_groups=int(slot_mappings.shape[0]))
-        return None
+        try:
+            be = self._backend(slot_mappings.device) if slot_mappings is not None else None
+            if be is not None:
+                runtime.warm_up(be, slot_mappings.device, pad=True, num_groups=int(slot_mappings.shape[0]))
+                return None
+        except Exception as exc:  # noqa: BLE001 - vLLM's first prepare_attn must not see it
+            self._failed(exc)
+        return self._swa_original.warmup(*args, grid=grid, **kwargs)
 
 
 class SwaIndicesAndLensShim(_Shim):
@@ -152,18 +169,18 @@ class SwaIndicesAndLensShim(_Shim):
                  seq_lens, token_to_req_indices, is_valid_token, block_table, block_size, replay_start, *, num_tokens,
                  token_offset, has_image=False):
         if not has_image:
-            if runtime.answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens, token_offset):
-                return None  # the step's one launch wrote it
-            be = self._backend(swa_indices.device)
-            if be is not None:
-                try:
-                    if runtime.swa_indices_and_lens(be, swa_indices, swa_lens, window_size, index_width,
-                                                    query_start_loc, seq_lens, is_valid_token, block_table,
-                                                    block_size, replay_start, num_tokens=num_tokens,
-                                                    token_offset=token_offset):
-                        return None
-                except Exception as exc:  # noqa: BLE001
-                    self._failed(exc)
+            try:
+                if runtime.answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
+                                        token_offset):
+                    return None  # the step's one launch wrote it
+                be = self._backend(swa_indices.device)
+                if be is not None and runtime.swa_indices_and_lens(
+                        be, swa_indices, swa_lens, window_size, index_width, query_start_loc, seq_lens,
+                        is_valid_token, block_table, block_size, replay_start, num_tokens=num_tokens,
+                        token_offset=token_offset):
+                    return None
+            except Exception as exc:  # noqa: BLE001 - the kernel raises before writing
+                self._failed(exc)
         return self._swa_original(swa_indices, swa_lens, window_size, index_width, left_visible, right_visible,
                                   query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table,
                                   block_size, replay_start, num_tokens=num_tokens, token_offset=token_offset,
@@ -178,17 +195,17 @@ class PrefillMetadataShim(_Shim):
 
     def __call__(self, prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes,
                  window_size):
-        if runtime.answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num_prefills, num_decodes,
-                                        window_size):
-            return None  # the step's one launch wrote them
-        be = self._backend(prefill_gather_lens.device)
-        if be is not None:
-            try:
-                if runtime.prefill_gather_lens(be, prefill_gather_lens, seq_lens, query_start_loc, replay_start,
-                                               int(num_prefills), int(num_decodes), int(window_size)):
-                    return None
-            except Exception as exc:  # noqa: BLE001
-                self._failed(exc)
+        try:
+            if runtime.answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num_prefills,
+                                            num_decodes, window_size):
+                return None  # the step's one launch wrote them
+            be = self._backend(prefill_gather_lens.device)
+            if be is not None and runtime.prefill_gather_lens(be, prefill_gather_lens, seq_lens, query_start_loc,
+                                                              replay_start, int(num_prefills), int(num_decodes),
+                                                              int(window_size)):
+                return None
+        except Exception as exc:  # noqa: BLE001 - the kernel raises before writing
+            self._failed(exc)
         return self._swa_original(prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills,
                                   num_decodes, window_size)
 
@@ -203,13 +220,13 @@ class RocmSparsePrefillShim(_Shim):
     def __call__(self, q, kv, indices, topk_length, scale, head_dim, nope_head_dim, rope_head_dim, attn_sink, output,
                  ragged_indices=None, ragged_indptr=None):
         if ragged_indices is None and ragged_indptr is None and head_dim == q.shape[-1]:
-            be = self._backend(q.device)
-            if be is not None:
-                try:
-                    if runtime.rocm_sparse_prefill(be, q, kv, indices, topk_length, scale, attn_sink, output):
-                        return None
-                except Exception as exc:  # noqa: BLE001 - sparse_mla raises before it writes output
-                    self._failed(exc)
+            try:
+                be = self._backend(q.device)
+                if be is not None and runtime.rocm_sparse_prefill(be, q, kv, indices, topk_length, scale, attn_sink,
+                                                                  output):
+                    return None
+            except Exception as exc:  # noqa: BLE001 - sparse_mla raises before it writes output
+                self._failed(exc)
         return self._swa_original(q, kv, indices, topk_length, scale, head_dim, nope_head_dim, rope_head_dim,
                                   attn_sink, output, ragged_indices=ragged_indices, ragged_indptr=ragged_indptr)
 
@@ -341,6 +358,27 @@ def applied(name: str) -> bool:
     return _status.get(name) == "applied"
 
 
+def failed(name: str, exc: BaseException) -> None:
+    """A routed launch ``name`` raised (a failed probe, compile or first call): the route is off
+    for the rest of the process, with one warning; vLLM's kernel runs that call and every later one.
+    A route :func:`pin`-ned (vLLM's kernel cannot stand in: the pack turned on encoder replay
+    that vLLM keeps off there) logs an error instead and the exception propagates."""
+    if name in _pinned:
+        log_once(logging.ERROR, "%s through the pack failed (%s: %s) where the pack turned encoder replay on and "
+                 "vLLM's kernel cannot stand in; set SWA_BACKENDS_VLLM=0 to serve with vLLM's own path", name,
+                 type(exc).__name__, exc)
+        raise exc
+    _routes[name] = None
+    log_once(logging.WARNING, "%s through the pack failed (%s: %s); vLLM's kernel runs from now on", name,
+             type(exc).__name__, exc)
+
+
+def pin(names) -> None:
+    """The routes ``names`` have no fallback (:func:`failed`); ``pin(())`` clears every pin."""
+    _pinned.clear()
+    _pinned.update(names)
+
+
 def route(name: str, backend_for: Callable | None) -> bool:
     """Send the patched launch ``name`` to the pack (``backend_for``: device -> Backend) or
     back to vLLM's kernel (None). Returns whether the route is now on (its patch applied)."""
@@ -365,5 +403,6 @@ def restore() -> None:
             if isinstance(current, _Shim):
                 setattr(module, p.attr, current._swa_original)
         _status.clear()
+        _pinned.clear()
         for name in _routes:
             _routes[name] = None

@@ -65,16 +65,20 @@ def _head(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def pad_replayed_slots(be: Backend, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start,
-                       window: int, num_reqs: int) -> None:
+                       window: int, num_reqs: int, *, fallback=None) -> None:
     """vLLM's ``_pad_replayed_slots_kernel[(num_reqs,)](slot_mappings, stride, cacheable_groups,
     query_start_loc, positions, replay_start, window, PAD_SLOT_ID, ...)`` (in place). Inside an
     open step (:func:`begin_step`) the call is held for the step's one launch
-    (:func:`prepare_step`), or launched by :func:`flush_step` if that never comes."""
+    (:func:`prepare_step`), or launched by :func:`flush_step` if that never comes;
+    ``fallback``: a no-argument call of vLLM's own kernel for this call, which
+    :func:`flush_step` runs if the pack's launch of a held call raises (vLLM was told the
+    padding was done)."""
     step = _local.step
     if step is not None:
         if step.pad is None and not step.answered:
             CALLS["pad_replayed_slots.held"] += 1
             step.pad = (be, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, window, num_reqs)
+            step.pad_fallback = fallback
             return
         flush_step()  # a pad already held launches first: the calls keep their order
     CALLS["pad_replayed_slots"] += 1
@@ -331,10 +335,11 @@ def predicted_kept(query_lens: list[int] | np.ndarray, keeps_rows: np.ndarray | 
 
 
 class _Step:
-    __slots__ = ("pad", "answered")
+    __slots__ = ("pad", "pad_fallback", "answered")
 
     def __init__(self) -> None:
         self.pad: tuple | None = None  # vLLM's pad call, held for the step's launch
+        self.pad_fallback = None  # vLLM's kernel for the held call, if the pack's launch of it raises
         self.answered: dict = {}  # call key -> what answers it (True, the gather lengths' buffer, the plan)
 
 
@@ -351,15 +356,23 @@ def begin_step() -> None:
 
 
 def flush_step() -> None:
-    """Launch a held pad call (no :func:`prepare_step` took it)."""
+    """Launch a held pad call (no :func:`prepare_step` took it). If the pack's launch raises,
+    the call's ``fallback`` (vLLM's kernel) writes the padding, then the error propagates for
+    the caller to turn the route off."""
     step = _local.step
     if step is not None and step.pad is not None:
         held, step.pad = step.pad, None
+        fallback, step.pad_fallback = step.pad_fallback, None
         step.answered = {}
         CALLS["pad_replayed_slots"] += 1
         be, slot_mappings, groups, qsl, positions, replay_start, window, num_reqs = held
-        be.pad_replayed_slots(slot_mappings, groups, _head(qsl, num_reqs + 1), positions, _head(replay_start, num_reqs),
-                              window)
+        try:
+            be.pad_replayed_slots(slot_mappings, groups, _head(qsl, num_reqs + 1), positions,
+                                  _head(replay_start, num_reqs), window)
+        except Exception:
+            if fallback is not None:
+                fallback()
+            raise
 
 
 def end_step() -> None:
@@ -461,7 +474,7 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     be.prepare_replay_step(rs, views[0], views[1], qsl, seq, _head(positions, T), slot_mappings, groups, t.block_table,
                            t.block_size, t.window, Wr, index_width=t.decode_rows.shape[1], plan=plan, prefill_from=D,
                            gather_lens_from=d, valid_group=t.group, out=out)
-    step.pad = None
+    step.pad = step.pad_fallback = None
     answered = step.answered
     if D:
         answered[("swa_indices_and_lens", D, 0)] = (t.decode_rows.data_ptr(), qsl, rs, t.block_table)

@@ -166,7 +166,7 @@ def _report(res: subprocess.CompletedProcess) -> dict:
 
 
 def _env(vllm_plugins: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "PYTHONPATH", "SWA_BACKENDS_VLLM")}
     if vllm_plugins is not None:
         env["VLLM_PLUGINS"] = vllm_plugins
     return env
@@ -198,6 +198,18 @@ def test_entry_point_loads_like_vllm_in_a_fresh_venv(venv, tmp_path, vllm_plugin
     assert rep["vendor_modules"] == [], "register() imported a vendor package"
     assert rep["register_s"] < 5.0
     assert rep["checked"] == list(OPS)
+
+
+def test_switched_off_the_plugin_defines_nothing(venv, tmp_path):
+    """``SWA_BACKENDS_VLLM=0``: vLLM still loads and calls the entry point, which defines no op
+    (``torch.ops.swa_backends`` stays empty) and returns no name, on every call."""
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    env = _env(None)
+    env["SWA_BACKENDS_VLLM"] = "0"
+    rep = _report(_run([str(venv), str(script)], env=env, cwd=tmp_path))
+    assert rep["loaded"] == ["swa_backends"] and rep["calls"] == [[], []]
+    assert rep["has_ops"] is False and rep["vendor_modules"] == []
 
 
 def test_register_is_idempotent_in_process():

@@ -68,7 +68,7 @@ def test_switch_off_leaves_vllm_untouched(monkeypatch, fresh):
     monkeypatch.setenv(integration.ENV, "0")
     monkeypatch.setattr(integration, "vllm_version", lambda: pytest.fail("the switch is read first"))
     st = integration.install()
-    assert not st.installed and st.mode == "off" and "integration is off" in st.reason
+    assert not st.installed and st.mode == "off" and "plugin is off" in st.reason
     assert integration.install() is st
     assert [r.levelno for r in fresh.records] == [logging.INFO]
 
@@ -385,8 +385,8 @@ def test_an_answer_matches_only_its_own_call():
     target = runtime.WindowTarget(1, table, b.block_size, W, d, D, dec[:, 0], lens[0], pre[:, 0], lens[1])
     n = B + 1
     scratch = {"arange": torch.arange(n, dtype=i32), "ones": torch.ones(n, dtype=torch.bool),
-               "replay_start": torch.zeros(n, dtype=i32), "gather_lens": torch.zeros(n, dtype=i32),
-               "no_groups": torch.zeros(0, dtype=i32), "views": {}}
+               "replay_start": torch.zeros(n, dtype=i32), "stale_replay": torch.zeros(n, dtype=i32),
+               "gather_lens": torch.zeros(n, dtype=i32), "no_groups": torch.zeros(0, dtype=i32), "views": {}}
     want_rows, want_lens = be.swa_indices_and_lens(b.qsl, b.seq[:B], table, b.block_size, W, rs, index_width=W,
                                                    valid=b.slots[1] >= 0, num_tokens=T)
     want_gl = be.prefill_gather_lens(b.qsl[d:], b.seq[d:B], rs[d:], W)
