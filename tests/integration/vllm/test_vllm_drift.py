@@ -263,6 +263,8 @@ SOURCE_HASHES = {
     # replay graphs' padded size
     f"{MS}:DeepseekV41ModelState._build_attn_metadata": "3eca31b31afea49a",
     "vllm.models.deepseek_v41.sparse_mla:DeepseekV41SparseSWAMetadataBuilder.build": "62c1e7f16a9bd6f2",
+    "vllm.models.deepseek_v41.nvidia.flashinfer_sparse:DeepseekSparseSWAFlashInferMetadataBuilder.build":
+        "8b8b78ed7ffd131f",
     "vllm.v1.attention.backends.utils:split_decodes_and_prefills": "f007f7c52cb563c9",
     "vllm.v1.worker.gpu.attn_utils:build_attn_metadata": "b7faabe5c799633e",
     "vllm.v1.worker.gpu.model_states.default:DefaultModelState.prepare_attn": "b4e721b16fb22bee",
