@@ -1127,7 +1127,8 @@ def print_summary(result: dict) -> None:
             f"({dm.get('record_bytes')} B per token) vs the pack on the same records and indices, us per call in a "
             "CUDA graph (ratio = FlashMLA / the pack's) ==")
         for r in result["decode_vllm"]:
-            log(f"  {r['layer']:<10} T={r['T']:>4} H={r['H']:>4} K={r.get('K', '-'):>4}: " + (r.get("skipped") or " | ".join(
+            head = f"  {r['layer']:<10} T={r['T']:>4} H={r['H']:>4} K={r.get('K', '-'):>4}: "
+            log(head + (r.get("skipped") or " | ".join(
                 f"{n} " + (f"{v['graph_us']:.1f} us" if "graph_us" in v else (v.get("not_run") and "not run")
                            or v.get("error") or v.get("why") or "-")
                 + ("" if v.get("correct", True) else f" WRONG ({v.get('why')})")
