@@ -145,19 +145,25 @@ def _from_installed() -> VllmKernels:
 
 def load(source: str | os.PathLike | None = None) -> tuple[VllmKernels | None, str]:
     """``(kernels, where from)`` or ``(None, why not)``."""
+    return _load(source, _from_source, _from_installed, "model_state.py and sparse_swa.py")
+
+
+def _load(source, from_source, installed, files: str) -> tuple:
+    """``from_source(folder)`` when ``source`` or ``$SWA_VLLM_KERNELS_DIR`` names one, else
+    ``installed()`` when vLLM is: ``(result, its origin)``, or ``(None, why not)``."""
     source = source or os.environ.get(ENV)
     if source:
         try:
-            k = _from_source(Path(source))
+            k = from_source(Path(source))
             return k, k.origin
         except Exception as exc:  # noqa: BLE001
             return None, f"{ENV}={source}: {type(exc).__name__}: {exc}"
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return None, f"vLLM is not installed and {ENV} is not set (copies of vLLM's model_state.py and sparse_swa.py)"
+        return None, f"vLLM is not installed and {ENV} is not set (copies of vLLM's {files})"
     try:
-        k = _from_installed()
+        k = installed()
         return k, k.origin
     except Exception as exc:  # noqa: BLE001
         return None, f"vLLM's kernels did not import: {type(exc).__name__}: {exc}"
@@ -250,23 +256,8 @@ def _launchers_installed() -> VllmLaunchers:
 def load_launchers(source: str | os.PathLike | None = None) -> tuple[VllmLaunchers | None, str]:
     """``(launchers, where from)`` or ``(None, why not)``: :func:`load`'s sources (the
     folder needs ``jit_warmup.py`` and ``jit_warmup_triton_helper.py`` too)."""
-    source = source or os.environ.get(ENV)
-    if source:
-        try:
-            k = _launchers_from_source(Path(source))
-            return k, k.origin
-        except Exception as exc:  # noqa: BLE001
-            return None, f"{ENV}={source}: {type(exc).__name__}: {exc}"
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return None, (f"vLLM is not installed and {ENV} is not set (copies of vLLM's model_state.py, sparse_swa.py, "
-                      "jit_warmup.py and jit_warmup_triton_helper.py)")
-    try:
-        k = _launchers_installed()
-        return k, k.origin
-    except Exception as exc:  # noqa: BLE001
-        return None, f"vLLM's launchers did not import: {type(exc).__name__}: {exc}"
+    return _load(source, _launchers_from_source, _launchers_installed,
+                 "model_state.py, sparse_swa.py, jit_warmup.py and jit_warmup_triton_helper.py")
 
 
 # ---------------------------------------------------------------------------------------
