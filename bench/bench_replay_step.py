@@ -212,6 +212,7 @@ def step_scratch(s: ServingStep) -> dict:
     n, dev = s.B + 1, s.dev
     return {"arange": torch.arange(n, dtype=INDEX_DTYPE, device=dev), "ones": torch.ones(n, dtype=torch.bool, device=dev),
             "replay_start": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
+            "stale_replay": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
             "gather_lens": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
             "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev), "views": {}}
 
