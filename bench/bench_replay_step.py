@@ -1,57 +1,70 @@
-"""One serving step's replay metadata: the pack against vLLM 0.33's own kernel sequence.
+"""One serving step's replay metadata, everything DeepSeek-V4.1's model state does for it in
+vLLM 0.33: vLLM's own kernels as vLLM calls them against the pack as it runs installed.
 
     . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/bench_replay_step.py --out DIR
-    python bench/bench_replay_step.py --out DIR --smoke   # no GPU: tiny sizes, Triton's interpreter
+    python bench/bench_replay_step.py --out DIR --smoke   # no GPU: tiny steps, Triton's interpreter
 
-vLLM's kernels come from :mod:`swa_backends.testing.vllm_kernels` (the installed vLLM, or copies
-of its ``model_state.py`` and ``sparse_swa.py`` named by ``SWA_VLLM_KERNELS_DIR``: vLLM's wheel
-cannot travel to the GPU machine); without them the vLLM column is a reason and the pack's
-columns still run.
+A step is ``DeepseekV41ModelState.prepare_attn``'s replay work for an eager step without PCP or
+DP (:class:`VllmModelState`, the same code in both columns): the replay starts' upload, the slot
+padding when a request replays, each window group's sparse-SWA build (decode window rows,
+prefill window rows, each when its part has tokens, and the prefill gather lengths in a tensor
+allocated per build), then ``_prepare_replay_batch``: vLLM's trim planning, ``_kept_input_batch``
+(kept boundaries, the ``dropped_before`` upload, the PAD fill and the sub-batch gather) and the
+sub-batch's builds (one per window group for the replay layers, one more for the first replay
+layer). The five step shapes of ``bench_triton_ops.py`` (1x1K, 1x16K, 8x4K+32d, 32x4K+128d,
+16x1K+240d; decodes first; every third prefill replays from 896 after a 1024-token hit; W 128,
+block 64; 5 slot groups, 0/2/4 prefix-cacheable) with one window group (group 1), and the two
+mixed ones with two (groups 1 and 3); each prefill keeps its last 128 rows.
 
-One step = what DeepSeek-V4.1's model state and its sparse-SWA metadata builder launch for
-replay metadata in vLLM 0.33, on the five step shapes of ``bench_triton_ops.py`` (1x1K, 1x16K,
-8x4K+32 decodes, 32x4K+128 decodes, 16x1K+240 decodes; decodes first, as vLLM orders a batch;
-every third prefill replays from 896 after a 1024-token hit; W 128, block 64, 5 slot groups,
-0/2/4 cacheable; decoder replay keeps each prefill's last 128 rows):
+* **vllm** -- the step with vLLM's kernels where vLLM's code finds them
+  (``testing/vllm_kernels.load_launchers``): ``_pad_replayed_slots_kernel[grid]`` and
+  ``_gather_replay_batch_kernel[grid]``, and the builders' ``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL(...)``
+  and ``_COMPUTE_PREFILL_METADATA_KERNEL(...)``: vLLM's ``VllmTritonJitKernel`` launch objects,
+  whose every call binds its arguments before ``kernel[grid](**kwargs)`` (from the installed
+  vLLM, or vLLM's own classes taken out of copies of its source files: vLLM's wheel cannot
+  travel to the GPU machine).
+* **pack** -- the same step with the pack installed: the pack's model state
+  (``integrations/vllm/model.py``'s ``ModelStateMixin``, its own methods: the step opened, the
+  prediction with its ``ReplayPlan.from_kept``, one ``prepare_replay_step`` launch, the sub-batch
+  gather answered) on top of the same model state, and the patches' shims where vLLM's module
+  globals were (``testing/vllm_shims.py``): a second window group's rows and the sub-batch's
+  builds launch the pack's kernels one call at a time.
 
-* **vllm** -- vLLM's kernels launched as at its call sites (``testing/vllm_kernels.py``):
-  ``_pad_replayed_slots_kernel`` when a request of the step replays (vLLM's model state pads only
-  then: ``replay_start_np.any()``; the single-prefill steps replay nothing);
-  ``_compute_swa_indices_and_lens_kernel`` twice (decode rows into the decode buffer, prefill rows
-  with ``token_offset`` into the prefill buffer; each only when its part has tokens, as the
-  builder calls it);
-  ``ComputePrefillMetadataKernel``; the ``PAD_SLOT_ID`` fill and ``_gather_replay_batch_kernel``.
-* **pack** -- the same step through the pack as vLLM runs it with the pack installed
-  (``integrations/vllm/runtime.py``: the functions the patches and the model state call, into
-  the same kind of buffers).
-* **pack_fused** -- ``prepare_replay_step`` (replay start from the request states, padding,
-  window indices of every token into one buffer, the decoder gather: one launch) plus
-  ``prefill_gather_lens``: what one launch costs; vLLM keeps decode and prefill window indices
-  in two buffers, so the integration cannot hand this layout to vLLM's builders as they are.
+Left out of both alike, as work that is not replay metadata and the same either way: the common
+attention metadata and everything else a build makes (``torch.ge`` for ``is_valid_token``,
+``token_to_req_indices``, vLLM's split, the decode-lens tail fill, the tile scheduler; made once
+before timing), the sub-batch's forward context. vLLM's ``UvaBufferPool`` maps pinned memory for
+the GPU with vLLM's extension; here ``copy_to_uva`` writes the pinned buffer as vLLM's does and
+hands the kernels a device copy of the same values, in both columns.
 
-Left out of every column alike, as the same work either way: the host-side planning
-(``replay_start`` from the request states, ``kept_lens``, ``dropped_before``) and its uploads;
-vLLM's ``token_to_req_indices`` (a common-metadata op every builder shares; vLLM's SWA kernel
-reads it, the pack's does not: leaving it out flatters vLLM); ``is_valid_token`` (built by
-vLLM's builder for both); the decode-lens tail fill.
+Before timing, every output of both columns is compared (bit-identical; without vLLM's kernels,
+``--smoke`` compares the pack's step with the pack's torch reference one call at a time), and each
+column's kernel launches in one step are counted and checked against the step's shape (the rules
+``tests/integration/vllm/test_launch_counts.py`` checks in real vLLM steps). GPU time: events around
+the whole step, median of 200 steps, L2 flushed and warm (``bench_triton_ops.gpu_pair``), the GPU
+asleep ~2 ms before each step so that all of its launches are queued before it starts (device time,
+not host time). Host time: back-to-back steps without a sync, validation off, the columns timed in
+interleaved rounds; the ratio to vLLM's as the ratio of the medians and as the median of each
+round's ratio (the host's drift between rounds cancels there).
 
-GPU time: events around the whole step, median of 200 steps, L2 flushed and warm
-(``bench_triton_ops.gpu_pair``), the GPU asleep ~2 ms before each step so that all of its
-launches are queued before it starts (device time, not host time). Host time: back-to-back steps without a sync, validation off,
-the three columns timed in interleaved rounds; the ratio to vLLM's column is given as the ratio of the
-medians and as the median of each round's ratio (the host's drift between rounds cancels there). Before timing, the outputs of all three are
-compared (bit-identical, vLLM's graph-padding rows aside: SPEC §3.2).
+The functions above ``VllmModelState`` (``ServingStep``, ``vllm_step``, ``pack_step``, ...) time the
+first window group's main batch alone, the scope of this script before the whole step (and of
+``exp_launch_cost.py``, ``exp_prepare_config.py``, ``exp_replay_step_ablation.py`` and
+``profile_replay_step.py``, which import them).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+import types
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # the sibling script (python puts the script's folder first on sys.path): its step shapes and
@@ -66,15 +79,14 @@ import swa_backends  # noqa: E402
 from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out  # noqa: E402
 from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
-from swa_backends.integrations.vllm import runtime  # noqa: E402
+from swa_backends.integrations.vllm import model as vllm_model, runtime  # noqa: E402
+from swa_backends.kernels import _launch  # noqa: E402
 from swa_backends.testing import vllm_kernels as vk  # noqa: E402
 from swa_backends.testing.vllm_shims import routed_shims  # noqa: E402
 
 W, BS, G = bto.W, bto.BS, bto.G
 STEPS = dict(bto.STEPS)
 SMOKE_STEPS = {"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}
-COLUMNS = ("vllm", "pack", "pack_fused")
-SHIMS: dict = {}  # the patches' shims, routed to the pack (main: testing.vllm_shims.routed_shims)
 
 
 def integration_backend(dev):
@@ -92,6 +104,11 @@ def on_this_gpu():
     be = integration_backend(dev)
     with routed_shims(lambda device: be) as shims:
         yield dev, be, shims
+
+
+# ---------------------------------------------------------------------------------------
+# the first window group's main batch alone (the experiments' scope)
+# ---------------------------------------------------------------------------------------
 
 
 class ServingStep:
@@ -195,6 +212,7 @@ def step_scratch(s: ServingStep) -> dict:
     n, dev = s.B + 1, s.dev
     return {"arange": torch.arange(n, dtype=INDEX_DTYPE, device=dev), "ones": torch.ones(n, dtype=torch.bool, device=dev),
             "replay_start": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
+            "stale_replay": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
             "gather_lens": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
             "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev), "views": {}}
 
@@ -313,78 +331,489 @@ def host_interleaved(fns: dict, calls: int, rounds: int, per_round: dict | None 
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def run_step(name, shape, K, be, ref, dev, rng) -> dict:
-    s = ServingStep(*shape, dev, rng)
-    bufs = {c: s.buffers() for c in COLUMNS}
-    pack_gather = gather_out_view(s, bufs["pack"])
-    target, scratch = window_target(bufs["pack"]), step_scratch(s)
-    shims = SHIMS
-    fout = fused_out(s, bufs["pack_fused"])
-    fns = {"pack": lambda: pack_step(be, s, bufs["pack"], pack_gather, target, scratch, shims),
-           "pack_fused": lambda: fused_step(be, s, bufs["pack_fused"], fout)}
-    if K is not None:
-        kept_want = vllm_step(K, s, bufs["vllm"])
-        fns = {"vllm": lambda: vllm_step(K, s, bufs["vllm"]), **fns}
-        oracle = "vllm"
-    else:  # no vLLM kernels: the torch reference, one op per call site, stands in as the oracle
-        ref_step(ref, s, bufs["vllm"], gather_out_view(s, bufs["vllm"]))
-        kept_want = bufs["vllm"]["kslots"][:, : s.n]
-        oracle = "reference"
-    before = dict(runtime.CALLS)
-    fns["pack"]()
-    called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
-    one_launch = {"prepare_step": 1, "swa_indices_and_lens.answered": 1 + (s.D > 0), "gather_replay_batch.answered": 1}
-    one_launch |= ({"pad_replayed_slots.held": 1} if s.replays else {}) | ({"gather_lens.answered": 1} if s.P else {})
-    if called != one_launch:
-        raise AssertionError(f"the pack's step did not run as one launch: {called}")
-    fns["pack_fused"]()
-    check(s, bufs["vllm"], kept_want, bufs["pack"], pack_gather)
-    check(s, bufs["vllm"], kept_want, bufs["pack_fused"], fout["replay_batch"])
-    row = {"step": name, "B": s.B, "T": s.T, "decodes": s.D, "prefills": s.P, "kept_rows": s.n,
-           "checked_against": oracle}
-    for col, f in fns.items():
-        # every column sleeps the GPU ~2 ms before each step (the lead bench_triton_ops gives its
-        # host-heavy torch reference): a step's launches take up to ~0.35 ms of host time on the
-        # H200 machine, past the default lead, and GPU time is to be device time
-        row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f, lead_cycles=bto.REFERENCE_LEAD_CYCLES).items()})
-    if not bto.SMOKE:  # two untimed rounds first: the first shape timed came out 1.3-2x slower in some runs
-        host_interleaved(fns, calls=300, rounds=2)
-    rounds: dict = {}
-    host = host_interleaved(fns, calls=300 if not bto.SMOKE else 2, rounds=7 if not bto.SMOKE else 1, per_round=rounds)
+# ---------------------------------------------------------------------------------------
+# the whole step: DeepseekV41ModelState.prepare_attn's replay work
+# ---------------------------------------------------------------------------------------
+
+PAD_SLOT_ID = vk.PAD_SLOT_ID
+CACHEABLE = (0, 2, 4)  # of the G slot groups; the others are window groups
+WINDOW_GROUPS = {1: (1,), 2: (1, 3)}
+#: (step shape, window groups) timed
+CONFIGS = [(name, 1) for name in STEPS] + [("8x4K+32d", 2), ("16x1K+240d", 2)]
+SMOKE_CONFIGS = [("1x140", 1), ("3x140+3d", 1), ("3x140+3d", 2)]
+COLUMNS = ("vllm", "pack")
+
+
+class GraphMode:
+    """Stands for vLLM's ``CUDAGraphMode`` (``model._graph_modes`` imports vLLM's)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"CUDAGraphMode.{self.name}"
+
+
+NONE, PIECEWISE, FULL = GraphMode("NONE"), GraphMode("PIECEWISE"), GraphMode("FULL")
+
+
+@dataclass
+class InputBatch:
+    """The fields of vLLM's ``InputBatch`` the replay path reads (both ``_kept_input_batch``\\ s
+    make the sub-batch with ``dataclasses.replace``)."""
+
+    num_reqs: int
+    num_tokens: int
+    num_tokens_after_padding: int
+    query_start_loc: torch.Tensor
+    query_start_loc_np: np.ndarray
+    seq_lens: torch.Tensor
+    seq_lens_cpu_upper_bound: torch.Tensor
+    positions: torch.Tensor
+    idx_mapping_np: np.ndarray
+    is_prefilling_np: np.ndarray
+    num_scheduled_tokens: np.ndarray
+    max_query_len: int
+    is_padding: object = None
+    fast_prefill: object = None
+
+
+@dataclass
+class BuildInputs:
+    """What a build reads besides replay metadata, made before timing (the same in both
+    columns): vLLM's decode/prefill split, ``is_valid_token``, ``token_to_req_indices``."""
+
+    num_decodes: int
+    num_decode_tokens: int
+    num_prefills: int
+    num_prefill_tokens: int
+    valid: torch.Tensor
+    token_to_req: torch.Tensor
+
+
+class SwaBuilder:
+    """One window group's sparse-SWA metadata builder (``DeepseekSparseSWAMetadataBuilder``),
+    the replay metadata of its ``build``: decode window rows into its persistent decode buffer,
+    prefill window rows into the head of its prefill buffer (each only when its part has
+    tokens), the prefill gather lengths into a tensor allocated per build
+    (``_build_deepseek_v4_metadata``), each through ``kernels.swa`` / ``kernels.prefill`` (the
+    globals of vLLM's ``sparse_swa.py``: vLLM's launch objects, or the patches' shims)."""
+
+    def __init__(self, group: int, max_tokens: int, dev, kernels):
+        self.group, self.kernels = group, kernels
+        self.window_size, self.block_size, self.decode_threshold = W, BS, 1
+        self.prefill_index_width, self.max_image_tokens = W, 0
+        e = lambda *shape: torch.full(shape, -77, dtype=INDEX_DTYPE, device=dev)  # noqa: E731 - poisoned
+        self.decode_swa_indices, self.decode_swa_lens = e(max_tokens, 1, W), e(max_tokens)
+        self.prefill_swa_indices, self.prefill_swa_lens = e(max_tokens, 1, W), e(max_tokens)
+        self.inputs: dict[str, BuildInputs] = {}  # "main" / "kept": the batch it builds for
+        self.gather_lens = None
+
+    def build(self, kind: str, batch: InputBatch, block_table, replay_start) -> None:
+        x, K = self.inputs[kind], self.kernels
+        qsl, seq, D, P = batch.query_start_loc, batch.seq_lens, x.num_decode_tokens, x.num_prefill_tokens
+        if D:
+            K.swa(self.decode_swa_indices, self.decode_swa_lens, self.window_size, self.decode_swa_indices.shape[-1],
+                  self.decode_swa_lens, self.decode_swa_lens, qsl, seq, x.token_to_req, x.valid, block_table,
+                  self.block_size, replay_start, num_tokens=D, token_offset=0)
+        if P:
+            rows, lens = self.prefill_swa_indices[:P], self.prefill_swa_lens[:P]
+            K.swa(rows, lens, self.window_size, self.prefill_index_width, lens, lens, qsl, seq, x.token_to_req,
+                  x.valid, block_table, self.block_size, replay_start, num_tokens=P, token_offset=D, has_image=False)
+        if x.num_prefills:
+            self.gather_lens = torch.empty(x.num_prefills, dtype=torch.int32, device=seq.device)
+            K.prefill(self.gather_lens, seq, qsl, replay_start, x.num_prefills, x.num_decodes, self.window_size)
+
+
+class ReplayAttnMetadata:
+    __slots__ = ("replay_start",)
+
+    def __init__(self, replay_start):
+        self.replay_start = replay_start
+
+
+class UvaPool:
+    """vLLM's ``UvaBufferPool`` as the replay path uses it: the host values written into a
+    pinned buffer; ``copy_to_gpu`` then a non-blocking copy into ``out``; ``copy_to_uva`` hands
+    back the device view of that buffer, here a device tensor holding the step's values
+    (``values``, set before timing)."""
+
+    def __init__(self, n: int, dtype, dev):
+        self.cpu = torch.zeros(n, dtype=dtype, pin_memory=dev.type == "cuda")
+        self.np = self.cpu.numpy()
+        self.values = torch.zeros(n, dtype=dtype, device=dev)
+
+    def copy_to_uva(self, x):
+        n = len(x)
+        self.np[:n] = x
+        return self.values[:n]
+
+    def copy_to_gpu(self, x, out):
+        n = len(x)
+        self.np[:n] = x
+        return out.copy_(self.cpu[:n], non_blocking=True)
+
+
+class ReplayLayers:
+    """``DecoderReplayLayers``' planning surface (eager steps: no replay graphs)."""
+
+    def __init__(self, window: int):
+        self.window, self.replay_batch = window, None
+
+    def graph_uses_replay_batch(self, num_tokens: int) -> bool:
+        return False
+
+
+class VllmModelState:
+    """vLLM 0.33's ``DeepseekV41ModelState``: the replay work of ``prepare_attn`` (an eager step,
+    no PCP, no DP), the kernels looked up where vLLM's code looks them up (``self.kernels``:
+    ``pad`` and ``gather`` of ``model_state.py``, ``swa`` and ``prefill`` of ``sparse_swa.py``),
+    its methods split as vLLM's are, so the pack's model state (``ModelStateMixin``) overrides
+    exactly what it overrides in serving. Constructed as vLLM constructs a model state."""
+
+    def __init__(self, vllm_config, model, encoder_cache, device):
+        step = model.step
+        self.vllm_config, self.device, self.kernels = vllm_config, device, model.kernels
+        self.pcp_size, self.replay_cudagraphs = 1, None
+        self.max_num_reqs, self.max_num_tokens = step.B, step.T
+        self.decoder_replay_layers = ReplayLayers(W)
+        self._replay = (W, torch.tensor(CACHEABLE, dtype=torch.int32, device=device))
+        self._replay_start_np = step.R_np.astype(np.int32)  # per request state (add_request)
+        self._replay_start = torch.zeros(step.B, dtype=torch.int32, device=device)
+        self._replay_start_staging = UvaPool(step.B, torch.int32, device)
+        self._dropped_before = UvaPool(step.B + 1, torch.int32, device)
+        self._dropped_before.values[: step.B + 1] = torch.from_numpy(step.dropped_np)
+        self._keeps_rows_np = np.zeros(step.B, dtype=bool)
+        e = lambda shape, dt: torch.full(shape, -77, dtype=dt, device=device)  # noqa: E731 - poisoned
+        self._kept_rows, self._kept_positions = e((step.T,), torch.int64), e((step.T,), torch.int64)
+        self._kept_query_start_loc, self._kept_kv_start = e((step.B + 1,), torch.int32), e((step.B,), torch.int32)
+        self._kept_slot_mappings = e((G, step.T), torch.int64)
+        self._replay_attn_groups = (model.replay_groups, model.first_swa_groups)
+
+    def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
+                     for_capture=False, ubatch_idx=0, model_specific_attn_metadata=None):
+        B = input_batch.num_reqs
+        window, cacheable_groups = self._replay
+        replay_start_np = np.where(input_batch.is_prefilling_np[:B],
+                                   self._replay_start_np[input_batch.idx_mapping_np[:B]], 0).astype(np.int32)
+        replay_start = self._replay_start_staging.copy_to_gpu(replay_start_np, out=self._replay_start[:B])
+        if window and replay_start_np.any():
+            self.kernels.pad[(B,)](slot_mappings, slot_mappings.stride(0), cacheable_groups,
+                                   input_batch.query_start_loc, input_batch.positions, replay_start, window,
+                                   PAD_SLOT_ID, NUM_GROUPS=cacheable_groups.numel(), BLOCK=1024)
+        attn_metadata = self._build_attn_metadata(
+            input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
+            for_capture=for_capture, ubatch_idx=ubatch_idx,
+            model_specific_attn_metadata=ReplayAttnMetadata(replay_start))
+        self._prepare_replay_batch(input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
+                                   kv_cache_config, replay_start)
+        return attn_metadata
+
+    def _build_attn_metadata(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
+                             kv_cache_config, for_capture=False, ubatch_idx=0, model_specific_attn_metadata=None):
+        return self._builds("main", input_batch, block_tables, attn_groups, model_specific_attn_metadata)
+
+    @staticmethod
+    def _builds(kind, batch, block_tables, attn_groups, metadata) -> dict:
+        """``DefaultModelState.prepare_attn``'s builds: every builder of every KV-cache group."""
+        for gid, builders in enumerate(attn_groups):
+            for b in builders:
+                b.build(kind, batch, block_tables[gid], metadata.replay_start)
+        return {}
+
+    def _prepare_replay_batch(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
+                              kv_cache_config, replay_start) -> None:
+        layers = self.decoder_replay_layers
+        layers.replay_batch = None
+        B = input_batch.num_reqs
+        idx_mapping_np = input_batch.idx_mapping_np[:B]
+        query_lens = np.diff(input_batch.query_start_loc_np[: B + 1])
+        seq_lens = input_batch.seq_lens_cpu_upper_bound[:B].numpy()
+        keeps_rows = self._keeps_rows_np[idx_mapping_np]
+        kept_lens = np.where(keeps_rows, query_lens, np.minimum(query_lens, layers.window))
+        is_dummy = not input_batch.is_prefilling_np[:B].any() and bool((seq_lens == query_lens).all())
+        if is_dummy:
+            kept_lens = np.zeros_like(kept_lens)
+            kept_lens[0] = 1
+        needs_replay_batch = bool((kept_lens < query_lens)[input_batch.is_prefilling_np[:B]].any())
+        num_padded = int(kept_lens.sum())
+        if not needs_replay_batch:
+            return
+        kept_batch, kept_slot_mappings = self._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens,
+                                                                num_padded)
+        replay_groups, first_swa_groups = self._replay_attn_groups
+        self._builds("kept", kept_batch, block_tables, replay_groups, ReplayAttnMetadata(self._kept_kv_start[:B]))
+        self._builds("kept", kept_batch, block_tables, first_swa_groups, ReplayAttnMetadata(replay_start))
+        layers.replay_batch = (self._kept_rows[:num_padded], kept_batch, kept_slot_mappings)
+
+    def _kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
+        B = input_batch.num_reqs
+        num_tokens = int(kept_lens.sum())
+        kept_query_start_loc_np = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(kept_lens, out=kept_query_start_loc_np[1:])
+        dropped_before = self._dropped_before.copy_to_uva(input_batch.query_start_loc_np[: B + 1]
+                                                          - kept_query_start_loc_np)
+        kept_slot_mappings = self._kept_slot_mappings[:, :num_padded]
+        kept_slot_mappings[:, num_tokens:].fill_(PAD_SLOT_ID)
+        self.kernels.gather[(B,)](input_batch.query_start_loc, dropped_before, input_batch.seq_lens, replay_start,
+                                  input_batch.positions, slot_mappings, slot_mappings.stride(0), self._kept_rows,
+                                  self._kept_query_start_loc, self._kept_positions, kept_slot_mappings,
+                                  kept_slot_mappings.stride(0), self._kept_kv_start, self.decoder_replay_layers.window,
+                                  NUM_GROUPS=slot_mappings.shape[0], BLOCK=1024)
+        max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)
+        kept_batch = replace(input_batch, num_tokens=num_tokens, num_tokens_after_padding=num_padded,
+                             query_start_loc=self._kept_query_start_loc[: B + 1],
+                             query_start_loc_np=kept_query_start_loc_np, max_query_len=max_query_len,
+                             positions=self._kept_positions[:num_padded], is_padding=input_batch.is_padding,
+                             fast_prefill=None)
+        return kept_batch, kept_slot_mappings
+
+
+@contextlib.contextmanager
+def graph_modes():
+    """The pack's model state asks ``model._graph_modes()`` for vLLM's ``CUDAGraphMode``:
+    :data:`NONE`, :data:`PIECEWISE`, :data:`FULL` for the ``with`` block."""
+    saved = vllm_model._graph_modes
+    vllm_model._graph_modes = lambda: (NONE, PIECEWISE, FULL)
+    try:
+        yield
+    finally:
+        vllm_model._graph_modes = saved
+
+
+class WholeStep:
+    """One step's inputs (as :class:`ServingStep` makes them; one block table per slot group)
+    and, per column, a model state with its builders and slot mappings."""
+
+    def __init__(self, prefills: int, q: int, decodes: int, windows: int, dev, rng):
+        s = ServingStep(prefills, q, decodes, dev, rng)
+        self.s, self.dev, self.windows = s, dev, WINDOW_GROUPS[windows]
+        self.B, self.T, self.n, self.R_np = s.B, s.T, s.n, np.zeros(s.B, np.int64)
+        self.R_np[:] = s.R.cpu().numpy()
+        self.dropped_np = runtime.dropped_before(s.kept, s.qsl_np)
+        q_np = np.diff(s.qsl_np)
+        seq_np = s.seq.cpu().numpy()
+        self.batch = InputBatch(s.B, s.T, s.T, s.qsl, s.qsl_np, s.seq, torch.from_numpy(seq_np.copy()), s.positions,
+                                np.arange(s.B), s.prefilling_np, q_np.astype(np.int32), int(q_np.max()))
+        self.tables = tuple(s.table if g == 1 else s.table[:, torch.randperm(s.table.shape[1], device="cpu").to(dev)]
+                            for g in range(G))
+        for g in self.windows:  # the window groups' own block tables: valid slots
+            pos = s.positions.cpu().numpy()
+            req = np.repeat(np.arange(s.B), q_np)
+            table = self.tables[g].cpu().numpy()
+            s.slots0[g] = torch.from_numpy(table[req, pos // BS].astype(np.int64) * BS + pos % BS).to(dev)
+        kept_qsl = np.concatenate([[0], np.cumsum(s.kept)]).astype(np.int32)
+        kept_rows = np.concatenate([np.arange(s.qsl_np[i + 1] - k, s.qsl_np[i + 1]) for i, k in enumerate(s.kept)])
+        d = s.D  # decodes are one-token requests, one token each (decode threshold 1)
+        self.inputs = {}
+        for g in self.windows:
+            valid = s.slots0[g] >= 0
+            self.inputs[("main", g)] = BuildInputs(d, d, s.P, s.T - d, valid, s.t2r)
+            kq = torch.tensor(kept_qsl, dtype=torch.int32, device=dev)
+            self.inputs[("kept", g)] = BuildInputs(d, d, s.P, s.n - d, valid[torch.from_numpy(kept_rows).to(dev)],
+                                                   vk.token_to_req_indices(kq, s.n))
+
+    def model_state(self, kernels, cls=VllmModelState):
+        """A model state (``cls``: vLLM's, or the pack's on top of it) whose builders call
+        ``kernels``; ``(state, call)``, ``call()`` one step."""
+        dev = self.dev
+
+        def builders():
+            out = []
+            for g in range(G):
+                if g in self.windows:
+                    b = SwaBuilder(g, self.T, dev, kernels)
+                    b.inputs = {kind: self.inputs[(kind, g)] for kind in ("main", "kept")}
+                    out.append([b])
+                else:
+                    out.append([])
+            return out
+
+        attn_groups, replay_groups = builders(), builders()
+        first = [[b for b in grp] if g == self.windows[0] else [] for g, grp in enumerate(builders())]
+        route = vllm_model.Route(None, encoder=True, builders=True, decoder=True)
+        model = type("Model", (), {})()
+        model.step, model.kernels, model.swa_backends_route = self, kernels, route
+        model.replay_groups, model.first_swa_groups = replay_groups, first
+        config = type("Config", (), {})()
+        config.parallel_config = type("Parallel", (), {"data_parallel_size": 1})()
+        state = cls(config, model, None, dev)
+        if getattr(state, "_swa_fuse", False):  # what model._window_builder finds: the first window group's builder
+            b = attn_groups[self.windows[0]][0]
+            state._swa_builder = (attn_groups, (b, runtime.WindowTarget(
+                b.group, None, b.block_size, b.window_size, 0, 0, b.decode_swa_indices[:, 0], b.decode_swa_lens,
+                b.prefill_swa_indices[:, 0], b.prefill_swa_lens)))
+        slots = self.s.slots0.clone()
+        state.bench = {"slots": slots, "attn_groups": attn_groups, "replay_groups": replay_groups, "first": first}
+
+        def call():
+            return state.prepare_attn(self.batch, NONE, self.tables, slots, attn_groups, None)
+
+        return state, call
+
+    def outputs(self, state) -> dict:
+        """Everything the step wrote (the real rows of each buffer)."""
+        D, B, n = self.s.D, self.B, self.n
+        out = {"slot mappings": state.bench["slots"]}
+        for kind, key in (("main", "attn_groups"), ("kept", "replay_groups"), ("kept", "first")):
+            for g, builders in enumerate(state.bench[key]):
+                for b in builders:
+                    x = b.inputs[kind]
+                    tag = f"{key} group {g}"
+                    out[f"{tag} decode rows"] = b.decode_swa_indices[:D]
+                    out[f"{tag} decode lens"] = b.decode_swa_lens[:D]
+                    out[f"{tag} prefill rows"] = b.prefill_swa_indices[: x.num_prefill_tokens]
+                    out[f"{tag} prefill lens"] = b.prefill_swa_lens[: x.num_prefill_tokens]
+                    if x.num_prefills:
+                        out[f"{tag} gather lens"] = b.gather_lens
+        out.update({"kept rows": state._kept_rows[:n], "kept query_start_loc": state._kept_query_start_loc,
+                    "kept positions": state._kept_positions[:n], "kept slot mappings": state._kept_slot_mappings[:, :n],
+                    "kept kv_start": state._kept_kv_start[:B]})
+        return out
+
+    def expected_launches(self) -> tuple[dict, dict]:
+        """vLLM's and the pack's launches in this step, by kernel, from its shape (the rules of
+        ``tests/integration/vllm/test_launch_counts.py``: eager, trimmed, the first window
+        group's builder one the step predicts)."""
+        s, nw = self.s, len(self.windows)
+        rows = (s.D > 0) + (s.T > s.D)
+        lens = int(s.P > 0)
+        builds = nw + (nw + 1)  # the main builds, then the sub-batch's
+        vllm = {"pad": int(s.replays), "swa": builds * rows, "prefill": builds * lens, "gather": 1}
+        pack = {"prepare_replay_step": 1, "swa_indices_and_lens": (nw - 1 + nw + 1) * rows,
+                "prefill_gather_lens": (nw + 1) * lens}
+        return {k: v for k, v in vllm.items() if v}, {k: v for k, v in pack.items() if v}
+
+
+class _Counting:
+    """One kernel object with its launches (``obj[grid](...)`` or ``obj(...)``) counted."""
+
+    def __init__(self, obj, name: str, counts: collections.Counter):
+        self.obj, self.name, self.counts = obj, name, counts
+
+    def __getitem__(self, grid):
+        self.counts[self.name] += 1
+        return self.obj[grid]
+
+    def __call__(self, *args, **kwargs):
+        self.counts[self.name] += 1
+        return self.obj(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def counting(kernels, counts: collections.Counter):
+    """Every launch through ``kernels`` (a namespace the model state and its builders share)
+    counted into ``counts`` for the ``with`` block."""
+    saved = dict(vars(kernels))
+    for name, obj in saved.items():
+        setattr(kernels, name, _Counting(obj, name, counts))
+    try:
+        yield
+    finally:
+        vars(kernels).update(saved)
+
+
+def pack_launches(fn) -> dict:
+    """The pack's kernel launches of one ``fn()``, by op (``Kernel.launches``)."""
+    before = {name: k.launches for name, k in _launch.KERNELS.items()}
+    fn()
+    out = collections.Counter()
+    for name, k in _launch.KERNELS.items():
+        if k.launches != before.get(name, 0):
+            out[name.split(".")[0]] += k.launches - before.get(name, 0)
+    return dict(out)
+
+
+def compare(want: dict, got: dict) -> None:
+    for key, a in want.items():
+        if not torch.equal(a, got[key]):
+            raise AssertionError(f"{key}: the pack's step differs from the oracle's")
+
+
+def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
+    """One step shape: the equality check, the launch counts, then the timings."""
+    w = WholeStep(*shape, windows, dev, rng)
+    pack_cls = vllm_model.model_state_class(VllmModelState)
+    with routed_shims(runtime.backend_for) as shims:
+        shim_kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
+                                             prefill=shims["prefill_gather_lens"], gather=None)
+        pack_state, pack_call = w.model_state(shim_kernels, pack_cls)
+        assert pack_state._swa_fuse and pack_state._swa_gather, "the pack's model state is off"
+        before = dict(runtime.CALLS)
+        t0 = time.perf_counter()
+        got_launches = pack_launches(pack_call)
+        once = {"pack": (time.perf_counter() - t0) * 1e6}
+        called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
+        fns = {"pack": pack_call}
+        want_vllm, want_pack = w.expected_launches()
+        if got_launches != want_pack:
+            raise AssertionError(f"the pack's launches {got_launches}, expected {want_pack} ({called})")
+        row = {"step": name, "window_groups": windows, "B": w.B, "T": w.T, "decodes": w.s.D, "prefills": w.s.P,
+               "kept_rows": w.n, "launches": {"pack": got_launches}, "pack_calls": called}
+        if L is not None:
+            kernels = types.SimpleNamespace(pad=L.pad, swa=L.swa, prefill=L.prefill, gather=L.gather)
+            vllm_state, vllm_call = w.model_state(kernels)
+            counts: collections.Counter = collections.Counter()
+            with counting(kernels, counts):
+                t0 = time.perf_counter()
+                vllm_call()  # also the oracle: every output of the pack's step compared with vLLM's
+                once["vllm"] = (time.perf_counter() - t0) * 1e6
+            if dict(counts) != want_vllm:
+                raise AssertionError(f"vLLM's launches {dict(counts)}, expected {want_vllm}")
+            row["launches"]["vllm"] = dict(counts)
+            compare(w.outputs(vllm_state), w.outputs(pack_state))
+            row["checked_against"] = "vllm"
+            fns = {"vllm": vllm_call, **fns}
+        else:  # the pack's torch reference, one call at a time, stands in as the oracle
+            with routed_shims(lambda device: ref):
+                ref_state, ref_call = w.model_state(shim_kernels, pack_cls)
+                ref_state._swa_fuse, ref_state._swa_backend = False, ref
+                ref_call()
+            compare(w.outputs(ref_state), w.outputs(pack_state))
+            row["checked_against"] = "reference"
+        if bto.SMOKE:  # the wiring only: the host time of the checked calls above, no timing loops
+            row.update({f"{col}_host_us": v for col, v in once.items()})
+            if L is not None:
+                row["pack_vs_vllm_host_us"] = once["pack"] / once["vllm"]
+            return row
+        for col, f in fns.items():
+            # ~2 ms of GPU sleep before each step: its launches take up to a few hundred us of host
+            # time, and GPU time is to be device time
+            row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f, lead_cycles=bto.REFERENCE_LEAD_CYCLES).items()})
+        host_interleaved(fns, calls=300, rounds=2)  # untimed: the first shape timed came out 1.3-2x slower
+        rounds: dict = {}
+        host = host_interleaved(fns, calls=300, rounds=7, per_round=rounds)
     row.update({f"{col}_host_us": v for col, v in host.items()})
-    if K is not None:
-        for col in ("pack", "pack_fused"):
-            for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
-                row[f"{col}_vs_vllm_{k}"] = row[f"{col}_{k}"] / row[f"vllm_{k}"]
-            # the same rounds paired: each round's ratio (its columns timed within milliseconds of
-            # each other), so the host's drift between rounds cancels; their median beside the
-            # ratio of the medians above
-            paired = [a / b for a, b in zip(rounds[col], rounds["vllm"])]
-            row[f"{col}_vs_vllm_host_us_rounds"] = paired
-            row[f"{col}_vs_vllm_host_us_paired"] = statistics.median(paired)
+    if L is not None:
+        for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
+            row[f"pack_vs_vllm_{k}"] = row[f"pack_{k}"] / row[f"vllm_{k}"]
+        paired = [a / b for a, b in zip(rounds["pack"], rounds["vllm"])]
+        row["pack_vs_vllm_host_us_rounds"] = paired
+        row["pack_vs_vllm_host_us_paired"] = statistics.median(paired)
     return row
 
 
 def print_table(res) -> None:
-    print(f"\n{res['meta']['gpu']}: one step's replay metadata, us (ratio to vLLM's sequence)")
-    print(f"vLLM kernels: {res['meta']['vllm_kernels']}")
-    hdr = f"{'step':>12} {'col':>10} {'GPU flushed':>16} {'GPU warm':>16} {'host':>16}"
-    print(hdr)
+    print(f"\n{res['meta']['gpu']}: one step's replay metadata, us (ratio to vLLM's) and kernel launches")
+    print(f"vLLM's kernels: {res['meta']['vllm_kernels']}")
+    print(f"{'step':>12} {'windows':>7} {'col':>5} {'GPU flushed':>16} {'GPU warm':>16} {'host':>16} {'launches':>9}")
     for row in res["steps"]:
         for col in COLUMNS:
             if f"{col}_host_us" not in row:
                 continue
             cells = []
             for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
-                v = row[f"{col}_{k}"]
-                r = row.get(f"{col}_vs_vllm_{k}")
-                cells.append(f"{v:8.2f}" + (f" ({r:4.2f})" if r is not None else "       "))
-            print(f"{row['step']:>12} {col:>10} " + " ".join(f"{c:>16}" for c in cells))
-    paired = [(row["step"], row["pack_vs_vllm_host_us_paired"]) for row in res["steps"]
+                v, r = row.get(f"{col}_{k}"), row.get(f"{col}_vs_vllm_{k}")
+                ratio = f" ({r:4.2f})" if r is not None else "       "
+                cells.append(("       -" if v is None else f"{v:8.2f}") + ratio)
+            n = sum(row["launches"][col].values())
+            print(f"{row['step']:>12} {row['window_groups']:>7} {col:>5} " + " ".join(f"{c:>16}" for c in cells)
+                  + f" {n:>9}")
+    paired = [(row["step"], row["window_groups"], row["pack_vs_vllm_host_us_paired"]) for row in res["steps"]
               if "pack_vs_vllm_host_us_paired" in row]
     if paired:
-        print("host ratio of the pack's column, the median of each round's ratio: "
-              + "; ".join(f"{step} {r:.2f}" for step, r in paired))
+        print("host ratio, the median of each round's ratio: "
+              + "; ".join(f"{step}/{w}w {r:.2f}" for step, w, r in paired))
 
 
 def main(argv=None) -> int:
@@ -395,45 +824,55 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="no GPU: tiny steps through Triton's interpreter (checks the script; numbers mean nothing)")
     ap.add_argument("--vllm-kernels", default=None,
-                    help=f"folder with vLLM's model_state.py and sparse_swa.py (default: ${vk.ENV}, else the installed vLLM)")
+                    help=f"folder with vLLM's model_state.py, sparse_swa.py, jit_warmup.py and "
+                         f"jit_warmup_triton_helper.py (default: ${vk.ENV}, else the installed vLLM)")
     a = ap.parse_args(argv)
-    steps = STEPS
+    configs, steps = CONFIGS, STEPS
     if a.smoke:
         if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
             print("--smoke runs on a CPU-only machine under TRITON_INTERPRET=1", file=sys.stderr)
             return 2
         bto.SMOKE = True
-        steps = SMOKE_STEPS
+        configs, steps = SMOKE_CONFIGS, SMOKE_STEPS
+        os.environ.setdefault(runtime.PREFER_ENV, "triton")  # the integration's backend runs the Triton kernels
     elif not torch.cuda.is_available():
         print("needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
     if a.quick:
-        steps = dict(list(steps.items())[:1])
+        configs = configs[:1]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cpu") if bto.SMOKE else torch.device("cuda", torch.cuda.current_device())
-    be = integration_backend(dev)
+    set_validation(False)
     ref = swa_backends.select(dev, prefer="reference")
-    K, origin = vk.load(a.vllm_kernels)
+    L, origin = vk.load_launchers(a.vllm_kernels)
+    be = runtime.backend_for(dev)
     res = {"meta": {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": "cpu (smoke)" if bto.SMOKE else torch.cuda.get_device_name(dev), "smoke": bto.SMOKE,
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "vllm_kernels": origin, "vllm_ran": K is not None, "W": W, "block_size": BS, "groups": G,
+        "launch_path": _launch.launch_path(_launcher_cls())[0] if not bto.SMOKE else "interpreter",
+        "vllm_kernels": origin, "vllm_ran": L is not None, "W": W, "block_size": BS, "groups": G,
+        "pack_variants": {op: be.variants[op][0] for op in ("prepare_replay_step", "swa_indices_and_lens")},
         "method": "GPU us: events around the whole step, median of 200 steps, L2 flushed (256 MB zeroed before each) "
                   "and warm (a GPU sleep instead); host us: back-to-back steps without sync, validation off, the "
                   "columns in interleaved rounds (median of 7 rounds of 300 steps, after 2 untimed rounds)",
     }, "steps": []}
     rng = np.random.default_rng(0)
-    global SHIMS
-    with routed_shims(lambda device: be) as SHIMS:
-        for name, shape in steps.items():
-            res["steps"].append(run_step(name, shape, K, be, ref, dev, rng))
+    with graph_modes():
+        for name, windows in configs:
+            res["steps"].append(run_config(name, windows, steps[name], L, ref, dev, rng))
     path = out_dir / "bench_replay_step.json"
     path.write_text(json.dumps(res, indent=1, default=str))
     print_table(res)
     print(f"\nwrote {path}")
     return 0
+
+
+def _launcher_cls():
+    from triton.runtime import driver
+
+    return driver.active.launcher_cls
 
 
 if __name__ == "__main__":

@@ -28,9 +28,21 @@ does not fit or is wrong is a recorded result, never the end of the run):
 4. ``--sweep``: the tl kernel over launch configs (:data:`SWEEP`, or ``--config``) at T 16K /
    K 640 / H 64 and 128: correctness, what Triton compiled, time; best per head count and a
    suggested ``TUNED`` row.
-5. ``--decode``: decode-sized calls (T 1 / 32 / 256, K 640; ``--decode-t`` for others): latency
-   per call in a CUDA graph, bandwidth over the KV bytes read, for the tl kernel's split-K
-   settings, the default path and torch.
+5. ``--decode``: decode-sized calls (``--decode-t`` for other token counts), latency per call in
+   a CUDA graph. CUDA decode attention stays vLLM's in serving: on sm90 vLLM decodes DeepSeek-V4.1
+   with FlashMLA's ``flash_mla_with_kvcache`` over the V4 FP8 records (584 B per token), the
+   window cache and (compressed layers) the compressed cache in one call. So the comparison with
+   vLLM is that call (:func:`run_decode_vllm`: vLLM's arguments as its ``_forward_decode`` passes
+   them, its tile-scheduler metadata from ``get_mla_metadata()`` planned on the first call and
+   reused, as the layers of a step reuse it) against the pack's tl kernel on the same records and
+   indices (the window and top-k rows of one call as one index row over both caches) and the
+   pack's default dispatch on them: SWA-only layers (window 128) and compressed layers
+   (window 128 + top-k 512), T 1-256 decode tokens, H 64 / 128. FlashMLA comes from vLLM or from
+   ``.flashmla/`` (``fetch_flashmla.py``) on ``PYTHONPATH``; without it that column is a reason.
+   Then the pack's own op at decode sizes on bf16 rows (K 640; T 1 / 32 / 256): the tl kernel's
+   split-K settings, the default path (naming the variant it ran) and torch. No vLLM path makes
+   those calls (vLLM's FlashMLA sparse *prefill* kernel is not its decode kernel): they size the
+   pack's split-K configs, not a comparison with vLLM.
 6. ``--records [FMT[:FP8],...]``: the tl kernel reading a paged DeepSeek-V4/V4.1 record cache
    (``kv_format``; default ``v4_fp8:e4m3fn``, the record SM90 and ROCm serve) beside the same
    kernel on bf16 rows, same indices, same run: a correctness check per format on PAD patterns,
@@ -113,6 +125,15 @@ RECORD_PLANS = {
     "gpu-smoke": dict(S=1 << 16, bs=64, decode_T=(1, 8), prefill_T=(256,), H=(64,), K=128, check_T=64, reps=2),
     "tiny": dict(S=600, bs=16, decode_T=(1,), prefill_T=(5,), H=(2,), K=20, check_T=9, reps=1),
 }
+
+# --decode against vLLM's decode (D_qk = d_v = 512, V4 FP8 records): rows in the record cache (half
+# window pages, half compressed pages), records per page, decode tokens, heads, window and top-k widths.
+VLLM_DECODE_PLANS = {
+    "h200": dict(S=1 << 20, bs=64, T=(1, 8, 32, 64, 128, 256), H=(64, 128), window=128, topk=512, check_T=8),
+    "gpu-smoke": dict(S=1 << 16, bs=64, T=(1, 8), H=(64,), window=128, topk=128, check_T=8),
+    "tiny": dict(S=640, bs=16, T=(3,), H=(2,), window=16, topk=24, check_T=3),
+}
+DECODE_FORMAT, DECODE_FP8 = "v4_fp8", "e4m3fn"  # what vLLM 0.33 decodes over on sm90 (584 B per token)
 
 # The tl kernel's launch configs swept by --sweep (kernels/sparse_mla.py:Config fields). Two levers,
 # since 64 heads x 512 fp32 accumulators fill half the register file and Q + the KV tiles the shared
@@ -451,7 +472,9 @@ def parse_args(argv=None):
                     help="with --sweep: a tl Config to sweep instead of SWEEP (repeatable), e.g. "
                          "block_h=64,block_n=64,num_warps=8,num_stages=2,split_s=1")
     ap.add_argument("--decode", action="store_true",
-                    help="also decode-sized calls: tl split-K settings, the default path and torch (CUDA graphs)")
+                    help="also decode-sized calls (CUDA graphs): vLLM's FlashMLA decode over V4 FP8 records against "
+                         "the pack on the same records; the pack's tl split-K settings, default path and torch on "
+                         "bf16 rows")
     ap.add_argument("--decode-t", default=None, metavar="T,T,...",
                     help="with --decode: the token counts to time instead of the plan's (positive integers)")
     ap.add_argument("--records", nargs="?", const="v4_fp8:e4m3fn", default=None, metavar="FMT[:FP8],...",
@@ -517,7 +540,7 @@ def main(argv=None) -> int:
                       f"into a {plan['S']}-row cache; default = select(device).sparse_mla with validation off",
         },
         "not_run": {}, "dispatch": {}, "correctness": [], "compiled": [], "baseline": [], "table": [],
-        "sweep": [], "best": {}, "decode": [], "records": [], "errors": [], "sections_s": {},
+        "sweep": [], "best": {}, "decode_vllm": [], "decode": [], "records": [], "errors": [], "sections_s": {},
     }
     meta = result["meta"]
 
@@ -695,6 +718,10 @@ def main(argv=None) -> int:
     # ---- 5: --decode: latency and bandwidth of decode-sized calls -------------------------
     if args.decode:
         t0 = time.time()
+        vp = VLLM_DECODE_PLANS["h200" if not args.smoke else ("gpu-smoke" if on_gpu else "tiny")]
+        if decode_t is not None:
+            vp = {**vp, "T": decode_t}
+        run_decode_vllm(plan, vp, result, dev, tdev, tl_mod, elapsed, args.budget, err, save)
         run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, tl_mod, elapsed, err, save)
         section("decode", t0)
 
@@ -711,6 +738,8 @@ def main(argv=None) -> int:
     log(f"raw results: {out_path}")
     ok = all(c.get("ok") is not False for c in result["correctness"]) and not result["errors"]
     ok = ok and all(r.get("correct") is not False for row in result["table"] for r in row["runs"].values())
+    ok = ok and all(r.get("correct") is not False for row in result["decode_vllm"]  # the pack's; FlashMLA's recorded
+                    for n, r in row["runs"].items() if n != "flashmla")
     return 0 if ok else 1
 
 
@@ -765,8 +794,145 @@ def run_sweep(args, plan, result, g_kv, D, DV, scale, dev, tdev, K, elapsed, err
         del q, idx, lens, cq, cidx, clens
 
 
+def flashmla_decode():
+    """``(interface module, None)`` with vLLM's ``flash_mla_with_kvcache`` and ``get_mla_metadata``
+    where the pack's probe finds FlashMLA (vLLM, or ``.flashmla/`` on ``PYTHONPATH``), else
+    ``(None, why)``."""
+    if not torch.cuda.is_available():
+        return None, "no CUDA device (FlashMLA's sparse decode runs on sm90 / sm100)"
+    from swa_backends.backends.cuda.probes import find_flashmla
+
+    mod, why = find_flashmla()
+    if mod is None:
+        return None, why
+    missing = [n for n in ("flash_mla_with_kvcache", "get_mla_metadata") if not hasattr(mod, n)]
+    if missing:
+        return None, f"{mod.__name__} has no {'/'.join(missing)}"
+    return mod, None
+
+
+def decode_indices(T: int, vp: dict, window_pages: int, comp_pages: int, g, dev):
+    """One decode step's indices into a record cache whose first ``window_pages`` pages are the
+    window cache and the next ``comp_pages`` the compressed one: each token's window (``window``
+    consecutive positions over pages of its own, as a request's last window lies), its top-k
+    (random compressed slots), and their lengths (a few short, most full)."""
+    bs, W, k = vp["bs"], vp["window"], vp["topk"]
+    span = -(-(W + bs) // bs)  # pages a window can touch
+    pages = torch.rand(T, window_pages, generator=g, device=dev).argsort(dim=1)[:, :span].to(torch.int32)
+    pos = torch.randint(0, bs, (T, 1), generator=g, device=dev, dtype=torch.int32) + torch.arange(
+        W, device=dev, dtype=torch.int32)
+    window = pages.gather(1, (pos // bs).long()) * bs + pos % bs
+    topk = torch.randint(0, comp_pages * bs, (T, k), generator=g, device=dev, dtype=torch.int32)
+    swa_len = torch.full((T,), W, dtype=torch.int32, device=dev)
+    topk_len = torch.full((T,), k, dtype=torch.int32, device=dev)
+    swa_len[1::4] = torch.randint(1, W + 1, (len(range(1, T, 4)),), generator=g, device=dev, dtype=torch.int32)
+    topk_len[2::4] = torch.randint(1, k + 1, (len(range(2, T, 4)),), generator=g, device=dev, dtype=torch.int32)
+    return window, swa_len, topk, topk_len
+
+
+def run_decode_vllm(plan, vp, result, dev, tdev, K, elapsed, budget, err, save) -> None:
+    """Section 5, against what vLLM runs: ``flash_mla_with_kvcache`` over V4 FP8 records (as
+    ``DeepseekV4FlashMLAAttention._forward_decode`` calls it on sm90) and the pack's tl kernel
+    and default dispatch on the same records and indices. The pack reads both caches in one
+    index row: the records sit in one tensor whose leading pages FlashMLA gets as its window
+    cache and the rest as its compressed (extra) cache, each a view."""
+    from swa_backends.common.ops import _records as R
+
+    D = R.HEAD_DIM
+    scale = 1.0 / math.sqrt(D)
+    fm, why_not = flashmla_decode()
+    info = result["decode_vllm_meta"] = {
+        "format": f"{DECODE_FORMAT}/{DECODE_FP8}", "record_bytes": R.FORMATS[DECODE_FORMAT].record_bytes,
+        "plan": vp, "flashmla": why_not or f"{fm.__name__}.flash_mla_with_kvcache"}
+    if why_not:
+        log(f"decode vs vLLM: FlashMLA not run here: {why_not}")
+    bs = vp["bs"]
+    pages = -(-vp["S"] // bs)
+    window_pages = pages // 2
+    g = torch.Generator(device=dev).manual_seed(23)
+    kv = R.new_cache(pages, bs, DECODE_FORMAT, device=dev)
+    step = 1 << 15  # the torch writer's fp32 temporaries stay small
+    for c in range(0, pages * bs, step):
+        n = min(pages * bs, c + step) - c
+        rows = torch.randn(n, D, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+        R.write(kv, rows, torch.arange(c, c + n, device=dev), DECODE_FORMAT, DECODE_FP8)
+    _sync()
+    swa_cache, comp_cache = kv[:window_pages], kv[window_pages:]  # views: one allocation, two caches
+    rec = {"kv_format": DECODE_FORMAT, "fp8": DECODE_FP8}
+    backend = swa_backends.select(tdev, checked=False)
+    info["default_chain"] = list(backend.variants.get("sparse_mla", ()))
+    for H in vp["H"]:
+        for T in vp["T"]:
+            q = torch.randn(T, H, D, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+            sink = torch.randn(H, generator=g, device=dev)
+            window, swa_len, topk, topk_len = decode_indices(T, vp, window_pages, pages - window_pages, g, dev)
+            j_w = torch.arange(vp["window"], device=dev)[None, :]
+            j_k = torch.arange(vp["topk"], device=dev)[None, :]
+            w_row = torch.where(j_w < swa_len[:, None], window, -1)  # the pack's rows: PAD past each length
+            k_row = torch.where(j_k < topk_len[:, None], topk + window_pages * bs, -1)
+            for layer in ("swa-only", "compressed"):
+                row = {"layer": layer, "T": T, "H": H, "window": vp["window"],
+                       "topk": vp["topk"] if layer == "compressed" else 0, "runs": {}}
+                result["decode_vllm"].append(row)
+                if elapsed() > 0.95 * budget:
+                    row["skipped"] = "time budget"
+                    continue
+                if layer == "swa-only":
+                    idx, lens = window.contiguous(), swa_len
+                else:
+                    idx = torch.cat([w_row, k_row], dim=1).contiguous()
+                    lens = torch.full((T,), idx.shape[1], dtype=torch.int32, device=dev)
+                row["K"] = idx.shape[1]
+                n = min(T, vp["check_T"])
+                want = REF(q[:n], kv, idx[:n], lens[:n], scale, D, sink=sink, **rec)
+                runs = [("triton", lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec)),
+                        ("default", lambda: backend.sparse_mla(q, kv, idx, lens, scale, D, sink=sink, **rec))]
+                if fm is not None:
+                    sched, _ = fm.get_mla_metadata()
+                    out = torch.empty(T, 1, H, D, dtype=torch.bfloat16, device=dev)
+                    extra = dict(extra_k_cache=comp_cache.unsqueeze(-2), extra_indices_in_kvcache=topk.view(T, 1, -1),
+                                 extra_topk_length=topk_len) if layer == "compressed" else {}
+                    # vLLM's _forward_decode: q [T, 1, H, D], the caches [pages, bs, 1, bytes], window
+                    # indices [T, 1, W] with their lengths, the top-k ones as the extra cache's
+                    runs.insert(0, ("flashmla", lambda: fm.flash_mla_with_kvcache(
+                        q=q.unsqueeze(1), k_cache=swa_cache.unsqueeze(-2), block_table=None, head_dim_v=D,
+                        tile_scheduler_metadata=sched, cache_seqlens=None, is_fp8_kvcache=True,
+                        indices=window.view(T, 1, -1), topk_length=swa_len, softmax_scale=scale, attn_sink=sink,
+                        out=out, **extra)))
+                else:
+                    row["runs"]["flashmla"] = {"not_run": why_not}
+                for name, fn in runs:
+                    r: dict = {}
+                    row["runs"][name] = r
+                    try:
+                        if name == "default":
+                            r["label"] = backend.variant_for("sparse_mla", q, kv, idx, lens, scale, D, sink=sink, **rec)
+                        got = fn()
+                        got = (got[0].view(T, H, D)[:n], None)  # FlashMLA's lse is in its own layout: out only
+                        r["why"] = mismatch("sparse_mla", got, (want[0], None))
+                        r["correct"] = r["why"] is None
+                        r["rel_err"] = float((got[0].float() - want[0].float()).norm()
+                                             / want[0].float().norm().clamp_min(1e-6))
+                        r["graph_us"] = graph_us(fn)  # timed either way; the row says whether it matched
+                    except Exception as exc:
+                        r["error"] = err(f"decode vs vLLM {name} {layer} T={T} H={H}", exc)
+                base = row["runs"].get("flashmla", {}).get("graph_us")
+                for name, r in row["runs"].items():
+                    if base and "graph_us" in r:
+                        r["vs_flashmla"] = base / r["graph_us"]
+                log(f"decode vs vLLM {layer} T={T} H={H} K={row['K']}: " + " | ".join(
+                    f"{name} " + (f"{r['graph_us']:.1f} us" if "graph_us" in r else "not run" if "not_run" in r
+                                  else r.get("error", "-")) + (f" ({r['label']})" if "label" in r else "")
+                    for name, r in row["runs"].items()))
+                save()
+    del kv, swa_cache, comp_cache
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, K, elapsed, err, save) -> None:
-    """Section 5: decode-sized calls; latency per call replayed in a CUDA graph (eager off-GPU)."""
+    """Section 5, the pack's own op at decode sizes on bf16 rows (no vLLM path makes these calls);
+    latency per call replayed in a CUDA graph (eager off-GPU)."""
     Kw = plan["decode_K"]
     tdev = torch.device(dev) if dev == "cpu" else torch.device(dev, torch.cuda.current_device())
     for H in plan["decode_H"]:
@@ -955,9 +1121,23 @@ def print_summary(result: dict) -> None:
             else:
                 log(f"  {r['format']:<18} {r['kind']:<7} T={r['T']:>5} H={r['H']:>4}: "
                     f"{r.get('skipped') or r.get('error') or r.get('why')}")
+    if result["decode_vllm"]:
+        dm = result.get("decode_vllm_meta", {})
+        log(f"\n== --decode against vLLM's decode: flash_mla_with_kvcache over {dm.get('format')} records "
+            f"({dm.get('record_bytes')} B per token) vs the pack on the same records and indices, us per call in a "
+            "CUDA graph (ratio = FlashMLA / the pack's) ==")
+        for r in result["decode_vllm"]:
+            head = f"  {r['layer']:<10} T={r['T']:>4} H={r['H']:>4} K={r.get('K', '-'):>4}: "
+            log(head + (r.get("skipped") or " | ".join(
+                f"{n} " + (f"{v['graph_us']:.1f} us" if "graph_us" in v else (v.get("not_run") and "not run")
+                           or v.get("error") or v.get("why") or "-")
+                + ("" if v.get("correct", True) else f" WRONG ({v.get('why')})")
+                + (f" ({v['vs_flashmla']:.2f}x)" if "vs_flashmla" in v and n != "flashmla" else "")
+                + (f" [{v['label']}]" if "label" in v else "")
+                for n, v in r["runs"].items())))
     if result["decode"]:
-        log(f"\n== --decode (K {meta['plan']['decode_K']}, sink): latency per call replayed in a CUDA graph, "
-            "KV bytes read / latency ==")
+        log(f"\n== --decode, the pack's op on bf16 rows (K {meta['plan']['decode_K']}, sink; no vLLM path makes "
+            "these calls): latency per call replayed in a CUDA graph, KV bytes read / latency ==")
         for r in result["decode"]:
             log(f"  T={r['T']:>4} H={r['H']:>4}: " + " | ".join(
                 f"{v['name']} {v.get('graph_us', nan):.1f} us" + (f" ({v['kv_GBps']:.0f} GB/s)" if "kv_GBps" in v else "")

@@ -36,6 +36,16 @@ host tensor (memory of another GPU passes it); the pack's validation checks ever
 device, and a caller that turns validation off vouches for its inputs, as for their sizes.
 Any other Triton, a kernel with scratch, or a hook set: ``CompiledKernel.run``, as before.
 
+Which path each Triton gets (:func:`launch_path`): Triton 3.6 (the H200 machine's, torch 2.11)
+the C launcher; Triton 3.8 (vLLM 0.33's, through its torch 2.14 pin) and 3.9
+``CompiledKernel.run``: their launcher bodies were read (:data:`READ_LAUNCHERS`) and hand the
+arguments to a generic C launcher in another layout (the kernel's arguments as one tuple after
+its argument annotations and signature bytes, the scratch buffers after the hooks) and, with
+Triton's gsan instrumentation on, add a state pointer and synchronise the stream, so the 3.6
+call would be wrong there. ``CompiledKernel.run`` itself is called as ``JITFunction.run`` calls
+it, which ``tests/kernels/test_triton_launch.py`` checks in the source of the Triton it runs
+under, the vLLM CI stage's 3.8 included.
+
 Under the interpreter (``TRITON_INTERPRET=1``) Triton returns no compiled kernel, so every
 launch takes Triton's path. Nothing here decorates a kernel or reads the environment.
 """
@@ -60,7 +70,42 @@ check_keys = False
 #: declared sizes are 0 (its ``args``: packed metadata, launch metadata, the two hooks, the
 #: kernel's arguments). Triton 3.6.0's ``CudaLauncher``.
 DIRECT_LAUNCHERS: frozenset[str] = frozenset({"0ff2b3219ec9f5067def7f5b72cf4ed0f1b544e98655c5e548c7e933e3ab3a19"})
+#: Launcher bodies (the same hash) read and found *not* to be that one: their kernels take
+#: ``CompiledKernel.run``. Each hands Triton's one generic C launcher ``launch(grid, stream,
+#: function, cooperative grid, PDL, packed metadata, launch metadata, hooks, global scratch,
+#: profile scratch, argument annotations, signature bytes, the arguments as one tuple)`` (the
+#: HIP one: the cooperative flag first, the scratch buffers before the metadata, the warp size
+#: before the annotations, no PDL); under the gsan instrumentation the CUDA ones add arguments
+#: and synchronise the stream after the launch.
+READ_LAUNCHERS: dict[str, str] = {
+    "07cb65bca80ed204492b71f9004d9c488498ad407504aa4aed61cf1349755e37": "Triton 3.8.0 CudaLauncher",
+    "b3d689acc085368a2b47eb1106ae1225f912073e5d1786ab7f309ae6f5318de3": "Triton 3.9.0 CudaLauncher",
+    "dc25841e547b92a64376ec3e52e3b26519c8fdff61c4bca50f9d81a20ff80fab": "Triton 3.8.0 / 3.9.0 HIPLauncher",
+}
 _known_calls: dict[type, bool] = {}
+
+
+def launcher_hash(cls) -> str:
+    """SHA-256 of the whitespace-free source of a launcher class's ``__call__`` ("" when it
+    has no readable source)."""
+    try:
+        src = inspect.getsource(cls.__call__)
+    except (OSError, TypeError):
+        return ""
+    return hashlib.sha256("".join(src.split()).encode()).hexdigest()
+
+
+def launch_path(cls) -> tuple[str, str]:
+    """``(path, why)`` for a compiled kernel's launcher class (``driver.active.launcher_cls``):
+    ``"direct"`` (its C launcher, called as Triton 3.6's body calls it), ``"run"`` (a body
+    read and found different: ``CompiledKernel.run``) or ``"unread"`` (a body nobody has
+    compared: ``CompiledKernel.run`` too, unverified)."""
+    h = launcher_hash(cls)
+    if h in DIRECT_LAUNCHERS:
+        return "direct", f"{cls.__name__} body {h[:12]} is Triton 3.6's"
+    if h in READ_LAUNCHERS:
+        return "run", f"{READ_LAUNCHERS[h]} (body {h[:12]}): read, another calling convention"
+    return "unread", f"{cls.__name__} body {h[:12] or '(no source)'}: not compared with Triton 3.6's"
 
 
 def direct_launch(ck):
@@ -74,11 +119,7 @@ def direct_launch(ck):
     cls = type(run)
     known = _known_calls.get(cls)
     if known is None:
-        try:
-            src = inspect.getsource(cls.__call__)
-        except (OSError, TypeError):
-            src = ""
-        known = _known_calls[cls] = hashlib.sha256("".join(src.split()).encode()).hexdigest() in DIRECT_LAUNCHERS
+        known = _known_calls[cls] = launcher_hash(cls) in DIRECT_LAUNCHERS
     if not known or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None
     return launch, ck.function, run.launch_cooperative_grid, run.launch_pdl, ck.packed_metadata

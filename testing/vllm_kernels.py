@@ -15,6 +15,18 @@
 The launchers below call each kernel exactly as vLLM 0.33 does at its call site (grid,
 strides, constexprs, vLLM's PAD fill around the gather), so a differential needs nothing else
 from vLLM.
+
+``load_launchers()`` gives what vLLM's call sites really call (a step's host time depends on
+it): the two sparse-SWA kernels through vLLM's own launch objects,
+``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL`` and ``_COMPUTE_PREFILL_METADATA_KERNEL``
+(``VllmTritonJitKernel`` subclasses: each call binds its arguments with ``inspect`` and maps them
+onto the kernel's before ``kernel[grid](**kwargs)``), and the model state's two ``@triton.jit``
+functions, launched as ``kernel[grid](...)``. From the installed vLLM those are its module
+globals; from copies of the source files, the same classes and functions are taken out of
+``sparse_swa.py``, ``jit_warmup.py`` and ``jit_warmup_triton_helper.py`` (``ast``, as above) and
+defined on a small base standing in for ``VllmJitKernel`` (``bind_launch_inputs = True``; its
+warmup tracing, never on the call path, is not carried), with vLLM's one-line
+``next_power_of_2`` restated: every line a launch runs is vLLM's.
 """
 
 from __future__ import annotations
@@ -31,6 +43,9 @@ ENV = "SWA_VLLM_KERNELS_DIR"
 FILES = {
     "model_state.py": "models/deepseek_v41/nvidia/model_state.py",
     "sparse_swa.py": "v1/attention/backends/mla/sparse_swa.py",
+    # vLLM's launch objects (load_launchers only)
+    "jit_warmup.py": "model_executor/warmup/jit_warmup.py",
+    "jit_warmup_triton_helper.py": "model_executor/warmup/jit_warmup_triton_helper.py",
 }
 #: name -> (file, qualified name inside it)
 KERNELS = {
@@ -60,7 +75,8 @@ def _find(root: Path, name: str) -> Path | None:
 
 
 def _extract(path: Path, qualname: str) -> str:
-    """The source of a (possibly class-nested) function, decorators included, minus ``@staticmethod``."""
+    """The source of a (possibly class-nested) function, decorators included, minus
+    ``@staticmethod``; or of a class (a dotted ``qualname`` ending in a class), as it is."""
     text = path.read_text()
     tree = ast.parse(text)
     parts = qualname.split(".")
@@ -71,34 +87,44 @@ def _extract(path: Path, qualname: str) -> str:
         if node is None:
             raise LookupError(f"{qualname} not found in {path}")
         body = node.body
-    assert isinstance(node, ast.FunctionDef)
     lines = text.splitlines()
-    decorators = [d for d in node.decorator_list if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
-    first = min([d.lineno for d in decorators] + [node.lineno]) - 1
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
     src = textwrap.dedent("\n".join(lines[first: node.end_lineno]))
+    if isinstance(node, ast.ClassDef):
+        return src
     return "\n".join(ln for ln in src.splitlines() if ln.strip() != "@staticmethod")
 
 
-def _from_source(root: Path) -> VllmKernels:
-    """The four kernels' sources, written to one module file and imported (Triton compiles
-    a ``@jit`` function from its file's source, so an ``exec`` of a string will not do)."""
+def _module_from(parts: list[str], name: str):
+    """``parts`` written to one module file and imported (Triton compiles a ``@jit`` function
+    from its file's source, so an ``exec`` of a string will not do)."""
     import importlib.util
     import tempfile
 
+    folder = Path(tempfile.mkdtemp(prefix="swa_vllm_kernels_"))
+    module_path = folder / f"{name}.py"
+    module_path.write_text("\n".join(parts))
+    spec = importlib.util.spec_from_file_location(f"swa_{name}", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _source_of(root: Path, fname: str, qualname: str) -> list[str]:
+    path = _find(root, fname)
+    if path is None:
+        raise FileNotFoundError(f"{fname} (vllm/{FILES[fname]}) not under {root}")
+    return [f"# {path}: {qualname}", _extract(path, qualname), "", ""]
+
+
+def _from_source(root: Path) -> VllmKernels:
+    """The four kernels' sources, written to one module file and imported."""
     parts = ["import triton", "import triton.language as tl", ""]
     names = {}
     for key, (fname, qualname) in KERNELS.items():
-        path = _find(root, fname)
-        if path is None:
-            raise FileNotFoundError(f"{fname} (vllm/{FILES[fname]}) not under {root}")
-        parts += [f"# {path}: {qualname}", _extract(path, qualname), "", ""]
+        parts += _source_of(root, fname, qualname)
         names[key] = qualname.split(".")[-1]
-    folder = Path(tempfile.mkdtemp(prefix="swa_vllm_kernels_"))
-    module_path = folder / "vllm_replay_kernels.py"
-    module_path.write_text("\n".join(parts))
-    spec = importlib.util.spec_from_file_location("swa_vllm_replay_kernels", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _module_from(parts, "vllm_replay_kernels")
     return VllmKernels(**{key: getattr(module, name) for key, name in names.items()},
                        origin=f"source files under {root}")
 
@@ -119,22 +145,119 @@ def _from_installed() -> VllmKernels:
 
 def load(source: str | os.PathLike | None = None) -> tuple[VllmKernels | None, str]:
     """``(kernels, where from)`` or ``(None, why not)``."""
+    return _load(source, _from_source, _from_installed, "model_state.py and sparse_swa.py")
+
+
+def _load(source, from_source, installed, files: str) -> tuple:
+    """``from_source(folder)`` when ``source`` or ``$SWA_VLLM_KERNELS_DIR`` names one, else
+    ``installed()`` when vLLM is: ``(result, its origin)``, or ``(None, why not)``."""
     source = source or os.environ.get(ENV)
     if source:
         try:
-            k = _from_source(Path(source))
+            k = from_source(Path(source))
             return k, k.origin
         except Exception as exc:  # noqa: BLE001
             return None, f"{ENV}={source}: {type(exc).__name__}: {exc}"
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return None, f"vLLM is not installed and {ENV} is not set (copies of vLLM's model_state.py and sparse_swa.py)"
+        return None, f"vLLM is not installed and {ENV} is not set (copies of vLLM's {files})"
     try:
-        k = _from_installed()
+        k = installed()
         return k, k.origin
     except Exception as exc:  # noqa: BLE001
         return None, f"vLLM's kernels did not import: {type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class VllmLaunchers:
+    """What vLLM 0.33's replay-metadata call sites call: ``pad[(num_reqs,)](...)`` and
+    ``gather[(num_reqs,)](...)`` (``@triton.jit`` functions), ``swa(...)`` and ``prefill(...)``
+    (vLLM's ``VllmTritonJitKernel`` launch objects, called with the builders' arguments)."""
+
+    pad: object
+    gather: object
+    swa: object
+    prefill: object
+    origin: str
+
+
+#: (file, qualified name) of what ``load_launchers`` takes out of the source files, in order
+LAUNCH_SOURCES = (
+    ("jit_warmup_triton_helper.py", "_LaunchBindingPlan"),
+    ("jit_warmup_triton_helper.py", "_launch_binding_plan"),
+    ("jit_warmup.py", "kernel_launcher"),
+    ("jit_warmup_triton_helper.py", "VllmTritonJitKernel"),
+    ("sparse_swa.py", "_compute_swa_indices_and_lens_kernel"),
+    ("sparse_swa.py", "ComputeSWAIndicesAndLensKernel"),
+    ("sparse_swa.py", "ComputePrefillMetadataKernel"),
+    ("model_state.py", "_pad_replayed_slots_kernel"),
+    ("model_state.py", "_gather_replay_batch_kernel"),
+)
+
+_LAUNCH_PRELUDE = '''\
+import ast
+import inspect
+from abc import abstractmethod
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache, cached_property, wraps
+from typing import Any, ClassVar, Generic, TypeVar, cast
+
+import torch
+import triton
+import triton.language as tl
+
+CompileKeyT = TypeVar("CompileKeyT")
+LaunchSpec = Any  # type aliases and config types, annotations only
+VllmConfig = Any
+
+
+def next_power_of_2(n: int) -> int:  # vllm.utils.math_utils, restated
+    return 1 if n < 1 else 1 << (n - 1).bit_length()
+
+
+class VllmJitKernel(Generic[CompileKeyT]):
+    """What vLLM's launch path reads of its JIT-kernel base (warmup tracing not carried)."""
+
+    bind_launch_inputs = True
+
+    def __init__(self) -> None:
+        self._compiled_cache = {}
+
+
+'''
+
+
+def _launchers_from_source(root: Path) -> VllmLaunchers:
+    parts = [_LAUNCH_PRELUDE]
+    for fname, qualname in LAUNCH_SOURCES:
+        parts += _source_of(root, fname, qualname)
+    module = _module_from(parts, "vllm_replay_launchers")
+    return VllmLaunchers(pad=module._pad_replayed_slots_kernel, gather=module._gather_replay_batch_kernel,
+                         swa=module.ComputeSWAIndicesAndLensKernel(), prefill=module.ComputePrefillMetadataKernel(),
+                         origin=f"source files under {root}")
+
+
+def _launchers_installed() -> VllmLaunchers:
+    import vllm
+    from vllm.models.deepseek_v41.nvidia import model_state as ms
+    from vllm.v1.attention.backends.mla import sparse_swa
+
+    def original(obj):
+        return getattr(obj, "_swa_original", obj)
+
+    return VllmLaunchers(pad=original(ms._pad_replayed_slots_kernel), gather=original(ms._gather_replay_batch_kernel),
+                         swa=original(sparse_swa._COMPUTE_SWA_INDICES_AND_LENS_KERNEL),
+                         prefill=original(sparse_swa._COMPUTE_PREFILL_METADATA_KERNEL),
+                         origin=f"installed vllm {getattr(vllm, '__version__', '?')}")
+
+
+def load_launchers(source: str | os.PathLike | None = None) -> tuple[VllmLaunchers | None, str]:
+    """``(launchers, where from)`` or ``(None, why not)``: :func:`load`'s sources (the
+    folder needs ``jit_warmup.py`` and ``jit_warmup_triton_helper.py`` too)."""
+    return _load(source, _launchers_from_source, _launchers_installed,
+                 "model_state.py, sparse_swa.py, jit_warmup.py and jit_warmup_triton_helper.py")
 
 
 # ---------------------------------------------------------------------------------------

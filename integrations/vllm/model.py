@@ -604,12 +604,21 @@ def _window_builder(attn_groups, kv_cache_config):
 
 def _known_swa_builds() -> tuple:
     """The sparse-SWA ``build`` methods whose launches the step predicts: vLLM's and its
-    DeepSeek-V4.1 subclass's (which changes only PCP slot mappings; the step runs without PCP).
-    Their sources are pinned by the drift tests."""
+    DeepSeek-V4.1 subclass's (which changes only PCP slot mappings; the step runs without PCP),
+    and FlashInfer's subclass's (vLLM's default on sm120: that build, then for a non-causal
+    batch a torch fill from the lengths vLLM's non-causal kernel wrote; its module is imported
+    wherever its builder exists). Each is a seam (``seams_v0_33.py``): a release that changed one
+    is left untouched."""
+    import sys
+
     from vllm.models.deepseek_v41.sparse_mla import DeepseekV41SparseSWAMetadataBuilder
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder
 
-    return (DeepseekSparseSWAMetadataBuilder.build, DeepseekV41SparseSWAMetadataBuilder.build)
+    builds = (DeepseekSparseSWAMetadataBuilder.build, DeepseekV41SparseSWAMetadataBuilder.build)
+    flashinfer = sys.modules.get("vllm.models.deepseek_v41.nvidia.flashinfer_sparse")
+    if flashinfer is not None:
+        builds += (flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder.build,)
+    return builds
 
 
 @functools.cache

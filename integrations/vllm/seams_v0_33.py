@@ -42,6 +42,7 @@ FILES: dict[str, str] = {
     "vllm.forward_context": "b0329d052897f747",
     "vllm.v1.attention.backends.mla.sparse_swa": "56594499e686d287",
     "vllm.models.deepseek_v41.sparse_mla": "6e74963e73ca0918",
+    "vllm.models.deepseek_v41.nvidia.flashinfer_sparse": "7926b4e3fa44fe0f",
     "vllm.models.deepseek_v41.amd.rocm": "079cab8a88d936c8",
     "vllm.v1.attention.ops.rocm_aiter_mla_sparse": "efa28d9acb9a9cf0",
 }
@@ -190,6 +191,8 @@ SEAMS: tuple[Seam, ...] = (
          "calls the patched gather-length kernel; the step predicts its call", fingerprint="9ad46379c5324f8f"),
     Seam(f"{_DSV41}.sparse_mla:DeepseekV41SparseSWAMetadataBuilder.build", "a build the step predicts",
          fingerprint="1d6e6dfa8bf8d45f"),
+    Seam(f"{_DSV41}.nvidia.flashinfer_sparse:DeepseekSparseSWAFlashInferMetadataBuilder.build",
+         "a build the step predicts (FlashInfer's, vLLM's default on sm120)", fingerprint="46d112a8cbc05469"),
     Seam(f"{_SWA}:_compute_swa_indices_and_lens_kernel",
          "patch swa_indices_and_lens replaces its launches (the same output)", fingerprint="1cf7bd50294fbb6d"),
     Seam(f"{_SWA}:ComputeSWAIndicesAndLensKernel.__call__", "the shim's calling convention",

@@ -1,7 +1,8 @@
 """The replay-step benchmark keeps working and keeps checking what it times: without a GPU,
-``--smoke`` runs every column on tiny steps through Triton's interpreter and compares the
-pack's outputs with the oracle's before timing (vLLM's kernels in the vLLM stage:
-``tests/integration/vllm/test_bench_replay_step.py``; here the torch reference)."""
+``--smoke`` runs the whole step of both columns once on tiny steps through Triton's interpreter,
+compares the pack's outputs with the oracle's and counts each column's kernel launches (no
+timing loops; vLLM's kernels in the vLLM stage: ``tests/integration/vllm/test_bench_replay_step.py``;
+here the pack's torch reference, one call at a time)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ SCRIPT = ROOT / "bench" / "bench_replay_step.py"
 def _load_bench():
     spec = importlib.util.spec_from_file_location("bench_replay_step", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -36,16 +38,51 @@ def test_smoke_without_vllm(tmp_path):
     res = json.loads((tmp_path / "bench_replay_step.json").read_text())
     meta = res["meta"]
     assert meta["smoke"] is True
-    if not meta["vllm_ran"]:  # vLLM absent: the reason is kept, the pack's columns still run
+    if not meta["vllm_ran"]:  # vLLM absent: the reason is kept, the pack's column still runs
         assert "SWA_VLLM_KERNELS_DIR" in meta["vllm_kernels"]
-    assert [r["step"] for r in res["steps"]] == ["1x140", "3x140+3d"]
+    assert [(r["step"], r["window_groups"]) for r in res["steps"]] == [("1x140", 1), ("3x140+3d", 1), ("3x140+3d", 2)]
     for row in res["steps"]:
         assert row["checked_against"] == ("vllm" if meta["vllm_ran"] else "reference")
-        for col in ("pack", "pack_fused"):
-            for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
-                assert row[f"{col}_{k}"] > 0, (col, k)
+        assert row["pack_host_us"] > 0 and "pack_gpu_us_flushed" not in row  # no timing loops
+    # the pack's launches (one prepare_replay_step, a second window group's rows, the sub-batch's builds)
+    assert [sum(r["launches"]["pack"].values()) for r in res["steps"]] == [5, 7, 12]
     mixed = res["steps"][1]
     assert (mixed["decodes"], mixed["prefills"], mixed["kept_rows"]) == (3, 3, 3 + 3 * 128)
+
+
+def test_the_whole_step_check_catches_a_difference(monkeypatch):
+    """The comparison the benchmark makes before timing: the pack's step (one launch, the
+    sub-batch's builds one call at a time) against the same step one call at a time, both on
+    the torch reference; a single changed entry of a sub-batch build fails it, by name."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as running the script does
+    bench = _load_bench()
+    import types
+
+    import numpy as np
+
+    import swa_backends
+    from swa_backends.integrations.vllm import runtime
+    from swa_backends.testing.vllm_shims import routed_shims
+
+    ref = swa_backends.select("cpu", prefer="reference")
+    monkeypatch.setattr(runtime, "backend_for", lambda device: ref)
+    w = bench.WholeStep(2, 140, 2, 2, torch.device("cpu"), np.random.default_rng(1))
+    cls = bench.vllm_model.model_state_class(bench.VllmModelState)
+    with bench.graph_modes(), routed_shims(runtime.backend_for) as shims:
+        kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
+                                        prefill=shims["prefill_gather_lens"], gather=None)
+        fused, step = w.model_state(kernels, cls)
+        assert bench.pack_launches(step) == {}  # the reference launches no Triton kernel
+        one, step_one = w.model_state(kernels, cls)
+        one._swa_fuse = False  # every call launches for itself
+        step_one()
+    want, got = w.outputs(one), w.outputs(fused)
+    assert len(want) > 20
+    bench.compare(want, got)
+    key = "replay_groups group 3 prefill rows"
+    got[key][5, 0, 3] += 1
+    with pytest.raises(AssertionError, match=key):
+        bench.compare(want, got)
 
 
 def test_check_catches_a_difference(monkeypatch):

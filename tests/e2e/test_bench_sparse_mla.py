@@ -52,6 +52,19 @@ def test_bench_smoke(tmp_path):
     assert all(result["best"].values())
     assert result["decode"] and all(v.get("correct") for r in result["decode"] for v in r["variants"])
     assert any(v["name"].startswith("triton splits=") for r in result["decode"] for v in r["variants"])
+    # decode against vLLM's decode: the pack on V4 FP8 records, SWA-only and window + top-k calls, checked
+    # against the reference; FlashMLA's flash_mla_with_kvcache is a reason on a CPU
+    dm = result["decode_vllm_meta"]
+    assert dm["format"] == "v4_fp8/e4m3fn" and dm["record_bytes"] == 584 and "no CUDA device" in dm["flashmla"]
+    rows = result["decode_vllm"]
+    assert {r["layer"] for r in rows} == {"swa-only", "compressed"}
+    for r in rows:
+        assert r["K"] == dm["plan"]["window"] + (dm["plan"]["topk"] if r["layer"] == "compressed" else 0)
+        assert "no CUDA device" in r["runs"]["flashmla"]["not_run"]
+        for name in ("triton", "default"):
+            assert r["runs"][name]["correct"] and r["runs"][name]["graph_us"] > 0, (name, r)
+    assert "against vLLM's decode: flash_mla_with_kvcache over v4_fp8/e4m3fn records" in proc.stdout
+    assert "no vLLM path makes these calls" in proc.stdout
 
 
 @pytest.mark.parametrize("value", ["1,x", "0", "1,,2", "-3"])

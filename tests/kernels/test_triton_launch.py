@@ -8,6 +8,7 @@ own launch path with ``check_keys``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -260,6 +261,77 @@ def test_empty_hook_chains_keep_the_direct_launch(direct):
     call = ck.run.called[-1]
     assert call[:3] == (3, 1, 1) and call[6] == ("meta", (3, 1, 1), 777) and call[7] is hooks.launch_enter_hook
     assert len(ck.run.launched) == 1
+
+
+def _call_args(fn, attr: str) -> list[list[str]]:
+    """The arguments (source text) of every ``<name>.<attr>(...)`` call in ``fn``'s source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    return [[ast.unparse(a) for a in node.args] for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr]
+
+
+def test_the_compiled_launcher_is_called_as_tritons_jit_calls_it():
+    """What ``Kernel`` assumes of ``CompiledKernel.run`` for a compiled key (every Triton but
+    3.6 takes this path: ``_launch.launch_path``), read from the source of the Triton this runs
+    under (the vLLM CI stage: vLLM 0.33's Triton 3.8): ``JITFunction.run`` launches through
+    ``kernel.run(grid 0, 1, 2, stream, function, packed metadata, launch metadata, the two hook
+    knobs, every bound argument)``, builds the launch metadata from ``(grid, stream, every
+    bound argument)``, and binds every parameter, constexprs included, in declaration order."""
+    from triton.runtime import jit
+
+    assert _call_args(jit.JITFunction.run, "run") == [[
+        "grid_0", "grid_1", "grid_2", "stream", "kernel.function", "kernel.packed_metadata", "launch_metadata",
+        "knobs.runtime.launch_enter_hook", "knobs.runtime.launch_exit_hook", "*bound_args.values()"]]
+    assert _call_args(jit.JITFunction.run, "launch_metadata") == [["grid", "stream", "*bound_args.values()"]]
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    def probe(x_ptr, n, BLOCK: "tl.constexpr"):  # noqa: F821 - the annotation is read as text
+        pass
+
+    # a JITFunction as the pack's jit makes it (the interpreter's decorator would give another class)
+    probe = jit.JITFunction(probe, do_not_specialize=["n"], do_not_specialize_on_alignment=["x_ptr"])
+    binder = jit.create_function_from_signature(probe.signature, probe.params,
+                                                make_backend(GPUTarget("cuda", 90, 32)))
+    bound, _, _ = binder(torch.empty(1), 3, 64)
+    assert list(bound) == ["x_ptr", "n", "BLOCK"] and list(bound.values())[1:] == [3, 64]
+
+
+def test_each_launcher_body_is_direct_run_or_unread():
+    from swa_backends.kernels import _launch
+
+    class Unknown:
+        def __call__(self, *args):
+            return args
+
+    assert _launch.launch_path(Unknown)[0] == "unread"
+    for h, name in _launch.READ_LAUNCHERS.items():
+        assert h not in _launch.DIRECT_LAUNCHERS and name.startswith("Triton ")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="the Triton vLLM pins is installed with vLLM (the vLLM CI stage)")
+def test_the_triton_vllm_pins_takes_a_path_someone_read():
+    """The Triton installed with the supported vLLM (its torch pins it: vLLM 0.33.0 ->
+    torch 2.14.0 -> triton~=3.8.0) has CUDA and HIP launcher bodies whose hash is in
+    ``DIRECT_LAUNCHERS`` or ``READ_LAUNCHERS``: a Triton release that changes either fails
+    here until someone reads it and says which path it takes."""
+    import triton
+    from triton.backends.amd.driver import HIPLauncher
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    from swa_backends.kernels import _launch
+
+    for cls in (CudaLauncher, HIPLauncher):
+        path, why = _launch.launch_path(cls)
+        assert path != "unread", f"Triton {triton.__version__}: {why}; read it and add its hash to _launch"
+    # what README states for vLLM 0.33's stack: Triton's compiled launcher, not the 3.6 C call
+    if triton.__version__.startswith("3.8."):
+        assert _launch.launch_path(CudaLauncher)[0] == "run"
 
 
 def _run(args, **kw):

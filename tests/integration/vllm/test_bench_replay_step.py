@@ -1,10 +1,14 @@
-"""The replay-step benchmark against the installed vLLM's own kernels (``--smoke``: tiny
-steps through Triton's interpreter); the script compares the pack's outputs with vLLM's
-before it times anything, so a passing run is also a step-level differential."""
+"""The replay-step benchmark against the installed vLLM (``--smoke``: tiny steps through
+Triton's interpreter, no timing loops): the script compares the pack's whole step with vLLM's
+before it times anything and counts both columns' kernel launches, so a passing run is also a
+step-level differential; its counts must be the ones real vLLM steps make
+(``test_launch_counts.TABLE``). And the vLLM launch objects the benchmark takes out of copies of
+vLLM's source files on the GPU machine are vLLM's own."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -16,6 +20,8 @@ import torch
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed (the vLLM CI stage runs this)", allow_module_level=True)
+
+from test_launch_counts import TABLE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,9 +37,52 @@ def test_smoke_against_vllm(tmp_path):
     assert res["meta"]["vllm_ran"] is True and res["meta"]["vllm_kernels"].startswith("installed vllm 0.33")
     for row in res["steps"]:
         assert row["checked_against"] == "vllm"
-        for col in ("pack", "pack_fused"):
-            assert row[f"{col}_vs_vllm_host_us"] > 0 and row[f"{col}_vs_vllm_gpu_us_flushed"] > 0
-            # one round in --smoke: the paired ratio is that round's, the ratio of its two times
-            assert row[f"{col}_vs_vllm_host_us_rounds"] == [row[f"{col}_vs_vllm_host_us_paired"]]
-            assert row[f"{col}_vs_vllm_host_us_paired"] == pytest.approx(row[f"{col}_vs_vllm_host_us"])
-    assert "the median of each round's ratio" in proc.stdout
+        assert row["vllm_host_us"] > 0 and row["pack_vs_vllm_host_us"] > 0
+    counts = {(r["step"], r["window_groups"]): tuple(sum(r["launches"][c].values()) for c in ("vllm", "pack"))
+              for r in res["steps"]}
+    # mixed steps (decodes, a replaying prefill, trimmed prefills): what real vLLM steps launch
+    assert counts[("3x140+3d", 1)] == TABLE["eager, trimmed, 1 window group"]
+    assert counts[("3x140+3d", 2)] == TABLE["eager, trimmed, 2 window groups"]
+    assert counts[("1x140", 1)] == (7, 5)  # one trimmed prefill, no replay: no padding
+    assert "launches" in proc.stdout
+
+
+def test_launchers_from_source_files_are_vllms():
+    """``load_launchers(<folder of vLLM's source files>)`` (what the GPU machine runs) builds
+    vLLM's classes from its sources: the same ``__call__`` and launch code as the installed
+    vLLM's objects, and the same outputs on the same inputs."""
+    import vllm
+
+    from swa_backends.testing import vllm_kernels as vk
+
+    installed, origin = vk.load_launchers()
+    assert installed is not None and origin.startswith("installed vllm"), origin
+    copied, origin = vk.load_launchers(Path(vllm.__file__).parent)
+    assert copied is not None and origin.startswith("source files under"), origin
+    for name in ("swa", "prefill"):
+        a, b = getattr(installed, name), getattr(copied, name)
+        assert type(a).__name__ == type(b).__name__
+        assert inspect.getsource(type(a).__call__.__wrapped__) == inspect.getsource(type(b).__call__.__wrapped__)
+        for method in ("launch", "_prepare_launch_kwargs"):
+            assert inspect.getsource(getattr(type(a), method)) == inspect.getsource(getattr(type(b), method))
+    g = torch.Generator().manual_seed(3)
+    seq = torch.randint(40, 90, (6,), generator=g, dtype=torch.int32)
+    q = torch.tensor([1, 1, 9, 17, 30, 5], dtype=torch.int32)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), q.cumsum(0).to(torch.int32)])
+    R = torch.tensor([0, 0, 12, 0, 7, 0], dtype=torch.int32)
+    T, D = int(qsl[-1]), 2
+    t2r = torch.repeat_interleave(torch.arange(6, dtype=torch.int32), q)
+    valid = torch.ones(T, dtype=torch.bool)
+    table = torch.randperm(6 * 12, generator=g).to(torch.int32).view(6, 12)
+    outs = []
+    for launchers in (installed, copied):
+        rows = torch.full((T, 1, 16), -5, dtype=torch.int32)
+        lens = torch.full((T,), -5, dtype=torch.int32)
+        gl = torch.full((4,), -5, dtype=torch.int32)
+        launchers.swa(rows, lens, 16, 16, lens, lens, qsl, seq, t2r, valid, table, 8, R, num_tokens=T - D,
+                      token_offset=D, has_image=False)
+        launchers.prefill(gl, seq, qsl, R, 4, D, 16)
+        outs.append((rows, lens, gl))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert (outs[0][1][: T - D] > 0).all() and (outs[0][2] > 0).all()
