@@ -252,7 +252,7 @@ def test_replay_layer_ids_refuses_an_endless_iterator_at_once():
 
 def test_plan_replay_batch_takes_host_tensors_and_refuses_a_grad_float_one():
     qsl = torch.tensor([0, 5, 20])
-    plan = sb.plan_replay_batch(qsl, torch.tensor([True, True]), torch.tensor([False, False]), 4)
+    plan = sb.plan_replay_batch(qsl, torch.tensor([True, True]), torch.tensor([False, False]), 4, trim_threshold=0)
     assert plan.kept.tolist() == [4, 4] and plan.num_rows == 8
     with pytest.raises(ValueError, match="plan_replay_batch: query_start_loc_host=.*expected integers"):
         sb.plan_replay_batch(torch.tensor([0.0, 5.0], requires_grad=True), [True], [False], 4)
