@@ -20,10 +20,13 @@ Every error is a ``ValueError`` of the form
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 _state = threading.local()
@@ -121,10 +124,16 @@ def check_tensor(
     shape: Sequence[int | None] | None = None,
     device: torch.device | None = None,
     min_ndim: int | None = None,
+    lazy_bits: bool = False,
 ) -> None:
-    """Metadata check of one tensor argument (no device work)."""
+    """Metadata check of one tensor argument (no device work). A tensor with a lazy conjugate
+    or negative bit (``x.conj()`` of a complex tensor, its ``.imag``) is refused unless
+    ``lazy_bits``: kernels read memory, where the bit is not applied."""
     if not isinstance(t, torch.Tensor):
         fail(op, name, t, "a torch.Tensor")
+    if not lazy_bits and (t.is_conj() or t.is_neg()):
+        fail(op, name, t, "a tensor without a lazy conjugate or negative bit (call .resolve_conj() / "
+                          ".resolve_neg() first)")
     if dtypes is not None:
         allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
         if t.dtype not in allowed:
@@ -173,57 +182,151 @@ def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: t
         fail(op, name, out, "a contiguous tensor")
 
 
-def _span(t: torch.Tensor) -> tuple[int, int, int]:
-    """``(storage, first byte, one past the last byte)`` a tensor's elements can touch."""
-    if t.numel() == 0:
-        return t.untyped_storage().data_ptr(), 0, 0
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-    start = t.data_ptr() - sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if s < 0) * t.element_size()
-    return t.untyped_storage().data_ptr(), start, start + extent * t.element_size()
+# ---------------------------------------------------------------------------------------
+# memory overlap: decided by addresses, never by storage objects (two storages can share
+# memory: ``torch.from_numpy`` of overlapping slices of one array)
+# ---------------------------------------------------------------------------------------
+
+#: Runs (contiguous pieces of a tensor) up to which an overlap that no closed form decides is
+#: settled by listing every run's address; past it the byte ranges decide (a refusal, on the
+#: safe side).
+ENUMERATE_RUNS = 1 << 16
+
+
+def _layout(t: torch.Tensor) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """``(first byte, run bytes, ((size, byte stride), ...))``: a non-empty tensor's elements
+    as runs of ``run`` contiguous bytes starting at ``first + sum_k i_k * stride_k``, ``0 <=
+    i_k < size_k`` (the outer dims by increasing stride, size-1 dims dropped, a dim that
+    continues the run or the previous dim merged into it). torch strides are never negative."""
+    e = t.element_size()
+    run = e
+    outer: list[tuple[int, int]] = []
+    for n, s in sorted(((n, s * e) for n, s in zip(t.shape, t.stride()) if n != 1), key=lambda d: d[1]):
+        if not outer and s == run:
+            run = n * s
+        elif outer and s == outer[-1][0] * outer[-1][1]:
+            outer[-1] = (outer[-1][0] * n, outer[-1][1])
+        else:
+            outer.append((n, s))
+    return t.data_ptr(), run, tuple(outer)
+
+
+def _end(first: int, run: int, outer) -> int:
+    return first + run + sum((n - 1) * s for n, s in outer)
+
+
+def byte_range(t: torch.Tensor) -> tuple[int, int] | None:
+    """``[lo, hi)``: the bytes a tensor's elements occupy, from its first to past its last
+    (None when it has no element, or no memory: a meta tensor)."""
+    if t.numel() == 0 or t.device.type == "meta":
+        return None
+    first, run, outer = _layout(t)
+    return first, _end(first, run, outer)
+
+
+def _starts(first: int, outer) -> np.ndarray | None:
+    """Every run's first byte, sorted (None past :data:`ENUMERATE_RUNS` runs)."""
+    if math.prod(n for n, _ in outer) > ENUMERATE_RUNS:
+        return None
+    starts = np.array([first], dtype=np.int64)
+    for n, s in outer:
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
+    return np.sort(starts)
+
+
+def self_overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share a byte (an expanded view, an ``as_strided`` view
+    with repeated addresses): exact up to :data:`ENUMERATE_RUNS` runs, True past it unless
+    the strides prove the elements apart."""
+    if t.numel() <= 1:
+        return False
+    _, run, outer = _layout(t)
+    extent = run
+    for n, s in outer:
+        if s < extent:
+            break
+        extent += (n - 1) * s
+    else:
+        return False  # each dim steps past everything the smaller ones cover
+    starts = _starts(0, outer)
+    return starts is None or bool((np.diff(starts) < run).any())
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors may share an element (same storage, intersecting byte spans): an
-    op reads its inputs while it writes its outputs, so an aliased ``out=`` gives wrong rows
-    or a half-written input."""
-    if a.device != b.device:
+    """Whether two tensors may share a byte of memory (an op reads its inputs while it writes
+    its outputs, so an aliased ``out=`` gives wrong rows or a half-written input). Decided by
+    addresses: disjoint byte ranges never overlap; two layouts of one period (column slices of
+    one buffer, say) and layouts of up to :data:`ENUMERATE_RUNS` runs are decided exactly;
+    anything else whose byte ranges intersect counts as overlapping."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
         return False
-    sa, a0, a1 = _span(a)
-    sb, b0, b1 = _span(b)
-    return sa == sb and a0 < b1 and b0 < a1
+    fa, ra, oa = _layout(a)
+    fb, rb, ob = _layout(b)
+    if _end(fa, ra, oa) <= fb or _end(fb, rb, ob) <= fa:
+        return False
+    # a dim of stride 0 repeats addresses: the set of bytes is the same without it
+    oa = tuple(d for d in oa if d[1])
+    ob = tuple(d for d in ob if d[1])
+    if len(oa) <= 1 and len(ob) <= 1 and (not oa or not ob or oa[0][1] == ob[0][1]):
+        period = (oa or ob or ((1, 1),))[0][1]
+        na, nb = (oa[0][0] if oa else 1), (ob[0][0] if ob else 1)
+        # run i of a and run j of b meet iff (fb - fa) + (j - i) * period lies in (-rb, ra)
+        d = fb - fa
+        k_lo = max((-rb - d) // period + 1, -(na - 1))
+        k_hi = min(-((d - ra) // period) - 1, nb - 1)
+        return k_lo <= k_hi
+    sa, sb = _starts(fa, oa), _starts(fb, ob)
+    if sa is None or sb is None:
+        return True
+    # a start x of a meets a run [y, y + rb) of b iff y - ra < x < y + rb
+    hits = np.searchsorted(sa, sb + rb, side="left") - np.searchsorted(sa, sb - ra, side="right")
+    return bool((hits > 0).any())
 
 
-# ---------------------------------------------------------------------------------------
-# value checks (read device values; skipped while capturing a graph)
-# ---------------------------------------------------------------------------------------
+def _tensors(name: str, value, depth: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every tensor an argument holds: itself, or inside a tuple, list,
+    dict or dataclass (a ``ReplayPlan``'s host tensors and the device copies it caches)."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if depth > 4:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in _tensors(f"{name}[{i}]", v, depth + 1)]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in _tensors(f"{name}[{k!r}]", v, depth + 1)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [item for f in dataclasses.fields(value)
+                for item in _tensors(f"{name}.{f.name}", getattr(value, f.name, None), depth + 1)]
+    return []
 
 
 def check_writes(op: str, signature, args: tuple, kwargs: dict, mutates: Sequence[str] = ()) -> None:
-    """Every buffer a call writes (``out=``: a tensor, tuple or dict of them; the arguments
-    named in ``mutates``) shares no memory with an input or with another written buffer.
-    Checked before anything is written; no device work."""
+    """Every buffer a call writes (every tensor of ``out=``: a tensor, or a tuple or dict of
+    them, nested; the arguments named in ``mutates``) has no element that overlaps another of
+    its own, and shares no byte of memory with an input (the tensors of every other argument,
+    a plan's included) or with another written buffer. Checked before anything is written;
+    no device work."""
     bound = signature.bind(*args, **kwargs).arguments
-    written = _flatten("out", bound.get("out"))
+    written = _tensors("out", bound.get("out"))
     for name in mutates:
-        written += _flatten(name, bound.get(name))
-    inputs = [(n, v) for n, v in bound.items() if n != "out" and n not in mutates]
+        written += _tensors(name, bound.get(name))
+    inputs = [item for n, v in bound.items() if n != "out" and n not in mutates for item in _tensors(n, v)]
+    ranges = {id(t): byte_range(t) for _, t in (*written, *inputs)}
+
+    def meet(x: torch.Tensor, y: torch.Tensor) -> bool:
+        rx, ry = ranges[id(x)], ranges[id(y)]
+        return rx is not None and ry is not None and rx[0] < ry[1] and ry[0] < rx[1] and overlaps(x, y)
+
     for i, (wname, w) in enumerate(written):
+        if self_overlaps(w):
+            fail(op, wname, w, "a buffer whose elements do not overlap each other (an expanded or as_strided "
+                               f"view with repeated addresses; strides {tuple(w.stride())})")
         for iname, x in inputs:
-            if isinstance(x, torch.Tensor) and overlaps(w, x):
+            if meet(w, x):
                 fail(op, wname, w, f"a buffer that shares no memory with the input {iname!r}")
         for oname, o in written[:i]:
-            if overlaps(w, o):
+            if meet(w, o):
                 fail(op, wname, w, f"a buffer that shares no memory with {oname!r}")
-
-
-def _flatten(name: str, value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [(name, value)]
-    if isinstance(value, (tuple, list)):
-        return [item for i, v in enumerate(value) for item in _flatten(f"{name}[{i}]", v)]
-    if isinstance(value, dict):
-        return [item for k, v in value.items() for item in _flatten(f"{name}[{k!r}]", v)]
-    return []
 
 
 def checks_writes(fn):
@@ -244,6 +347,18 @@ def checks_writes(fn):
     return wrapper
 
 
+# ---------------------------------------------------------------------------------------
+# value checks (read device values; skipped while capturing a graph)
+# ---------------------------------------------------------------------------------------
+
+
+def readable(op: str, name: str, t: torch.Tensor) -> None:
+    """A tensor whose values a value check reads: a meta tensor has none (trace shapes with
+    validation off, or through the custom ops' fake kernels)."""
+    if t.device.type == "meta":
+        fail(op, name, t, "a tensor with values (validation reads them; a meta tensor has none)")
+
+
 def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc",
                           from_zero: bool = True) -> None:
     """``qsl[0] == 0`` (``>= 0`` with ``from_zero=False``: ops that read only query lengths
@@ -251,6 +366,7 @@ def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None,
     it is known."""
     if not value_checks_enabled() or qsl.numel() == 0:
         return
+    readable(op, name, qsl)
     values = qsl.detach().to("cpu", torch.int64)
     if from_zero and int(values[0]) != 0:
         fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
@@ -268,6 +384,7 @@ def check_finite(op: str, name: str, t: torch.Tensor, *, allow_neg_inf: bool = F
     """No NaN and no +inf (and no -inf unless allowed) in a floating tensor."""
     if not value_checks_enabled() or t.numel() == 0:
         return
+    readable(op, name, t)
     bad = torch.isnan(t) | (t == float("inf"))
     if not allow_neg_inf:
         bad |= t == float("-inf")
@@ -280,6 +397,7 @@ def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | No
     """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed."""
     if not value_checks_enabled() or t.numel() == 0:
         return
+    readable(op, name, t)
     v = t.detach().to(torch.int64)
     bad = v < low
     if high is not None:

@@ -58,7 +58,9 @@ class OpSpec:
         return inspect.signature(self.reference)
 
     def check_writes(self, args: tuple, kwargs: dict) -> None:
-        """Every buffer the op writes shares no memory with an input (see :func:`check_writes`)."""
+        """Every buffer the op writes (``out=`` entries, ``mutates``) overlaps neither itself nor an
+        input (a plan's tensors included) nor another written buffer, by address (see
+        :func:`check_writes`)."""
         check_writes(self.name, self.signature, args, kwargs, self.mutates)
 
 

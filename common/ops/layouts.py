@@ -35,7 +35,16 @@ from ._batch import nonempty_table
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ..types import INDEX_DTYPE, PAD
-from ..validation import check_int, check_out, check_range, check_tensor, checks_writes, fail, value_checks_enabled
+from ..validation import (
+    check_int,
+    check_out,
+    check_range,
+    check_tensor,
+    checks_writes,
+    fail,
+    readable,
+    value_checks_enabled,
+)
 
 __all__ = ["combined_to_plain", "combined_workspace_rows", "compact_indices", "compact_rows", "csr_to_plain",
            "mixed_to_plain", "valid_mask"]
@@ -296,6 +305,7 @@ def csr_to_plain(indptr, values, width, *, out=None) -> tuple[torch.Tensor, torc
     start = indptr[:-1].to(torch.int64)
     count = indptr[1:].to(torch.int64) - start
     if value_checks_enabled() and T >= 0:
+        readable(op, "indptr", indptr)
         first = int(indptr[0])
         if first != 0:
             fail(op, "indptr", f"indptr[0]={first}", "0")
