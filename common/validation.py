@@ -5,9 +5,16 @@ Two levels of checks run in front of each public op:
 * *metadata* checks (dtype, device, rank, shape, scalar arguments) cost no device work and
   run whenever validation is on;
 * *value* checks (monotonic ``query_start_loc``, ``R <= p``, slots in range or PAD, group
-  indices in range) read tensor values, which synchronises with the device. They run when
-  validation is on **and** no CUDA graph is being captured on the current stream (a capture
-  cannot synchronise; the metadata checks still run there).
+  indices in range) read tensor values. They run when validation is on **and** no CUDA graph
+  is being captured on the current stream (a capture cannot synchronise; the metadata checks
+  still run there). A call reads the device once: each check registers what it reads (a
+  per-request tensor whole, a larger one as a min/max or a few reductions made on the device)
+  and a test of those values on the host; at the end of the call's validation (:func:`one_read`)
+  everything travels in one device->host transfer and the tests run in order. Only a test
+  that fails reads more, to name the first bad value.
+
+The buffers a call writes are checked against everything it reads by address
+(:func:`check_writes`), before anything is written.
 
 Validation is on by default. Turn it off for a hot path with ``set_validation(False)``, the
 ``validation(False)`` context manager, or ``SWA_BACKENDS_VALIDATE=0`` in the environment
@@ -24,7 +31,7 @@ import dataclasses
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -95,8 +102,10 @@ def _capturing() -> bool:
 
 
 def value_checks_enabled() -> bool:
-    """Validation is on and reading tensor values is allowed (no graph capture)."""
-    return validation_enabled() and not _capturing()
+    """Validation is on and reading tensor values is allowed (no graph capture; asked once per
+    :func:`one_read` block)."""
+    capturing = getattr(_state, "capturing", None)
+    return validation_enabled() and not (_capturing() if capturing is None else capturing)
 
 
 def fail(op: str, name: str, value: object, expected: str) -> None:
@@ -218,8 +227,11 @@ def _end(first: int, run: int, outer) -> int:
 def byte_range(t: torch.Tensor) -> tuple[int, int] | None:
     """``[lo, hi)``: the bytes a tensor's elements occupy, from its first to past its last
     (None when it has no element, or no memory: a meta tensor)."""
-    if t.numel() == 0 or t.device.type == "meta":
+    n = t.numel()
+    if n == 0 or t.is_meta:
         return None
+    if t.is_contiguous():
+        return t.data_ptr(), t.data_ptr() + n * t.element_size()
     first, run, outer = _layout(t)
     return first, _end(first, run, outer)
 
@@ -238,7 +250,7 @@ def self_overlaps(t: torch.Tensor) -> bool:
     """Whether two elements of ``t`` share a byte (an expanded view, an ``as_strided`` view
     with repeated addresses): exact up to :data:`ENUMERATE_RUNS` runs, True past it unless
     the strides prove the elements apart."""
-    if t.numel() <= 1:
+    if t.numel() <= 1 or t.is_contiguous():
         return False
     _, run, outer = _layout(t)
     extent = run
@@ -288,7 +300,7 @@ def _tensors(name: str, value, depth: int = 0) -> list[tuple[str, torch.Tensor]]
     dict or dataclass (a ``ReplayPlan``'s host tensors and the device copies it caches)."""
     if isinstance(value, torch.Tensor):
         return [(name, value)]
-    if depth > 4:
+    if value is None or isinstance(value, (int, float, str, bool)) or depth > 4:
         return []
     if isinstance(value, (tuple, list)):
         return [item for i, v in enumerate(value) for item in _tensors(f"{name}[{i}]", v, depth + 1)]
@@ -306,7 +318,7 @@ def check_writes(op: str, signature, args: tuple, kwargs: dict, mutates: Sequenc
     its own, and shares no byte of memory with an input (the tensors of every other argument,
     a plan's included) or with another written buffer. Checked before anything is written;
     no device work."""
-    bound = signature.bind(*args, **kwargs).arguments
+    bound = dict(zip(signature.parameters, args), **kwargs)  # (the validator has bound the same call)
     written = _tensors("out", bound.get("out"))
     for name in mutates:
         written += _tensors(name, bound.get(name))
@@ -348,63 +360,252 @@ def checks_writes(fn):
 
 
 # ---------------------------------------------------------------------------------------
-# value checks (read device values; skipped while capturing a graph)
+# value checks: registered while a call validates, read with one device->host transfer
 # ---------------------------------------------------------------------------------------
+
+#: A device tensor a range or finiteness check reads whole when it is at most this many bytes;
+#: a larger one is reduced on the device (one min/max) and only the reduction travels.
+RAW_BYTES = 4096
 
 
 def readable(op: str, name: str, t: torch.Tensor) -> None:
     """A tensor whose values a value check reads: a meta tensor has none (trace shapes with
     validation off, or through the custom ops' fake kernels)."""
-    if t.device.type == "meta":
+    if t.is_meta:
         fail(op, name, t, "a tensor with values (validation reads them; a meta tensor has none)")
+
+
+def defer(op: str, reads: Sequence[tuple[str, torch.Tensor]], test: Callable[..., None]) -> None:
+    """A value check: ``test(*values)`` runs on the host, ``values`` the numpy copies of the
+    tensors of ``reads`` (``(argument name, tensor)``; a reduction made on the device is named
+    after its argument). Inside :func:`one_read` every check of the call is read by one
+    transfer at its end; outside, now."""
+    for name, t in reads:
+        readable(op, name, t)
+    tensors = [t for _, t in reads]
+    label = getattr(_state, "label", None)
+    if label is not None:
+        test = _labelled_test(test, *label)
+    pending = getattr(_state, "pending", None)
+    if pending is None:
+        test(*to_host(tensors))
+    else:
+        pending.append((tensors, test))
+
+
+def checked_before(op: str, *key) -> bool:
+    """Whether this call's validation (one :func:`one_read` block) has registered the check
+    ``key`` for ``op`` already (and registers it): an op validated by its parts' validators
+    (``prepare_replay_step``) asks for some checks twice with the same tensors. Always False
+    outside a block. ``key``: the check's name, its tensors (by identity) and parameters."""
+    seen = getattr(_state, "seen", None)
+    if seen is None:
+        return False
+    label = getattr(_state, "label", None)
+    full = (label[0] if label is not None else op, *(id(k) if isinstance(k, torch.Tensor) else k for k in key))
+    if full in seen:
+        return True
+    seen.add(full)
+    return False
+
+
+@contextlib.contextmanager
+def one_read() -> Iterator[None]:
+    """Collect the value checks (:func:`defer`) run inside and read their values with one
+    device->host transfer when the block ends; a test that fails raises its ``ValueError``
+    then. An exception inside the block first lets the checks registered before it run (an
+    earlier argument's error comes first, as when each check read at once). Nested blocks
+    collect into the outermost."""
+    if getattr(_state, "pending", None) is not None:
+        yield
+        return
+    pending: list = []
+    _state.pending, _state.capturing, _state.seen = pending, _capturing(), set()
+    try:
+        yield
+    except Exception:
+        _state.pending = _state.capturing = _state.seen = None
+        _run(pending)
+        raise
+    _state.pending = _state.capturing = _state.seen = None
+    _run(pending)
+
+
+@contextlib.contextmanager
+def labelled(op: str, parts: Sequence[str]) -> Iterator[None]:
+    """Errors of the ops ``parts`` raised inside, at once or by a value check read later, name
+    ``op`` instead (an op validated by its parts' validators)."""
+    previous = getattr(_state, "label", None)
+    _state.label = (op, tuple(parts))
+    try:
+        yield
+    except ValueError as exc:
+        new = _relabel(exc, op, parts)
+        if new is exc:
+            raise
+        raise new from exc
+    finally:
+        _state.label = previous
+
+
+def _relabel(exc: ValueError, op: str, parts: Sequence[str]) -> ValueError:
+    msg = str(exc)
+    for part in parts:
+        if msg.startswith(part + ": "):
+            return ValueError(f"{op}: {msg[len(part) + 2:]}")
+    return exc
+
+
+def _labelled_test(test: Callable[..., None], op: str, parts: tuple[str, ...]) -> Callable[..., None]:
+    def run(*values):
+        try:
+            test(*values)
+        except ValueError as exc:
+            new = _relabel(exc, op, parts)
+            if new is exc:
+                raise
+            raise new from exc
+
+    return run
+
+
+def _run(pending: list) -> None:
+    if not pending:
+        return
+    values = to_host([t for tensors, _ in pending for t in tensors])
+    i = 0
+    for tensors, test in pending:
+        test(*values[i:i + len(tensors)])
+        i += len(tensors)
+
+
+def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """numpy copies of ``tensors`` (views of CPU tensors), the device ones read by one transfer
+    per device: their bytes joined on the device, copied once, split on the host."""
+    out: list = [None] * len(tensors)
+    by_device: dict = {}
+    for i, t in enumerate(tensors):
+        if t.requires_grad:
+            t = t.detach()
+        if t.dtype not in _NUMPY:
+            t = t.float()  # bf16, fp8: no numpy dtype
+        if t.is_cpu:
+            out[i] = t.resolve_conj().resolve_neg().numpy() if t.is_conj() or t.is_neg() else t.numpy()
+        else:
+            by_device.setdefault(t.device, []).append((i, t))
+    for items in by_device.values():
+        flat = []
+        for _, t in items:
+            f = t.reshape(-1)
+            if f.numel() and f.stride(0) != 1:
+                f = f.clone(memory_format=torch.contiguous_format)
+            flat.append(f.view(torch.uint8))
+        host = (flat[0] if len(flat) == 1 else torch.cat(flat)).cpu().numpy()
+        at = 0
+        for (i, t), f in zip(items, flat):
+            n = f.numel()
+            out[i] = host[at:at + n].view(_NUMPY[t.dtype]).reshape(t.shape)
+            at += n
+    return out
+
+
+_NUMPY = {d: torch.empty(0, dtype=d).numpy().dtype for d in (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+    torch.float64, torch.uint16, torch.uint32, torch.uint64)}
+
+
+def first_true(mask: np.ndarray) -> int:
+    """Index of the first True of a flat mask (a test calls it only after finding one)."""
+    return int(np.argmax(mask))
+
+
+def reads_whole(t: torch.Tensor) -> bool:
+    """Whether a value check reads ``t`` whole (on the host already, or at most
+    :data:`RAW_BYTES`) rather than a reduction of it made on the device."""
+    return t.is_cpu or t.numel() * t.element_size() <= RAW_BYTES
 
 
 def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc",
                           from_zero: bool = True) -> None:
     """``qsl[0] == 0`` (``>= 0`` with ``from_zero=False``: ops that read only query lengths
     take a slice of a batch's requests), non-decreasing, and ``qsl[-1] <= num_tokens`` when
-    it is known."""
+    it is known. Read whole (one entry per request)."""
     if not value_checks_enabled() or qsl.numel() == 0:
         return
-    readable(op, name, qsl)
-    values = qsl.detach().to("cpu", torch.int64)
-    if from_zero and int(values[0]) != 0:
-        fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
-    if not from_zero and int(values[0]) < 0:
-        fail(op, name, values.tolist()[:8], "query_start_loc[0] >= 0")
-    steps = values[1:] - values[:-1]
-    if bool((steps < 0).any()):
-        bad = int(torch.nonzero(steps < 0)[0])
-        fail(op, name, values.tolist()[:16], f"non-decreasing values (index {bad + 1} decreases)")
-    if num_tokens is not None and int(values[-1]) > num_tokens:
-        fail(op, name, int(values[-1]), f"query_start_loc[-1] <= {num_tokens} (the number of tokens)")
+
+    def test(values: np.ndarray) -> None:
+        values = values.astype(np.int64)
+        if from_zero and int(values[0]) != 0:
+            fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
+        if not from_zero and int(values[0]) < 0:
+            fail(op, name, values.tolist()[:8], "query_start_loc[0] >= 0")
+        down = np.flatnonzero(np.diff(values) < 0)
+        if down.size:
+            fail(op, name, values.tolist()[:16], f"non-decreasing values (index {int(down[0]) + 1} decreases)")
+        if num_tokens is not None and int(values[-1]) > num_tokens:
+            fail(op, name, int(values[-1]), f"query_start_loc[-1] <= {num_tokens} (the number of tokens)")
+
+    defer(op, ((name, qsl),), test)
 
 
 def check_finite(op: str, name: str, t: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
-    """No NaN and no +inf (and no -inf unless allowed) in a floating tensor."""
+    """No NaN and no +inf (and no -inf unless allowed) in a floating tensor: one min/max
+    (NaN propagates through both)."""
     if not value_checks_enabled() or t.numel() == 0:
         return
     readable(op, name, t)
-    bad = torch.isnan(t) | (t == float("inf"))
-    if not allow_neg_inf:
-        bad |= t == float("-inf")
-    if bool(bad.any()):
-        first = float(t.reshape(-1)[torch.nonzero(bad.reshape(-1))[0]])
-        fail(op, name, first, "finite values" + (" (or -inf)" if allow_neg_inf else ""))
+
+    def bad(lo, hi) -> bool:
+        return bool(np.isnan(hi) or hi == np.inf or not allow_neg_inf and lo == -np.inf)
+
+    def explain(values: np.ndarray) -> None:
+        v = values.reshape(-1)
+        wrong = np.isnan(v) | (v == np.inf)
+        if not allow_neg_inf:
+            wrong |= v == -np.inf
+        fail(op, name, float(v[first_true(wrong)]), "finite values" + (" (or -inf)" if allow_neg_inf else ""))
+
+    _min_max(op, name, t, bad, explain)
 
 
 def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | None, allow_pad: bool = False) -> None:
-    """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed."""
+    """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed: one
+    min/max (with ``low`` 0, PAD is the one allowed value below the range)."""
     if not value_checks_enabled() or t.numel() == 0:
         return
     readable(op, name, t)
-    v = t.detach().to(torch.int64)
-    bad = v < low
-    if high is not None:
-        bad |= v >= high
+    floor = low
     if allow_pad:
-        bad &= v != -1
-    if bool(bad.any()):
-        first = int(v.reshape(-1)[torch.nonzero(bad.reshape(-1))[0]])
+        if low == 0:
+            floor = -1
+        else:
+            t = torch.where(t == -1, low, t)
+
+    def bad(lo, hi) -> bool:
+        return int(lo) < floor or high is not None and int(hi) >= high
+
+    _min_max(op, name, t, bad, lambda values: host_range(op, name, values, low=low, high=high, allow_pad=allow_pad))
+
+
+def host_range(op: str, name: str, values: np.ndarray, *, low: int, high: int | None, allow_pad: bool = False) -> None:
+    """:func:`check_range` on values already on the host."""
+    v = values.reshape(-1).astype(np.int64)
+    wrong = v < low
+    if high is not None:
+        wrong |= v >= high
+    if allow_pad:
+        wrong &= v != -1
+    if wrong.any():
         span = f"[{low}, {high})" if high is not None else f">= {low}"
-        fail(op, name, first, f"values in {span}" + (" or PAD (-1)" if allow_pad else ""))
+        fail(op, name, int(v[first_true(wrong)]), f"values in {span}" + (" or PAD (-1)" if allow_pad else ""))
+
+
+def _min_max(op: str, name: str, t: torch.Tensor, bad: Callable, explain: Callable[[np.ndarray], None]) -> None:
+    """``bad(min, max)`` decides; ``explain(values)`` raises (on the host copy of ``t``). A small
+    tensor travels whole, a large one as its min and max (read again whole only to explain)."""
+    if reads_whole(t):
+        defer(op, ((name, t),), lambda v: explain(v) if bad(np.minimum.reduce(v, axis=None),
+                                                           np.maximum.reduce(v, axis=None)) else None)
+        return
+    lo, hi = torch.aminmax(t.detach())
+    defer(op, ((name, lo), (name, hi)), lambda lo, hi: explain(to_host([t])[0]) if bad(lo, hi) else None)

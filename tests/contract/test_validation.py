@@ -435,3 +435,136 @@ def test_rows_ops_move_every_dtype_bit_for_bit(dtype):
         want = torch.zeros(n, width * size, dtype=torch.uint8)
         want[rows] = bits(x[:3])
         assert torch.equal(bits(out), want), be
+
+
+# ---------------------------------------------------------------------------------------
+# one host read per validated call
+# ---------------------------------------------------------------------------------------
+
+
+def test_the_counter_sees_every_kind_of_host_read():
+    from swa_backends.testing.host_reads import count_host_reads
+
+    t = torch.arange(6)
+    for read in (lambda: t.sum().item(), lambda: bool((t > 3).any()), lambda: int(t[2]), lambda: t.tolist(),
+                 lambda: t.numpy(), lambda: torch.nonzero(t), lambda: torch.equal(t, t), lambda: t[t > 2],
+                 lambda: float(t.float().mean())):
+        with count_host_reads() as n:
+            read()
+        assert n.reads >= 1
+    with count_host_reads() as n:
+        (t * 2 + 1).to(torch.int32).to("cpu")  # device work only (a host tensor staying on the host)
+    assert n.reads == 0
+
+
+LAYOUT_FUNCTIONS = ("compact_indices", "combined_to_plain", "combined_workspace_rows", "mixed_to_plain", "csr_to_plain")
+
+
+def _layout_calls(rng):
+    """A valid call of each index-layout converter (public functions, validated like the ops)."""
+    from swa_backends.common.ops.combined_indices import combined_width
+
+    b = random_batch(rng, long_prefill=True)
+    t = b.tensors("cpu")
+    idx, lens = BE.swa_indices_and_lens(t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, b.W,
+                                        t["replay_start"], num_tokens=b.T)
+    T, K = idx.shape
+    M = int(BE.prefill_gather_lens(t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W).max()) + 8
+    ws = (t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W, M, 8, t["block_table"], b.block_size)
+    rows = sb.combined_workspace_rows(*ws)
+    topk = torch.randint(0, 8, (T, 4), dtype=i32)
+    comb, clens = BE.combined_indices(topk, t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W, 4, 4, M, 8)
+    assert comb.shape[1] == combined_width(4, b.W)
+    indptr, values = BE.indices_to_csr(idx, lens)
+    return {"compact_indices": ((idx, lens), {}), "combined_to_plain": ((comb, clens, rows), {}),
+            "combined_workspace_rows": (ws, {}), "mixed_to_plain": ((idx, lens, K), {"window_offset": 3}),
+            "csr_to_plain": ((indptr, values, K), {})}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_validated_call_reads_the_device_once(seed):
+    """Every value check of a call travels in one device->host transfer: counted on the CPU by
+    ``testing.host_reads`` (every value read through torch's dispatcher or a host copy), for the
+    validation itself and for the whole call against the same call unvalidated."""
+    from swa_backends.common.validation import one_read
+    from swa_backends.testing.host_reads import count_host_reads
+
+    for op, spec in sb.OPS.items():
+        args, kw = case_for(op, np.random.default_rng(seed), "cpu", poison=bool(seed % 2))
+        with count_host_reads() as n:
+            with one_read():
+                spec.validate(*args, **kw)
+                spec.check_writes(args, kw)
+        assert n.reads <= 1, (op, n.what)
+        with count_host_reads() as full:
+            getattr(BE, op)(*args, **kw)
+        with sb.validation(False), count_host_reads() as bare:
+            getattr(BE, op)(*args, **kw)
+        assert full.reads - bare.reads <= 1, (op, full.what, bare.what)
+    for name, (args, kw) in _layout_calls(np.random.default_rng(seed)).items():
+        fn = getattr(sb, name)
+        with count_host_reads() as full:
+            fn(*args, **kw)
+        with sb.validation(False), count_host_reads() as bare:
+            fn(*args, **kw)
+        assert full.reads - bare.reads <= 1, (name, full.what, bare.what)
+
+
+def _fuzz_cases():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "dispatch" / "fuzz_cases.py"
+    spec = importlib.util.spec_from_file_location("fuzz_cases_for_validation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_device_reductions_give_the_same_errors(monkeypatch):
+    """What a large device tensor takes (its min and max reduced on the device, read whole only
+    to explain an error) and what a small one takes (read whole) agree on every fuzz case of the
+    reference backend's first valid call of each op: the same outcome, the same message."""
+    from swa_backends.common import validation
+    from swa_backends.common.ops import _checks
+
+    fuzz = _fuzz_cases()
+    fns = fuzz.backend_fns("reference")
+    cases = [c for c in fuzz.all_cases(0, 1) if c[0] in fns]
+    assert len(cases) > 500
+
+    def outcomes():
+        return [fuzz.run_case(op, fns[op][0], args, kwargs, expect, None)
+                for op, _, args, kwargs, expect in cases]
+
+    whole = outcomes()
+    for module in (validation, _checks):
+        monkeypatch.setattr(module, "reads_whole", lambda t: False)
+    reduced = outcomes()
+    assert sum(r["outcome"] == "clear" for r in whole) > 300
+    diff = [(c[:2], a, b) for c, a, b in zip(cases, whole, reduced) if a != b]
+    assert not diff, diff[:5]
+
+
+def test_an_earlier_arguments_value_error_comes_first():
+    """Value checks are read at the end of the call's validation, yet the error a call gets is
+    the one it got when each check read at once: a bad value before a bad later argument."""
+    args, kw = _swa_args()
+    bad_qsl = torch.tensor([0, 6, 4], dtype=i32)
+    with pytest.raises(ValueError, match=r"^swa_indices_and_lens: query_start_loc=.*non-decreasing"):
+        BE.swa_indices_and_lens(bad_qsl, args[1], args[2].to(i64), *args[3:], **kw)  # block_table's dtype after
+    with pytest.raises(ValueError, match=r"^swa_indices_and_lens: block_table="):
+        BE.swa_indices_and_lens(args[0], args[1], args[2].to(i64), *args[3:], **kw)
+    # prepare_replay_step names itself in its parts' value errors, read after its validator returned
+    from swa_backends.common.ops.prepare_replay_step import allocate_out  # noqa: F401 (the op's own module)
+
+    qsl = torch.tensor([0, 1, 5], dtype=i32)
+    step = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl,
+            torch.tensor([9, 12], dtype=i32), torch.tensor([8, 8, 9, 10, 11], dtype=i64),
+            torch.arange(15, dtype=i64).reshape(3, 5), torch.tensor([0], dtype=i32), torch.arange(8, dtype=i32).reshape(2, 4),
+            4, 8, 4)
+    BE.prepare_replay_step(*step)
+    with pytest.raises(ValueError, match=r"^prepare_replay_step: cacheable_groups=7: expected values in \[0, 3\)"):
+        BE.prepare_replay_step(*step[:7], torch.tensor([7], dtype=i32), *step[8:])
+    with pytest.raises(ValueError, match=r"^prepare_replay_step: replay_start=.*<= the position of every token"):
+        BE.prepare_replay_step(torch.tensor([0, 10], dtype=i32), *step[1:])
