@@ -44,29 +44,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import swa_backends as sb  # noqa: E402
+from bench_flashmla import CELLS, interleaved, parse_cells  # noqa: E402 (the grid and its timing)
 from bench_sparse_mla import git_commit, log, make_inputs  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.testing.conformance import case_for, mismatch, random_batch  # noqa: E402
 from swa_backends.testing.host_reads import count_host_reads  # noqa: E402
 
 D = DV = 512
-#: the sparse-MLA grid of bench_flashmla.py: (H, K, T, cache rows)
-CELLS = [(H, K, T, S) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384) for S in (1 << 20, 1 << 14)]
 SMOKE_CELLS = [(16, 64, 48, 1 << 10)]
-#: GPU cycles slept before each evented call (as bench_flashmla.py): the host's launch work lands
-#: inside the sleep, so the events time the device's work
-LEAD_CYCLES = 1_000_000
-
-
-def parse_cells(text: str) -> list[tuple[int, int, int, int]]:
-    """``--cells``: ``"H:K:T:ROWS,..."`` (empty: none), four positive integers each, K <= ROWS."""
-    cells = []
-    for part in filter(None, text.split(",")):
-        values = part.split(":")
-        if len(values) != 4 or not all(v.isdigit() and int(v) > 0 for v in values) or int(values[1]) > int(values[3]):
-            raise ValueError(f"--cells: {part!r}; expected H:K:T:ROWS, four positive integers with K <= ROWS")
-        cells.append(tuple(int(v) for v in values))
-    return cells
 
 
 def _sync(dev: torch.device) -> None:
@@ -149,22 +134,6 @@ def metadata_ops(be, dev, smoke: bool, rounds: int) -> list[dict]:
     return rows
 
 
-def evented(calls: dict, rounds: int) -> dict:
-    """Median device milliseconds per call, every callable once per round, in turn."""
-    times = {n: [] for n in calls}
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(LEAD_CYCLES)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times[name].append(s.elapsed_time(e))
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
 def looped(calls: dict, rounds: int, per_round: int, dev) -> dict:
     """Median milliseconds per call of ``per_round`` back-to-back calls, timed on the host."""
     times = {n: [] for n in calls}
@@ -199,7 +168,7 @@ def sparse_mla_cells(be, dev, cells, rounds: int, per_round: int) -> list[dict]:
                "same_result": why is None, "why": why, "reads": reads, "read_what": what,
                "loop_ms": loop, "loop_speed": loop["unvalidated"] / loop["validated"]}
         if dev.type == "cuda":
-            ev = evented(calls, rounds)
+            ev = interleaved(calls, rounds)
             row["device_ms"], row["device_speed"] = ev, ev["unvalidated"] / ev["validated"]
         rows.append(row)
         log(f"sparse_mla H {H:>3} K {K:>4} T {T:>5} S {S:>7} ({row['variant']}): loop {row['loop_speed']:.3f}x"

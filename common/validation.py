@@ -423,9 +423,14 @@ def one_read() -> Iterator[None]:
     _state.pending, _state.capturing, _state.seen = pending, _capturing(), set()
     try:
         yield
-    except Exception:
+    except Exception as exc:
         _state.pending = _state.capturing = _state.seen = None
-        _run(pending)
+        try:
+            _run(pending)
+        except ValueError:
+            raise
+        except Exception:  # the checks could not be read (a broken device): the first failure stands
+            raise exc from None
         raise
     _state.pending = _state.capturing = _state.seen = None
     _run(pending)

@@ -6,7 +6,8 @@ op whose result needs the values on the host (``item`` / ``bool`` / ``int`` / ``
 tensor, ``nonzero``, ``equal``, boolean-mask indexing, ``unique``, ...). Seen at the Python
 level: ``Tensor.tolist`` / ``numpy``, which read without an op of their own, and ``cpu`` /
 ``to("cpu")`` of a tensor not on the host. The validation's one read of a call (``common.validation.to_host``) counts once,
-whatever it reads inside.
+whatever it reads inside. While counting, ``torch.Tensor``'s methods are patched process-wide:
+count in one thread at a time.
 """
 
 from __future__ import annotations

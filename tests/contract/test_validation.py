@@ -170,11 +170,8 @@ def test_env_switch_is_the_one_parser_of_the_packs_switches(monkeypatch):
     assert env_setting() is False
 
 
-def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
-    """The device side reads only ``dropped_before`` (a request is trimmed where it grows): a
-    plan whose ``trimmed`` says otherwise is refused, not half-believed."""
-    import dataclasses
-
+def _plan_case():
+    """A trimming plan and the rest of a valid ``gather_replay_batch`` call."""
     rng = np.random.default_rng(4)
     for _ in range(50):
         b = random_batch(rng, W=4, long_prefill=True)
@@ -182,7 +179,15 @@ def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
         if plan is not None:
             break
     t = b.tensors("cpu")
-    args = (t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W)
+    return plan, (t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W)
+
+
+def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
+    """The device side reads only ``dropped_before`` (a request is trimmed where it grows): a
+    plan whose ``trimmed`` says otherwise is refused, not half-believed."""
+    import dataclasses
+
+    plan, args = _plan_case()
     BE.gather_replay_batch(plan, *args)
     bad = dataclasses.replace(plan, trimmed=~plan.trimmed, _device_cache={}, _launch_cache={})
     with pytest.raises(ValueError, match=r"gather_replay_batch: plan.trimmed='plan.trimmed\[\d+\]=\w+': expected kept < q"):
@@ -318,17 +323,6 @@ def test_written_buffers_that_overlap_themselves_are_refused():
     apart = torch.full((2, 9), 5, dtype=i64)[:, :6]
     apart.copy_(slots)
     assert torch.equal(BE.pad_replayed_slots(apart, *args[1:]), BE.pad_replayed_slots(slots.clone(), *args[1:]))
-
-
-def _plan_case():
-    rng = np.random.default_rng(4)
-    for _ in range(50):
-        b = random_batch(rng, W=4, long_prefill=True)
-        plan = sb.plan_replay_batch(b.qsl, b.prefilling, np.zeros(b.B, bool), b.W)
-        if plan is not None:
-            break
-    t = b.tensors("cpu")
-    return plan, (t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W)
 
 
 def test_out_may_not_alias_the_plan_or_an_input_through_another_storage():
