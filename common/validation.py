@@ -409,31 +409,38 @@ def checked_before(op: str, *key) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def one_read() -> Iterator[None]:
-    """Collect the value checks (:func:`defer`) run inside and read their values with one
-    device->host transfer when the block ends; a test that fails raises its ``ValueError``
-    then. An exception inside the block first lets the checks registered before it run (an
-    earlier argument's error comes first, as when each check read at once). Nested blocks
-    collect into the outermost."""
-    if getattr(_state, "pending", None) is not None:
-        yield
-        return
-    pending: list = []
-    _state.pending, _state.capturing, _state.seen = pending, _capturing(), set()
-    try:
-        yield
-    except Exception as exc:
+class _OneRead:
+    __slots__ = ("outer",)
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_state, "pending", None) is None
+        if self.outer:
+            _state.pending, _state.capturing, _state.seen = [], _capturing(), set()
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if not self.outer:
+            return False
+        pending = _state.pending
         _state.pending = _state.capturing = _state.seen = None
-        try:
+        if exc is None:
             _run(pending)
-        except ValueError:
-            raise
-        except Exception:  # the checks could not be read (a broken device): the first failure stands
-            raise exc from None
-        raise
-    _state.pending = _state.capturing = _state.seen = None
-    _run(pending)
+        elif isinstance(exc, Exception):
+            try:
+                _run(pending)  # an earlier check's error comes first (this one as its context)
+            except ValueError:
+                raise
+            except Exception:  # the checks could not be read (a broken device): the first failure stands
+                pass
+        return False
+
+
+def one_read() -> _OneRead:
+    """``with one_read():`` collects the value checks (:func:`defer`) run inside and reads their
+    values with one device->host transfer when the block ends; a test that fails raises its
+    ``ValueError`` then. An exception inside the block first lets the checks registered before
+    it run (an earlier argument's error comes first, as when each check read at once). Nested
+    blocks collect into the outermost."""
+    return _OneRead()
 
 
 @contextlib.contextmanager
@@ -514,9 +521,9 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return out
 
 
-_NUMPY = {d: torch.empty(0, dtype=d).numpy().dtype for d in (
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
-    torch.float64, torch.uint16, torch.uint32, torch.uint64)}
+_NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+          torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16, torch.float32: np.float32,
+          torch.float64: np.float64, torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}
 
 
 def first_true(mask: np.ndarray) -> int:
