@@ -453,9 +453,6 @@ def test_the_counter_sees_every_kind_of_host_read():
     assert n.reads == 0
 
 
-LAYOUT_FUNCTIONS = ("compact_indices", "combined_to_plain", "combined_workspace_rows", "mixed_to_plain", "csr_to_plain")
-
-
 def _layout_calls(rng):
     """A valid call of each index-layout converter (public functions, validated like the ops)."""
     from swa_backends.common.ops.combined_indices import combined_width
@@ -474,6 +471,7 @@ def _layout_calls(rng):
     indptr, values = BE.indices_to_csr(idx, lens)
     return {"compact_indices": ((idx, lens), {}), "combined_to_plain": ((comb, clens, rows), {}),
             "combined_workspace_rows": (ws, {}), "mixed_to_plain": ((idx, lens, K), {"window_offset": 3}),
+            "combined_workspace_rows(compressed)": (ws, {"compressed_block_table": t["block_table"], "ratio": 1}),
             "csr_to_plain": ((indptr, values, K), {})}
 
 
@@ -498,7 +496,7 @@ def test_a_validated_call_reads_the_device_once(seed):
             getattr(BE, op)(*args, **kw)
         assert full.reads - bare.reads <= 1, (op, full.what, bare.what)
     for name, (args, kw) in _layout_calls(np.random.default_rng(seed)).items():
-        fn = getattr(sb, name)
+        fn = getattr(sb, name.split("(")[0])
         with count_host_reads() as full:
             fn(*args, **kw)
         with sb.validation(False), count_host_reads() as bare:
