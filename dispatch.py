@@ -33,7 +33,7 @@ from .common.ops import HOST_OPS, OPS
 from .common.registry import Variant, load_attr
 from .common.validation import _env_default as _validation_default
 from .common.validation import _state as _validation_state
-from .common.validation import fail, validation_enabled
+from .common.validation import fail, one_read, validation_enabled
 
 # ---------------------------------------------------------------------------------------
 # the declarations of every platform backend and of the portable kernels
@@ -562,10 +562,13 @@ class Backend:
         platform_check = load_attr(check_path) if check_path is not None else None
 
         def validate(*args, **kwargs):
-            spec.validate(*args, **kwargs)
-            spec.check_writes(args, kwargs)
-            if platform_check is not None:
-                platform_check(device, *args, **kwargs)
+            # the value checks' one device read comes at the end of the block: the host work
+            # before it (the checks of writes, the platform's check) overlaps the device's queue
+            with one_read():
+                spec.validate(*args, **kwargs)
+                spec.check_writes(args, kwargs)
+                if platform_check is not None:
+                    platform_check(device, *args, **kwargs)
 
         if len(chain) == 1 and not chain[0].per_call and not self.checked:
             only = chain[0]
@@ -590,16 +593,21 @@ class Backend:
             checked = self.checked
 
             def call(*args, **kwargs):
-                if checked and validation_enabled():
-                    validate(*args, **kwargs)
                 tried: tuple[str, ...] = ()
+                v = None
+                if checked and validation_enabled():
+                    with one_read():  # the pick, host work too, before the one device read
+                        validate(*args, **kwargs)
+                        v = self._pick(op, args, kwargs)
                 while True:
-                    v = self._pick(op, args, kwargs, tried)
+                    if v is None:
+                        v = self._pick(op, args, kwargs, tried)
                     try:
                         return v.load()(*args, **kwargs)
                     except KernelUnavailable as exc:
                         self._failed(op, v, exc)
                         tried += (v.name,)  # this call: the next variant
+                        v = None
 
         functools.update_wrapper(call, spec.reference)
         call.__name__ = op

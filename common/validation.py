@@ -5,9 +5,16 @@ Two levels of checks run in front of each public op:
 * *metadata* checks (dtype, device, rank, shape, scalar arguments) cost no device work and
   run whenever validation is on;
 * *value* checks (monotonic ``query_start_loc``, ``R <= p``, slots in range or PAD, group
-  indices in range) read tensor values, which synchronises with the device. They run when
-  validation is on **and** no CUDA graph is being captured on the current stream (a capture
-  cannot synchronise; the metadata checks still run there).
+  indices in range) read tensor values. They run when validation is on **and** no CUDA graph
+  is being captured on the current stream (a capture cannot synchronise; the metadata checks
+  still run there). A call reads the device once: each check registers what it reads (a
+  per-request tensor whole, a larger one as a min/max or a few reductions made on the device)
+  and a test of those values on the host; at the end of the call's validation (:func:`one_read`)
+  everything travels in one device->host transfer and the tests run in order. Only a test
+  that fails reads more, to name the first bad value.
+
+The buffers a call writes are checked against everything it reads by address
+(:func:`check_writes`), before anything is written.
 
 Validation is on by default. Turn it off for a hot path with ``set_validation(False)``, the
 ``validation(False)`` context manager, or ``SWA_BACKENDS_VALIDATE=0`` in the environment
@@ -20,10 +27,13 @@ Every error is a ``ValueError`` of the form
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 _state = threading.local()
@@ -92,8 +102,10 @@ def _capturing() -> bool:
 
 
 def value_checks_enabled() -> bool:
-    """Validation is on and reading tensor values is allowed (no graph capture)."""
-    return validation_enabled() and not _capturing()
+    """Validation is on and reading tensor values is allowed (no graph capture; asked once per
+    :func:`one_read` block)."""
+    capturing = getattr(_state, "capturing", None)
+    return validation_enabled() and not (_capturing() if capturing is None else capturing)
 
 
 def fail(op: str, name: str, value: object, expected: str) -> None:
@@ -121,10 +133,16 @@ def check_tensor(
     shape: Sequence[int | None] | None = None,
     device: torch.device | None = None,
     min_ndim: int | None = None,
+    lazy_bits: bool = False,
 ) -> None:
-    """Metadata check of one tensor argument (no device work)."""
+    """Metadata check of one tensor argument (no device work). A tensor with a lazy conjugate
+    or negative bit (``x.conj()`` of a complex tensor, its ``.imag``) is refused unless
+    ``lazy_bits``: kernels read memory, where the bit is not applied."""
     if not isinstance(t, torch.Tensor):
         fail(op, name, t, "a torch.Tensor")
+    if not lazy_bits and (t.is_conj() or t.is_neg()):
+        fail(op, name, t, "a tensor without a lazy conjugate or negative bit (call .resolve_conj() / "
+                          ".resolve_neg() first)")
     if dtypes is not None:
         allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
         if t.dtype not in allowed:
@@ -173,57 +191,154 @@ def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: t
         fail(op, name, out, "a contiguous tensor")
 
 
-def _span(t: torch.Tensor) -> tuple[int, int, int]:
-    """``(storage, first byte, one past the last byte)`` a tensor's elements can touch."""
-    if t.numel() == 0:
-        return t.untyped_storage().data_ptr(), 0, 0
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-    start = t.data_ptr() - sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if s < 0) * t.element_size()
-    return t.untyped_storage().data_ptr(), start, start + extent * t.element_size()
+# ---------------------------------------------------------------------------------------
+# memory overlap: decided by addresses, never by storage objects (two storages can share
+# memory: ``torch.from_numpy`` of overlapping slices of one array)
+# ---------------------------------------------------------------------------------------
+
+#: Runs (contiguous pieces of a tensor) up to which an overlap that no closed form decides is
+#: settled by listing every run's address; past it the byte ranges decide (a refusal, on the
+#: safe side).
+ENUMERATE_RUNS = 1 << 16
+
+
+def _layout(t: torch.Tensor) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """``(first byte, run bytes, ((size, byte stride), ...))``: a non-empty tensor's elements
+    as runs of ``run`` contiguous bytes starting at ``first + sum_k i_k * stride_k``, ``0 <=
+    i_k < size_k`` (the outer dims by increasing stride, size-1 dims dropped, a dim that
+    continues the run or the previous dim merged into it). torch strides are never negative."""
+    e = t.element_size()
+    run = e
+    outer: list[tuple[int, int]] = []
+    for n, s in sorted(((n, s * e) for n, s in zip(t.shape, t.stride()) if n != 1), key=lambda d: d[1]):
+        if not outer and s == run:
+            run = n * s
+        elif outer and s == outer[-1][0] * outer[-1][1]:
+            outer[-1] = (outer[-1][0] * n, outer[-1][1])
+        else:
+            outer.append((n, s))
+    return t.data_ptr(), run, tuple(outer)
+
+
+def _end(first: int, run: int, outer) -> int:
+    return first + run + sum((n - 1) * s for n, s in outer)
+
+
+def byte_range(t: torch.Tensor) -> tuple[int, int] | None:
+    """``[lo, hi)``: the bytes a tensor's elements occupy, from its first to past its last
+    (None when it has no element, or no memory: a meta tensor)."""
+    n = t.numel()
+    if n == 0 or t.is_meta:
+        return None
+    if t.is_contiguous():
+        return t.data_ptr(), t.data_ptr() + n * t.element_size()
+    first, run, outer = _layout(t)
+    return first, _end(first, run, outer)
+
+
+def _starts(first: int, outer) -> np.ndarray | None:
+    """Every run's first byte, sorted (None past :data:`ENUMERATE_RUNS` runs)."""
+    if math.prod(n for n, _ in outer) > ENUMERATE_RUNS:
+        return None
+    starts = np.array([first], dtype=np.int64)
+    for n, s in outer:
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
+    return np.sort(starts)
+
+
+def self_overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share a byte (an expanded view, an ``as_strided`` view
+    with repeated addresses): exact up to :data:`ENUMERATE_RUNS` runs, True past it unless
+    the strides prove the elements apart."""
+    if t.numel() <= 1 or t.is_contiguous():
+        return False
+    _, run, outer = _layout(t)
+    extent = run
+    for n, s in outer:
+        if s < extent:
+            break
+        extent += (n - 1) * s
+    else:
+        return False  # each dim steps past everything the smaller ones cover
+    starts = _starts(0, outer)
+    return starts is None or bool((np.diff(starts) < run).any())
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors may share an element (same storage, intersecting byte spans): an
-    op reads its inputs while it writes its outputs, so an aliased ``out=`` gives wrong rows
-    or a half-written input."""
-    if a.device != b.device:
+    """Whether two tensors may share a byte of memory (an op reads its inputs while it writes
+    its outputs, so an aliased ``out=`` gives wrong rows or a half-written input). Decided by
+    addresses: disjoint byte ranges never overlap; two layouts of one period (column slices of
+    one buffer, say) and layouts of up to :data:`ENUMERATE_RUNS` runs are decided exactly;
+    anything else whose byte ranges intersect counts as overlapping."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
         return False
-    sa, a0, a1 = _span(a)
-    sb, b0, b1 = _span(b)
-    return sa == sb and a0 < b1 and b0 < a1
+    fa, ra, oa = _layout(a)
+    fb, rb, ob = _layout(b)
+    if _end(fa, ra, oa) <= fb or _end(fb, rb, ob) <= fa:
+        return False
+    # a dim of stride 0 repeats addresses: the set of bytes is the same without it
+    oa = tuple(d for d in oa if d[1])
+    ob = tuple(d for d in ob if d[1])
+    if len(oa) <= 1 and len(ob) <= 1 and (not oa or not ob or oa[0][1] == ob[0][1]):
+        period = (oa or ob or ((1, 1),))[0][1]
+        na, nb = (oa[0][0] if oa else 1), (ob[0][0] if ob else 1)
+        # run i of a and run j of b meet iff (fb - fa) + (j - i) * period lies in (-rb, ra)
+        d = fb - fa
+        k_lo = max((-rb - d) // period + 1, -(na - 1))
+        k_hi = min(-((d - ra) // period) - 1, nb - 1)
+        return k_lo <= k_hi
+    sa, sb = _starts(fa, oa), _starts(fb, ob)
+    if sa is None or sb is None:
+        return True
+    # a start x of a meets a run [y, y + rb) of b iff y - ra < x < y + rb
+    hits = np.searchsorted(sa, sb + rb, side="left") - np.searchsorted(sa, sb - ra, side="right")
+    return bool((hits > 0).any())
 
 
-# ---------------------------------------------------------------------------------------
-# value checks (read device values; skipped while capturing a graph)
-# ---------------------------------------------------------------------------------------
+def _tensors(name: str, value, depth: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every tensor an argument holds: itself, or inside a tuple, list,
+    dict or dataclass (a ``ReplayPlan``'s host tensors and the device copies it caches)."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if value is None or isinstance(value, (int, float, str, bool)) or depth > 4:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in _tensors(f"{name}[{i}]", v, depth + 1)]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in _tensors(f"{name}[{k!r}]", v, depth + 1)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [item for f in dataclasses.fields(value)
+                for item in _tensors(f"{name}.{f.name}", getattr(value, f.name, None), depth + 1)]
+    return []
 
 
 def check_writes(op: str, signature, args: tuple, kwargs: dict, mutates: Sequence[str] = ()) -> None:
-    """Every buffer a call writes (``out=``: a tensor, tuple or dict of them; the arguments
-    named in ``mutates``) shares no memory with an input or with another written buffer.
-    Checked before anything is written; no device work."""
-    bound = signature.bind(*args, **kwargs).arguments
-    written = _flatten("out", bound.get("out"))
+    """Every buffer a call writes (every tensor of ``out=``: a tensor, or a tuple or dict of
+    them, nested; the arguments named in ``mutates``) has no element that overlaps another of
+    its own, and shares no byte of memory with an input (the tensors of every other argument,
+    a plan's included) or with another written buffer. Checked before anything is written;
+    no device work."""
+    bound = dict(zip(signature.parameters, args), **kwargs)  # (the validator has bound the same call)
+    written = _tensors("out", bound.get("out"))
     for name in mutates:
-        written += _flatten(name, bound.get(name))
-    inputs = [(n, v) for n, v in bound.items() if n != "out" and n not in mutates]
+        written += _tensors(name, bound.get(name))
+    inputs = [item for n, v in bound.items() if n != "out" and n not in mutates for item in _tensors(n, v)]
+    ranges = {id(t): byte_range(t) for _, t in (*written, *inputs)}
+
+    def meet(x: torch.Tensor, y: torch.Tensor) -> bool:
+        rx, ry = ranges[id(x)], ranges[id(y)]
+        return rx is not None and ry is not None and rx[0] < ry[1] and ry[0] < rx[1] and overlaps(x, y)
+
     for i, (wname, w) in enumerate(written):
+        if self_overlaps(w):
+            fail(op, wname, w, "a buffer whose elements do not overlap each other (an expanded or as_strided "
+                               f"view with repeated addresses; strides {tuple(w.stride())})")
         for iname, x in inputs:
-            if isinstance(x, torch.Tensor) and overlaps(w, x):
+            if meet(w, x):
                 fail(op, wname, w, f"a buffer that shares no memory with the input {iname!r}")
         for oname, o in written[:i]:
-            if overlaps(w, o):
+            if meet(w, o):
                 fail(op, wname, w, f"a buffer that shares no memory with {oname!r}")
-
-
-def _flatten(name: str, value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [(name, value)]
-    if isinstance(value, (tuple, list)):
-        return [item for i, v in enumerate(value) for item in _flatten(f"{name}[{i}]", v)]
-    if isinstance(value, dict):
-        return [item for k, v in value.items() for item in _flatten(f"{name}[{k!r}]", v)]
-    return []
 
 
 def checks_writes(fn):
@@ -244,49 +359,265 @@ def checks_writes(fn):
     return wrapper
 
 
+# ---------------------------------------------------------------------------------------
+# value checks: registered while a call validates, read with one device->host transfer
+# ---------------------------------------------------------------------------------------
+
+#: A device tensor a range or finiteness check reads whole when it is at most this many bytes;
+#: a larger one is reduced on the device (one min/max) and only the reduction travels.
+RAW_BYTES = 4096
+
+
+def readable(op: str, name: str, t: torch.Tensor) -> None:
+    """A tensor whose values a value check reads: a meta tensor has none (trace shapes with
+    validation off, or through the custom ops' fake kernels)."""
+    if t.is_meta:
+        fail(op, name, t, "a tensor with values (validation reads them; a meta tensor has none)")
+
+
+def defer(op: str, reads: Sequence[tuple[str, torch.Tensor]], test: Callable[..., None]) -> None:
+    """A value check: ``test(*values)`` runs on the host, ``values`` the numpy copies of the
+    tensors of ``reads`` (``(argument name, tensor)``; a reduction made on the device is named
+    after its argument). Inside :func:`one_read` every check of the call is read by one
+    transfer at its end; outside, now."""
+    for name, t in reads:
+        readable(op, name, t)
+    tensors = [t for _, t in reads]
+    label = getattr(_state, "label", None)
+    if label is not None:
+        test = _labelled_test(test, *label)
+    pending = getattr(_state, "pending", None)
+    if pending is None:
+        test(*to_host(tensors))
+    else:
+        pending.append((tensors, test))
+
+
+def checked_before(op: str, *key) -> bool:
+    """Whether this call's validation (one :func:`one_read` block) has registered the check
+    ``key`` for ``op`` already (and registers it): an op validated by its parts' validators
+    (``prepare_replay_step``) asks for some checks twice with the same tensors. Always False
+    outside a block. ``key``: the check's name, its tensors (by identity) and parameters."""
+    seen = getattr(_state, "seen", None)
+    if seen is None:
+        return False
+    label = getattr(_state, "label", None)
+    full = (label[0] if label is not None else op, *(id(k) if isinstance(k, torch.Tensor) else k for k in key))
+    if full in seen:
+        return True
+    seen.add(full)
+    return False
+
+
+class _OneRead:
+    __slots__ = ("outer",)
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_state, "pending", None) is None
+        if self.outer:
+            _state.pending, _state.capturing, _state.seen = [], _capturing(), set()
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if not self.outer:
+            return False
+        pending = _state.pending
+        _state.pending = _state.capturing = _state.seen = None
+        if exc is None:
+            _run(pending)
+        elif isinstance(exc, Exception):
+            try:
+                _run(pending)  # an earlier check's error comes first (this one as its context)
+            except ValueError:
+                raise
+            except Exception:  # the checks could not be read (a broken device): the first failure stands
+                pass
+        return False
+
+
+def one_read() -> _OneRead:
+    """``with one_read():`` collects the value checks (:func:`defer`) run inside and reads their
+    values with one device->host transfer when the block ends; a test that fails raises its
+    ``ValueError`` then. An exception inside the block first lets the checks registered before
+    it run (an earlier argument's error comes first, as when each check read at once). Nested
+    blocks collect into the outermost."""
+    return _OneRead()
+
+
+@contextlib.contextmanager
+def labelled(op: str, parts: Sequence[str]) -> Iterator[None]:
+    """Errors of the ops ``parts`` raised inside, at once or by a value check read later, name
+    ``op`` instead (an op validated by its parts' validators)."""
+    previous = getattr(_state, "label", None)
+    _state.label = (op, tuple(parts))
+    try:
+        yield
+    except ValueError as exc:
+        new = _relabel(exc, op, parts)
+        if new is exc:
+            raise
+        raise new from exc
+    finally:
+        _state.label = previous
+
+
+def _relabel(exc: ValueError, op: str, parts: Sequence[str]) -> ValueError:
+    msg = str(exc)
+    for part in parts:
+        if msg.startswith(part + ": "):
+            return ValueError(f"{op}: {msg[len(part) + 2:]}")
+    return exc
+
+
+def _labelled_test(test: Callable[..., None], op: str, parts: tuple[str, ...]) -> Callable[..., None]:
+    def run(*values):
+        try:
+            test(*values)
+        except ValueError as exc:
+            new = _relabel(exc, op, parts)
+            if new is exc:
+                raise
+            raise new from exc
+
+    return run
+
+
+def _run(pending: list) -> None:
+    if not pending:
+        return
+    values = to_host([t for tensors, _ in pending for t in tensors])
+    i = 0
+    for tensors, test in pending:
+        test(*values[i:i + len(tensors)])
+        i += len(tensors)
+
+
+def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """numpy copies of ``tensors`` (views of CPU tensors), the device ones read by one transfer
+    per device: their bytes joined on the device, copied once, split on the host."""
+    out: list = [None] * len(tensors)
+    by_device: dict = {}
+    for i, t in enumerate(tensors):
+        if t.requires_grad:
+            t = t.detach()
+        if t.dtype not in _NUMPY:
+            t = t.float()  # bf16, fp8: no numpy dtype
+        if t.is_cpu:
+            out[i] = t.resolve_conj().resolve_neg().numpy() if t.is_conj() or t.is_neg() else t.numpy()
+        else:
+            by_device.setdefault(t.device, []).append((i, t))
+    for items in by_device.values():
+        flat = []
+        for _, t in items:
+            f = t.reshape(-1)
+            if f.numel() and f.stride(0) != 1:
+                f = f.clone(memory_format=torch.contiguous_format)
+            flat.append(f.view(torch.uint8))
+        host = (flat[0] if len(flat) == 1 else torch.cat(flat)).cpu().numpy()
+        at = 0
+        for (i, t), f in zip(items, flat):
+            n = f.numel()
+            out[i] = host[at:at + n].view(_NUMPY[t.dtype]).reshape(t.shape)
+            at += n
+    return out
+
+
+_NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+          torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16, torch.float32: np.float32,
+          torch.float64: np.float64, torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}
+
+
+def first_true(mask: np.ndarray) -> int:
+    """Index of the first True of a flat mask (a test calls it only after finding one)."""
+    return int(np.argmax(mask))
+
+
+def reads_whole(t: torch.Tensor) -> bool:
+    """Whether a value check reads ``t`` whole (on the host already, or at most
+    :data:`RAW_BYTES`) rather than a reduction of it made on the device."""
+    return t.is_cpu or t.numel() * t.element_size() <= RAW_BYTES
+
+
 def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc",
                           from_zero: bool = True) -> None:
     """``qsl[0] == 0`` (``>= 0`` with ``from_zero=False``: ops that read only query lengths
     take a slice of a batch's requests), non-decreasing, and ``qsl[-1] <= num_tokens`` when
-    it is known."""
+    it is known. Read whole (one entry per request)."""
     if not value_checks_enabled() or qsl.numel() == 0:
         return
-    values = qsl.detach().to("cpu", torch.int64)
-    if from_zero and int(values[0]) != 0:
-        fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
-    if not from_zero and int(values[0]) < 0:
-        fail(op, name, values.tolist()[:8], "query_start_loc[0] >= 0")
-    steps = values[1:] - values[:-1]
-    if bool((steps < 0).any()):
-        bad = int(torch.nonzero(steps < 0)[0])
-        fail(op, name, values.tolist()[:16], f"non-decreasing values (index {bad + 1} decreases)")
-    if num_tokens is not None and int(values[-1]) > num_tokens:
-        fail(op, name, int(values[-1]), f"query_start_loc[-1] <= {num_tokens} (the number of tokens)")
+
+    def test(values: np.ndarray) -> None:
+        values = values.astype(np.int64)
+        if from_zero and int(values[0]) != 0:
+            fail(op, name, values.tolist()[:8], "query_start_loc[0] == 0")
+        if not from_zero and int(values[0]) < 0:
+            fail(op, name, values.tolist()[:8], "query_start_loc[0] >= 0")
+        down = np.flatnonzero(np.diff(values) < 0)
+        if down.size:
+            fail(op, name, values.tolist()[:16], f"non-decreasing values (index {int(down[0]) + 1} decreases)")
+        if num_tokens is not None and int(values[-1]) > num_tokens:
+            fail(op, name, int(values[-1]), f"query_start_loc[-1] <= {num_tokens} (the number of tokens)")
+
+    defer(op, ((name, qsl),), test)
 
 
 def check_finite(op: str, name: str, t: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
-    """No NaN and no +inf (and no -inf unless allowed) in a floating tensor."""
+    """No NaN and no +inf (and no -inf unless allowed) in a floating tensor: one min/max
+    (NaN propagates through both)."""
     if not value_checks_enabled() or t.numel() == 0:
         return
-    bad = torch.isnan(t) | (t == float("inf"))
-    if not allow_neg_inf:
-        bad |= t == float("-inf")
-    if bool(bad.any()):
-        first = float(t.reshape(-1)[torch.nonzero(bad.reshape(-1))[0]])
-        fail(op, name, first, "finite values" + (" (or -inf)" if allow_neg_inf else ""))
+    readable(op, name, t)
+
+    def bad(lo, hi) -> bool:
+        return bool(np.isnan(hi) or hi == np.inf or not allow_neg_inf and lo == -np.inf)
+
+    def explain(values: np.ndarray) -> None:
+        v = values.reshape(-1)
+        wrong = np.isnan(v) | (v == np.inf)
+        if not allow_neg_inf:
+            wrong |= v == -np.inf
+        fail(op, name, float(v[first_true(wrong)]), "finite values" + (" (or -inf)" if allow_neg_inf else ""))
+
+    _min_max(op, name, t, bad, explain)
 
 
 def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | None, allow_pad: bool = False) -> None:
-    """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed."""
+    """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed: one
+    min/max (with ``low`` 0, PAD is the one allowed value below the range)."""
     if not value_checks_enabled() or t.numel() == 0:
         return
-    v = t.detach().to(torch.int64)
-    bad = v < low
-    if high is not None:
-        bad |= v >= high
+    readable(op, name, t)
+    floor = low
     if allow_pad:
-        bad &= v != -1
-    if bool(bad.any()):
-        first = int(v.reshape(-1)[torch.nonzero(bad.reshape(-1))[0]])
+        if low == 0:
+            floor = -1
+        else:
+            t = torch.where(t == -1, low, t)
+
+    def bad(lo, hi) -> bool:
+        return int(lo) < floor or high is not None and int(hi) >= high
+
+    _min_max(op, name, t, bad, lambda values: host_range(op, name, values, low=low, high=high, allow_pad=allow_pad))
+
+
+def host_range(op: str, name: str, values: np.ndarray, *, low: int, high: int | None, allow_pad: bool = False) -> None:
+    """:func:`check_range` on values already on the host."""
+    v = values.reshape(-1).astype(np.int64)
+    wrong = v < low
+    if high is not None:
+        wrong |= v >= high
+    if allow_pad:
+        wrong &= v != -1
+    if wrong.any():
         span = f"[{low}, {high})" if high is not None else f">= {low}"
-        fail(op, name, first, f"values in {span}" + (" or PAD (-1)" if allow_pad else ""))
+        fail(op, name, int(v[first_true(wrong)]), f"values in {span}" + (" or PAD (-1)" if allow_pad else ""))
+
+
+def _min_max(op: str, name: str, t: torch.Tensor, bad: Callable, explain: Callable[[np.ndarray], None]) -> None:
+    """``bad(min, max)`` decides; ``explain(values)`` raises (on the host copy of ``t``). A small
+    tensor travels whole, a large one as its min and max (read again whole only to explain)."""
+    if reads_whole(t):
+        defer(op, ((name, t),), lambda v: explain(v) if bad(np.minimum.reduce(v, axis=None),
+                                                           np.maximum.reduce(v, axis=None)) else None)
+        return
+    lo, hi = torch.aminmax(t.detach())
+    defer(op, ((name, lo), (name, hi)), lambda lo, hi: explain(to_host([t])[0]) if bad(lo, hi) else None)

@@ -78,13 +78,18 @@ def _launch(src, dst, idx, n, scatter: bool) -> None:
     _K(key, grid, src, dst, idx, n, row, _WORDS[word], scatter, r_tile, block_c)
 
 
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a lazy conjugate / negative bit applied in memory (the kernel moves bytes)."""
+    return t.resolve_conj().resolve_neg()
+
+
 def gather_rows(x, rows, *, out=None) -> torch.Tensor:
     """``out[i] = x[rows[i]]`` for any trailing shape and dtype. One launch."""
     n = rows.shape[0]
     if out is None:
         out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     if n and x.shape[0]:
-        _launch(contiguous(x), out, contiguous(rows), n, False)
+        _launch(contiguous(_values(x)), out, contiguous(rows), n, False)
     return out
 
 
@@ -98,5 +103,5 @@ def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
         out.zero_()
     n = rows.shape[0]
     if n and num_rows:
-        _launch(contiguous(y), out, contiguous(rows), n, True)
+        _launch(contiguous(_values(y)), out, contiguous(rows), n, True)
     return out

@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-from ..validation import check_writes
+from ..validation import check_writes, one_read
 from ._results import Results
 
 from . import (
@@ -58,14 +58,28 @@ class OpSpec:
         return inspect.signature(self.reference)
 
     def check_writes(self, args: tuple, kwargs: dict) -> None:
-        """Every buffer the op writes shares no memory with an input (see :func:`check_writes`)."""
+        """Every buffer the op writes (``out=`` entries, ``mutates``) overlaps neither itself nor an
+        input (a plan's tensors included) nor another written buffer, by address (see
+        :func:`check_writes`)."""
         check_writes(self.name, self.signature, args, kwargs, self.mutates)
+
+
+def _one_read(validate: Callable) -> Callable:
+    """``validate`` whose value checks are read with one device->host transfer at its end (an
+    enclosing :func:`one_read` block, the dispatcher's, reads them later still)."""
+
+    @functools.wraps(validate)
+    def run(*args, **kwargs) -> None:
+        with one_read():
+            validate(*args, **kwargs)
+
+    return run
 
 
 def _spec(module, name=None, validate=None, reference=None, results=None, mutates=()) -> OpSpec:
     name = name or module.NAME
     ref = reference or module.reference
-    return OpSpec(name, validate or module.validate, ref, (ref.__doc__ or "").strip().split("\n")[0],
+    return OpSpec(name, _one_read(validate or module.validate), ref, (ref.__doc__ or "").strip().split("\n")[0],
                   results or module.RESULTS, tuple(mutates))
 
 

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, SLOT_DTYPE
 from ..validation import (
     INT32_MAX,
+    first_true,
     check_int,
     check_query_start_loc,
     check_range,
     check_tensor,
+    checked_before,
+    defer,
     fail,
+    host_range,
+    readable,
+    reads_whole,
+    to_host,
     value_checks_enabled,
 )
 
@@ -55,16 +63,23 @@ def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, n
     if replay_start is not None:
         check_tensor(op, "replay_start", replay_start, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
     check_query_start_loc(op, query_start_loc, num_tokens=num_tokens, from_zero=from_zero)
-    if value_checks_enabled() and B > 0:
-        if seq_lens is not None:
-            q = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
-            short = seq_lens.to(torch.int64) < q
-            if bool(short.any()):
-                i = int(torch.nonzero(short)[0])
-                fail(op, "seq_lens", f"seq_lens[{i}]={int(seq_lens[i])}", f">= the query length {int(q[i])} of request {i}")
-            check_range(op, "seq_lens", seq_lens, low=0, high=MAX_POSITION + 1)
-        if replay_start is not None:
-            check_range(op, "replay_start", replay_start, low=0, high=MAX_POSITION + 1)
+    if value_checks_enabled() and B > 0 and (seq_lens is not None or replay_start is not None):
+        reads = [("query_start_loc", query_start_loc)]
+        reads += [("seq_lens", seq_lens)] if seq_lens is not None else []
+        reads += [("replay_start", replay_start)] if replay_start is not None else []
+
+        def test(qsl: np.ndarray, *rest: np.ndarray) -> None:
+            if seq_lens is not None:
+                seq, q = rest[0].astype(np.int64), np.diff(qsl.astype(np.int64))
+                short = seq < q
+                if short.any():
+                    i = first_true(short)
+                    fail(op, "seq_lens", f"seq_lens[{i}]={int(seq[i])}", f">= the query length {int(q[i])} of request {i}")
+                host_range(op, "seq_lens", seq, low=0, high=MAX_POSITION + 1)
+            if replay_start is not None:
+                host_range(op, "replay_start", rest[-1], low=0, high=MAX_POSITION + 1)
+
+        defer(op, reads, test)
     return B
 
 
@@ -85,29 +100,51 @@ def check_block_table(op: str, block_table, B: int, device) -> None:
         fail(op, "block_table", block_table, f"at least {B} rows (one per request)")
 
 
-def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *, slots_per_block: int | None = None) -> None:
+def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *, slots_per_block: int | None = None,
+                             name: str = "block_table") -> None:
     """Every position a request may read (``< seq_len``) has a column in the block table, and
     every entry such a position reads is a block id ``>= 0`` whose slots fit in int32:
     ``entry * slots_per_block + slots_per_block - 1 <= INT32_MAX`` (``slots_per_block``:
     ``block_size``, or ``block_size // ratio`` for a compressed cache). Entries no position
-    reads (past a request's length, rows past B) are not looked at."""
-    if not value_checks_enabled() or seq_lens.numel() == 0:
-        return
-    need = int(((seq_lens.to(torch.int64).max() + block_size - 1) // block_size).item())
-    if need > block_table.shape[1]:
-        fail(op, "block_table", block_table, f"at least {need} columns to cover seq_len {int(seq_lens.max())} with block_size {block_size}")
-    if need == 0:
-        return
-    B = seq_lens.shape[0]
-    used = torch.arange(need, device=block_table.device)[None, :] < \
-        ((seq_lens.to(torch.int64) + block_size - 1) // block_size)[:, None]
-    entries = block_table[:B, :need].to(torch.int64)
+    reads (past a request's length, rows past B) are not looked at. A large table travels as
+    the min and max of the entries read. ``name``: the table's argument, for the errors."""
     spb = block_size if slots_per_block is None else slots_per_block
-    bad = used & ((entries < 0) | (entries * spb + spb - 1 > INT32_MAX))
-    if bool(bad.any()):
-        b, c = (int(x) for x in torch.nonzero(bad)[0])
-        fail(op, "block_table", f"block_table[{b}, {c}]={int(entries[b, c])}",
-             f"a block id >= 0 whose slots fit in int32 (id * {spb} + {spb - 1} <= {INT32_MAX})")
+    if (not value_checks_enabled() or seq_lens.numel() == 0
+            or checked_before(op, "covers", block_table, seq_lens, block_size, spb)):
+        return
+    B, cols = seq_lens.shape[0], block_table.shape[1]
+    top = (INT32_MAX - spb + 1) // spb  # the largest block id whose slots fit
+    table = block_table[:B]
+    readable(op, name, table)
+    small = reads_whole(table)
+    if small:
+        reads = ((name, table),)
+    else:
+        # column c holds positions [c * block_size, ...): read by a request when c * block_size < seq_len
+        used = torch.arange(0, cols * block_size, block_size, device=table.device)[None, :] < seq_lens[:, None]
+        lo, hi = torch.aminmax(torch.where(used, table, 0))
+        reads = ((name, lo), (name, hi))
+
+    def test(seq: np.ndarray, *table_values: np.ndarray) -> None:
+        need = (seq.astype(np.int64) + block_size - 1) // block_size
+        if int(need.max()) > cols:
+            fail(op, name, block_table, f"at least {int(need.max())} columns to cover seq_len {int(seq.max())} "
+                                        f"with block_size {block_size}")
+        if int(need.max()) <= 0:
+            return
+        if not small:
+            lo, hi = table_values
+            if int(lo) >= 0 and int(hi) <= top:
+                return
+            table_values = (to_host([table])[0],)
+        entries = table_values[0].astype(np.int64)
+        bad = (np.arange(cols)[None, :] < need[:, None]) & ((entries < 0) | (entries > top))
+        if bad.any():
+            b, c = divmod(first_true(bad.reshape(-1)), cols)
+            fail(op, name, f"{name}[{b}, {c}]={int(entries[b, c])}",
+                 f"a block id >= 0 whose slots fit in int32 (id * {spb} + {spb - 1} <= {INT32_MAX})")
+
+    defer(op, (("seq_lens", seq_lens), *reads), test)
 
 
 def check_slot_mappings(op: str, slot_mappings, device, num_tokens: int) -> int:

@@ -7,10 +7,11 @@ chunk's ``gather_start = seq_len - gather_len`` (see ``prefill_gather_lens``).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
-from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
+from ..validation import check_int, check_out, check_tensor, defer, fail, value_checks_enabled
 from ._batch import live_replay_start, token_view
 from ._checks import check_batch, check_extents, check_window
 from .prefill_gather_lens import reference as _gather_lens
@@ -49,9 +50,16 @@ def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, to
         check_out(NAME, "out[0]", out[0], shape=(T, combined_width(top_k, W)), dtype=INDEX_DTYPE, device=dev)
         check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
     if value_checks_enabled() and B > 0:
-        need = int(_gather_lens(query_start_loc, seq_lens, replay_start, W).max()) + window_offset
-        if need > slab_stride:
-            fail(NAME, "slab_stride", slab_stride, f">= window_offset + the largest gather length = {need}")
+        def test(qsl, seq, R):  # prefill_gather_lens on the host copies (a stale R counts as 0)
+            q = np.diff(qsl.astype(np.int64))
+            prefix, R = seq.astype(np.int64) - q, R.astype(np.int64)
+            lens = q + np.clip(prefix - np.where(R <= prefix, R, 0), 0, W - 1)
+            need = int(lens.max()) + window_offset
+            if need > slab_stride:
+                fail(NAME, "slab_stride", slab_stride, f">= window_offset + the largest gather length = {need}")
+
+        defer(NAME, (("query_start_loc", query_start_loc), ("seq_lens", seq_lens), ("replay_start", replay_start)),
+              test)
 
 
 def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,

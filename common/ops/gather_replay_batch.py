@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
-from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
+from ..validation import check_int, check_out, check_tensor, defer, fail, first_true, value_checks_enabled
 from ._batch import live_replay_start
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
 from ._results import Results
@@ -79,34 +80,39 @@ def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> N
         check_tensor(op, "plan.prefilling", plan.prefilling, dtypes=torch.bool, shape=(B,), device=plan.kept.device)
     if not value_checks_enabled() or B == 0:
         return
-    kept_host = plan.kept.to("cpu", torch.int64)
-    dropped = plan.dropped_before.to("cpu", torch.int64)
+    reads = [("query_start_loc", query_start_loc), ("plan.kept", plan.kept),
+             ("plan.dropped_before", plan.dropped_before), ("plan.trimmed", plan.trimmed)]
+    reads += [("plan.prefilling", plan.prefilling)] if plan.prefilling is not None else []
+    defer(op, reads, lambda *values: _check_plan_values(op, plan, *values))
+
+
+def _check_plan_values(op: str, plan: ReplayPlan, qsl, kept_host, dropped, trimmed, prefilling=None) -> None:
+    """:func:`check_plan`'s value part, on the host copies (read with the call's other checks)."""
+    kept_host, dropped = kept_host.astype(np.int64), dropped.astype(np.int64)
     inside = dropped[1:] - dropped[:-1]  # rows the plan drops inside each request: q - kept
-    if bool((kept_host < 0).any()) or int(kept_host.sum()) != plan.num_rows or bool((inside < 0).any()) \
-            or int(dropped[0]) != 0:
+    if (kept_host < 0).any() or int(kept_host.sum()) != plan.num_rows or (inside < 0).any() or int(dropped[0]) != 0:
         fail(op, "plan", f"kept={kept_host.tolist()[:16]}, dropped_before={dropped.tolist()[:16]}",
              f"kept >= 0 adding up to plan.num_rows={plan.num_rows} and dropped_before non-decreasing from 0 "
              "(a plan from plan_replay_batch or ReplayPlan.from_kept)")
-    qsl = query_start_loc.detach().to("cpu", torch.int64)
+    qsl = qsl.astype(np.int64)
     out_qsl = qsl - dropped
     kept = out_qsl[1:] - out_qsl[:-1]
     q = qsl[1:] - qsl[:-1]
     q_plan = kept_host + inside  # the query lengths the plan was made for (host)
-    fixed = plan.trimmed.to("cpu") if plan.prefilling is None else plan.trimmed.to("cpu") | plan.prefilling.to("cpu")
+    fixed = trimmed if prefilling is None else trimmed | prefilling
     bad = (kept < 0) | (kept > q) | (fixed & (q != q_plan))
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        what = "a trimmed request" if bool(plan.trimmed[i]) else ("a prefill" if bool(fixed[i]) else "a request")
+    if bad.any():
+        i = first_true(bad)
+        what = "a trimmed request" if bool(trimmed[i]) else ("a prefill" if bool(fixed[i]) else "a request")
         fail(op, "plan", f"request {i} ({what}) has {int(q[i])} rows on the device, the plan was made for {int(q_plan[i])}",
              "a plan made from this batch's query_start_loc (plan_replay_batch): only decodes may differ "
              "between the host and the device (adaptive verification), and keep all their rows")
     if int(out_qsl[-1]) > plan.num_rows_padded:
-        fail(op, "query_start_loc", f"query_start_loc[{B}]={int(qsl[-1])}",
+        fail(op, "query_start_loc", f"query_start_loc[{qsl.shape[0] - 1}]={int(qsl[-1])}",
              f"at most {plan.num_rows_padded + int(dropped[-1])}: the kept rows ({int(out_qsl[-1])}) must fit "
              f"the sub-batch's {plan.num_rows_padded} rows")
-    trimmed = plan.trimmed.to("cpu")
-    if not torch.equal(trimmed, kept < q):
-        i = int(torch.nonzero(trimmed != (kept < q))[0])
+    if not np.array_equal(trimmed, kept < q):
+        i = first_true(trimmed != (kept < q))
         fail(op, "plan.trimmed", f"plan.trimmed[{i}]={bool(trimmed[i])}",
              f"kept < q per request (request {i} keeps {int(kept[i])} of {int(q[i])} rows)")
 

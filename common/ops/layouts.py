@@ -29,13 +29,27 @@ has fixed output shapes, no host synchronisation of its own, and takes ``out=``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ._batch import nonempty_table
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ..types import INDEX_DTYPE, PAD
-from ..validation import check_int, check_out, check_range, check_tensor, checks_writes, fail, value_checks_enabled
+from ..validation import (
+    check_int,
+    check_out,
+    check_range,
+    check_tensor,
+    checks_writes,
+    defer,
+    fail,
+    first_true,
+    host_range,
+    one_read,
+    to_host,
+    value_checks_enabled,
+)
 
 __all__ = ["combined_to_plain", "combined_workspace_rows", "compact_indices", "compact_rows", "csr_to_plain",
            "mixed_to_plain", "valid_mask"]
@@ -131,11 +145,12 @@ def combined_to_plain(indices, lens, workspace_rows, *, out=None) -> tuple[torch
     dev = indices.device
     check_tensor(op, "workspace_rows", workspace_rows, dtypes=(torch.int32, torch.int64), ndim=1, device=dev)
     _check_out_pair(op, out, T, K, dev)
-    check_range(op, "lens", lens, low=0, high=K + 1)
-    if value_checks_enabled() and T and K:
-        read = torch.where(valid_mask(indices, lens), indices, PAD)
-        check_range(op, "indices", read, low=0, high=workspace_rows.shape[0], allow_pad=True)
-        check_range(op, "workspace_rows", workspace_rows, low=0, high=_INT32_MAX + 1, allow_pad=True)
+    with one_read():
+        check_range(op, "lens", lens, low=0, high=K + 1)
+        if value_checks_enabled() and T and K:
+            read = torch.where(valid_mask(indices, lens), indices, PAD)
+            check_range(op, "indices", read, low=0, high=workspace_rows.shape[0], allow_pad=True)
+            check_range(op, "workspace_rows", workspace_rows, low=0, high=_INT32_MAX + 1, allow_pad=True)
     keep = valid_mask(indices, lens)
     if workspace_rows.shape[0] == 0:
         rows = torch.full((T, K), PAD, dtype=torch.int64, device=dev)
@@ -171,6 +186,19 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
     check_int(op, "ratio", ratio, min_value=0, max_value=block_size, why="block_size")
     check_int(op, "window_base", window_base, min_value=0)
     check_int(op, "compressed_base", compressed_base, min_value=0)
+    with one_read():  # every value check below, and the rows' range, read at once before out= is written
+        rows = _workspace_rows(op, query_start_loc, seq_lens, replay_start, W, slab_stride, window_offset,
+                               block_table, block_size, compressed_block_table, ratio, window_base, compressed_base,
+                               out, dev)
+    rows = rows.reshape(-1).to(INDEX_DTYPE)
+    if out is None:
+        return rows
+    return out.copy_(rows)
+
+
+def _workspace_rows(op, query_start_loc, seq_lens, replay_start, W, slab_stride, window_offset, block_table, block_size,
+                    compressed_block_table, ratio, window_base, compressed_base, out, dev) -> torch.Tensor:
+    """:func:`combined_workspace_rows`' checks and rows (int64 ``[B, M]``), before anything is written."""
     B = check_batch(op, query_start_loc, seq_lens, replay_start)
     check_block_table(op, block_table, B, dev)
     if ratio > 0:
@@ -185,12 +213,21 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
         check_out(op, "out", out, shape=(B * slab_stride,), dtype=INDEX_DTYPE, device=dev)
     check_block_table_covers(op, block_table, seq_lens, block_size)
     if ratio > 0 and value_checks_enabled() and B:
+        def test(seq):
+            bs_c = block_size // ratio
+            need = int(((seq.astype(np.int64) // ratio).max() + bs_c - 1) // bs_c)
+            if compressed_block_table.shape[1] < need:
+                fail(op, "compressed_block_table", compressed_block_table,
+                     f"at least {need} columns (seq_len // ratio entries of {bs_c} per block)")
+
+        defer(op, (("seq_lens", seq_lens),), test)
+        # every compressed block id the slab reads (entries c < min(N, seq_len // ratio)) is >= 0
+        # and its slots fit in int32: a negative id would make rows that point before the
+        # compressed cache -- into the window cache when both share one kv tensor
         bs_c = block_size // ratio
-        need = int(((seq_lens.to(torch.int64) // ratio).max() + bs_c - 1) // bs_c)
-        if compressed_block_table.shape[1] < need:
-            fail(op, "compressed_block_table", compressed_block_table,
-                 f"at least {need} columns (seq_len // ratio entries of {bs_c} per block)")
-        _check_compressed_ids(op, compressed_block_table, seq_lens, window_offset, ratio, bs_c)
+        entries_read = torch.clamp(seq_lens.to(torch.int64) // ratio, max=window_offset)
+        check_block_table_covers(op, compressed_block_table, entries_read, bs_c, slots_per_block=bs_c,
+                                 name="compressed_block_table")
     M, N = slab_stride, window_offset
     col = torch.arange(M, device=dev, dtype=torch.int64)[None, :]
     seq = seq_lens.to(torch.int64)[:, None]
@@ -209,32 +246,14 @@ def combined_workspace_rows(query_start_loc, seq_lens, replay_start, W, slab_str
             in_cmp = (col < N) & (col < seq // ratio)
             cblk = ctable.gather(1, (col // bs_c).clamp(max=ctable.shape[1] - 1).expand(B, M))
             rows = torch.where(in_cmp, compressed_base + cblk * bs_c + col % bs_c, rows)
-    if value_checks_enabled() and B and bool((rows > _INT32_MAX).any()):
-        fail(op, "window_base, compressed_base", (window_base, compressed_base),
-             "bases with base + slot <= 2**31 - 1 (int32 rows)")
-    rows = rows.reshape(-1).to(INDEX_DTYPE)
-    if out is None:
-        return rows
-    return out.copy_(rows)
+    if value_checks_enabled() and B:
+        def fits(top):
+            if int(top) > _INT32_MAX:
+                fail(op, "window_base, compressed_base", (window_base, compressed_base),
+                     "bases with base + slot <= 2**31 - 1 (int32 rows)")
 
-
-def _check_compressed_ids(op: str, table, seq_lens, window_offset: int, ratio: int, bs_c: int) -> None:
-    """Every compressed block id the slab reads (entries ``c < min(N, seq_len // ratio)``) is
-    ``>= 0`` and its slots fit in int32: a negative id would make rows that point before the
-    compressed cache -- into the window cache when both share one ``kv`` tensor."""
-    entries_read = torch.clamp(seq_lens.to(torch.int64) // ratio, max=window_offset)
-    blocks = (entries_read + bs_c - 1) // bs_c
-    n = int(blocks.max()) if blocks.numel() else 0
-    if n == 0:
-        return
-    B = seq_lens.shape[0]
-    ids = table[:B, :n].to(torch.int64)
-    used = torch.arange(n, device=table.device)[None, :] < blocks[:, None]
-    bad = used & ((ids < 0) | (ids * bs_c + bs_c - 1 > _INT32_MAX))
-    if bool(bad.any()):
-        b, c = (int(x) for x in torch.nonzero(bad)[0])
-        fail(op, "compressed_block_table", f"compressed_block_table[{b}, {c}]={int(ids[b, c])}",
-             f"a block id >= 0 whose slots fit in int32 (id * {bs_c} + {bs_c - 1} <= {_INT32_MAX})")
+        defer(op, (("window_base, compressed_base", rows.max()),), fits)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,13 +280,18 @@ def mixed_to_plain(indices, lens, swa_width, *, window_offset=0, topk_offset=0, 
     if not isinstance(compact, bool):
         fail(op, "compact", compact, "a bool")
     _check_out_pair(op, out, T, K, indices.device)
-    check_range(op, "lens", lens, low=0, high=K + 1)
-    keep = valid_mask(indices, lens)
-    j = torch.arange(K, device=indices.device)[None, :]
-    shifted = indices.to(torch.int64) + torch.where(j < swa_width, window_offset, topk_offset)
-    if value_checks_enabled() and T and K and bool((torch.where(keep, shifted, 0) > _INT32_MAX).any()):
-        fail(op, "window_offset, topk_offset", (window_offset, topk_offset),
-             "offsets with offset + slot <= 2**31 - 1 (int32 rows)")
+    with one_read():
+        check_range(op, "lens", lens, low=0, high=K + 1)
+        keep = valid_mask(indices, lens)
+        j = torch.arange(K, device=indices.device)[None, :]
+        shifted = indices.to(torch.int64) + torch.where(j < swa_width, window_offset, topk_offset)
+        if value_checks_enabled() and T and K:
+            def fits(top):
+                if int(top) > _INT32_MAX:
+                    fail(op, "window_offset, topk_offset", (window_offset, topk_offset),
+                         "offsets with offset + slot <= 2**31 - 1 (int32 rows)")
+
+            defer(op, (("indices", torch.where(keep, shifted, 0).max()),), fits)
     if compact:
         packed, count = _compact(shifted, keep)
         return _finish(packed, count, out)
@@ -296,19 +320,29 @@ def csr_to_plain(indptr, values, width, *, out=None) -> tuple[torch.Tensor, torc
     start = indptr[:-1].to(torch.int64)
     count = indptr[1:].to(torch.int64) - start
     if value_checks_enabled() and T >= 0:
-        first = int(indptr[0])
-        if first != 0:
-            fail(op, "indptr", f"indptr[0]={first}", "0")
-        if T and bool((count < 0).any()):
-            t = int(torch.nonzero(count < 0)[0])
-            fail(op, "indptr", f"indptr[{t}:{t + 2}]={indptr[t:t + 2].tolist()}", "non-decreasing values")
-        if T and bool((count > width).any()):
-            t = int(torch.nonzero(count > width)[0])
-            fail(op, "width", width, f">= every row length (row {t} has {int(count[t])})")
-        end = int(indptr[-1])
-        if end > values.shape[0]:
-            fail(op, "indptr", f"indptr[-1]={end}", f"<= values.numel()={values.shape[0]}")
-        check_range(op, "values", values[:end], low=0, high=None, allow_pad=True)
+        # the values a row reads (below indptr[-1], known on the host only after the read)
+        live = torch.where(torch.arange(values.shape[0], device=dev) < indptr[-1], values, 0)
+        lowest = live.min() if values.numel() else indptr[:0]
+
+        def test(ptr, lo):
+            ptr = ptr.astype(np.int64)
+            first = int(ptr[0])
+            if first != 0:
+                fail(op, "indptr", f"indptr[0]={first}", "0")
+            n = np.diff(ptr)
+            if T and (n < 0).any():
+                t = first_true(n < 0)
+                fail(op, "indptr", f"indptr[{t}:{t + 2}]={ptr[t:t + 2].tolist()}", "non-decreasing values")
+            if T and (n > width).any():
+                t = first_true(n > width)
+                fail(op, "width", width, f">= every row length (row {t} has {int(n[t])})")
+            end = int(ptr[-1])
+            if end > values.shape[0]:
+                fail(op, "indptr", f"indptr[-1]={end}", f"<= values.numel()={values.shape[0]}")
+            if lo.size and int(lo) < -1:  # PAD is the one value allowed below 0
+                host_range(op, "values", to_host([values[:end]])[0], low=0, high=None, allow_pad=True)
+
+        defer(op, (("indptr", indptr), ("values", lowest)), test)
     j = torch.arange(width, device=dev, dtype=torch.int64)[None, :]
     inside = j < count[:, None]
     if values.shape[0] == 0 or width == 0:

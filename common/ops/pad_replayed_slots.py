@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
-from ..validation import check_range, check_tensor, fail, value_checks_enabled
+from ..validation import check_range, check_tensor, defer, fail, value_checks_enabled
 from ._batch import token_view
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
 from ._results import Results
@@ -27,9 +27,13 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
         fail(NAME, "any_replay", any_replay, "None or a bool (host knowledge that some R > 0)")
     check_range(NAME, "cacheable_groups", cacheable_groups, low=0, high=G)
     check_positions(NAME, positions)
-    if any_replay is False and value_checks_enabled() and bool((replay_start > 0).any()):
+    if any_replay is False and value_checks_enabled():
         # the switch only skips the launch; it may never skip a duty (cached KV would be rewritten)
-        fail(NAME, "any_replay", any_replay, "True or None when some replay_start > 0")
+        def test(R):
+            if (R > 0).any():
+                fail(NAME, "any_replay", any_replay, "True or None when some replay_start > 0")
+
+        defer(NAME, (("replay_start", replay_start),), test)
 
 
 def reference(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from ..types import INDEX_DTYPE, ReplayBatch, ReplayPlan
-from ..validation import check_int, check_tensor, fail, value_checks_enabled
+from ..validation import check_int, check_tensor, defer, fail, labelled, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
 from ._batch import stale_replay
 from ._results import Results
@@ -116,17 +116,11 @@ def validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_len
              prefill_from=None, gather_lens_from=None, valid_group=None, out=None) -> None:
     """The parts' own validators, in order, on the replay starts this call produces;
     their errors are re-labelled ``prepare_replay_step: <argument>=...: expected ...``."""
-    try:
+    with labelled(NAME, _PARTS):  # (also the errors of their value checks, read after this returns)
         _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
                   cacheable_groups, block_table, block_size, W, Wr, index_width=index_width, plan=plan,
                   any_replay=any_replay, prefill_from=prefill_from, gather_lens_from=gather_lens_from,
                   valid_group=valid_group, out=out)
-    except ValueError as exc:
-        msg = str(exc)
-        for op in _PARTS:
-            if msg.startswith(op + ": "):
-                raise ValueError(f"{NAME}: {msg[len(op) + 2:]}") from exc
-        raise
 
 
 _PARTS = (batch_replay_start.NAME, pad_replayed_slots.NAME, swa_indices_and_lens.NAME, prefill_gather_lens.NAME,
@@ -189,9 +183,11 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         fail(NAME, "out", sorted(o), "a buffer dict for 'replay_batch' (a plan is given)")
     # The checks below read the replay starts this call will produce (a stale one is valid:
     # it counts as 0); without value checks (graph capture) the validators only look at the
-    # tensor's metadata.
+    # tensor's metadata. (idx_mapping clamped: its range is checked with the call's one read.)
     if value_checks_enabled():
-        R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
+        idx = idx_mapping.clamp(0, max(R_per_request.shape[0] - 1, 0))
+        R = batch_replay_start.reference(R_per_request if R_per_request.numel() else R_per_request.new_zeros(1), idx,
+                                         is_prefilling)
     else:
         R = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
     pad_replayed_slots.validate(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr,
@@ -200,9 +196,13 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         check_int(NAME, "valid_group", valid_group, min_value=0)
         if valid_group >= slot_mappings.shape[0]:
             fail(NAME, "valid_group", valid_group, f"a row of slot_mappings (< {slot_mappings.shape[0]})")
-        if value_checks_enabled() and bool((cacheable_groups == valid_group).any()):
-            fail(NAME, "valid_group", valid_group, "a group not in cacheable_groups (its slots are read before "
-                 "padding)")
+        if value_checks_enabled():
+            def test(groups):
+                if (groups == valid_group).any():
+                    fail(NAME, "valid_group", valid_group, "a group not in cacheable_groups (its slots are read before "
+                         "padding)")
+
+            defer(NAME, (("cacheable_groups", cacheable_groups),), test)
     for n, off, rows, lens in _swa_parts(T, prefill_from):
         swa_out = (o[rows], o[lens]) if out is not None else None
         swa_indices_and_lens.validate(query_start_loc, seq_lens, block_table, block_size, W, R,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..types import SLOT_DTYPE
@@ -14,7 +16,9 @@ SCATTER = "scatter_rows"
 
 
 def validate_gather(x, rows, *, out=None) -> None:
-    check_tensor(GATHER, "x", x, min_ndim=1)
+    # rows of any dtype and layout (a conjugate or negative view included) are read; the
+    # buffer written must be plain
+    check_tensor(GATHER, "x", x, min_ndim=1, lazy_bits=True)
     check_tensor(GATHER, "rows", rows, dtypes=SLOT_DTYPE, ndim=1, device=x.device)
     check_extents(GATHER, "rows", rows)
     if out is not None:
@@ -30,7 +34,7 @@ def gather_rows(x, rows, *, out=None) -> torch.Tensor:
 
 
 def validate_scatter(y, rows, num_rows, *, out=None) -> None:
-    check_tensor(SCATTER, "y", y, min_ndim=1)
+    check_tensor(SCATTER, "y", y, min_ndim=1, lazy_bits=True)
     check_tensor(SCATTER, "rows", rows, dtypes=SLOT_DTYPE, ndim=1, device=y.device)
     check_extents(SCATTER, "rows", rows)
     if rows.shape[0] != y.shape[0]:
@@ -43,12 +47,20 @@ def validate_scatter(y, rows, num_rows, *, out=None) -> None:
 
 def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
     """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]``. ``rows`` must be unique
-    (a repeated row keeps an unspecified one of its values); trimmed rows are zero."""
+    (a repeated row keeps an unspecified one of its values); trimmed rows are zero (all bits
+    clear). Rows move as bytes, so every dtype moves bit for bit (torch's ``index_copy_``
+    has no CPU kernel for FP8 or the wide unsigned types)."""
     if out is None:
-        out = torch.zeros((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
-    else:
-        out.zero_()
-    return out.index_copy_(0, rows, y)
+        out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+    dst = _bytes(out, num_rows)
+    dst.zero_()
+    dst.index_copy_(0, rows, _bytes(y.resolve_conj().resolve_neg().contiguous(), y.shape[0]))
+    return out
+
+
+def _bytes(t: torch.Tensor, n: int) -> torch.Tensor:
+    """A contiguous ``[n, ...]`` tensor as ``[n, row bytes]`` uint8, the same memory."""
+    return t.view(n, math.prod(t.shape[1:])).view(torch.uint8)
 
 
 GATHER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["rows"].shape[0], *a["x"].shape[1:]), a["x"].dtype)}, out="tensor")

@@ -14,8 +14,6 @@ nobody reads (wrappers of kernels that return none skip their extra pass).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..types import INDEX_DTYPE, PAD
@@ -28,6 +26,27 @@ NAME = "sparse_mla"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Reference works in chunks of tokens so the gathered [chunk, K, D] fp32 block stays small.
 _CHUNK_BYTES = 256 * 2**20
+
+
+#: The kernels take ``sm_scale * log2(e)`` as an fp32 number (base-2 softmax) and the reference
+#: scales fp32 scores: a scale must stay a normal fp32 number through both (1e39 is a finite
+#: Python float and inf in fp32).
+LOG2E = 1.4426950408889634
+SCALE_MIN = 2.0**-126
+SCALE_MAX = float(torch.finfo(torch.float32).max) / LOG2E
+
+
+def check_scale(sm_scale) -> None:
+    """``sm_scale`` a Python int or float in ``[SCALE_MIN, SCALE_MAX]``."""
+    ok = isinstance(sm_scale, (int, float)) and not isinstance(sm_scale, bool)
+    if ok:
+        try:
+            ok = SCALE_MIN <= float(sm_scale) <= SCALE_MAX  # NaN compares False
+        except OverflowError:  # an int past any float
+            ok = False
+    if not ok:
+        fail(NAME, "sm_scale", sm_scale, f"a float in [{SCALE_MIN:.4g}, {SCALE_MAX:.4g}] (> 0 and, times log2(e), "
+                                         "a normal fp32 number: the kernels scale in fp32)")
 
 
 def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=None, return_lse=True) -> None:
@@ -56,8 +75,7 @@ def validate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, 
     if indices.shape[0] != T:
         fail(NAME, "indices", indices, f"{T} rows (one per query token)")
     check_tensor(NAME, "lens", lens, dtypes=INDEX_DTYPE, shape=(T,), device=dev)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
-        fail(NAME, "sm_scale", sm_scale, "a finite float > 0")
+    check_scale(sm_scale)
     check_int(NAME, "d_v", d_v, min_value=1)
     if fmt is not None and d_v != HEAD_DIM:
         fail(NAME, "d_v", d_v, f"{HEAD_DIM} for kv_format={kv_format!r} (value = the whole dequantized record)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, swa_lo
-from ..validation import check_int, check_out, check_tensor, fail, value_checks_enabled
+from ..validation import check_int, check_out, check_tensor, defer, fail, value_checks_enabled
 from ._batch import live_replay_start, nonempty_table, resolve_num_tokens, token_view
 from ._checks import (
     check_batch,
@@ -41,10 +41,12 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
     # the batch may extend past it
     B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T if token_offset is None else None)
     if T is None and value_checks_enabled() and B > 0:  # the op reads T off query_start_loc, as here
-        rows = resolve_num_tokens(query_start_loc, None, None, token_offset or 0)
-        if rows > MAX_POSITION:
-            fail(NAME, "query_start_loc", f"query_start_loc[-1]={int(query_start_loc[-1])}",
-                 f"at most MAX_POSITION={MAX_POSITION} tokens from token_offset on (the rows the op writes)")
+        def test(qsl):
+            if int(qsl[-1]) - (token_offset or 0) > MAX_POSITION:
+                fail(NAME, "query_start_loc", f"query_start_loc[-1]={int(qsl[-1])}",
+                     f"at most MAX_POSITION={MAX_POSITION} tokens from token_offset on (the rows the op writes)")
+
+        defer(NAME, (("query_start_loc", query_start_loc),), test)
     check_block_table(NAME, block_table, B, dev)
     if out is not None:
         if not isinstance(out, tuple) or len(out) != 2:

@@ -18,7 +18,9 @@ JSON line per finished case, so the parent sees which case a crashed process die
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+import math
 import sys
 
 import numpy as np
@@ -207,6 +209,251 @@ def _specific(op: str, bound: dict, rng):
 
 
 # ---------------------------------------------------------------------------------------
+# families by class: aliasing by address, scalar ranges per dtype, every dtype x layout
+# ---------------------------------------------------------------------------------------
+
+
+class Shared:
+    """Tensors that must share memory when a case runs, though a deep copy would give each its own
+    storage (``torch.from_numpy`` of two slices of one array): ``make() -> {key: tensor}`` builds them
+    afresh for every run; :class:`Part` stands for one of them among a case's arguments."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class Part:
+    def __init__(self, shared: Shared, key: str):
+        self.shared, self.key = shared, key
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _resolve(obj, made: dict):
+    """``obj`` with every :class:`Part` replaced by its tensor (one ``make()`` per :class:`Shared`)."""
+    if isinstance(obj, Part):
+        if id(obj.shared) not in made:
+            made[id(obj.shared)] = obj.shared.make()
+        return made[id(obj.shared)][obj.key]
+    if isinstance(obj, tuple):
+        return tuple(_resolve(o, made) for o in obj)
+    if isinstance(obj, list):
+        return [_resolve(o, made) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _resolve(v, made) for k, v in obj.items()}
+    return obj
+
+
+def _fresh(make) -> Part:
+    """An argument made afresh for each run: a deep copy drops a tensor's lazy conjugate and
+    negative bits."""
+    return Part(Shared(lambda: {"v": make()}), "v")
+
+
+def _numpy_pair(x: torch.Tensor, w: torch.Tensor, overlap: bool) -> Shared:
+    """``x`` and ``w`` (their values) over one numpy byte array through two ``torch.from_numpy``
+    calls, so two storages: ``w`` starts on ``x``'s last 8 bytes (``overlap``) or just past ``x``."""
+    xb, wb = x.numel() * x.element_size(), w.numel() * w.element_size()
+
+    def make():
+        buf = np.zeros(xb + wb + 16, dtype=np.uint8)
+        start = (xb - 1) // 8 * 8 if overlap else -(-xb // 8) * 8
+        xs = torch.from_numpy(buf[:xb]).view(x.dtype).view(x.shape)
+        ws = torch.from_numpy(buf[start:start + wb]).view(w.dtype).view(w.shape)
+        ws.copy_(w)
+        xs.copy_(x)  # last: the input's values stay valid, only the overlap is wrong
+        return {"x": xs, "w": ws}
+
+    return Shared(make)
+
+
+def _path_set(bound: dict, path: tuple, value) -> dict:
+    """``bound`` with the entry at ``path`` (an argument, then keys / indices into it) replaced."""
+    def put(node, keys):
+        if not keys:
+            return value
+        k, rest = keys[0], keys[1:]
+        if isinstance(node, tuple):
+            return tuple(put(v, rest) if i == k else v for i, v in enumerate(node))
+        return {**node, k: put(node[k], rest)}
+
+    return {**bound, path[0]: put(bound[path[0]], path[1:])}
+
+
+def _written(op: str, bound: dict) -> list[tuple[tuple, torch.Tensor]]:
+    """``(path, tensor)`` of every buffer the call writes (``out=`` entries, in-place arguments)."""
+    res = []
+
+    def walk(path, v):
+        if isinstance(v, torch.Tensor):
+            res.append((path, v))
+        elif isinstance(v, tuple):
+            for i, x in enumerate(v):
+                walk((*path, i), x)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk((*path, k), x)
+
+    walk(("out",), bound.get("out"))
+    for name in OPS[op].mutates if op in OPS else ():
+        walk((name,), bound[name])
+    return res
+
+
+def alias_family(op: str, bound: dict) -> list[tuple]:
+    """Aliasing by address: ``(label, changes {path: value}, expect)``. A written buffer that
+    overlaps itself (expanded, as_strided rows), one that shares memory with an input through
+    another storage (``from_numpy``) next to the same two tensors apart, and ``out=`` entries that
+    are the plan's own tensors (its host copy, a device copy it holds)."""
+    res = []
+    written = _written(op, bound)
+    for path, w in written:
+        if path[0] == "out" or w.dim() != 2 or w.shape[0] < 2 or w.shape[1] < 2:
+            continue
+        G, n = w.shape
+        base = w.reshape(-1).clone()
+        res += [(f"alias:{path[0]}:rows-expanded", {path: w[:1].expand(G, n)}, "error"),
+                (f"alias:{path[0]}:columns-expanded", {path: w[:, :1].expand(G, n)}, "error"),
+                (f"alias:{path[0]}:rows-overlap", {path: base.as_strided((G, n), (max(1, n // 2), 1))}, "error")]
+        apart = torch.full((G * (n + 3),), -5, dtype=w.dtype, device=w.device).as_strided((G, n), (n + 3, 1))
+        apart.copy_(w)
+        res.append((f"alias:{path[0]}:rows-apart", {path: apart}, "either"))
+    inputs = [(n, v) for n, v in bound.items() if isinstance(v, torch.Tensor) and n != "out"
+              and n not in (OPS[op].mutates if op in OPS else ()) and v.numel() and v.is_contiguous()]
+    if written and inputs:
+        path, w = next(((p, t) for p, t in written if t.numel()), written[0])
+        iname, x = inputs[0]
+        if w.numel():
+            for overlap in (True, False):
+                pair = _numpy_pair(x, w, overlap)
+                res.append((f"alias:{path[0]}-{iname}:from-numpy-{'overlapping' if overlap else 'apart'}",
+                            {(iname,): Part(pair, "x"), path: Part(pair, "w")}, "error" if overlap else "either"))
+    plan = bound.get("plan")
+    out = bound.get("out")
+    if isinstance(plan, ReplayPlan) and isinstance(out, dict) and plan.num_reqs:
+        key = ("out", "replay_batch") if "replay_batch" in out else ("out",)
+        res.append(("alias:out-plan.dropped_before", {(*key, "query_start_loc"): plan.dropped_before}, "error"))
+        res.append(("alias:out-plan.kept", {(*key, "kv_start"): plan.kept}, "error"))
+        copy_ = plan.dropped_before.clone()
+        own = ReplayPlan.from_kept(plan.kept.numpy(), np.concatenate([[0], np.cumsum(plan.kept.numpy())]) +
+                                   plan.dropped_before.numpy(), plan.num_rows_padded, plan.window,
+                                   device_dropped_before=copy_)
+        res.append(("alias:out-plan-device-copy", {("plan",): own, (*key, "query_start_loc"): copy_}, "error"))
+    return res
+
+
+#: Offsets added to int32 slots or token indices: the largest int32 is in range, the kernels must
+#: not wrap (the result is the reference's, or both refuse).
+OFFSETS = ("token_offset", "topk_offset", "window_offset", "window_base", "compressed_base")
+
+
+def scalar_family(op: str, bound: dict) -> list[tuple]:
+    """Scalar ranges per dtype: floats the kernels hold in fp32, ints they hold in int32."""
+    from swa_backends.common.ops.sparse_mla import SCALE_MAX, SCALE_MIN
+
+    res = []
+    if op == "sparse_mla":
+        for label, v in (("1e39", 1e39), ("3e38", 3e38), ("1e-39", 1e-39), ("5e-324", 5e-324), ("-0.0", -0.0),
+                         ("2**1024", 2**1024), ("10**400", 10**400), ("-inf", float("-inf"))):
+            res.append((f"scalar:sm_scale={label}", {("sm_scale",): v}, "error"))
+        # in range (the largest ones overflow fp32 scores for any q . k above 1: a result of the
+        # values, unspecified, and so no case here)
+        for v in (SCALE_MIN, 1, 1e6):
+            res.append((f"scalar:sm_scale={v:.3g}", {("sm_scale",): v}, "either"))
+        res.append(("scalar:sm_scale=above-max", {("sm_scale",): SCALE_MAX * 1.0001}, "error"))
+    params = OPS[op].signature.parameters if op in OPS else inspect.signature(_public(op)).parameters
+    for name in OFFSETS:
+        if name in params:
+            res.append((f"scalar:{name}=INT32_MAX", {(name,): INT32_MAX}, "either"))
+    if op == "swa_indices_and_lens":
+        out = bound.get("out")
+        n = out[1].shape[0] if isinstance(out, tuple) else 5
+        res.append(("scalar:token_offset+num_tokens=INT32_MAX", {("token_offset",): INT32_MAX - n,
+                                                                 ("num_tokens",): n, ("valid",): None}, "either"))
+        res.append(("scalar:token_offset+num_tokens=2**31", {("token_offset",): INT32_MAX - n + 1,
+                                                             ("num_tokens",): n, ("valid",): None}, "either"))
+    return res
+
+
+#: Row dtypes SPEC §3.3 promises beyond the conformance generator's (any dtype moves bit for bit).
+ROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64, torch.int16,
+              torch.float64, torch.complex64, torch.complex128, torch.bool)
+
+
+def _random_bits(shape, dtype, gen: torch.Generator) -> torch.Tensor:
+    n = math.prod(shape)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    size = torch.empty(0, dtype=dtype).element_size()
+    return torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=gen).view(dtype).view(shape)
+
+
+def layout_family(op: str, bound: dict, backend_meta: bool = True) -> list[tuple]:
+    """Every dtype x layout: each input tensor expanded (stride 0), strided (its elements apart),
+    empty, in another dtype (float64 or uint8) and, if floating, with a lazy negative bit (values
+    unchanged); every tensor on the meta device; sparse MLA in each dtype it takes; the rows ops'
+    rows in every dtype and as a conjugate view. Expected: the reference's result, or a clear
+    refusal (neg-bit tensors outside the rows ops, meta tensors)."""
+    res = []
+    written = {p[0] for p, _ in _written(op, bound)}
+    rows_op = op in ("gather_rows", "scatter_rows")
+    for name, t in bound.items():
+        if not isinstance(t, torch.Tensor) or name in written or t.numel() == 0 or t.dim() > 2:
+            continue
+        if t.shape[0] > 1:
+            res.append((f"layout:{name}:expanded", {(name,): t[:1].expand(t.shape)}, "either"))
+        wide = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype)
+        strided = wide[..., ::2]
+        strided.copy_(t)
+        res.append((f"layout:{name}:strided", {(name,): strided}, "either"))
+        res.append((f"layout:{name}:zero-size", {(name,): t[:0]}, "either"))
+        other = torch.float64 if t.is_floating_point() and t.dtype != torch.float64 else torch.uint8
+        res.append((f"layout:{name}:dtype-{str(other)[6:]}", {(name,): t.to(other)}, "either"))
+        if t.is_floating_point():
+            res.append((f"layout:{name}:neg-bit", {(name,): _fresh(lambda t=t: torch._neg_view(-t))},
+                        "either" if rows_op else "error"))
+    if op == "sparse_mla" and bound.get("kv_format", "rows") == "rows":
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            changes = {("q",): bound["q"].to(dtype), ("kv",): bound["kv"].to(dtype)}
+            res.append((f"layout:q,kv:dtype-{str(dtype)[6:]}", changes, "either"))
+    if backend_meta:
+        def meta(v):
+            if isinstance(v, torch.Tensor):
+                return v.to("meta")
+            if isinstance(v, tuple):
+                return tuple(meta(x) for x in v)
+            if isinstance(v, dict):
+                return {k: meta(x) for k, x in v.items()}
+            return v
+
+        if any(isinstance(v, torch.Tensor) and v.numel() for v in bound.values()):
+            res.append(("layout:all-meta", {(n,): meta(v) for n, v in bound.items()
+                                            if not isinstance(v, ReplayPlan)}, "error"))
+    if rows_op:
+        data = "x" if op == "gather_rows" else "y"
+        x = bound[data]
+        gen = torch.Generator().manual_seed(x.numel())
+        for dtype in ROW_DTYPES:
+            changes = {(data,): _random_bits(tuple(x.shape), dtype, gen)}
+            if isinstance(bound.get("out"), torch.Tensor):
+                changes[("out",)] = _random_bits(tuple(bound["out"].shape), dtype, gen)
+            res.append((f"layout:{data}:dtype-{str(dtype)[6:]}", changes, "either"))
+            if dtype.is_complex:
+                conj = dict(changes)
+                conj[(data,)] = _fresh(lambda v=changes[(data,)]: v.clone().conj())
+                res.append((f"layout:{data}:conj-{str(dtype)[6:]}", conj, "either"))
+                if "out" in bound and bound["out"] is not None:
+                    conj_out = dict(changes)
+                    conj_out[("out",)] = _fresh(lambda v=changes[("out",)]: v.clone().conj())
+                    res.append((f"layout:out:conj-{str(dtype)[6:]}", conj_out, "error"))
+    return res
+
+
+# ---------------------------------------------------------------------------------------
 # cases
 # ---------------------------------------------------------------------------------------
 
@@ -246,15 +493,14 @@ def _public(op: str):
     return getattr(sb, op)
 
 
-def cases_for(op: str, rng: np.random.Generator) -> list[tuple]:
-    """Every mutation of one valid call of ``op``: ``(label, args, kwargs, expect)``."""
+def cases_for(op: str, rng: np.random.Generator, families: bool = False) -> list[tuple]:
+    """Every mutation of one valid call of ``op``: ``(label, args, kwargs, expect)``; with
+    ``families``, the class families' cases of that call too (aliasing, scalars, layouts)."""
     if op in OPS:
         args, kwargs = case_for(op, rng, "cpu", poison=True, exact_out=True)  # "out:too-small" cuts a row
         sig = OPS[op].signature
     else:
         args, kwargs = host_case(op, rng)
-        import inspect
-
         sig = inspect.signature(_public(op))
     bound = sig.bind(*args, **kwargs).arguments
     names = list(bound)
@@ -281,10 +527,17 @@ def cases_for(op: str, rng: np.random.Generator) -> list[tuple]:
             muts.append((label, new[1], new[2], exp))
         else:
             muts.append((label, label.split(":")[0], new, exp))
+    if families:
+        for label, changes, exp in (*alias_family(op, bound), *scalar_family(op, bound), *layout_family(op, bound)):
+            muts.append((label, None, changes, exp))
     out = []
     for label, name, new, exp in muts:
         b = dict(bound)
-        b[name] = new  # a keyword the valid call left at its default is added (kv_format, fp8, ...)
+        if name is None:  # a family's case: several entries changed, by path
+            for path, value in new.items():
+                b = _path_set(b, path, value) if len(path) > 1 else {**b, path[0]: value}
+        else:
+            b[name] = new  # a keyword the valid call left at its default is added (kv_format, fp8, ...)
         a = tuple(b[n] for n in b if sig.parameters[n].kind in (sig.parameters[n].POSITIONAL_ONLY,
                                                                 sig.parameters[n].POSITIONAL_OR_KEYWORD))
         kw = {n: b[n] for n in b if sig.parameters[n].kind == sig.parameters[n].KEYWORD_ONLY}
@@ -294,12 +547,13 @@ def cases_for(op: str, rng: np.random.Generator) -> list[tuple]:
 
 def all_cases(seed: int, per_op: int) -> list[tuple]:
     """``per_op`` valid calls of every device op and public host function, each with every
-    mutation: ``(op, label, args, kwargs, expect)``, deterministic for a seed."""
+    mutation (the first also with the class families'): ``(op, label, args, kwargs, expect)``,
+    deterministic for a seed."""
     res = []
     for k, op in enumerate((*OPS, *HOST_CASES)):
         rng = np.random.default_rng([seed, k])
-        for _ in range(per_op):
-            res += [(op, *c) for c in cases_for(op, rng)]
+        for i in range(per_op):
+            res += [(op, *c) for c in cases_for(op, rng, families=i == 0)]
     return res
 
 
@@ -312,10 +566,20 @@ def _snapshot(obj):
     return copy.deepcopy(obj) if not isinstance(obj, ReplayPlan) else None
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor | None:
+    """A tensor's values as bytes (any dtype, lazy bits applied; None on the meta device)."""
+    if t.device.type == "meta":
+        return None
+    flat = t.detach().resolve_conj().resolve_neg().reshape(-1).clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8).cpu()
+
+
 def _same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-            a.nan_to_num(), b.nan_to_num())
+        if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape):
+            return False
+        ba, bb = _bits(a), _bits(b)
+        return ba is None or bb is None or torch.equal(ba, bb)
     if isinstance(a, (tuple, list)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
@@ -339,7 +603,8 @@ def run_case(op: str, fn, args, kwargs, expect: str, reference) -> dict:
     ``silent`` (a result where an error was due), ``wrong`` (a result unlike the
     reference's), ``disagree`` (one of backend and reference raised), ``touched`` (an error
     after writing an input)."""
-    a, kw = copy.deepcopy((args, kwargs))  # one deepcopy: views of one tensor stay views of its copy
+    # one deepcopy: views of one tensor stay views of its copy (tensors over one numpy array are made afresh)
+    a, kw = _resolve(copy.deepcopy((args, kwargs)), {})
     before = _snapshot((a, kw))
     status, res = _call(fn, a, kw)
     if status == "unclear":
@@ -353,15 +618,16 @@ def run_case(op: str, fn, args, kwargs, expect: str, reference) -> dict:
             return {"outcome": "unclear", "detail": f"error not naming {op}: {str(res)[:300]}"}
         if before is not None and not _same((a, kw), before):
             return {"outcome": "touched", "detail": str(res)[:300]}
-        if expect == "either" and reference is not None:
-            rstatus, _ = _call(reference, *copy.deepcopy((args, kwargs)))
+        if expect == "either" and reference is not None and not isinstance(res, sb.SelectionError):
+            # (a selection error: valid input the forced variant does not take, with its reasons)
+            rstatus, _ = _call(reference, *_resolve(copy.deepcopy((args, kwargs)), {}))
             if rstatus == "ok":
                 return {"outcome": "disagree", "detail": f"backend raised, reference returned: {str(res)[:200]}"}
         return {"outcome": "clear", "detail": str(res)[:200]}
     if expect == "error":
         return {"outcome": "silent", "detail": "returned where a ValueError was due"}
     if reference is not None:
-        rstatus, want = _call(reference, *copy.deepcopy((args, kwargs)))
+        rstatus, want = _call(reference, *_resolve(copy.deepcopy((args, kwargs)), {}))
         if rstatus != "ok":
             return {"outcome": "disagree", "detail": f"backend returned, reference raised: {str(want)[:200]}"}
         if op == "sparse_mla":  # tokens that read a non-finite value are unspecified (SPEC 2.7)
@@ -393,7 +659,12 @@ def _finite_tokens(args, kwargs, result):
 
 def _nan_aware_mismatch(op: str, got, want) -> str | None:
     """:func:`mismatch`, with NaN equal to NaN where both have it (NaN inputs give NaN
-    outputs; what matters is that they land in the same places)."""
+    outputs; what matters is that they land in the same places). The rows ops move bytes: their
+    results compare bit for bit, whatever the dtype."""
+    if op in ("gather_rows", "scatter_rows"):
+        if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or got.shape != want.shape:
+            return mismatch(op, got, want)
+        return None if _same(got, want) else "rows differ (bit for bit)"
     def split(x):
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             return torch.isnan(x.detach().float().cpu()), torch.nan_to_num(x, nan=0.0, posinf=1e30, neginf=-1e30)
@@ -422,6 +693,14 @@ BACKENDS = ("reference", "triton", "torch_ops")
 # forms take T from their buffers.
 TENSOR_FORM = {(op, f"W:={v}") for op in ("gather_replay_batch", "prepare_replay_step")
                for v in ("True", "-1", "0", "None")} | {("swa_indices_and_lens", "num_tokens:=None")}
+
+
+#: Family cases that mean something else for a custom op: torch's dispatcher resolves a lazy
+#: conjugate or negative bit before any custom op runs (and its fallback cannot hand an ``_out``
+#: form's conjugate buffer back); a custom op's meta kernel is its fake kernel (shapes only);
+#: the custom op takes a plan's host tensors, so a device copy held by the Python plan is none of
+#: its inputs.
+NOT_THE_TENSOR_FORMS = (":neg-bit", ":conj-", "layout:all-meta", "alias:out-plan-device-copy")
 
 
 def _rebind(op: str, bound: dict) -> tuple[tuple, dict]:
@@ -455,7 +734,7 @@ def main(argv: list[str]) -> int:
         op, label, args, kwargs, expect = cases[i]
         fn, ref = fns[op]
         if backend == "torch_ops":
-            if (op, label) in TENSOR_FORM:
+            if (op, label) in TENSOR_FORM or any(part in label for part in NOT_THE_TENSOR_FORMS):
                 continue
             if label.endswith(":=True"):
                 # a custom op's schema turns a bool into an int, as torch does for every int argument
