@@ -22,6 +22,10 @@ compare variants on the same stack. Sizes that do not fit in memory are dropped 
 ``--plot-from OUT/bench_e2e.json`` redraws the PNG elsewhere (matplotlib may be missing on the GPU host).
 CPU check of the script itself: ``python bench/bench_e2e.py --out /tmp/e2e --device cpu --config small``.
 
+Device times are the example engine's own (``Engine(timing=True)``: CUDA events around each
+phase of a step, what a serving engine would instrument), wall times the host clock; the result
+file's machine info comes from ``lib/results.py``.
+
 Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on the GPU machine) and the
 example stack through it (``swa_backends.examples.dsv41_stack``: examples/ is not in the wheel, so
 this needs the editable install or the checkout on ``PYTHONPATH`` as ``swa_backends``).
@@ -32,13 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import platform
 import sys
 import time
 
 import numpy as np
 import swa_backends as sb
 import torch
+from lib.results import log, machine, write_json
 from swa_backends.examples.dsv41_stack import Engine, Stack, StackConfig
 from swa_backends.examples.dsv41_stack.engine import EAGER_TRIM_THRESHOLD
 from swa_backends.examples.dsv41_stack.probe import ReadRecorder, drift_trial, summarize
@@ -50,10 +54,6 @@ UPSTREAM = {
     "DEP4": {1024: (209, 197), 4096: (212, 200), 8192: (215, 213), 16384: (240, 383), 32768: (479, 765),
              65536: (945, 1546), 131072: (1946, 3217)},
 }
-
-
-def log(*a):
-    print(*a, flush=True)
 
 
 def sync(device):
@@ -342,19 +342,12 @@ def main(argv=None):
     t0 = time.perf_counter()
     backend = sb.select(device, prefer=prefer)
     results = {
-        "prefer": prefer,
-        "device": torch.cuda.get_device_name(device) if gpu else platform.processor() or "cpu",
-        "torch": torch.__version__, "config_name": cfg_name, "config": cfg.as_dict(),
+        **machine(device), "prefer": prefer, "config_name": cfg_name, "config": cfg.as_dict(),
         "variants": {k: list(v) for k, v in backend.variants.items()},
         "max_batched_tokens": chunk, "trim_threshold": args.trim_threshold, "isl": isls, "batch": batches, "reps": args.reps,
         "replay_layers": list(sb.replay_layer_ids(cfg.n_layers, range(cfg.n_source))),
         "upstream": {k: {str(i): v for i, v in t.items()} for k, t in UPSTREAM.items()},
     }
-    try:
-        import triton
-        results["triton"] = triton.__version__
-    except ImportError:
-        results["triton"] = None
     results["replay_flop_share"] = flop_share(cfg)
     log(f"device {results['device']}, torch {torch.__version__}, config {cfg_name}: {cfg}")
     log(f"sparse_mla variant: {backend.variants['sparse_mla']}; replay layers {results['replay_layers']}; "
@@ -398,7 +391,7 @@ def main(argv=None):
     results["elapsed_s"] = time.perf_counter() - t0
     if gpu:
         results["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    (out / "bench_e2e.json").write_text(json.dumps(results, indent=1))
+    write_json(out / "bench_e2e.json", results)
     print(table(results))
     plot(results, out / "bench_e2e.png")
     log(f"elapsed {results['elapsed_s']:.0f} s; wrote {out / 'bench_e2e.json'}")

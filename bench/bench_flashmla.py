@@ -11,11 +11,14 @@ Kernel experiments: ``--variant LABEL=FILE`` (repeatable) also times a copy of t
 (``git show <rev>:kernels/sparse_mla_gluon_ws.py > FILE``, edited or not) as path ``ws_LABEL`` in the same
 rounds, checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its
 ratio to FlashMLA direct and to ``pack_gluon_ws``, per cell class: min and geometric mean).
-``--cells H:K:T:ROWS,...`` times those cells instead of the grid.
+``--cells H:K:T:ROWS,...`` times those cells instead of the grid. ``--smoke`` (no GPU) checks the
+script's wiring on one tiny cell on the CPU: the torch baseline and the default path (the
+reference there) one call each, FlashMLA and ``gluon_ws`` listed with the reasons they cannot run.
 
 TFLOP/s = 2*T*H*K*(D_qk + d_v) / time. The paths of a cell are timed in interleaved rounds
 (one call of each path per round, CUDA events around the call after a GPU sleep that keeps the
-device behind the host, so host overhead is not counted; the median per path), so a slow stretch of
+device behind the host, so host overhead is not counted; the median per path:
+``lib.timing.interleaved_ms``), so a slow stretch of
 the machine hits every path alike and the ratios compare like with like. Every path is first
 checked against the fp32 torch reference on PAD patterns (holes inside the length, short and
 empty rows) and at each cell on its first tokens; a wrong path is recorded, not timed. Writes
@@ -26,43 +29,32 @@ the table prints last, with each path's ratio to FlashMLA direct.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import math
 import sys
 from pathlib import Path
 
 import torch
 
-import swa_backends as sb
-from bench_sparse_mla import check, git_commit, log, make_inputs, tflops, timed, torch_baseline
+from lib import smoke
 
-D = DV = 512
-CELLS = [(H, K, T, S) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384) for S in (1 << 20, 1 << 14)]
+smoke.use_interpreter()  # before anything imports Triton
 
+import swa_backends as sb  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.results import log  # noqa: E402
+from lib.sparse_mla import (CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, tflops,  # noqa: E402
+                            torch_baseline)
 
-def parse_cells(text: str) -> list[tuple[int, int, int, int]]:
-    """``--cells``: ``"H:K:T:ROWS,..."`` -> ``[(H, K, T, ROWS), ...]`` (empty text: none), every value
-    a positive integer, K at most ROWS (the indices are distinct rows of the cache)."""
-    cells = []
-    for part in filter(None, text.split(",")):
-        values = part.split(":")
-        if len(values) != 4 or not all(v.isdigit() and int(v) > 0 for v in values) or int(values[1]) > int(values[3]):
-            raise ValueError(f"--cells: {part!r}; expected H:K:T:ROWS, four positive integers with K <= ROWS")
-        cells.append(tuple(int(v) for v in values))
-    return cells
+#: the correctness check before timing: PAD patterns at these head counts, T tokens, K indices into ROWS rows
+CHECK = {"H": (16, 64, 128), "T": 300, "K": 1152, "rows": 8192}
+SMOKE_CHECK = {"H": (16,), "T": 20, "K": 64, "rows": 1024}
+SMOKE_CELLS = [(16, 64, 8, 1024)]
+GLUON_INTERPRETED = "TRITON_INTERPRET=1: Gluon kernels do not run in Triton's interpreter"
 
 
 def load_variant(label: str, path: Path):
-    """The module in ``path`` (a copy of ``kernels/sparse_mla_gluon_ws.py``) imported as a sibling of the
-    pack's kernels (its relative imports resolve there), under a name of its own."""
-    import importlib.util
-
-    name = f"swa_backends.kernels._bench_variant_{label}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """``path`` (a copy of ``kernels/sparse_mla_gluon_ws.py``) as ``swa_backends.kernels._bench_variant_<label>``."""
+    return load_module_copy(f"_bench_variant_{label}", path)
 
 
 def paths(dev, variants: dict | None = None):
@@ -84,9 +76,16 @@ def paths(dev, variants: dict | None = None):
         found["flashmla_direct"] = direct
         found["pack_flashmla"] = lambda q, kv, idx, lens, scale, sink: flashmla.sparse_mla(q, kv, idx, lens, scale,
                                                                                            DV, sink=sink)
-    found["pack_gluon_ws"] = lambda q, kv, idx, lens, scale, sink: sparse_mla_gluon_ws.sparse_mla(
-        q, kv, idx, lens, scale, DV, sink=sink)
+    interpreted = smoke.interpreted()
+    if interpreted:
+        why["pack_gluon_ws"] = GLUON_INTERPRETED
+    else:
+        found["pack_gluon_ws"] = lambda q, kv, idx, lens, scale, sink: sparse_mla_gluon_ws.sparse_mla(
+            q, kv, idx, lens, scale, DV, sink=sink)
     for label, vmod in (variants or {}).items():  # not `mod`: direct() above reads FlashMLA's module by that name
+        if interpreted:
+            why[f"ws_{label}"] = GLUON_INTERPRETED
+            continue
         found[f"ws_{label}"] = lambda q, kv, idx, lens, scale, sink, m=vmod: m.sparse_mla(q, kv, idx, lens, scale, DV,
                                                                                             sink=sink)
     backend = sb.select(str(dev))
@@ -105,6 +104,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="", help="comma-separated paths not to run (e.g. pack_flashmla,pack_default)")
     p.add_argument("--cells", default="", metavar="H:K:T:ROWS,...",
                    help="these cells instead of the grid (e.g. 128:2048:4096:1048576 for H 128, K 2048, T 4K, 1M rows)")
+    p.add_argument("--smoke", action="store_true",
+                   help="no GPU: one tiny cell on the CPU, one call per measurement (checks the script; numbers mean "
+                        "nothing)")
     args = p.parse_args(argv)
     chosen = parse_cells(args.cells)
     if chosen and args.quick:
@@ -116,10 +118,13 @@ def main(argv=None) -> int:
             raise ValueError(f"--variant: {v!r}; expected LABEL=FILE, LABEL an identifier not given before, FILE an "
                              f"existing file")
         files[label] = file
-    if not torch.cuda.is_available():
-        log("bench_flashmla: needs a CUDA GPU")
+    why = smoke.refusal(args.smoke)
+    if why:
+        log(f"bench_flashmla: {why}")
         return 2
-    dev = torch.device("cuda", torch.cuda.current_device())
+    tm.set_smoke(args.smoke)
+    check_at = SMOKE_CHECK if args.smoke else CHECK
+    dev = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
     args.out.mkdir(parents=True, exist_ok=True)
     variants = {label: load_variant(label, Path(file)) for label, file in files.items()}
     fns, reasons, backend = paths(dev, variants)
@@ -133,18 +138,18 @@ def main(argv=None) -> int:
             return got[0], got[1].masked_fill(got[1] == float("inf"), float("-inf"))
         return got
 
-    result = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-                       "triton": __import__("triton").__version__, "python": platform.python_version(),
-                       "commit": git_commit(), "cells": "H x K x T x cache rows", "unavailable": reasons,
-                       "default_chain": list(backend.variants["sparse_mla"]), "variants": files},
+    result = {"meta": {**results.machine(dev), "cells": "H x K x T x cache rows", "unavailable": reasons,
+                       "default_chain": list(backend.variants["sparse_mla"]), "variants": files, "smoke": args.smoke,
+                       "method": "paths interleaved per cell, one call each per round after a GPU sleep, CUDA events, "
+                                 "median per path (lib/timing.py interleaved_ms)"},
               "checks": {}, "cells": []}
     failed = False
     sb.set_validation(False)  # the hot path: validation is timed by no one here
 
     # correctness first, on PAD patterns, at every head count (a wrong path is not timed)
-    for H in (16, 64, 128):
-        kv = torch.randn(8192, D, device=dev).to(torch.bfloat16)
-        q, idx, lens, sink = make_inputs(300, H, 1152, D, kv=kv, pads=True, seed=H)
+    for H in check_at["H"]:
+        kv = torch.randn(check_at["rows"], D, device=dev).to(torch.bfloat16)
+        q, idx, lens, sink = make_inputs(check_at["T"], H, check_at["K"], D, kv=kv, pads=True, seed=H, dev=dev)
         for name, fn in fns.items():
             if name == "flashmla_direct" and H not in (64, 128):
                 continue  # the direct call takes the head counts its build serves unpadded; the wrapper pads
@@ -157,15 +162,16 @@ def main(argv=None) -> int:
             log(f"check {name:<16} H {H:>3}: {'ok' if why is None else why} (rel {rel:.2e})")
     bad = {k.split("/")[0] for k, v in result["checks"].items() if not v["ok"]}
 
-    cells = chosen or [c for c in CELLS if not args.quick or (c[2] == 16384 and c[3] == 1 << 20)]
+    cells = chosen or (SMOKE_CELLS if args.smoke else
+                       [c for c in CELLS if not args.quick or (c[2] == 16384 and c[3] == 1 << 20)])
     kvs = {}
     for H, K, T, S in cells:
         kv = kvs.get(S)
         if kv is None:
             kv = kvs[S] = torch.randn(S, D, device=dev).to(torch.bfloat16)
-        q, idx, lens, sink = make_inputs(T, H, K, D, kv=kv, seed=H * K + T)
+        q, idx, lens, sink = make_inputs(T, H, K, D, kv=kv, seed=H * K + T, dev=dev)
         row = {"H": H, "K": K, "T": T, "S": S, "tflops": {}, "ms": {}, "errors": {}}
-        ms = timed(lambda: torch_baseline(q, kv, idx, lens, scale, DV, sink), reps=max(2, args.reps // 2))
+        ms = tm.event_ms(lambda: torch_baseline(q, kv, idx, lens, scale, DV, sink), reps=max(2, args.reps // 2))
         row["ms"]["torch"], row["tflops"]["torch"] = ms, tflops(T, H, K, D, DV, ms)
         ready = {}
         for name, fn in fns.items():
@@ -175,50 +181,34 @@ def main(argv=None) -> int:
                 why, _ = check(checked(name, fn(q, kv, idx, lens, scale, sink)), q, kv, idx, lens, scale, DV, sink, n=8)
                 if why:
                     raise AssertionError(why)
-                fn(q, kv, idx, lens, scale, sink)  # warm
+                if not args.smoke:
+                    fn(q, kv, idx, lens, scale, sink)  # warm
                 ready[name] = fn
             except Exception as exc:
                 row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 failed = True
-        for name, ms in interleaved({n: (lambda f=f: f(q, kv, idx, lens, scale, sink)) for n, f in ready.items()},
-                                    args.reps).items():
+        for name, ms in tm.interleaved_ms({n: (lambda f=f: f(q, kv, idx, lens, scale, sink)) for n, f in ready.items()},
+                                          args.reps).items():
             row["ms"][name], row["tflops"][name] = ms, tflops(T, H, K, D, DV, ms)
         if "pack_default" in row["ms"]:
             row["default_variant"] = backend.variant_for("sparse_mla", q, kv, idx, lens, scale, DV, sink=sink)
         result["cells"].append(row)
         log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7}: " + "  ".join(f"{n} {v:6.1f}" for n, v in row["tflops"].items()))
-        (args.out / "bench_flashmla.json").write_text(json.dumps(result, indent=1))
+        results.write_json(args.out / "bench_flashmla.json", result)
 
-    (args.out / "bench_flashmla.json").write_text(json.dumps(result, indent=1))
+    results.write_json(args.out / "bench_flashmla.json", result)
     plot(result, args.out / "bench_flashmla.png")
     print_table(result)
     print_variants(result)
     return 1 if failed else 0
 
 
-#: GPU cycles slept before each timed call (~0.5 ms on an H200 at 1.98 GHz): longer than any path's
-#: host work before its first kernel (the torch baseline's is the longest), so the events time the
-#: device's work, as in serving where the host runs ahead; without it a path's host overhead sat
-#: inside its GPU time (up to 4% of a T 4K cell on the H200 machines with torch 2.11).
-LEAD_CYCLES = 1_000_000
-
-
-def interleaved(calls: dict, rounds: int) -> dict:
-    """Median milliseconds of device time per call, every callable once per round, in turn."""
-    import statistics
-
-    times = {n: [] for n in calls}
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(LEAD_CYCLES)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times[name].append(s.elapsed_time(e))
-    return {n: statistics.median(t) for n, t in times.items()}
+def _size(n: int) -> str:
+    """4096 -> "4K", 1048576 -> "1M", 300 -> "300"."""
+    for unit, shift in (("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -238,7 +228,7 @@ def plot(result: dict, path: Path) -> None:
         ax.bar([c + (i - 1.5) * width for c in range(len(cells))], [r["tflops"].get(n, 0) for r in cells], width,
                label=n)
     ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels([f"H{r['H']}\nK{r['K']}\nT{r['T'] // 1024}K\n{'1M' if r['S'] > 1 << 19 else '16K'}"
+    ax.set_xticklabels([f"H{r['H']}\nK{r['K']}\nT{_size(r['T'])}\n{_size(r['S'])}"
                         for r in cells], fontsize=7)
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"sparse MLA, D 512, {result['meta']['device']} (torch {result['meta']['torch']}, "
@@ -258,7 +248,7 @@ def print_table(result: dict) -> None:
         ratio = lambda n: f"{t[n] / d:.3f}" if d and n in t else "-"  # noqa: E731
         cells = [f"{t[n]:.1f}" if n in t else "-" for n in ("flashmla_direct", "pack_flashmla", "pack_gluon_ws",
                                                             "torch")]
-        size = f"{r['H']} / {r['K']} / {r['T'] // 1024}K / {'1M' if r['S'] > 1 << 19 else '16K'}"
+        size = f"{r['H']} / {r['K']} / {_size(r['T'])} / {_size(r['S'])}"
         print(f"| {size} | " + " | ".join(cells) + f" | {ratio('pack_flashmla')} | {ratio('pack_gluon_ws')} |")
     if result["meta"]["unavailable"]:
         print("unavailable:", result["meta"]["unavailable"])
@@ -267,8 +257,6 @@ def print_table(result: dict) -> None:
 def print_variants(result: dict) -> None:
     """Per ``ws_*`` path: its ratio to FlashMLA direct and to ``pack_gluon_ws`` over the 1M-row and the
     16K-row cells (min / geometric mean)."""
-    import math
-
     names = sorted({n for r in result["cells"] for n in r["tflops"] if n.startswith("ws_")})
     for n in names:
         parts = []

@@ -41,16 +41,15 @@ Before timing, every output of both columns is compared (bit-identical; without 
 ``--smoke`` compares the pack's step with the pack's torch reference one call at a time), and each
 column's kernel launches in one step are counted and checked against the step's shape (the rules
 ``tests/integration/vllm/test_launch_counts.py`` checks in real vLLM steps). GPU time: events around
-the whole step, median of 200 steps, L2 flushed and warm (``bench_triton_ops.gpu_pair``), the GPU
+the whole step, median of 200 steps, L2 flushed and warm (``lib.timing.gpu_pair``), the GPU
 asleep ~2 ms before each step so that all of its launches are queued before it starts (device time,
 not host time). Host time: back-to-back steps without a sync, validation off, the columns timed in
 interleaved rounds; the ratio to vLLM's as the ratio of the medians and as the median of each
 round's ratio (the host's drift between rounds cancels there).
 
-The functions above ``VllmModelState`` (``ServingStep``, ``vllm_step``, ``pack_step``, ...) time the
-first window group's main batch alone, the scope of this script before the whole step (and of
-``exp_launch_cost.py``, ``exp_prepare_config.py``, ``exp_replay_step_ablation.py`` and
-``profile_replay_step.py``, which import them).
+The step's inputs (``ServingStep``) and the first window group's main batch alone (``vllm_step``,
+``pack_step``, ...: this script's scope before the whole step, and the experiments') are in
+``lib/replay_step.py``; the timing methods in ``lib/timing.py``.
 """
 
 from __future__ import annotations
@@ -58,277 +57,32 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import statistics
 import sys
 import time
 import types
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-# the sibling script (python puts the script's folder first on sys.path): its step shapes and
-# timing helpers; importing it sets TRITON_INTERPRET for --smoke before Triton loads
-import bench_triton_ops as bto  # noqa: E402
+from lib import smoke
+
+smoke.use_interpreter()  # before anything imports Triton
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 import swa_backends  # noqa: E402
-from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out  # noqa: E402
-from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.replay_step import ServingStep  # noqa: E402
+from lib.steps import BS, G, STEPS, W  # noqa: E402
+from swa_backends.common.types import INDEX_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
 from swa_backends.integrations.vllm import model as vllm_model, runtime  # noqa: E402
 from swa_backends.kernels import _launch  # noqa: E402
 from swa_backends.testing import vllm_kernels as vk  # noqa: E402
 from swa_backends.testing.vllm_shims import routed_shims  # noqa: E402
 
-W, BS, G = bto.W, bto.BS, bto.G
-STEPS = dict(bto.STEPS)
 SMOKE_STEPS = {"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}
-
-
-def integration_backend(dev):
-    """The backend the vLLM integration selects on ``dev`` (the Triton variants, unchecked),
-    validation off, as the serving path runs."""
-    set_validation(False)
-    return swa_backends.select(dev, prefer="triton", checked=False)
-
-
-@contextlib.contextmanager
-def on_this_gpu():
-    """``(device, backend, shims)`` on the current CUDA device: the integration's backend
-    (:func:`integration_backend`) and the patches' shims routed to it."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    be = integration_backend(dev)
-    with routed_shims(lambda device: be) as shims:
-        yield dev, be, shims
-
-
-# ---------------------------------------------------------------------------------------
-# the first window group's main batch alone (the experiments' scope)
-# ---------------------------------------------------------------------------------------
-
-
-class ServingStep:
-    """Inputs of one step and, per column, its own output buffers (vLLM's persistent buffers
-    in vLLM's layouts)."""
-
-    def __init__(self, prefills: int, q: int, decodes: int, dev, rng):
-        qs = [1] * decodes + [q] * prefills
-        pre = np.array([False] * decodes + [True] * prefills)
-        B = len(qs)
-        prefix = np.zeros(B, np.int64)
-        R = np.zeros(B, np.int64)
-        prefix[:decodes] = rng.integers(200, 4000, decodes)
-        for i in range(prefills):
-            if i % 3 == 2:
-                R[decodes + i] = prefix[decodes + i] = 896
-        q_a = np.array(qs, np.int64)
-        seq = prefix + q_a
-        self.B, self.T, self.D, self.P = B, int(q_a.sum()), decodes, prefills
-        self.replays = bool(R.any())  # vLLM's model state pads slots only then
-        self.qsl_np = np.concatenate([[0], np.cumsum(q_a)]).astype(np.int32)
-        blocks = int(np.ceil(seq.max() / BS)) + 1
-        table = rng.permutation(B * blocks).reshape(B, blocks).astype(np.int32)
-        positions = np.concatenate([np.arange(s - a, s) for a, s in zip(q_a, seq)])
-        req = np.repeat(np.arange(B), q_a)
-        tok = table[req, positions // BS].astype(np.int64) * BS + positions % BS
-        t = lambda a, dt: torch.tensor(a, dtype=dt, device=dev)  # noqa: E731
-        self.qsl, self.seq, self.R = t(self.qsl_np, INDEX_DTYPE), t(seq, INDEX_DTYPE), t(R, INDEX_DTYPE)
-        self.positions = t(positions, SLOT_DTYPE)
-        self.slots0 = t(np.stack([tok * (g + 1) + g for g in range(G)]), SLOT_DTYPE)
-        self.cacheable = t(np.arange(0, G, 2), INDEX_DTYPE)
-        self.table = t(table, INDEX_DTYPE)
-        self.prefilling, self.prefilling_np = t(pre, torch.bool), pre
-        self.keeps, self.max_q = np.zeros(B, bool), int(q_a.max())
-        self.idx_np = np.arange(B)
-        self.idx = t(self.idx_np, INDEX_DTYPE)
-        self.valid = torch.ones(self.T, dtype=torch.bool, device=dev)
-        # decoder replay: each prefill keeps its last W rows (the pack's planner decides as vLLM's does)
-        plan = swa_backends.plan_replay_batch(self.qsl_np, pre, np.zeros(B, bool), W, trim_threshold=0)
-        self.kept = plan.kept.numpy().astype(np.int32) if plan is not None else np.diff(self.qsl_np).astype(np.int32)
-        self.n = int(self.kept.sum())
-        dropped_np = runtime.dropped_before(self.kept, self.qsl_np)
-        self.dropped = t(dropped_np, INDEX_DTYPE)
-        self.plan = runtime.replay_plan(self.kept, self.qsl_np, self.n, W, dropped=dropped_np,
-                                        device_dropped=self.dropped)
-        self.t2r = vk.token_to_req_indices(self.qsl, self.T)
-        self.dev = dev
-
-    def buffers(self) -> dict:
-        """vLLM's per-builder and model-state buffers, poisoned."""
-        T, B, dev = self.T, self.B, self.dev
-        e = lambda shape, dt: torch.full(shape, -77, dtype=dt, device=dev)  # noqa: E731
-        return {"slots": self.slots0.clone(), "dec_idx": e((T, 1, W), INDEX_DTYPE), "dec_lens": e((T,), INDEX_DTYPE),
-                "pre_idx": e((T, 1, W), INDEX_DTYPE), "pre_lens": e((T,), INDEX_DTYPE),
-                "gather_lens": e((B,), INDEX_DTYPE), "rows": e((T,), torch.int64), "kqsl": e((B + 1,), INDEX_DTYPE),
-                "kpos": e((T,), torch.int64), "kslots": e((G, T), torch.int64), "kkv": e((B,), INDEX_DTYPE)}
-
-
-def vllm_step(K, s: ServingStep, b: dict):
-    """vLLM 0.33's launches for the step (model state, then the SWA builder, then the gather)."""
-    D, T = s.D, s.T
-    if s.replays:
-        vk.pad_replayed_slots(K, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
-    if D:  # the builder calls each window-rows kernel only for a non-empty part (sparse_swa.py)
-        vk.swa_indices_and_lens(K, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
-                                s.R, num_tokens=D, token_offset=0)
-    if T > D:
-        vk.swa_indices_and_lens(K, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.t2r, s.valid, s.table, BS,
-                                s.R, num_tokens=T - D, token_offset=D)
-    if s.P:
-        b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
-        vk.prefill_gather_lens(K, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
-    return vk.gather_replay_batch(K, s.qsl, s.dropped, s.seq, s.R, s.positions, b["slots"], b["rows"], b["kqsl"],
-                                  b["kpos"], b["kslots"], b["kkv"], W, s.B, T, s.n)
-
-
-def predict(s: ServingStep, target: runtime.WindowTarget) -> runtime.WindowTarget:
-    """The host work the pack's model state adds to a step to launch it at once, through the
-    same functions (``model.py``: ``_swa_window_target``, ``_swa_predicted_gather``): the
-    batch's query lengths, vLLM's decode/prefill split and its trim rule predicted
-    (``runtime.predicted_split``, ``runtime.predicted_kept``), the window builder's target
-    (group 1: a window group, never padded; kept across steps). The sub-batch's plan is planning vLLM's path
-    makes too (its ``_kept_input_batch``; the pack makes it earlier and once): left out of
-    every column alike (``s.plan``)."""
-    q = runtime.query_lens(s.qsl_np, s.B)
-    target.num_decodes, target.num_decode_tokens = runtime.predicted_split(q, s.qsl_np, s.T, s.max_q, 1)
-    target.block_table = s.table
-    keeps = s.keeps[s.idx_np] if np.count_nonzero(s.keeps) else None  # vLLM's per-request flags, mostly all False
-    runtime.predicted_kept(q, keeps, s.prefilling_np, W)
-    return target
-
-
-def window_target(b: dict) -> runtime.WindowTarget:
-    """The step's window builder (group 1: a window group, never padded), kept across steps
-    as the model state keeps it; ``predict`` sets its block table and split."""
-    return runtime.WindowTarget(1, None, BS, W, 0, 0, b["dec_idx"][:, 0], b["dec_lens"], b["pre_idx"][:, 0],
-                                b["pre_lens"])
-
-
-def step_scratch(s: ServingStep) -> dict:
-    n, dev = s.B + 1, s.dev
-    return {"arange": torch.arange(n, dtype=INDEX_DTYPE, device=dev), "ones": torch.ones(n, dtype=torch.bool, device=dev),
-            "replay_start": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
-            "stale_replay": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
-            "gather_lens": torch.zeros(n, dtype=INDEX_DTYPE, device=dev),
-            "no_groups": torch.zeros(0, dtype=INDEX_DTYPE, device=dev), "views": {}}
-
-
-def pack_step(be, s: ServingStep, b: dict, gather_out: dict, target: runtime.WindowTarget, scratch: dict,
-              shims: dict):
-    """The same step as vLLM runs it with the pack installed, vLLM's call sites calling the
-    patches' shims as they call the globals those replace (``testing/vllm_shims.py``): the
-    model state opens a step, vLLM's pad call is held, one ``prepare_replay_step`` launch
-    answers it, the builder's decode rows, prefill rows and gather lengths and the sub-batch
-    gather; each of vLLM's calls then finds its answer and launches nothing
-    (``integrations/vllm/runtime.py``)."""
-    D, T = s.D, s.T
-    runtime.begin_step()
-    try:
-        if s.replays:
-            shims["pad_replayed_slots"][(s.B,)](b["slots"], b["slots"].stride(0), s.cacheable, s.qsl, s.positions,
-                                                s.R, W, vk.PAD_SLOT_ID, NUM_GROUPS=s.cacheable.numel(), BLOCK=1024)
-        runtime.prepare_step(be, predict(s, target), s.qsl, s.seq, s.positions, b["slots"], s.R, s.B, T, scratch,
-                             gather=(s.plan, W, gather_out))
-        swa = shims["swa_indices_and_lens"]
-        if D:
-            swa(b["dec_idx"], b["dec_lens"], W, W, b["dec_lens"], b["dec_lens"], s.qsl, s.seq, s.t2r, s.valid,
-                s.table, BS, s.R, num_tokens=D, token_offset=0)
-        if T > D:
-            swa(b["pre_idx"], b["pre_lens"], W, W, b["pre_lens"], b["pre_lens"], s.qsl, s.seq, s.t2r, s.valid,
-                s.table, BS, s.R, num_tokens=T - D, token_offset=D)
-        if s.P:
-            b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)  # vLLM allocates it per build
-            shims["prefill_gather_lens"](b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
-        runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
-    finally:
-        runtime.end_step()
-
-
-def ref_step(be, s: ServingStep, b: dict, gather_out: dict):
-    """The oracle without vLLM's kernels: one op per vLLM call site (no step open)."""
-    D, T = s.D, s.T
-    if s.replays:
-        runtime.pad_replayed_slots(be, b["slots"], s.cacheable, s.qsl, s.positions, s.R, W, s.B)
-    runtime.swa_indices_and_lens(be, b["dec_idx"], b["dec_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                 num_tokens=D, token_offset=0)
-    runtime.swa_indices_and_lens(be, b["pre_idx"], b["pre_lens"], W, W, s.qsl, s.seq, s.valid, s.table, BS, s.R,
-                                 num_tokens=T - D, token_offset=D)
-    if s.P:
-        b["gl"] = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)
-        runtime.prefill_gather_lens(be, b["gl"], s.seq, s.qsl, s.R, s.P, s.D, W)
-    runtime.gather_replay_batch(be, s.plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, gather_out)
-
-
-def fused_out(s: ServingStep, b: dict) -> dict:
-    D, T = s.D, s.T
-    out = prepare_out(s.B, T, W, s.dev, s.plan, G, prefill_from=D, gather_lens_from=D)
-    out.update({"swa_indices": b["dec_idx"][:D, 0], "swa_lens": b["dec_lens"][:D],
-                "prefill_swa_indices": b["pre_idx"][: T - D, 0], "prefill_swa_lens": b["pre_lens"][: T - D],
-                "gather_lens": b["gather_lens"][: s.P]})
-    b["gl"] = out["gather_lens"]
-    return out
-
-
-def fused_step(be, s: ServingStep, b: dict, out: dict):
-    """``prepare_replay_step`` alone, in vLLM's layouts: one launch, nothing around it (padding
-    only when a request replays, as the integration launches it)."""
-    be.prepare_replay_step(s.R, s.idx, s.prefilling, s.qsl, s.seq, s.positions, b["slots"], s.cacheable, s.table, BS,
-                           W, W if s.replays else 0, index_width=W, plan=s.plan, prefill_from=s.D,
-                           gather_lens_from=s.D, valid_group=1, out=out)
-
-
-def gather_out_view(s: ServingStep, b: dict) -> dict:
-    n = s.n
-    return {"rows": b["rows"][:n], "query_start_loc": b["kqsl"], "positions": b["kpos"][:n],
-            "slot_mappings": b["kslots"][:, :n], "kv_start": b["kkv"]}
-
-
-def check(s: ServingStep, want: dict, kept_want, got: dict, gather: dict) -> None:
-    """``got`` (a pack column's buffers) against vLLM's (or, without vLLM, the reference's)."""
-    D, T, n = s.D, s.T, s.n
-    same = lambda a, b, what: torch.equal(a, b) or _fail(what)  # noqa: E731
-    same(got["slots"], want["slots"], "padded slot mappings")
-    same(got["dec_idx"][:D], want["dec_idx"][:D], "decode window indices")
-    same(got["dec_lens"][:D], want["dec_lens"][:D], "decode window lengths")
-    same(got["pre_idx"][: T - D], want["pre_idx"][: T - D], "prefill window indices")
-    same(got["pre_lens"][: T - D], want["pre_lens"][: T - D], "prefill window lengths")
-    if s.P:
-        same(got["gl"], want["gl"], "prefill gather lengths")
-    same(gather["rows"][:n], want["rows"][:n], "kept rows")
-    same(gather["query_start_loc"], want["kqsl"], "kept query_start_loc")
-    same(gather["positions"][:n], want["kpos"][:n], "kept positions")
-    same(gather["slot_mappings"], kept_want, "kept slot mappings")
-    same(gather["kv_start"], want["kkv"], "kept kv_start")
-
-
-def _fail(what: str):
-    raise AssertionError(f"{what} differ from vLLM's")
-
-
-def host_interleaved(fns: dict, calls: int, rounds: int, per_round: dict | None = None) -> dict:
-    """Host us per step of each column (the median over rounds), rounds interleaved (drift hits
-    all alike); ``per_round``: filled with each column's list of round times."""
-    times = {} if per_round is None else per_round
-    times.update({k: [] for k in fns})
-    keys = list(fns)
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
-            f = fns[k]
-            if bto.SMOKE:
-                times[k].append(bto._host_median(f, 2))
-                continue
-            f()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            times[k].append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -771,7 +525,7 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
                 ref_call()
             compare(w.outputs(ref_state), w.outputs(pack_state))
             row["checked_against"] = "reference"
-        if bto.SMOKE:  # the wiring only: the host time of the checked calls above, no timing loops
+        if tm.smoke():  # the wiring only: the host time of the checked calls above, no timing loops
             row.update({f"{col}_host_us": v for col, v in once.items()})
             if L is not None:
                 row["pack_vs_vllm_host_us"] = once["pack"] / once["vllm"]
@@ -779,10 +533,10 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
         for col, f in fns.items():
             # ~2 ms of GPU sleep before each step: its launches take up to a few hundred us of host
             # time, and GPU time is to be device time
-            row.update({f"{col}_{k}": v for k, v in bto.gpu_pair(f, lead_cycles=bto.REFERENCE_LEAD_CYCLES).items()})
-        host_interleaved(fns, calls=300, rounds=2)  # untimed: the first shape timed came out 1.3-2x slower
+            row.update({f"{col}_{k}": v for k, v in tm.gpu_pair(f, lead_cycles=tm.LONG_LEAD_CYCLES).items()})
+        tm.host_interleaved_us(fns, calls=300, rounds=2)  # untimed: the first shape timed came out 1.3-2x slower
         rounds: dict = {}
-        host = host_interleaved(fns, calls=300, rounds=7, per_round=rounds)
+        host = tm.host_interleaved_us(fns, calls=300, rounds=7, per_round=rounds)
     row.update({f"{col}_host_us": v for col, v in host.items()})
     if L is not None:
         for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
@@ -794,7 +548,7 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
 
 
 def print_table(res) -> None:
-    print(f"\n{res['meta']['gpu']}: one step's replay metadata, us (ratio to vLLM's) and kernel launches")
+    print(f"\n{res['meta']['device']}: one step's replay metadata, us (ratio to vLLM's) and kernel launches")
     print(f"vLLM's kernels: {res['meta']['vllm_kernels']}")
     print(f"{'step':>12} {'windows':>7} {'col':>5} {'GPU flushed':>16} {'GPU warm':>16} {'host':>16} {'launches':>9}")
     for row in res["steps"]:
@@ -827,31 +581,25 @@ def main(argv=None) -> int:
                     help=f"folder with vLLM's model_state.py, sparse_swa.py, jit_warmup.py and "
                          f"jit_warmup_triton_helper.py (default: ${vk.ENV}, else the installed vLLM)")
     a = ap.parse_args(argv)
-    configs, steps = CONFIGS, STEPS
-    if a.smoke:
-        if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
-            print("--smoke runs on a CPU-only machine under TRITON_INTERPRET=1", file=sys.stderr)
-            return 2
-        bto.SMOKE = True
-        configs, steps = SMOKE_CONFIGS, SMOKE_STEPS
-        os.environ.setdefault(runtime.PREFER_ENV, "triton")  # the integration's backend runs the Triton kernels
-    elif not torch.cuda.is_available():
-        print("needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    why = smoke.refusal(a.smoke)
+    if why:
+        print(why, file=sys.stderr)
         return 2
+    tm.set_smoke(a.smoke)
+    configs, steps = (SMOKE_CONFIGS, SMOKE_STEPS) if a.smoke else (CONFIGS, STEPS)
+    if a.smoke:
+        os.environ.setdefault(runtime.PREFER_ENV, "triton")  # the integration's backend runs the Triton kernels
     if a.quick:
         configs = configs[:1]
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cpu") if bto.SMOKE else torch.device("cuda", torch.cuda.current_device())
+    path = results.out_file(a.out, "bench_replay_step.json")
+    dev = torch.device("cpu") if a.smoke else torch.device("cuda", torch.cuda.current_device())
     set_validation(False)
     ref = swa_backends.select(dev, prefer="reference")
     L, origin = vk.load_launchers(a.vllm_kernels)
     be = runtime.backend_for(dev)
     res = {"meta": {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": "cpu (smoke)" if bto.SMOKE else torch.cuda.get_device_name(dev), "smoke": bto.SMOKE,
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "launch_path": _launch.launch_path(_launcher_cls())[0] if not bto.SMOKE else "interpreter",
+        **results.machine(dev), "smoke": a.smoke,
+        "launch_path": _launch.launch_path(_launcher_cls())[0] if not a.smoke else "interpreter",
         "vllm_kernels": origin, "vllm_ran": L is not None, "W": W, "block_size": BS, "groups": G,
         "pack_variants": {op: be.variants[op][0] for op in ("prepare_replay_step", "swa_indices_and_lens")},
         "method": "GPU us: events around the whole step, median of 200 steps, L2 flushed (256 MB zeroed before each) "
@@ -862,8 +610,7 @@ def main(argv=None) -> int:
     with graph_modes():
         for name, windows in configs:
             res["steps"].append(run_config(name, windows, steps[name], L, ref, dev, rng))
-    path = out_dir / "bench_replay_step.json"
-    path.write_text(json.dumps(res, indent=1, default=str))
+    results.write_json(path, res)
     print_table(res)
     print(f"\nwrote {path}")
     return 0

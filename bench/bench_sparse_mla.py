@@ -56,9 +56,10 @@ Raw JSON goes to ``--out`` (a directory gets ``bench_sparse_mla.json``); the tab
 85%, decode at 95%; what was skipped is recorded. Exit status 1 when a check failed or anything
 raised.
 
-``--smoke``: small sizes, every section (table, a 3-config sweep, decode). On a CPU-only machine
-it runs under Triton's interpreter (the script sets ``TRITON_INTERPRET=1`` before Triton is
-imported unless it is already set): only the torch baseline, the tl kernel and the CPU default
+``--smoke``: small sizes, every section (table, a 1-config sweep, decode; ``--records`` when
+given), each measurement one call (``lib.timing``'s smoke mode: no timing loops). On a CPU-only
+machine it runs under Triton's interpreter (the script sets ``TRITON_INTERPRET=1`` before Triton
+is imported unless it is already set): only the torch baseline, the tl kernel and the CPU default
 (the reference) run there, Gluon kernels do not run in the interpreter, and the numbers check the
 script, not the kernels' speed. On a GPU ``--smoke`` runs D 512 at a few hundred tokens, compiled,
 Gluon included (~1 minute, mostly compiles).
@@ -70,40 +71,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import importlib
-import json
 import math
-import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from lib import smoke
+
+smoke.use_interpreter()  # before anything imports Triton
+INTERPRET = smoke.interpreted()
 KERNELS = ("torch", "triton", "gluon", "gluon_ws", "default")
 
-# Triton fixes compiled or interpreted when it decorates a kernel: decide before anything imports it.
-if "--smoke" in sys.argv[1:] and not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "1"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 import swa_backends  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.results import log  # noqa: E402
+from lib.sparse_mla import REF, build_kernels, check, make_inputs, record_cache, tflops, torch_baseline  # noqa: E402
 from swa_backends.common.device import resolve_device  # noqa: E402
-from swa_backends.common.ops import OPS  # noqa: E402
-from swa_backends.common.registry import Variant  # noqa: E402
-from swa_backends.dispatch import variant as declared_variant  # noqa: E402
 from swa_backends.testing.conformance import mismatch  # noqa: E402
 
-REF = OPS["sparse_mla"].reference
-
-# What one run measures. "tiny" walks the same code on a CPU through the interpreter
-# (tests/e2e/test_bench_sparse_mla.py), so a GPU run never meets an untried line; "gpu-smoke" is the
+# What one run measures. "tiny" walks the same code on a CPU through the interpreter, one cell and
+# one call per path (tests/e2e/test_bench_sparse_mla.py), so a GPU run never meets an untried line; "gpu-smoke" is the
 # same on a GPU at D 512 with enough tokens (>= 132 (token, 64-head) programs) for the Gluon kernels.
 PLANS = {
     "h200": dict(D=512, S=1 << 20, table_H=(64, 128), table_T=(4096, 16384), table_K=(640, 1152),
@@ -113,9 +102,9 @@ PLANS = {
     "gpu-smoke": dict(D=512, S=1 << 16, table_H=(64,), table_T=(256,), table_K=(128, 320), quick_T=(256,),
                       quick_K=(128,), sweep=[(256, 64, 128)], check_T=256, check_K=320, spot=16, decode_H=(64,),
                       decode_T=(1, 8), decode_K=128, decode_splits=("auto", 1, 2), reps=2, torch_reps=1),
-    "tiny": dict(D=32, S=3000, table_H=(16,), table_T=(3,), table_K=(40, 70), quick_T=(3,), quick_K=(40,),
-                 sweep=[(3, 16, 40)], check_T=9, check_K=70, spot=4, decode_H=(16,), decode_T=(1, 3), decode_K=40,
-                 decode_splits=("auto", 1, 3), reps=1, torch_reps=1),
+    "tiny": dict(D=32, S=3000, table_H=(16,), table_T=(3,), table_K=(40,), quick_T=(3,), quick_K=(40,),
+                 sweep=[(3, 16, 40)], check_T=9, check_K=70, spot=4, decode_H=(16,), decode_T=(1,), decode_K=40,
+                 decode_splits=("auto", 1), reps=1, torch_reps=1),
 }
 # --records (D_qk = d_v = 512 always: the records' geometry): rows in the cache, records per page,
 # decode-like and prefill token counts, heads, index width (SWA 128 + top-k 512), check tokens.
@@ -172,139 +161,6 @@ def parse_config(text: str, base):
         else:
             kw[name] = int(value)
     return dataclasses.replace(base, **kw)
-
-
-# ---------------------------------------------------------------------------------------
-# measuring
-# ---------------------------------------------------------------------------------------
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def tflops(T, H, K, D, DV, ms):
-    return 2.0 * T * H * K * (D + DV) / (ms * 1e-3) / 1e12
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn, reps=3, warmup=1) -> float:
-    """Median milliseconds of ``fn()`` (CUDA events around each call; wall clock off-GPU)."""
-    for _ in range(warmup):
-        fn()
-    _sync()
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def graph_us(fn, calls=20, reps=5) -> float:
-    """Microseconds per call replaying a CUDA graph of ``calls`` back-to-back calls
-    (off-GPU: eager wall clock)."""
-    if not torch.cuda.is_available():
-        return eager_us(fn, calls=2)
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / calls)
-    del g
-    return statistics.median(times)
-
-
-def eager_us(fn, calls=50) -> float:
-    fn()
-    _sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    _sync()
-    return (time.perf_counter() - t0) * 1e6 / calls
-
-
-def torch_baseline(q, kv, indices, lens, sm_scale, d_v, sink=None, max_bytes=2 << 30):
-    """Torch-native sparse MLA: gather rows, bmm, fp32 softmax (+sink), bmm; chunked over
-    tokens so the gathered rows stay under ``max_bytes``."""
-    T, H, Dq = q.shape
-    K = indices.shape[1]
-    out = torch.empty(T, H, d_v, dtype=q.dtype, device=q.device)
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-    chunk = max(1, max_bytes // (K * Dq * q.element_size()))
-    j = torch.arange(K, device=q.device)
-    for s in range(0, T, chunk):
-        e = min(T, s + chunk)
-        idx = indices[s:e].long()
-        ok = (j[None, :] < lens[s:e, None]) & (idx >= 0)
-        rows = kv[idx.clamp(min=0)]  # [t, K, D] gather
-        sc = torch.bmm(q[s:e], rows.transpose(1, 2)).float() * sm_scale  # [t, H, K]
-        sc.masked_fill_(~ok[:, None, :], float("-inf"))
-        l = torch.logsumexp(sc, dim=-1)
-        den = l if sink is None else torch.logaddexp(l, sink[None, :])
-        p = torch.exp(sc - torch.where(torch.isfinite(den), den, 0.0)[..., None])
-        out[s:e] = torch.bmm(p.to(q.dtype), rows[..., :d_v])
-        lse[s:e] = l
-    return out, lse
-
-
-def make_inputs(T, H, K, D, *, kv, pads=False, seed=0, dev="cuda", dtype=torch.bfloat16):
-    """Random q (never zeros), random valid indices into ``kv``, a sink; ``pads`` adds PAD
-    inside the length, all-PAD rows, short and empty rows and whole PAD tiles."""
-    g = torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn(T, H, D, generator=g, device=dev, dtype=torch.float32).to(dtype)
-    idx = torch.randint(0, kv.shape[0], (T, K), generator=g, device=dev, dtype=torch.int32)
-    lens = torch.full((T,), K, dtype=torch.int32, device=dev)
-    if pads:
-        hole = torch.rand(T, K, generator=g, device=dev) < 0.2
-        idx = torch.where(hole, torch.full_like(idx, -1), idx)
-        lens = torch.randint(0, K + 1, (T,), generator=g, device=dev, dtype=torch.int32)
-        lens[::7] = K
-        lens[3::11] = 0
-        idx[5::13] = -1
-        idx[6::17, 16:48] = -1  # whole tiles of PAD inside the length
-    sink = torch.randn(H, generator=g, device=dev)
-    return q, idx, lens, sink
-
-
-def check(got, q, kv, idx, lens, scale, d_v, sink, n=None) -> tuple[str | None, float]:
-    """(mismatch() of the first ``n`` tokens against the fp32 torch reference, relative error)."""
-    n = q.shape[0] if n is None else min(n, q.shape[0])
-    want = REF(q[:n], kv, idx[:n], lens[:n], scale, d_v, sink=sink)
-    out = (got[0][:n], got[1][:n])
-    why = mismatch("sparse_mla", out, want)
-    o, w = out[0].float(), want[0].float()
-    rel = float((o - w).norm() / w.norm().clamp_min(1e-6))
-    return why, rel
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,97 +221,8 @@ class CompiledTracker:
 
 
 # ---------------------------------------------------------------------------------------
-# the kernels
-# ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Kernel:
-    """One column of the table: ``call(q, kv, idx, lens, scale, d_v, sink) -> (out, lse)``;
-    ``why_not`` says why it does not run here at all; ``per_call`` gives the reasons it
-    would not take one call (None: it takes every call)."""
-
-    name: str
-    call: object = None
-    why_not: str | None = None
-    per_call: object = None
-    jit_fns: tuple = ()
-    label: object = None  # call args -> a label for the row (config, dispatched variant)
-    backend: object = None  # "default": the Backend of select(device)
-
-
-def build_kernels(device_info, tdev, wanted) -> dict[str, Kernel]:
-    from swa_backends.kernels import sparse_mla as tl_mod
-
-    out: dict[str, Kernel] = {}
-    if "torch" in wanted:
-        out["torch"] = Kernel("torch", call=lambda q, kv, i, l, s, dv, sink: torch_baseline(q, kv, i, l, s, dv, sink),
-                              label=lambda *a: "gather + 2 bmm")
-    if "triton" in wanted:
-        v: Variant = declared_variant("sparse_mla", "triton")
-        why = v.not_supported_reasons(device_info)
-
-        def tl_cfg(q, kv, idx, *_):
-            T, H, D = q.shape
-            return tl_mod.pick_config(T, H, D, D, idx.shape[1], tdev)
-
-        out["triton"] = Kernel(
-            "triton", why_not="; ".join(why) or None,
-            call=lambda q, kv, i, l, s, dv, sink: tl_mod.launch(q, kv, i, l, s, dv, sink, config=tl_cfg(q, kv, i)),
-            jit_fns=(getattr(tl_mod, "_sparse_mla_fwd", None), getattr(tl_mod, "_sparse_mla_combine", None)),
-            label=lambda *a: "table " + tl_cfg(*a).short())
-    for name, module, fn in (("gluon", "sparse_mla_gluon", "_sparse_mla_gluon_fwd"),
-                             ("gluon_ws", "sparse_mla_gluon_ws", "_sparse_mla_gluon_ws_fwd")):
-        if name not in wanted:
-            continue
-        v = declared_variant("sparse_mla", name)
-        if INTERPRET:
-            out[name] = Kernel(name, why_not="TRITON_INTERPRET=1: Gluon kernels do not run in Triton's interpreter")
-            continue
-        why = v.not_supported_reasons(device_info)
-        if why:
-            out[name] = Kernel(name, why_not="; ".join(why))
-            continue
-        try:
-            impl = v.load()  # the variant: the Gluon kernel under the op's signature (kernels/__init__.py)
-            mod = importlib.import_module(f"swa_backends.kernels.{module}")
-        except Exception as exc:
-            out[name] = Kernel(name, why_not=f"import failed: {type(exc).__name__}: {str(exc)[:200]}")
-            continue
-        out[name] = Kernel(name, call=lambda q, kv, i, l, s, dv, sink, impl=impl: impl(q, kv, i, l, s, dv, sink=sink),
-                           per_call=lambda q, kv, i, l, s, dv, sink, v=v: v.input_reasons((q, kv, i, l, s, dv),
-                                                                                        {"sink": sink}),
-                           jit_fns=(getattr(mod, fn, None),), label=lambda *a, name=name: name)
-    if "default" in wanted:
-        backend = swa_backends.select(device_info)
-        out["default"] = Kernel(
-            "default", call=lambda q, kv, i, l, s, dv, sink: backend.sparse_mla(q, kv, i, l, s, dv, sink=sink),
-            label=lambda q, kv, i, l, s, dv, sink: backend.variant_for("sparse_mla", q, kv, i, l, s, dv, sink=sink),
-            backend=backend)
-    return out
-
-
-# ---------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------
-
-
-def file_sha(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return "unknown"
-
-
-def git_commit() -> str:
-    env = os.environ.get("SWA_COMMIT")
-    if env:
-        return env
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
 
 
 def parse_args(argv=None):
@@ -500,44 +267,36 @@ def main(argv=None) -> int:
         if not all(p.isdigit() and int(p) > 0 for p in parts):
             raise ValueError(f"--decode-t: {args.decode_t!r}; expected comma-separated positive integers, e.g. 1,2,4")
         decode_t = tuple(int(p) for p in parts)
+    why = smoke.refusal(args.smoke, cpu_only=False)
+    if why:
+        log(why)
+        return 2
     on_gpu = torch.cuda.is_available()
-    if not on_gpu and not args.smoke:
-        log("needs a CUDA GPU (or --smoke: small sizes, on a CPU through Triton's interpreter)")
-        return 2
-    if not on_gpu and not INTERPRET:
-        log("--smoke on a CPU needs Triton's interpreter: TRITON_INTERPRET is set to something other than 1")
-        return 2
+    tm.set_smoke(args.smoke)
     if args.smoke:
         args.sweep = args.decode = True
     plan = PLANS["h200" if not args.smoke else ("gpu-smoke" if on_gpu else "tiny")]
     if decode_t is not None:
         plan = {**plan, "decode_T": decode_t}
     D = DV = plan["D"]
-    out_path = Path(args.out)
-    if out_path.suffix != ".json":
-        out_path.mkdir(parents=True, exist_ok=True)
-        out_path = out_path / "bench_sparse_mla.json"
+    out_path = results.out_file(args.out, "bench_sparse_mla.json")
     t_start = time.time()
     dev = "cuda" if on_gpu else "cpu"
     tdev = torch.device(dev, torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     device_info = resolve_device(str(tdev))
     scale = 1.0 / math.sqrt(D)
-    import triton
-
     from swa_backends.kernels import sparse_mla as tl_mod
 
     result: dict = {
         "meta": {
-            "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": git_commit(),
-            "kernel_sha256_16": {f: file_sha(ROOT / "kernels" / f) for f in
+            **results.machine(tdev), "argv": sys.argv,
+            "kernel_sha256_16": {f: results.file_sha(results.ROOT / "kernels" / f) for f in
                                  ("sparse_mla.py", "sparse_mla_gluon.py", "sparse_mla_gluon_ws.py")},
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-            "sms": torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else None,
             "interpret": INTERPRET, "smoke": args.smoke, "plan": plan, "budget_s": args.budget,
             "flops": "2*T*H*K*(D_qk+d_v)", "D_qk": D, "d_v": DV,
             "method": "median of CUDA-event times around each call; every call with a sink; random valid indices "
-                      f"into a {plan['S']}-row cache; default = select(device).sparse_mla with validation off",
+                      f"into a {plan['S']}-row cache; default = select(device).sparse_mla with validation off "
+                      "(lib/timing.py)",
         },
         "not_run": {}, "dispatch": {}, "correctness": [], "compiled": [], "baseline": [], "table": [],
         "sweep": [], "best": {}, "decode_vllm": [], "decode": [], "records": [], "errors": [], "sections_s": {},
@@ -549,7 +308,7 @@ def main(argv=None) -> int:
 
     def save():
         meta["elapsed_s"] = round(elapsed(), 1)
-        out_path.write_text(json.dumps(result, indent=1, default=str))
+        results.write_json(out_path, result)
 
     def err(where: str, exc: BaseException) -> str:
         """Record a failure (traceback in errors[]) and return its one-line reason."""
@@ -562,7 +321,7 @@ def main(argv=None) -> int:
         result["sections_s"][name] = round(time.time() - t0, 1)
         save()
 
-    log(f"device {meta['device']}, torch {torch.__version__}, triton {triton.__version__}, plan "
+    log(f"device {meta['device']}, torch {meta['torch']}, triton {meta['triton']}, plan "
         f"{'h200' if not args.smoke else 'smoke'} (D {D}, {plan['S']}-row cache)")
     if INTERPRET:
         log("TRITON_INTERPRET=1 (CPU smoke run): only the torch baseline, the tl kernel (variant triton) and the "
@@ -603,7 +362,7 @@ def main(argv=None) -> int:
                                              q, g_kv, idx, lens, scale, DV, sink, n=n)
                             result["correctness"].append({"kernel": "torch", "H": H, "what": f"{n} tokens",
                                                           "ok": why is None, "rel_err": rel, "why": why})
-                        ms = timed(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=plan["torch_reps"])
+                        ms = tm.event_ms(lambda: torch_baseline(q, g_kv, idx, lens, scale, DV, sink), reps=plan["torch_reps"])
                         row.update(ms=ms, tflops=tflops(T, H, Kw, D, DV, ms))
                     except Exception as exc:
                         row["error"] = err(f"torch T={T} H={H} K={Kw}", exc)
@@ -638,7 +397,7 @@ def main(argv=None) -> int:
                 tracker = CompiledTracker(k.jit_fns)
                 tracker.mark()
                 got = k.call(*cargs)
-                _sync()
+                tm.sync()
                 why, rel = check(got, *cargs)
                 entry.update(ok=why is None, rel_err=rel, why=why)
                 for info in tracker.new() if on_gpu else ():
@@ -686,11 +445,12 @@ def main(argv=None) -> int:
                         continue
                     try:
                         r["label"] = k.label(*a)
-                        why, rel = check(k.call(*a), *a, n=plan["spot"])
+                        fn = lambda k=k: k.call(*a)  # noqa: E731
+                        why, rel = check(tm.call(fn), *a, n=plan["spot"])
                         r.update(correct=why is None, rel_err=rel, why=why)
                         if why is not None:
                             continue
-                        ms = timed(lambda: k.call(*a), reps=plan["reps"])
+                        ms = tm.event_ms(fn, reps=plan["reps"])
                         r.update(ms=ms, tflops=tflops(T, H, Kw, D, DV, ms))
                     except Exception as exc:
                         r["error"] = err(f"table {name} T={T} H={H} K={Kw}", exc)
@@ -745,7 +505,7 @@ def main(argv=None) -> int:
 
 def run_sweep(args, plan, result, g_kv, D, DV, scale, dev, tdev, K, elapsed, err, save) -> None:
     """Section 4: every config on its own (compile, check on PAD patterns, time)."""
-    texts = args.config or list(SWEEP[:4] if args.quick else SWEEP[:3] if args.smoke else SWEEP)
+    texts = args.config or list(SWEEP[:4] if args.quick else SWEEP[2:3] if args.smoke else SWEEP)
     configs = [parse_config(c, K.Config()) for c in texts]
     for T, H, Kw in plan["sweep"]:
         q, idx, lens, sink = make_inputs(T, H, Kw, D, kv=g_kv, seed=H, dev=dev)
@@ -763,7 +523,7 @@ def run_sweep(args, plan, result, g_kv, D, DV, scale, dev, tdev, K, elapsed, err
             try:
                 t1 = time.time()
                 got = K.launch(cq, g_kv, cidx, clens, scale, DV, csink, config=cfg, fit=False)
-                _sync()
+                tm.sync()
                 row["compile_s"] = round(time.time() - t1, 1)
                 if torch.cuda.is_available():  # what Triton compiled: registers, spills, shared memory
                     try:
@@ -777,7 +537,7 @@ def run_sweep(args, plan, result, g_kv, D, DV, scale, dev, tdev, K, elapsed, err
                 if why is not None:
                     row["status"] = f"wrong: {why}"
                 else:
-                    ms = timed(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg, fit=False),
+                    ms = tm.event_ms(lambda: K.launch(q, g_kv, idx, lens, scale, DV, sink, config=cfg, fit=False),
                                reps=plan["reps"])
                     row.update(status="ok", ms=ms, tflops=tflops(T, H, Kw, D, DV, ms))
                     if best is None or ms < best[1]:
@@ -856,7 +616,7 @@ def run_decode_vllm(plan, vp, result, dev, tdev, K, elapsed, budget, err, save) 
         n = min(pages * bs, c + step) - c
         rows = torch.randn(n, D, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
         R.write(kv, rows, torch.arange(c, c + n, device=dev), DECODE_FORMAT, DECODE_FP8)
-    _sync()
+    tm.sync()
     swa_cache, comp_cache = kv[:window_pages], kv[window_pages:]  # views: one allocation, two caches
     rec = {"kv_format": DECODE_FORMAT, "fp8": DECODE_FP8}
     backend = swa_backends.select(tdev, checked=False)
@@ -907,13 +667,13 @@ def run_decode_vllm(plan, vp, result, dev, tdev, K, elapsed, budget, err, save) 
                     try:
                         if name == "default":
                             r["label"] = backend.variant_for("sparse_mla", q, kv, idx, lens, scale, D, sink=sink, **rec)
-                        got = fn()
+                        got = tm.call(fn)
                         got = (got[0].view(T, H, D)[:n], None)  # FlashMLA's lse is in its own layout: out only
                         r["why"] = mismatch("sparse_mla", got, (want[0], None))
                         r["correct"] = r["why"] is None
                         r["rel_err"] = float((got[0].float() - want[0].float()).norm()
                                              / want[0].float().norm().clamp_min(1e-6))
-                        r["graph_us"] = graph_us(fn)  # timed either way; the row says whether it matched
+                        r["graph_us"] = tm.graph_us(fn, calls=20, reps=5)  # timed either way; the row says whether it matched
                     except Exception as exc:
                         r["error"] = err(f"decode vs vLLM {name} {layer} T={T} H={H}", exc)
                 base = row["runs"].get("flashmla", {}).get("graph_us")
@@ -957,9 +717,9 @@ def run_decode(args, plan, result, kernels, g_kv, D, DV, scale, dev, K, elapsed,
                 if cfg is not None:
                     v["resolved_splits"] = K.resolve(cfg, T, H, D, DV, Kw, tdev)["splits"]
                 try:
-                    why, rel = check(fn(), *a)
+                    why, rel = check(tm.call(fn), *a)
                     v.update(correct=why is None, rel_err=rel, why=why)
-                    us = graph_us(fn, calls=20 if name != "torch" else 5)
+                    us = tm.graph_us(fn, calls=20 if name != "torch" else 5, reps=5)
                     v.update(graph_us=us, kv_GBps=kv_bytes / (us * 1e-6) / 1e9)
                 except Exception as exc:
                     v["error"] = err(f"decode {name} T={T} H={H}", exc)
@@ -1001,11 +761,8 @@ def run_records(spec: str, rp: dict, result: dict, dev, tdev, K, elapsed, budget
     for fmt, fl in parse_records(spec):
         name = f"{fmt}/{fl}"
         bs = rp["bs"]
-        kv = R.new_cache(-(-rp["S"] // bs), bs, fmt, device=dev)
-        step = 1 << 15  # the torch writer's fp32 temporaries stay small
-        for c in range(0, rp["S"], step):
-            R.write(kv, rows[c:c + step], torch.arange(c, min(rp["S"], c + step), device=dev), fmt, fl)
-        _sync()
+        kv = record_cache(fmt, rows, dev, fp8=fl, bs=bs)
+        tm.sync()
         rec_kw = {"kv_format": fmt, "fp8": fl}
         # correctness on PAD patterns, per head count, against the fp32 reference on the records
         for H in rp["H"]:
@@ -1015,7 +772,7 @@ def run_records(spec: str, rp: dict, result: dict, dev, tdev, K, elapsed, budget
                 tracker = CompiledTracker((K._sparse_mla_fwd, K._sparse_mla_combine))
                 tracker.mark()
                 got = K.launch(q, kv, idx, lens, scale, D, sink, **rec_kw)
-                _sync()
+                tm.sync()
                 want = REF(q, kv, idx, lens, scale, D, sink=sink, **rec_kw)
                 why = mismatch("sparse_mla", got, want)
                 rel = float((got[0].float() - want[0].float()).norm() / want[0].float().norm().clamp_min(1e-6))
@@ -1041,7 +798,7 @@ def run_records(spec: str, rp: dict, result: dict, dev, tdev, K, elapsed, budget
                         bf16 = lambda: K.launch(q, rows, idx, lens, scale, D, sink)  # noqa: E731
                         rec = lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec_kw)  # noqa: E731
                         spot = min(T, 4)
-                        got = rec()
+                        got = tm.call(rec)
                         why = mismatch("sparse_mla", (got[0][:spot], got[1][:spot]),
                                        REF(q[:spot], kv, idx[:spot], lens[:spot], scale, D, sink=sink, **rec_kw))
                         if why is not None:
@@ -1052,12 +809,13 @@ def run_records(spec: str, rp: dict, result: dict, dev, tdev, K, elapsed, budget
                         row["records_splits"] = K.resolve(K.pick_config(T, H, D, D, rp["K"], tdev, fmt), T, H, D, D,
                                                           rp["K"], tdev, K.kv_spec(kv, fmt, fl, True, tdev))["splits"]
                         if kind == "decode":
-                            row["bf16_us"], row["records_us"] = graph_us(bf16), graph_us(rec)
+                            row["bf16_us"] = tm.graph_us(bf16, calls=20, reps=5)
+                            row["records_us"] = tm.graph_us(rec, calls=20, reps=5)
                             row["ratio"] = row["bf16_us"] / row["records_us"]
                             secs = row["records_us"] * 1e-6
                         else:
-                            row["bf16_ms"] = timed(bf16, reps=rp["reps"])
-                            row["records_ms"] = timed(rec, reps=rp["reps"])
+                            row["bf16_ms"] = tm.event_ms(bf16, reps=rp["reps"])
+                            row["records_ms"] = tm.event_ms(rec, reps=rp["reps"])
                             row["ratio"] = row["bf16_ms"] / row["records_ms"]
                             row["records_tflops"] = tflops(T, H, rp["K"], D, D, row["records_ms"])
                             row["bf16_tflops"] = tflops(T, H, rp["K"], D, D, row["bf16_ms"])

@@ -35,12 +35,13 @@ two ways.
 * ``swa_indices_and_lens``, ``pad_replayed_slots`` and the fused ``prepare_replay_step``
   (no plan) on a 64K-token step: bandwidth against a copy moving the same bytes.
 
-``--smoke`` (what the CPU test runs) exercises the whole script -- every section but the
-calibration kernels, the correctness checks, the table -- on tiny sizes through Triton's
-interpreter on the CPU (the script sets ``TRITON_INTERPRET=1`` before Triton is imported
-unless it is set), with host clocks instead of GPU events and no CUDA graphs; its numbers
-mean nothing. Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on the
-GPU machine).
+``--smoke`` (what the CPU test runs) checks the script's wiring -- every section but the
+calibration kernels and the warmup, the correctness checks, the output file and the table -- on
+tiny sizes through Triton's interpreter on the CPU (the script sets ``TRITON_INTERPRET=1``
+before Triton is imported unless it is set): every measurement is one call on the host clock
+(``lib.timing``'s smoke mode), no timing loops; its numbers mean nothing. Timing methods:
+``lib/timing.py``. Imports the installed pack (``pip install -e .``; ``bench/gpu_env.sh`` on
+the GPU machine).
 
 Bandwidth = (bytes read + bytes written) / time; the copy baseline copies half that many
 bytes (a copy reads and writes each byte once).
@@ -49,220 +50,48 @@ bytes (a copy reads and writes each byte once).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
+import dataclasses
 import math
-import os
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-# Triton fixes compiled or interpreted when it decorates a kernel: decide before anything imports it.
-if "--smoke" in sys.argv[1:] and not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "1"
+from lib import smoke
+
+smoke.use_interpreter()  # before anything imports Triton
 
 import numpy as np  # noqa: E402
 import swa_backends  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
+from lib import floors, results, timing as tm  # noqa: E402
+from lib.steps import BS, G, STEPS, W  # noqa: E402
 from swa_backends.common.ops import plan_replay_batch  # noqa: E402
 from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out  # noqa: E402
 from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out  # noqa: E402
 from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
 
-W, BS, G = 128, 64, 5
-SLEEP_CYCLES = 400_000  # ~0.2 ms at 2 GHz: longer than the host needs to enqueue a call (or four)
-REFERENCE_LEAD_CYCLES = 4_000_000  # ~2 ms: the torch reference enqueues a dozen ops per call
-SMOKE = False  # --smoke: CPU interpreter, tiny sizes, host clocks (set by main)
-HIDDEN = 7168
-TOTAL_ROWS = 131072
-ROW_COUNTS = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What one run measures: the steps, the rows benchmark's row width, rows and row counts,
+    the 64K-token step (prefills, tokens each), the steps of the fused-launch comparison, and
+    whether the GPU-only calibration kernels run."""
+
+    steps: dict
+    hidden: int = 7168
+    total_rows: int = 131072
+    row_counts: tuple = (128, 256, 512, 1024, 2048, 4096, 8192)
+    step_64k: tuple = (16, 4096)
+    prepare_steps: tuple = ("8x4K+32d", "16x1K+240d")
+    calibration: bool = True
 
 
-def _empty_body(x_ptr, n, BLOCK: tl.constexpr):
-    pass
-
-
-_EMPTY = []
-
-
-def _cal_one_body(src_ptr, dst_ptr, BLOCK: tl.constexpr):
-    r = tl.arange(0, BLOCK)
-    off = tl.program_id(0) * BLOCK + r
-    tl.store(dst_ptr + off, tl.load(src_ptr + off))
-
-
-def _cal_two_body(idx_ptr, src_ptr, dst_ptr, BLOCK: tl.constexpr):
-    r = tl.arange(0, BLOCK)
-    pid = tl.program_id(0)
-    start = tl.load(idx_ptr + pid)  # the second load's address depends on this one
-    tl.store(dst_ptr + pid * BLOCK + r, tl.load(src_ptr + start + r))
-
-
-def _cal_same_io_body(qsl_ptr, drop_ptr, trim_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, rows_ptr, oqsl_ptr, opos_ptr,
-                      oslot_ptr, kv_ptr, n_pad, BLOCK: tl.constexpr, GB: tl.constexpr):
-    """``gather_replay_batch``'s memory traffic without its logic: the same 12 tensors,
-    one round of 5 scalar loads, one dependent round of the [BLOCK] positions and the
-    [GB, BLOCK] slot tile, the same stores; addresses as plain as they get."""
-    r = tl.arange(0, BLOCK)
-    g = tl.arange(0, GB)
-    pid = tl.program_id(0)
-    x = (tl.load(qsl_ptr + pid) + tl.load(drop_ptr + pid) + tl.load(seq_ptr + pid) + tl.load(rs_ptr + pid)
-         + tl.load(trim_ptr + pid).to(tl.int32))  # all zero: the second round's offset
-    o = pid * BLOCK + x + r
-    p = tl.load(pos_ptr + o)
-    sl = tl.load(slot_ptr + g[:, None] * n_pad + o[None, :])
-    tl.store(rows_ptr + o, o.to(tl.int64))
-    tl.store(opos_ptr + o, p)
-    tl.store(oslot_ptr + g[:, None] * n_pad + o[None, :], sl)
-    tl.store(oqsl_ptr + pid, x)
-    tl.store(kv_ptr + pid, x)
-
-
-_CAL = {}
-
-
-def calibration_kernels():
-    """Two Triton kernels bracketing ``gather_replay_batch``'s floor: one memory round
-    trip (load, store) and two dependent ones (load an offset, load from it, store)."""
-    if not _CAL:
-        _CAL["one"] = triton.jit(_cal_one_body)
-        _CAL["two"] = triton.jit(_cal_two_body)
-        _CAL["same_io"] = triton.jit(_cal_same_io_body)
-    return _CAL
-
-
-def empty_kernel():
-    """The empty Triton kernel, decorated on first use (after the backend fixed Triton's
-    mode: compiled on a GPU, interpreted under --smoke)."""
-    if not _EMPTY:
-        _EMPTY.append(triton.jit(_empty_body))
-    return _EMPTY[0]
-
-
-# ---------------------------------------------------------------------------------------
-# timing helpers
-# ---------------------------------------------------------------------------------------
-
-
-_FLUSH: dict = {}
-
-
-def gpu_us(fn, *, flush: bool = True, calls: int = 200, warmup: int = 25, lead_cycles: int | None = None) -> float:
-    """Median device time of one call (us): events recorded right before and after each
-    call. ``flush``: a 256 MB buffer is zeroed before each call (cold L2: do_bench's
-    method); else ``torch.cuda._sleep(SLEEP_CYCLES)`` instead (warm L2). Either way the
-    device is busy while the host enqueues the events and the call, so host launch
-    overhead is not counted -- as long as enqueueing takes less than the flush (~0.1 ms)
-    or the sleep; ``lead_cycles``: sleep that long before each call in both modes (for
-    host-heavy callables such as the torch reference)."""
-    if SMOKE:
-        return _host_median(fn, min(calls, 2))
-    dev = torch.cuda.current_device()
-    if dev not in _FLUSH:
-        _FLUSH[dev] = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=dev)
-    cache = _FLUSH[dev]
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    for i in range(calls):
-        if flush:
-            cache.zero_()
-        if lead_cycles is not None or not flush:
-            torch.cuda._sleep(lead_cycles or SLEEP_CYCLES)
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)) * 1e3
-
-
-def gpu_pair(fn, **kw) -> dict:
-    """``{"gpu_us_flushed": ..., "gpu_us_warm": ...}`` of ``fn`` (keywords: :func:`gpu_us`'s)."""
-    return {"gpu_us_flushed": gpu_us(fn, flush=True, **kw), "gpu_us_warm": gpu_us(fn, flush=False, **kw)}
-
-
-def _host_median(fn, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
-
-
-def graph_us(fn, calls: int = 64) -> float:
-    """Device time per call: ``calls`` calls captured in one CUDA graph, replayed."""
-    if SMOKE:
-        return float("nan")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
-
-
-def _settle_host(fn, seconds: float = 3.0) -> None:
-    """Call ``fn`` back to back for ``seconds`` before the first host timing: on the H200
-    machines (torch 2.11, Triton 3.6) the first rows timed after start-up ran 20-50% slower
-    in every launch path alike, a host that had not settled yet."""
-    if SMOKE:
-        return
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-
-
-def host_us(fn, calls: int = 3000) -> float:
-    """Host time per call: ``calls`` back-to-back calls without synchronising (the GPU keeps
-    up with a host-bound stream of tiny launches), median of 5 rounds."""
-    if SMOKE:
-        return _host_median(fn, 2)
-    fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(rounds)
-
-
-def copy_gbps(nbytes_traffic: int, dev, *, flush: bool = True) -> tuple[float, float]:
-    """(us, GB/s) of a device-to-device copy moving ``nbytes_traffic`` bytes in total."""
-    n = max(1, nbytes_traffic // 2)
-    src = torch.empty(n, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    us = gpu_us(lambda: dst.copy_(src), flush=flush)
-    return us, 2 * n / us / 1e3
+FULL = Sizes(STEPS)
+SMOKE = Sizes({"1x140": (1, 140, 0), "1x140+3d": (1, 140, 3)}, hidden=40, total_rows=64, row_counts=(8, 16),
+              step_64k=(1, 140), prepare_steps=(), calibration=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,37 +138,31 @@ class Step:
         self.plan = plan_replay_batch(self.qsl_host, pre, np.zeros(B, bool), W, trim_threshold=0)
 
 
-STEPS = {
-    "1x1K": (1, 1024, 0),
-    "1x16K": (1, 16384, 0),
-    "8x4K+32d": (8, 4096, 32),
-    "32x4K+128d": (32, 4096, 128),
-    "16x1K+240d": (16, 1024, 240),
-}
 
 
-def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
+def bench_gather_replay_batch(tb, ref, dev, rng, sz: Sizes, results, quick):
     from swa_backends.kernels import _launch
 
     empty_x = torch.empty(1, device=dev)
-    kernel = empty_kernel()
+    kernel = floors.empty_kernel()
     empty = lambda: kernel[(1,)](empty_x, 1, BLOCK=16)  # noqa: E731
-    _settle_host(empty)
-    results["empty_triton_launch"] = {**gpu_pair(empty), "graph_us": graph_us(empty), "host_us": host_us(empty)}
+    tm.settle_host(empty)
+    results["empty_triton_launch"] = {**tm.gpu_pair(empty), "graph_us": tm.graph_us(empty),
+                                      "host_us": tm.host_us(empty)}
     # the same empty kernel through the pack's launch path (a _launch.Kernel): the host floor of every op
-    pack_empty = _launch.Kernel(_launch.jit(_empty_body), name="bench.empty")
+    pack_empty = _launch.Kernel(_launch.jit(floors.empty_body), name="bench.empty")
     pack_fn = lambda: pack_empty((), (1, 1, 1), empty_x, 1, 16)  # noqa: E731
     pack_fn()
     results["empty_launch_paths"] = {f"host_us_{mode}": us for mode, us in host_modes(pack_fn).items()}
-    if not SMOKE:
-        cal = calibration_kernels()
+    if sz.calibration:
+        cal = floors.calibration_kernels()
         src = torch.arange(160 * 128, dtype=torch.int64, device=dev)
         dst = torch.empty_like(src)
         idx = torch.arange(160, dtype=torch.int32, device=dev) * 128
         results["calibration"] = {
-            f"{kind}_{progs}": gpu_pair(
-                (lambda k=kind, g=progs: cal["one"][(g,)](src, dst, BLOCK=128)) if kind == "one_trip" else
-                (lambda k=kind, g=progs: cal["two"][(g,)](idx, src, dst, BLOCK=128)))
+            f"{kind}_{progs}": tm.gpu_pair(
+                (lambda g=progs: cal["one"][(g,)](src, dst, BLOCK=128)) if kind == "one_trip" else
+                (lambda g=progs: cal["two"][(g,)](idx, src, dst, BLOCK=128)))
             for kind in ("one_trip", "two_trips") for progs in (1, 160)}
         # the gather's 12 tensors and its traffic, with none of its logic: what the tensor
         # count and the stores cost beyond two dependent round trips
@@ -351,28 +174,28 @@ def bench_gather_replay_batch(tb, ref, dev, rng, results, quick):
         outs = [torch.empty(160 * 128, dtype=torch.int64, device=dev), z32.clone(), torch.empty_like(pos),
                 torch.empty_like(slots), z32.clone()]
         for progs in (1, 160):
-            results["calibration"][f"same_io_{progs}"] = gpu_pair(
-                lambda g=progs: cal["same_io"][(g,)](io_in[0], io_in[1], ztrim, io_in[2], io_in[3], pos, slots, outs[0],
-                                                     outs[1], outs[2], outs[3], outs[4], 160 * 128, BLOCK=128, GB=8))
+            results["calibration"][f"same_io_{progs}"] = tm.gpu_pair(
+                lambda g=progs: cal["same_io"][(g,)](io_in[0], io_in[1], ztrim, io_in[2], io_in[3], pos, slots,
+                                                     outs[0], outs[1], outs[2], outs[3], outs[4], 160 * 128,
+                                                     BLOCK=128, GB=8))
     rows, fns = [], {}
-    for name, (p, q, d) in STEPS.items():
+    for name, (p, q, d) in sz.steps.items():
         s = Step(p, q, d, dev, rng)
         args = (s.plan, s.qsl, s.seq, s.R, s.positions, s.slots, W)
         out = gather_out(s.plan, G, dev)
-        got = tb.gather_replay_batch(*args, out=out)
-        want = ref.gather_replay_batch(*args)
-        assert all(torch.equal(getattr(got, k), getattr(want, k))
-                   for k in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start")), name
         fn = lambda: tb.gather_replay_batch(*args, out=out)  # noqa: E731
         rfn = lambda: ref.gather_replay_batch(*args)  # noqa: E731
+        got, want = tm.call(fn), tm.call(rfn)
+        assert all(torch.equal(getattr(got, k), getattr(want, k))
+                   for k in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start")), name
         row = {"step": name, "B": s.B, "T": s.T, "rows": s.plan.num_rows}
-        row.update({f"triton_{k}": v for k, v in gpu_pair(fn).items()})
-        row.update({"triton_graph_us": graph_us(fn),
-                    "triton_host_us_no_out": host_us(lambda: tb.gather_replay_batch(*args))})
+        row.update({f"triton_{k}": v for k, v in tm.gpu_pair(fn).items()})
+        row.update({"triton_graph_us": tm.graph_us(fn),
+                    "triton_host_us_no_out": tm.host_us(lambda: tb.gather_replay_batch(*args))})
         fns[name] = fn
-        row.update({f"reference_{k}": v for k, v in gpu_pair(rfn, calls=30, warmup=3,
-                                                             lead_cycles=REFERENCE_LEAD_CYCLES).items()})
-        row["reference_host_us"] = host_us(rfn, calls=300)
+        row.update({f"reference_{k}": v for k, v in tm.gpu_pair(rfn, calls=30, warmup=3,
+                                                                lead_cycles=tm.LONG_LEAD_CYCLES).items()})
+        row["reference_host_us"] = tm.host_us(rfn, calls=300)
         rows.append(row)
         if quick:
             break
@@ -394,43 +217,33 @@ LAUNCH_PATHS = {"pack": False, "triton_path": True}
 
 def host_modes(fns, calls: int = 2000, rounds: int = 7) -> dict:
     """Host time per call through each of :data:`LAUNCH_PATHS`. ``fns``: one function (result
-    keyed by path) or ``{step: fn}`` (keyed by ``(step, path)``). Rounds interleave every path
-    and step, so drift of the host (clocks, neighbours) hits them alike; median over rounds.
-    Restores ``check_keys``."""
+    keyed by path) or ``{step: fn}`` (keyed by ``(step, path)``); interleaved rounds over every
+    path and step (``lib.timing.host_interleaved_us``). Restores ``check_keys``."""
     from swa_backends.kernels import _launch
 
     single = callable(fns)
     steps = {None: fns} if single else fns
-    keys = [(step, mode) for mode in LAUNCH_PATHS for step in steps]
-    times: dict[tuple, list[float]] = {k: [] for k in keys}
+    timed = {(step, mode): f for mode in LAUNCH_PATHS for step, f in steps.items()}
+
+    def path(mode):
+        def set_path():
+            _launch.check_keys = LAUNCH_PATHS[mode]
+        return set_path
+
     before = _launch.check_keys
     try:
-        for r in range(1 if SMOKE else rounds):
-            order = keys[r % len(keys):] + keys[:r % len(keys)]
-            for step, mode in order:
-                _launch.check_keys = LAUNCH_PATHS[mode]
-                f = steps[step]
-                if SMOKE:  # the setting still switches (and checks the keys), the numbers mean nothing
-                    times[(step, mode)].append(_host_median(f, 2))
-                    continue
-                f()
-                f()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    f()
-                times[(step, mode)].append((time.perf_counter() - t0) / calls * 1e6)
-                torch.cuda.synchronize()
+        got = tm.host_interleaved_us(timed, calls=calls, rounds=rounds, warm=2,
+                                     before={k: path(k[1]) for k in timed})
     finally:
         _launch.check_keys = before
-    return {(k[1] if single else k): statistics.median(v) for k, v in times.items()}
+    return {(k[1] if single else k): v for k, v in got.items()}
 
 
-def bench_prepare(tb, dev, rng, results, quick):
+def bench_prepare(tb, dev, rng, sz: Sizes, results, quick):
     rows = []
-    names = [n for n in PREPARE_STEPS if n in STEPS] or list(STEPS)[-1:]
+    names = [n for n in sz.prepare_steps if n in sz.steps] or list(sz.steps)[-1:]
     for name in names if not quick else names[:1]:
-        p, q, d = STEPS[name]
+        p, q, d = sz.steps[name]
         s = Step(p, q, d, dev, rng)
         out = prepare_out(s.B, s.T, W, dev, s.plan, G)
         swa_out = (torch.empty(s.T, W, dtype=INDEX_DTYPE, device=dev), torch.empty(s.T, dtype=INDEX_DTYPE, device=dev))
@@ -450,10 +263,10 @@ def bench_prepare(tb, dev, rng, results, quick):
 
         _check_prepare(tb, s, out)
         row = {"step": name, "T": s.T}
-        row.update({f"fused_{k}": v for k, v in gpu_pair(fused).items()})
-        row["fused_host_us"] = host_us(fused)
-        row.update({f"separate_{k}": v for k, v in gpu_pair(separate).items()})
-        row["separate_host_us"] = host_us(separate)
+        row.update({f"fused_{k}": v for k, v in tm.gpu_pair(fused).items()})
+        row["fused_host_us"] = tm.host_us(fused)
+        row.update({f"separate_{k}": v for k, v in tm.gpu_pair(separate).items()})
+        row["separate_host_us"] = tm.host_us(separate)
         rows.append(row)
     results["prepare_replay_step"] = rows
 
@@ -474,33 +287,34 @@ def _check_prepare(tb, s, out, plan=True) -> None:
             assert torch.equal(getattr(got.replay_batch, k), getattr(want.replay_batch, k)), k
 
 
-def bench_rows(tb, dev, rng, results, quick):
+def bench_rows(tb, dev, rng, sz: Sizes, results, quick):
     from swa_backends.kernels import rows as rows_mod
 
-    N = TOTAL_ROWS
-    x = torch.randn(N, HIDDEN, device=dev).to(torch.bfloat16)
-    rb = HIDDEN * 2
-    counts = ROW_COUNTS if not quick else ROW_COUNTS[::3]
+    N, hidden = sz.total_rows, sz.hidden
+    x = torch.randn(N, hidden, device=dev).to(torch.bfloat16)
+    rb = hidden * 2
+    counts = sz.row_counts if not quick else sz.row_counts[::3]
     gather, scatter = [], []
-    out = torch.empty(max(counts), HIDDEN, dtype=torch.bfloat16, device=dev)
-    big = torch.zeros(N, HIDDEN, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(max(counts), hidden, dtype=torch.bfloat16, device=dev)
+    big = torch.zeros(N, hidden, dtype=torch.bfloat16, device=dev)
     for n in counts:
         rows = torch.tensor(np.sort(rng.permutation(N)[:n]), dtype=SLOT_DTYPE, device=dev)
         o = out[:n]
         traffic = 2 * n * rb
-        copy_us, copy_bw = copy_gbps(traffic, dev)
-        t_us = gpu_us(lambda: tb.gather_rows(x, rows, out=o))
-        i_us = gpu_us(lambda: torch.index_select(x, 0, rows, out=o))
-        assert torch.equal(tb.gather_rows(x, rows, out=o), x[rows])
+        copy_us, copy_bw = tm.copy_us(traffic, dev)
+        pick = lambda: tb.gather_rows(x, rows, out=o)  # noqa: E731
+        assert torch.equal(tm.call(pick), x[rows])
+        t_us = tm.gpu_us(pick)
+        i_us = tm.gpu_us(lambda: torch.index_select(x, 0, rows, out=o))
         gather.append({"rows": n, "bytes": traffic, "triton_us": t_us, "triton_GBps": traffic / t_us / 1e3,
                        "index_select_us": i_us, "index_select_GBps": traffic / i_us / 1e3,
                        "copy_us": copy_us, "copy_GBps": copy_bw, "triton_vs_copy": copy_us / t_us})
         y = x[:n].clone()
-        core_us = gpu_us(lambda: rows_mod._launch(y, big, rows, n, True))  # the scatter launch alone
-        ic_us = gpu_us(lambda: big.index_copy_(0, rows, y))
-        full_us = gpu_us(lambda: tb.scatter_rows(y, rows, N, out=big))
+        core_us = tm.gpu_us(lambda: rows_mod._launch(y, big, rows, n, True))  # the scatter launch alone
+        ic_us = tm.gpu_us(lambda: big.index_copy_(0, rows, y))
+        full_us = tm.gpu_us(lambda: tb.scatter_rows(y, rows, N, out=big))
         full_traffic = (N + n) * rb  # write every output row once, read every input row once
-        fcopy_us, fcopy_bw = copy_gbps(full_traffic, dev)
+        fcopy_us, fcopy_bw = tm.copy_us(full_traffic, dev)
         scatter.append({"rows": n, "bytes": traffic, "triton_us": core_us, "triton_GBps": traffic / core_us / 1e3,
                         "index_copy_us": ic_us, "index_copy_GBps": traffic / ic_us / 1e3,
                         "copy_us": copy_us, "copy_GBps": copy_bw, "triton_vs_copy": copy_us / core_us,
@@ -515,21 +329,22 @@ def bench_rows(tb, dev, rng, results, quick):
 def _vs_copy(fn, traffic: int, dev, T: int) -> dict:
     """Time ``fn`` and a copy of ``traffic`` bytes, L2 flushed and warm."""
     r = {"T": T, "bytes": traffic}
+    pair = tm.gpu_pair(fn)
     for mode, flush in (("flushed", True), ("warm", False)):
-        us = gpu_us(fn, flush=flush)
-        c_us, c_bw = copy_gbps(traffic, dev, flush=flush)
+        us = pair[f"gpu_us_{mode}"]
+        c_us, c_bw = tm.copy_us(traffic, dev, flush=flush)
         r.update({f"triton_us_{mode}": us, f"triton_GBps_{mode}": traffic / us / 1e3, f"copy_us_{mode}": c_us,
                   f"copy_GBps_{mode}": c_bw, f"triton_vs_copy_{mode}": c_us / us})
     return r
 
 
-def bench_64k(tb, dev, rng, results, steps=(16, 4096)):
-    s = Step(steps[0], steps[1], 0, dev, rng)
+def bench_64k(tb, dev, rng, sz: Sizes, results):
+    s = Step(sz.step_64k[0], sz.step_64k[1], 0, dev, rng)
     T = s.T
     swa_out = (torch.empty(T, W, dtype=INDEX_DTYPE, device=dev), torch.empty(T, dtype=INDEX_DTYPE, device=dev))
     fn = lambda: tb.swa_indices_and_lens(s.qsl, s.seq, s.block_table, BS, W, s.R, index_width=W,  # noqa: E731
                                          num_tokens=T, out=swa_out)
-    got = fn()
+    got = tm.call(fn)
     want = swa_backends.common.ops.OPS["swa_indices_and_lens"].reference(s.qsl, s.seq, s.block_table, BS, W, s.R,
                                                                          index_width=W, num_tokens=T)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -583,7 +398,9 @@ def print_table(res) -> None:
         print(f"{r['step']:>12}: fused {r['fused_gpu_us_flushed']:.2f} / {r['fused_gpu_us_warm']:.2f}, host "
               f"{r['fused_host_us']:.2f} | separate {r['separate_gpu_us_flushed']:.2f} / {r['separate_gpu_us_warm']:.2f}, "
               f"host {r['separate_host_us']:.2f}")
-    print(f"\ngather_rows / scatter_rows, {HIDDEN}-wide bf16 rows out of {TOTAL_ROWS} (target >= 80% of copy from 1K rows)")
+    sz = res["meta"]["sizes"]
+    print(f"\ngather_rows / scatter_rows, {sz['hidden']}-wide bf16 rows out of {sz['total_rows']} (target >= 80% of "
+          "copy from 1K rows)")
     print(f"{'rows':>6} {'gather GB/s':>11} {'vs copy':>7} {'index_select':>12} {'scatter GB/s':>12} {'vs copy':>7} "
           f"{'index_copy_':>11} {'copy GB/s':>9}")
     for g, s in zip(res["gather_rows"], res["scatter_rows"]):
@@ -603,7 +420,7 @@ def plot(res, path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:
+    except Exception:  # noqa: BLE001 - the table is the result; the plot is a picture of it
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
     g, s = res["gather_rows"], res["scatter_rows"]
@@ -614,9 +431,10 @@ def plot(res, path: Path) -> bool:
     ax.plot(n, [r["index_copy_GBps"] for r in s], "s--", label="Tensor.index_copy_")
     ax.plot(n, [r["copy_GBps"] for r in g], "k:", label="D2D copy, same bytes")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"rows moved ({HIDDEN}-wide bf16, out of 131072)")
+    sz = res["meta"]["sizes"]
+    ax.set_xlabel(f"rows moved ({sz['hidden']}-wide bf16, out of {sz['total_rows']})")
     ax.set_ylabel("GB/s (read + write)")
-    ax.set_title(res["meta"]["gpu"])
+    ax.set_title(res["meta"]["device"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -624,80 +442,56 @@ def plot(res, path: Path) -> bool:
     return True
 
 
-PREPARE_STEPS = ("8x4K+32d", "16x1K+240d")
-SMOKE_SIZES = dict(
-    STEPS={"1x140": (1, 140, 0), "2x140+3d": (2, 140, 3)},
-    HIDDEN=40,
-    TOTAL_ROWS=64,
-    ROW_COUNTS=(8, 16),
-    STEP_64K=(2, 140),
-)
-
-
 def main(argv=None) -> int:
-    global SMOKE, STEPS, HIDDEN, TOTAL_ROWS, ROW_COUNTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="What each section measures: the module docstring and bench/README.md.")
     ap.add_argument("--out", required=True, help="directory for the JSON (and PNG)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer sizes: the first step of each section, every third row count")
     ap.add_argument("--smoke", action="store_true",
-                    help="no GPU: tiny sizes through Triton's interpreter (checks the script; numbers mean nothing)")
+                    help="no GPU: tiny sizes through Triton's interpreter, one call per measurement (checks the "
+                         "script; numbers mean nothing)")
     a = ap.parse_args(argv)
-    step_64k = (16, 4096)
-    if a.smoke:
-        if torch.cuda.is_available():
-            print("--smoke runs on a CPU-only machine (Triton's interpreter is process-wide)", file=sys.stderr)
-            return 2
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("--smoke needs Triton's interpreter: TRITON_INTERPRET is set to something other than 1",
-                  file=sys.stderr)
-            return 2
-        print("TRITON_INTERPRET=1 (CPU smoke run): tiny sizes through Triton's interpreter, host clocks; the numbers "
-              "check the script, they are not performance")
-        SMOKE = True
-        STEPS, HIDDEN, TOTAL_ROWS = SMOKE_SIZES["STEPS"], SMOKE_SIZES["HIDDEN"], SMOKE_SIZES["TOTAL_ROWS"]
-        ROW_COUNTS, step_64k = SMOKE_SIZES["ROW_COUNTS"], SMOKE_SIZES["STEP_64K"]
-    elif not torch.cuda.is_available():
-        print("needs a CUDA/ROCm GPU (or --smoke)", file=sys.stderr)
+    why = smoke.refusal(a.smoke)
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cpu") if SMOKE else torch.device("cuda", torch.cuda.current_device())
+    tm.set_smoke(a.smoke)
+    sz = SMOKE if a.smoke else FULL
+    if a.smoke:
+        print("TRITON_INTERPRET=1 (CPU smoke run): tiny sizes through Triton's interpreter, one call per "
+              "measurement on the host clock; the numbers check the script, they are not performance")
+    path = results.out_file(a.out, "bench_triton_ops.json")
+    dev = torch.device("cpu") if a.smoke else torch.device("cuda", torch.cuda.current_device())
     set_validation(False)
     tb = swa_backends.select(dev, prefer="triton")
     ref = swa_backends.select(dev, prefer="reference")
-    t0 = time.time()
-    tb.warmup(W=W, block_size=BS, num_groups=G, hidden_sizes=(HIDDEN,), hidden_dtypes=(torch.bfloat16,))
-    warmup_s = time.time() - t0
+    warmup_s = None
+    if not a.smoke:  # every kernel variant compiled before timing (tests/kernels test the warmup itself)
+        t0 = time.time()
+        tb.warmup(W=W, block_size=BS, num_groups=G, hidden_sizes=(sz.hidden,), hidden_dtypes=(torch.bfloat16,))
+        warmup_s = time.time() - t0
     from swa_backends.kernels import _launch
 
     res = {"meta": {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(dev),
-        "capability": None if SMOKE else list(torch.cuda.get_device_capability(dev)), "smoke": SMOKE,
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "hip": torch.version.hip, "python": platform.python_version(), "host": platform.node(),
-        "warmup_s": warmup_s, "variants": tb.variants,
+        **results.machine(dev), "smoke": a.smoke, "warmup_s": warmup_s, "variants": tb.variants,
+        "sizes": {**dataclasses.asdict(sz), "steps": {k: list(v) for k, v in sz.steps.items()}},
         "method": "GPU us: median of 200 calls, events around each call (do_bench's method), L2 flushed (256 MB "
                   "zeroed before each call) and warm (a GPU sleep instead); graph us: per call in a 64-call CUDA "
                   "graph; host us: back-to-back calls without sync, validation off; host_us: the pack's launch "
                   "path (kernels/_launch.py), host_us_triton_path: Triton's kernel[grid] (_launch.check_keys = True), "
-                  "timed in interleaved rounds",
+                  "timed in interleaved rounds (lib/timing.py)",
     }}
     rng = np.random.default_rng(0)
-    bench_gather_replay_batch(tb, ref, dev, rng, res, a.quick)
-    bench_prepare(tb, dev, rng, res, a.quick)
-    bench_rows(tb, dev, rng, res, a.quick)
-    bench_64k(tb, dev, rng, res, steps=step_64k)
+    bench_gather_replay_batch(tb, ref, dev, rng, sz, res, a.quick)
+    bench_prepare(tb, dev, rng, sz, res, a.quick)
+    bench_rows(tb, dev, rng, sz, res, a.quick)
+    bench_64k(tb, dev, rng, sz, res)
     res["meta"]["compiled_after_run"] = _launch.total_compiled()
-    path = out_dir / "bench_triton_ops.json"
-    path.write_text(json.dumps(res, indent=1, default=str))
+    results.write_json(path, res)
     print_table(res)
-    if plot(res, out_dir / "rows_bandwidth.png"):
-        print(f"\nwrote {path} and {out_dir / 'rows_bandwidth.png'}")
-    else:
-        print(f"\nwrote {path}")
+    png = path.parent / "rows_bandwidth.png"
+    print(f"\nwrote {path}" + (f" and {png}" if plot(res, png) else ""))
     return 0
 
 

@@ -25,38 +25,32 @@ most 2x the unvalidated one's.
   for every op once.
 
 Every validated result is first compared with the unvalidated one (they must be equal). Writes
-``bench_validation.json`` to ``--out`` and prints the tables.
+``bench_validation.json`` to ``--out`` and prints the tables. Timing methods: ``lib/timing.py``
+(``interleaved_ms``, ``host_interleaved_us``, ``one_call_us``); ``--smoke`` makes each one call.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib import smoke
+
+smoke.use_interpreter()  # before anything imports Triton
 
 import swa_backends as sb  # noqa: E402
-from bench_flashmla import CELLS, interleaved, parse_cells  # noqa: E402 (the grid and its timing)
-from bench_sparse_mla import git_commit, log, make_inputs  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.results import log  # noqa: E402
+from lib.sparse_mla import CELLS, DV, D, make_inputs, parse_cells  # noqa: E402 (the grid)
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.testing.conformance import case_for, mismatch, random_batch  # noqa: E402
 from swa_backends.testing.host_reads import count_host_reads  # noqa: E402
 
-D = DV = 512
 SMOKE_CELLS = [(16, 64, 48, 1 << 10)]
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def _call(fn, args, kwargs, validated: bool):
@@ -78,23 +72,18 @@ def _fresh(args, kwargs):
     return copy(args), copy(kwargs)
 
 
-def host_times(fn, args, kwargs, dev, rounds: int) -> dict:
-    """Median microseconds per call, validated and not, alternating: ``host`` from the call to its
-    return with the device idle before it, ``wall`` until the device is done."""
-    times = {k: [] for k in ("host_on", "host_off", "wall_on", "wall_off")}
-    for _ in range(rounds):
-        for on in (True, False):
+def host_times(fn, args, kwargs, rounds: int) -> dict:
+    """Median microseconds per call, validated and not, alternating (``lib.timing.one_call_us``, fresh
+    arguments made outside the timing): ``host`` from the call to its return with the device idle
+    before it, ``wall`` until the device is done."""
+    def prepare(on):
+        def make():
             a, kw = _fresh(args, kwargs)
-            _sync(dev)
-            t0 = time.perf_counter()
-            _call(fn, a, kw, on)
-            t1 = time.perf_counter()
-            _sync(dev)
-            t2 = time.perf_counter()
-            key = "on" if on else "off"
-            times[f"host_{key}"].append((t1 - t0) * 1e6)
-            times[f"wall_{key}"].append((t2 - t0) * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}
+            return lambda: _call(fn, a, kw, on)
+        return make
+
+    t = tm.one_call_us({"on": prepare(True), "off": prepare(False)}, rounds)
+    return {f"{kind}_{key}": t[key][kind] for key in ("on", "off") for kind in ("host", "wall")}
 
 
 def reads_per_call(fn, args, kwargs) -> tuple[int, list[str]]:
@@ -124,7 +113,7 @@ def metadata_ops(be, dev, smoke: bool, rounds: int) -> list[dict]:
         why = mismatch(op, got, want)
         reads, what = reads_per_call(fn, args, kwargs)
         _call(fn, *_fresh(args, kwargs), True)  # warm both paths
-        t = host_times(fn, args, kwargs, dev, rounds)
+        t = host_times(fn, args, kwargs, rounds)
         row = {"op": op, "variant": be.variant_for(op, *args, **kwargs), "same_result": why is None, "why": why,
                "reads": reads, "read_what": what, **{f"{k}_us": v for k, v in t.items()},
                "host_ratio": t["host_on"] / t["host_off"], "wall_ratio": t["wall_on"] / t["wall_off"]}
@@ -134,18 +123,11 @@ def metadata_ops(be, dev, smoke: bool, rounds: int) -> list[dict]:
     return rows
 
 
-def looped(calls: dict, rounds: int, per_round: int, dev) -> dict:
-    """Median milliseconds per call of ``per_round`` back-to-back calls, timed on the host."""
-    times = {n: [] for n in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            _sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(per_round):
-                fn()
-            _sync(dev)
-            times[name].append((time.perf_counter() - t0) * 1e3 / per_round)
-    return {n: statistics.median(t) for n, t in times.items()}
+def looped(calls: dict, rounds: int, per_round: int) -> dict:
+    """Median milliseconds per call of ``per_round`` back-to-back calls timed on the host until the
+    device is done, callables in interleaved rounds (``lib.timing.host_interleaved_us``)."""
+    us = tm.host_interleaved_us(calls, calls=per_round, rounds=rounds, until_done=True)
+    return {n: v / 1e3 for n, v in us.items()}
 
 
 def sparse_mla_cells(be, dev, cells, rounds: int, per_round: int) -> list[dict]:
@@ -163,12 +145,12 @@ def sparse_mla_cells(be, dev, cells, rounds: int, per_round: int) -> list[dict]:
         got, want = calls["validated"](), calls["unvalidated"]()
         why = mismatch("sparse_mla", got, want)
         reads, what = reads_per_call(be.sparse_mla, args, kwargs)
-        loop = looped(calls, rounds, per_round, dev)
+        loop = looped(calls, rounds, per_round)
         row = {"H": H, "K": K, "T": T, "S": S, "variant": be.variant_for("sparse_mla", *args, **kwargs),
                "same_result": why is None, "why": why, "reads": reads, "read_what": what,
                "loop_ms": loop, "loop_speed": loop["unvalidated"] / loop["validated"]}
         if dev.type == "cuda":
-            ev = interleaved(calls, rounds)
+            ev = tm.interleaved_ms(calls, rounds)
             row["device_ms"], row["device_speed"] = ev, ev["unvalidated"] / ev["validated"]
         rows.append(row)
         log(f"sparse_mla H {H:>3} K {K:>4} T {T:>5} S {S:>7} ({row['variant']}): loop {row['loop_speed']:.3f}x"
@@ -195,22 +177,15 @@ def main(argv=None) -> int:
         return 2
     rounds = args.rounds or (1 if args.smoke else 21)
     per_round = 1 if args.smoke else args.per_round
-    args.out.mkdir(parents=True, exist_ok=True)
+    tm.set_smoke(args.smoke)
+    path = results.out_file(args.out, "bench_validation.json")
     be = sb.select(dev)
-    result = {"meta": {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-                       "torch": torch.__version__, "python": platform.python_version(), "commit": git_commit(),
-                       "smoke": args.smoke, "rounds": rounds, "per_round": per_round},
+    result = {"meta": {**results.machine(dev), "smoke": args.smoke, "rounds": rounds, "per_round": per_round},
               "ops": [], "sparse_mla": []}
-    try:
-        import triton
-
-        result["meta"]["triton"] = triton.__version__
-    except ImportError:
-        result["meta"]["triton"] = None
     if not args.skip_ops:
         result["ops"] = metadata_ops(be, dev, args.smoke, rounds)
     result["sparse_mla"] = sparse_mla_cells(be, dev, cells, rounds, per_round)
-    (args.out / "bench_validation.json").write_text(json.dumps(result, indent=1))
+    results.write_json(path, result)
     print_tables(result)
     bad = [r for r in (*result["ops"], *result["sparse_mla"]) if not r["same_result"] or r["reads"] > 1]
     for r in bad:

@@ -1,18 +1,41 @@
-"""bench_flashmla's kernel experiments without a GPU: a ``--variant`` file is imported as a sibling
-of the pack's kernels under a name of its own (so two copies of the ws kernel live side by side),
-bad ``--variant`` / ``--skip`` values are refused before anything runs, and the per-variant summary
-reads a result in the script's layout."""
+"""bench_flashmla without a GPU: ``--smoke`` runs one tiny cell on the CPU in a process started as
+a person would start it (from the repository root, TRITON_INTERPRET unset: the script turns the
+interpreter on itself, so the Gluon paths are listed with that reason); a ``--variant`` file is
+imported as a sibling of the pack's kernels under a name of its own (so two copies of the ws
+kernel live side by side), bad ``--variant`` / ``--skip`` values are refused before anything runs,
+and the per-variant summary reads a result in the script's layout."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_flashmla.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs the grid")
+def test_smoke_as_started_from_the_checkout(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "bench_flashmla.json").read_text())
+    assert res["meta"]["smoke"] is True and res["meta"]["device"] == "cpu"
+    assert "TRITON_INTERPRET=1" in res["meta"]["unavailable"]["pack_gluon_ws"]
+    assert set(res["meta"]["unavailable"]) == {"flashmla_direct", "pack_flashmla", "pack_gluon_ws"}
+    assert res["checks"] == {"pack_default/H16": {"ok": True, "why": None, "rel_err": 0.0}}
+    (cell,) = res["cells"]
+    assert (cell["H"], cell["K"], cell["T"], cell["S"]) == (16, 64, 8, 1024) and not cell["errors"]
+    assert set(cell["ms"]) == {"torch", "pack_default"} and cell["default_variant"] == "reference"
+    assert "| 16 / 64 / 8 / 1K |" in proc.stdout
 
 
 @pytest.fixture()
@@ -77,8 +100,12 @@ def test_variants_leave_the_direct_path_alone(bench, monkeypatch):
     calls = []
     fake = SimpleNamespace(flash_mla_sparse_fwd=lambda *a, **k: calls.append("flashmla") or ("o", None, "lse"))
     monkeypatch.setattr(probes, "find_flashmla", lambda: (fake, None))
+    monkeypatch.setattr(bench.smoke, "interpreted", lambda environ=None: False)  # as on the GPU: Gluon paths built
     variant = SimpleNamespace(sparse_mla=lambda *a, **k: calls.append("variant") or ("vo", "vl"))
     found, _, _ = bench.paths("cpu", {"v": variant})
+    monkeypatch.undo()
+    _, why, _ = bench.paths("cpu", {"v": variant})  # under Triton's interpreter: each Gluon path a reason
+    assert why["ws_v"] == why["pack_gluon_ws"] == bench.GLUON_INTERPRETED
 
     class T:
         def unsqueeze(self, dim):

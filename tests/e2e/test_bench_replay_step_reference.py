@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_replay_step.py"
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
+
+from lib import replay_step as rs  # noqa: E402
+from lib.smoke import run_script  # noqa: E402
 
 
 def _load_bench():
@@ -29,12 +32,11 @@ def _load_bench():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs the full benchmark")
-def test_smoke_without_vllm(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "SWA_VLLM_KERNELS_DIR"}
-    env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_smoke_without_vllm(tmp_path, monkeypatch):
+    from swa_backends.testing import vllm_kernels as vk
+
+    monkeypatch.delenv(vk.ENV, raising=False)
+    assert run_script(SCRIPT, "--out", str(tmp_path), "--smoke") == 0
     res = json.loads((tmp_path / "bench_replay_step.json").read_text())
     meta = res["meta"]
     assert meta["smoke"] is True
@@ -54,7 +56,6 @@ def test_the_whole_step_check_catches_a_difference(monkeypatch):
     """The comparison the benchmark makes before timing: the pack's step (one launch, the
     sub-batch's builds one call at a time) against the same step one call at a time, both on
     the torch reference; a single changed entry of a sub-batch build fails it, by name."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as running the script does
     bench = _load_bench()
     import types
 
@@ -85,26 +86,24 @@ def test_the_whole_step_check_catches_a_difference(monkeypatch):
         bench.compare(want, got)
 
 
-def test_check_catches_a_difference(monkeypatch):
-    """The comparison the benchmark runs before timing fails on a single changed entry."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as running the script does
-    bench = _load_bench()
+def test_check_catches_a_difference():
+    """The comparison the experiments run before timing (``lib.replay_step.check``: the pack's
+    one-launch step against one op per vLLM call site) fails on a single changed entry."""
     rng = __import__("numpy").random.default_rng(1)
-    s = bench.ServingStep(2, 140, 2, torch.device("cpu"), rng)
+    s = rs.ServingStep(2, 140, 2, torch.device("cpu"), rng)
     ref = __import__("swa_backends").select("cpu", prefer="reference")
     want, got = s.buffers(), s.buffers()
-    bench.ref_step(ref, s, want, bench.gather_out_view(s, want))  # one op per vLLM call site
+    rs.ref_step(ref, s, want, rs.gather_out_view(s, want))  # one op per vLLM call site
     from swa_backends.testing.vllm_shims import routed_shims
 
     with routed_shims(lambda device: ref) as shims:  # the one-launch step, through the patches' shims
-        bench.pack_step(ref, s, got, bench.gather_out_view(s, got), bench.window_target(got), bench.step_scratch(s),
-                        shims)
+        rs.pack_step(ref, s, got, rs.gather_out_view(s, got), rs.window_target(got), rs.step_scratch(s), shims)
     kept_want = want["kslots"][:, : s.n]
-    bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
+    rs.check(s, want, kept_want, got, rs.gather_out_view(s, got))
     got["pre_idx"][5, 0, 3] += 1
     with pytest.raises(AssertionError, match="prefill window indices"):
-        bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
+        rs.check(s, want, kept_want, got, rs.gather_out_view(s, got))
     got["pre_idx"][5, 0, 3] -= 1
     got["gl"][1] += 1
     with pytest.raises(AssertionError, match="gather lengths"):
-        bench.check(s, want, kept_want, got, bench.gather_out_view(s, got))
+        rs.check(s, want, kept_want, got, rs.gather_out_view(s, got))

@@ -1,14 +1,11 @@
 """The validation benchmark keeps working: without a GPU, ``--smoke`` runs every op validated and
-not on the generator's small steps and one tiny sparse-MLA cell, one round each (no timing
-loops), in a subprocess started from the repository root as a person would. What it checks before
-timing is asserted here: validated and unvalidated results are equal and a validated call reads
-the device at most once."""
+not on the generator's small steps and one tiny sparse-MLA cell, one call each (no timing
+loops). What it checks before timing is asserted here: validated and unvalidated results are
+equal and a validated call reads the device at most once."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,13 +14,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_validation.py"
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
+
+from lib.smoke import run_script  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script times the grid (minutes)")
-def test_smoke(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_smoke(tmp_path, capsys):
+    assert run_script(SCRIPT, "--out", str(tmp_path), "--smoke") == 0
+    stdout = capsys.readouterr().out
     res = json.loads((tmp_path / "bench_validation.json").read_text())
     assert res["meta"]["smoke"] is True and res["meta"]["rounds"] == 1
     from swa_backends.common.ops import OPS
@@ -35,19 +35,17 @@ def test_smoke(tmp_path):
         assert row["host_on_us"] > 0 and row["host_off_us"] > 0 and row["host_ratio"] > 0
     (cell,) = res["sparse_mla"]
     assert (cell["H"], cell["K"], cell["T"]) == (16, 64, 48) and cell["loop_speed"] > 0
-    assert "| op | variant |" in proc.stdout and "loop speed (goal >= 0.97)" in proc.stdout
+    assert "| op | variant |" in stdout and "loop speed (goal >= 0.97)" in stdout
 
 
-def test_cells_are_checked_before_anything_runs():
-    spec = importlib.util.spec_from_file_location("bench_validation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    assert module.parse_cells("64:640:4096:16384,128:1152:16384:1048576") == [(64, 640, 4096, 16384),
+def test_cells_are_checked_before_anything_runs(tmp_path):
+    from lib.sparse_mla import parse_cells
+
+    assert parse_cells("64:640:4096:16384,128:1152:16384:1048576") == [(64, 640, 4096, 16384),
                                                                              (128, 1152, 16384, 1048576)]
     for bad in ("64:640:4096", "64:640:4096:512", "a:1:1:1", "0:1:1:1"):
         with pytest.raises(ValueError, match="--cells"):
-            module.parse_cells(bad)
+            parse_cells(bad)
+    with pytest.raises(ValueError, match="--cells: '64:640:4096'"):
+        run_script(SCRIPT, "--out", str(tmp_path / "o"), "--smoke", "--cells", "64:640:4096")
+    assert not (tmp_path / "o").exists()

@@ -1,6 +1,8 @@
 """The records-ceiling experiment's CPU part: ``--numerics-only`` measures what FP8 tensor-core math
 (Q and P rounded to e4m3) would add to the output error on each record format, beside the error of
-the bf16 kernels' own rounding of P; bad arguments are refused before anything runs."""
+the bf16 kernels' own rounding of P, in a process started as a person would start an experiment
+(``bench/experiments/`` puts the shared library on its path itself); bad arguments are refused
+before anything runs."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "exp_records_ceiling.py"
+SCRIPT = ROOT / "bench" / "experiments" / "exp_records_ceiling.py"
 CONTRACT = 1e-2  # testing.conformance.mismatch's rtol for sparse_mla
+if str(ROOT / "bench") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
+
+from lib.smoke import run_script  # noqa: E402
 
 
 def run(*args):
@@ -37,7 +43,8 @@ def test_numerics_only_measures_the_fp8_error(tmp_path):
 @pytest.mark.parametrize("args, what", [(["--formats", "v4_fp8,bogus"], "--formats 'v4_fp8,bogus': ['bogus']"),
                                         (["--l2-rows", "100"], "--l2-rows 100: expected a positive multiple of 64"),
                                         (["--l2-rows", "0"], "--l2-rows 0")])
-def test_bad_arguments_are_refused(tmp_path, args, what):
-    proc = run("--out", str(tmp_path), "--numerics-only", *args)
-    assert proc.returncode != 0 and what in proc.stderr, proc.stderr[-2000:]
+def test_bad_arguments_are_refused(tmp_path, args, what, capsys):
+    assert run_script(SCRIPT, "--out", str(tmp_path), "--numerics-only", *args) != 0
+    err = capsys.readouterr().err
+    assert what in err, err[-2000:]
     assert not (tmp_path / "exp_records_ceiling.json").exists()

@@ -1,7 +1,7 @@
 """The pack's launch path (``kernels/_launch.py``) without a GPU: what :class:`Kernel` hands
 Triton's compiled launcher after a key's first launch, and its C launcher where the launcher's
-body is a known one, launch hooks, ``check_keys``; and the
-benchmark script's CPU smoke mode in its own process.
+body is a known one, launch hooks, ``check_keys`` (the benchmark's CPU smoke run:
+tests/e2e/test_bench_triton_ops.py).
 
 On the GPU the same path runs for real: tests/kernels/test_triton_gpu.py checks it against Triton's
 own launch path with ``check_keys``."""
@@ -9,11 +9,6 @@ own launch path with ``check_keys``."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,8 +17,6 @@ import torch
 
 
 pytestmark = pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeCompiled:
@@ -332,28 +325,3 @@ def test_the_triton_vllm_pins_takes_a_path_someone_read():
     # what README states for vLLM 0.33's stack: Triton's compiled launcher, not the 3.6 C call
     if triton.__version__.startswith("3.8."):
         assert _launch.launch_path(CudaLauncher)[0] == "run"
-
-
-def _run(args, **kw):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs the full benchmark")
-def test_bench_triton_ops_smoke(tmp_path):
-    proc = _run([str(ROOT / "bench" / "bench_triton_ops.py"), "--out", str(tmp_path), "--smoke"], timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads((tmp_path / "bench_triton_ops.json").read_text())
-    assert res["meta"]["smoke"] is True
-    for key in ("gather_replay_batch", "prepare_replay_step", "gather_rows", "scatter_rows"):
-        assert res[key], key
-    # host time per call through the pack's launch path and through Triton's kernel[grid] (check_keys)
-    assert res["empty_launch_paths"]["host_us_pack"] > 0 and res["empty_launch_paths"]["host_us_triton_path"] > 0
-    for row in res["gather_replay_batch"]:
-        for k in ("triton_gpu_us_flushed", "triton_gpu_us_warm", "triton_host_us", "triton_host_us_triton_path",
-                  "triton_host_us_no_out", "reference_gpu_us_flushed", "reference_host_us"):
-            assert row[k] > 0, k
-    for key in ("swa_indices_and_lens_64k", "pad_replayed_slots_64k", "prepare_replay_step_64k"):
-        assert res[key]["triton_us_flushed"] > 0 and res[key]["triton_us_warm"] > 0
-    assert res["prepare_replay_step"][0]["fused_host_us"] > 0 and res["gather_rows"][0]["triton_us"] > 0
-    assert "gather_replay_batch" in proc.stdout and "L2-flushed" in proc.stdout and "TRITON_INTERPRET=1" in proc.stdout

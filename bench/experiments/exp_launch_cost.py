@@ -1,11 +1,11 @@
 """What one compiled launch of ``prepare_replay_step`` costs on the host, taken apart (one H200).
 
-    . bench/gpu_env.sh && python3 bench/exp_launch_cost.py --out DIR
+    . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/experiments/exp_launch_cost.py --out DIR
 
 The replay step's ablation (``exp_replay_step_ablation.py``) puts 17-25 µs of a step's host time
-in the kernel launch alone. This experiment times, on ``bench_replay_step.py``'s fused step
+in the kernel launch alone. This experiment times, on the fused step of ``lib/replay_step.py``
 (validation off, the integration's backend), back to back without a sync (host µs per call,
-median of 7 interleaved rounds of 300 calls):
+median of 7 interleaved rounds of 300 calls, ``lib.timing.host_interleaved_us``):
 
 * ``op``: ``be.prepare_replay_step(...)`` whole (dispatch, argument list, launch);
 * ``kernel``: the pack's ``Kernel.__call__`` with the op's recorded arguments (from fd23f75 on
@@ -26,7 +26,8 @@ median of 7 interleaved rounds of 300 calls):
   launch (Triton's driver's device getter is ``torch.cuda.current_device``, torch's
   ``_cuda_getDevice`` under it; its stream getter torch's ``_cuda_getCurrentRawStream``).
 
-Then, in context: ``bench_replay_step.py``'s vLLM column and its pack column as it is, with the
+Then, in context: the first window group's step (``lib/replay_step.py``: ``vllm_step``, and
+``pack_step`` as it is), the pack's with the
 launch replaced by that least launch (``launcher_addresses``, recorded from the step's own
 launch), and with the launch a no-op, at 1x1K and 1x16K, interleaved as there (host µs per step):
 how far the pack's column can come down by its launch path alone.
@@ -37,21 +38,22 @@ Nothing is checked here beyond the op's outputs equalling the addressed launch's
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import time
+import sys
 from pathlib import Path
 
-import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from swa_backends.kernels import prepare_replay_step as kp
-from swa_backends.testing import vllm_kernels as vk
-from swa_backends.testing.vllm_shims import routed_shims
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared library (lib/)
+
+from lib import replay_step as rs, results, timing as tm  # noqa: E402
+from lib.steps import STEPS  # noqa: E402
+from swa_backends.kernels import prepare_replay_step as kp  # noqa: E402
+from swa_backends.testing import vllm_kernels as vk  # noqa: E402
+from swa_backends.testing.vllm_shims import routed_shims  # noqa: E402
 
 SHAPES = {"1x1K": (1, 1024, 0), "8x4K+32d": (8, 4096, 32)}
 
@@ -63,10 +65,10 @@ def _one_pointer(x_ptr):
 
 def timed(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
     """``{name: {"median", "min", "max"}}`` host µs per call over ``rounds`` interleaved rounds
-    (``bench_replay_step.host_interleaved``), after two untimed ones."""
-    brs.host_interleaved(fns, calls=calls, rounds=2)
+    (``lib.timing.host_interleaved_us``), after two untimed ones."""
+    tm.host_interleaved_us(fns, calls=calls, rounds=2)
     times: dict = {}
-    brs.host_interleaved(fns, calls=calls, rounds=rounds, per_round=times)
+    tm.host_interleaved_us(fns, calls=calls, rounds=rounds, per_round=times)
     return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
 
 
@@ -95,10 +97,10 @@ def addresses_of(args) -> tuple:
 
 
 def shape_fns(name, shape, be, dev, rng) -> dict:
-    s = brs.ServingStep(*shape, dev, rng)
+    s = rs.ServingStep(*shape, dev, rng)
     b = s.buffers()
-    out = brs.fused_out(s, b)
-    op = lambda: brs.fused_step(be, s, b, out)  # noqa: E731
+    out = rs.fused_out(s, b)
+    op = lambda: rs.fused_step(be, s, b, out)  # noqa: E731
     key, grid, args, ck, stream = recorded_launch(op)
     K = kp._K
     addresses = addresses_of(args)
@@ -138,10 +140,10 @@ def shape_fns(name, shape, be, dev, rng) -> dict:
 
 def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
     """Host µs per step: vLLM's column, the pack's as it is, with the least launch, with none."""
-    s = brs.ServingStep(*shape, dev, rng)
+    s = rs.ServingStep(*shape, dev, rng)
     b, bv = s.buffers(), s.buffers()
-    g, target, scratch = brs.gather_out_view(s, b), brs.window_target(b), brs.step_scratch(s)
-    pack = lambda: brs.pack_step(be, s, b, g, target, scratch, shims)  # noqa: E731
+    g, target, scratch = rs.gather_out_view(s, b), rs.window_target(b), rs.step_scratch(s)
+    pack = lambda: rs.pack_step(be, s, b, g, target, scratch, shims)  # noqa: E731
     _, grid, args, ck, stream = recorded_launch(pack)
     launch, real = ck.run.launch, kp._K
     least = (grid[0], grid[1], grid[2], stream, ck.function, ck.run.launch_cooperative_grid, ck.run.launch_pdl,
@@ -156,20 +158,23 @@ def step_columns(name, shape, be, shims, K, dev, rng) -> dict:
                 kp._K = real
         return run
 
-    fns = {"vllm": lambda: brs.vllm_step(K, s, bv), "pack": pack,
+    fns = {"vllm": lambda: rs.vllm_step(K, s, bv), "pack": pack,
            "pack, least launch": with_launch(lambda key, grid, *a: launch(*least)),
            "pack, no launch": with_launch(lambda key, grid, *a: None)}
-    brs.host_interleaved(fns, calls=300, rounds=2)  # untimed
-    return brs.host_interleaved(fns, calls=300, rounds=7)
+    tm.host_interleaved_us(fns, calls=300, rounds=2)  # untimed
+    return tm.host_interleaved_us(fns, calls=300, rounds=7)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
     a.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda", torch.cuda.current_device())
-    be = brs.integration_backend(dev)
+    be = rs.integration_backend(dev)
     rng = np.random.default_rng(0)
     x = torch.zeros(64, dtype=torch.int32, device=dev)
     ck1 = _one_pointer[(1,)](x)
@@ -178,9 +183,7 @@ def main(argv=None) -> int:
             "torch_fill": lambda: x.fill_(3), "current_device": torch.cuda.current_device,
             "_cuda_getDevice": torch._C._cuda_getDevice,
             "current_stream": lambda: torch._C._cuda_getCurrentRawStream(0)}
-    res = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": os.environ.get("SWA_COMMIT"),
-                    "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__},
-           "steps": {}}
+    res = {"meta": results.machine(dev), "steps": {}}
     for name, shape in SHAPES.items():
         fns = {**shape_fns(name, shape, be, dev, rng), **base}
         res["steps"][name] = timed(fns)
@@ -192,12 +195,12 @@ def main(argv=None) -> int:
     if K is not None:
         with routed_shims(lambda device: be) as shims:
             for name in ("1x1K", "1x16K"):
-                shape = brs.STEPS[name]
+                shape = STEPS[name]
                 row = res.setdefault("in_context", {})[name] = step_columns(name, shape, be, shims, K, dev, rng)
                 print(f"\n{name} in context: host µs per step (median of 7 interleaved rounds of 300)")
                 for k, v in row.items():
                     print(f"  {k:>20} {v:7.2f}  ({v / row['vllm']:.2f}x vLLM)")
-    (a.out / "exp_launch_cost.json").write_text(json.dumps(res, indent=1))
+    results.write_json(a.out / "exp_launch_cost.json", res)
     print(f"\nwrote {a.out / 'exp_launch_cost.json'}")
     return 0
 

@@ -1,13 +1,15 @@
 """Where the replay step's host time goes, by leaving parts out (one H200, in context).
 
-    . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/exp_replay_step_ablation.py --out DIR
+    . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/experiments/exp_replay_step_ablation.py --out DIR
 
 ``profile_replay_step.py`` times each piece of the pack's step alone, back to back, where each
 runs with its own code and data hot; on the H200 machines they add up to about four fifths of the
 whole step (its log at b258b93, 8x4K+32d: 38.7-39.8 of 48.6-49.2 µs). This experiment times the
-whole step of ``bench_replay_step.py``'s pack column (the 1x16K and 8x4K+32d steps) and the same
-step with one part left out at a time, in interleaved rounds (host µs per step, median of 9
-rounds of 300 back-to-back steps): the difference is what that part costs where it runs. The
+pack's step of ``lib/replay_step.py`` (``pack_step``: the first window group's main batch, the
+scope of ``bench_replay_step.py`` before it timed the whole step; the 1x16K and 8x4K+32d steps)
+and the same step with one part left out at a time, in interleaved rounds (host µs per step,
+median of 9 rounds of 300 back-to-back steps, ``lib.timing.host_interleaved_us``): the
+difference is what that part costs where it runs. The
 same again with the kernel launch made a no-op gives the Python alone. Outputs are not checked
 here (``bench_replay_step.py`` does that); parts left out leave their outputs unwritten.
 """
@@ -15,26 +17,29 @@ here (``bench_replay_step.py`` does that); parts left out leave their outputs un
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
-import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
 import numpy as np
 import torch
 
-from swa_backends.common.types import INDEX_DTYPE
-from swa_backends.integrations.vllm import runtime as rt
-from swa_backends.kernels import prepare_replay_step as kp
-from swa_backends.testing import vllm_kernels as vk
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared library (lib/)
+
+from lib import replay_step as rs, results, timing as tm  # noqa: E402
+from lib.steps import BS, W  # noqa: E402
+from swa_backends.common.types import INDEX_DTYPE  # noqa: E402
+from swa_backends.integrations.vllm import runtime as rt  # noqa: E402
+from swa_backends.kernels import prepare_replay_step as kp  # noqa: E402
+from swa_backends.testing import vllm_kernels as vk  # noqa: E402
 
 SHAPES = {"1x16K": (1, 16384, 0), "8x4K+32d": (8, 4096, 32)}
 
 
 def step_fn(be, s, b, g, target, scratch, shims, *, predict=True, later=True, empty=True):
-    """``brs.pack_step`` with parts optionally left out: the model state's prediction (the
+    """``lib.replay_step.pack_step`` with parts optionally left out: the model state's prediction (the
     target's split stays as last predicted), vLLM's later calls, vLLM's per-build ``torch.empty``
     of the gather lengths (a kept tensor instead)."""
-    W, BS, D, T = brs.W, brs.BS, s.D, s.T
+    D, T = s.D, s.T
     swa, gls, pad = shims["swa_indices_and_lens"], shims["prefill_gather_lens"], shims["pad_replayed_slots"]
     kept_gl = torch.empty(s.P, dtype=INDEX_DTYPE, device=s.dev)
 
@@ -44,7 +49,7 @@ def step_fn(be, s, b, g, target, scratch, shims, *, predict=True, later=True, em
             if s.replays:
                 pad[(s.B,)](b["slots"], b["slots"].stride(0), s.cacheable, s.qsl, s.positions, s.R, W, vk.PAD_SLOT_ID,
                             NUM_GROUPS=s.cacheable.numel(), BLOCK=1024)
-            rt.prepare_step(be, brs.predict(s, target) if predict else target, s.qsl, s.seq, s.positions, b["slots"],
+            rt.prepare_step(be, rs.predict(s, target) if predict else target, s.qsl, s.seq, s.positions, b["slots"],
                             s.R, s.B, T, scratch, gather=(s.plan, W, g))
             if later:
                 if D:
@@ -74,33 +79,33 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU")
         return 2
     res: dict = {}
-    with brs.on_this_gpu() as (dev, be, shims):
+    with rs.on_this_gpu() as (dev, be, shims):
         for name, shape in SHAPES.items():
-            s = brs.ServingStep(*shape, dev, np.random.default_rng(0))
+            s = rs.ServingStep(*shape, dev, np.random.default_rng(0))
             b = s.buffers()
-            g, target, scratch = brs.gather_out_view(s, b), brs.window_target(b), brs.step_scratch(s)
+            g, target, scratch = rs.gather_out_view(s, b), rs.window_target(b), rs.step_scratch(s)
             bf = s.buffers()
-            fout = brs.fused_out(s, bf)
+            fout = rs.fused_out(s, bf)
             fns = {"whole step": step_fn(be, s, b, g, target, scratch, shims),
                    "without the prediction": step_fn(be, s, b, g, target, scratch, shims, predict=False),
                    "without vLLM's later calls": step_fn(be, s, b, g, target, scratch, shims, later=False),
                    "without vLLM's torch.empty": step_fn(be, s, b, g, target, scratch, shims, empty=False),
                    "prepare_step alone": step_fn(be, s, b, g, target, scratch, shims, predict=False, later=False),
-                   "prepare_replay_step alone": lambda s=s, bf=bf, fout=fout: brs.fused_step(be, s, bf, fout)}
+                   "prepare_replay_step alone": lambda s=s, bf=bf, fout=fout: rs.fused_step(be, s, bf, fout)}
             for f in fns.values():
                 f()
-            brs.host_interleaved(fns, calls=100, rounds=2)  # untimed
-            res[name] = {"launching": _rounded(brs.host_interleaved(fns, calls=300, rounds=9))}
+            tm.host_interleaved_us(fns, calls=100, rounds=2)  # untimed
+            res[name] = {"launching": _rounded(tm.host_interleaved_us(fns, calls=300, rounds=9))}
             real = kp._K
             kp._K = lambda key, grid, *args: None  # the Python alone
             try:
-                res[name]["launch a no-op"] = _rounded(brs.host_interleaved(fns, calls=300, rounds=9))
+                res[name]["launch a no-op"] = _rounded(tm.host_interleaved_us(fns, calls=300, rounds=9))
             finally:
                 kp._K = real
             for mode, row in res[name].items():
                 print(name, mode, row, flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "exp_replay_step_ablation.json").write_text(json.dumps(res, indent=1))
+    results.write_json(a.out / "exp_replay_step_ablation.json", {"meta": results.machine(dev), **res})
     return 0
 
 

@@ -1,10 +1,11 @@
-"""Host time of the replay step's pieces on a GPU: where ``bench_replay_step.py``'s "pack as vLLM
-calls it" column (the one-launch step) spends its host time (one 8x4K+32d step, validation off).
+"""Host time of the replay step's pieces on a GPU: where the pack's one-launch step
+(``lib/replay_step.py``'s ``pack_step``, the first window group's main batch) spends its host time
+(one 8x4K+32d step, validation off).
 
-    . bench/gpu_env.sh && python3 bench/profile_replay_step.py [--vllm-kernels .vllm_kernels]
+    . bench/gpu_env.sh && python3 bench/experiments/profile_replay_step.py [--vllm-kernels .vllm_kernels]
 
 Prints, twice, host µs per call (back-to-back calls, no sync, median of 5 rounds:
-``bench_triton_ops.host_us``) of the whole step through the pack's adapters, through vLLM's
+``lib.timing.host_us``) of the whole step through the pack's adapters, through vLLM's
 kernels, through ``prepare_replay_step`` alone and through the pack's ops one per vLLM call
 site; of the step's pieces (the model state's prediction, ``prepare_step``, an empty open
 step, a held pad call, ``prepare_step`` plus vLLM's four later calls answered, the same
@@ -20,13 +21,18 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
+from pathlib import Path
 
-import bench_replay_step as brs  # the sibling script (python puts the script's folder on sys.path)
 import numpy as np
 import torch
 
-from swa_backends.integrations.vllm import runtime as rt
-from swa_backends.testing import vllm_kernels as vk
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared library (lib/)
+
+from lib import replay_step as rs, timing as tm  # noqa: E402
+from lib.steps import BS, W  # noqa: E402
+from swa_backends.integrations.vllm import runtime as rt  # noqa: E402
+from swa_backends.testing import vllm_kernels as vk  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -36,7 +42,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    with brs.on_this_gpu() as (dev, be, shims):
+    with rs.on_this_gpu() as (dev, be, shims):
         return _profile(dev, be, shims, a)
 
 
@@ -45,17 +51,17 @@ def _profile(dev, be, shims, a) -> int:
     if K is None:
         print(f"vLLM's kernels: {origin}")
         return 2
-    s = brs.ServingStep(8, 4096, 32, dev, np.random.default_rng(0))
+    s = rs.ServingStep(8, 4096, 32, dev, np.random.default_rng(0))
     b, bv = s.buffers(), s.buffers()
-    g = brs.gather_out_view(s, b)
-    target, scratch = brs.window_target(b), brs.step_scratch(s)
+    g = rs.gather_out_view(s, b)
+    target, scratch = rs.window_target(b), rs.step_scratch(s)
     plan = s.plan
-    brs.predict(s, target)
+    rs.predict(s, target)
     bf = s.buffers()
-    fout = brs.fused_out(s, bf)
+    fout = rs.fused_out(s, bf)
     br = s.buffers()
-    gr = brs.gather_out_view(s, br)
-    D, W, BS = s.D, brs.W, brs.BS
+    gr = rs.gather_out_view(s, br)
+    D = s.D
 
     def step_open(fn):
         def run():
@@ -89,11 +95,11 @@ def _profile(dev, be, shims, a) -> int:
         rt.gather_replay_batch(be, plan, s.qsl, s.seq, s.R, s.positions, b["slots"], W, g)
 
     fns = {
-        "pack_step": lambda: brs.pack_step(be, s, b, g, target, scratch, shims),
-        "vllm_step": lambda: brs.vllm_step(K, s, bv),
-        "pack_fused": lambda: brs.fused_step(be, s, bf, fout),
-        "per_call_site": lambda: brs.ref_step(be, s, br, gr),  # the pack's ops one per vLLM call site
-        "predict": lambda: brs.predict(s, target),
+        "pack_step": lambda: rs.pack_step(be, s, b, g, target, scratch, shims),
+        "vllm_step": lambda: rs.vllm_step(K, s, bv),
+        "pack_fused": lambda: rs.fused_step(be, s, bf, fout),
+        "per_call_site": lambda: rs.ref_step(be, s, br, gr),  # the pack's ops one per vLLM call site
+        "predict": lambda: rs.predict(s, target),
         "prepare_step": step_open(lambda: rt.prepare_step(be, target, s.qsl, s.seq, s.positions, b["slots"], s.R, s.B,
                                                           s.T, scratch, gather=(plan, W, g))),
         "empty_step": step_open(lambda: None),
@@ -117,11 +123,11 @@ def _profile(dev, be, shims, a) -> int:
                                                      for _ in range(10)]))
     fns.update(_launch_pieces(be, s, bf, fout))
     for _ in range(2):
-        print({k: round(brs.bto.host_us(f, calls=500), 1) for k, f in fns.items()})
+        print({k: round(tm.host_us(f, calls=500), 1) for k, f in fns.items()})
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(300):
-        brs.pack_step(be, s, b, g, target, scratch, shims)
+        rs.pack_step(be, s, b, g, target, scratch, shims)
     pr.disable()
     torch.cuda.synchronize()
     out = io.StringIO()
@@ -145,7 +151,7 @@ def _launch_pieces(be, s, bf, fout) -> dict:
 
     kp._K = capture
     try:
-        brs.fused_step(be, s, bf, fout)
+        rs.fused_step(be, s, bf, fout)
     finally:
         kp._K = real
     key, grid, args = seen["call"]

@@ -1,33 +1,33 @@
 """Launch configs of the tl kernel on paged KV records, timed on a GPU: what ``RECORDS_TUNED``
 in ``kernels/sparse_mla.py`` was chosen from.
 
-    . bench/gpu_env.sh && python3 bench/sweep_records_configs.py --out DIR [--formats v4_fp8,...]
+    . bench/gpu_env.sh && python3 bench/experiments/sweep_records_configs.py --out DIR [--formats v4_fp8,...]
 
 For each record format (OCP e4m3 flavour) and shape (H 64 / T 4K, H 128 / T 256, H 16 / T 4K,
 H 16 / T 256; K 640 random indices over a 1M-slot cache, 64 records per page): the tl kernel
 on the bf16 rows (its table config), on the records with the table config, and with each
 candidate config (``CANDIDATES``); each result is checked against the table config's output
 (bf16 tolerance) before it is timed. Median of 5 calls, CUDA events around each call, no L2
-flush (the same method for every column). Writes ``DIR/sweep_records_configs.json``.
+flush (``lib.timing.event_ms``, the same method for every column). Writes
+``DIR/sweep_records_configs.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import sys
 import time
 from pathlib import Path
 
-# the sibling script (python puts the script's folder first on sys.path): inputs and timing
-import bench_sparse_mla as bsm  # noqa: E402
+import torch
 
-import torch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared library (lib/)
 
-from swa_backends.common.ops import _records as R  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.sparse_mla import RECORDS_K as KK, D, make_inputs, record_cache, records_setup, time_configs  # noqa: E402
 from swa_backends.kernels import sparse_mla as K  # noqa: E402
 
-D, KK, S, BS = 512, 640, 1 << 20, 64
 SHAPES = ((64, 4096), (128, 256), (16, 4096), (16, 256))
 CANDIDATES = (
     K.Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True),
@@ -55,48 +55,6 @@ CANDIDATES = (
 )
 
 
-def setup(out: Path, time_note: str):
-    """``(device, bf16 rows [S, D], result dict with its meta)`` of a run writing to ``out``."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    out.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator(device=dev).manual_seed(11)
-    rows = torch.randn(S, D, generator=g, device=dev).to(torch.bfloat16)
-    res = {"meta": {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-                    "triton": __import__("triton").__version__, "K": KK, "cache_slots": S, "page": BS,
-                    "time": time_note}, "rows": []}
-    return dev, rows, res
-
-
-def record_cache(fmt: str, rows, dev):
-    """``rows`` (a multiple of ``BS`` of them) written into a new ``fmt`` record cache (OCP flavour),
-    ``BS`` records per page, in chunks that keep the torch writer's fp32 temporaries small."""
-    n = rows.shape[0]
-    kv = R.new_cache(n // BS, BS, fmt, device=dev)
-    for c in range(0, n, 1 << 15):
-        e = min(n, c + (1 << 15))
-        R.write(kv, rows[c:e], torch.arange(c, e, device=dev), fmt, "e4m3fn")
-    return kv
-
-
-def time_configs(configs, launch, want, timer, deadline: float = math.inf) -> dict:
-    """``{short name: time}`` of ``launch(config)`` per config, each output first checked against
-    ``want`` (bf16 tolerance): ``"wrong"`` or ``"error: <type>"`` instead of a time; configs
-    reached past ``deadline`` (``time.time()``) are left out."""
-    out = {}
-    for cfg in configs:
-        if time.time() > deadline:
-            break
-        try:
-            got = launch(cfg)
-            if not torch.allclose(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2):
-                out[cfg.short()] = "wrong"
-                continue
-            out[cfg.short()] = timer(lambda: launch(cfg))
-        except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
-            out[cfg.short()] = f"error: {type(exc).__name__}"
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -112,30 +70,30 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    dev, rows, res = setup(a.out, "median of 5 calls, ms")
+    dev, rows, res = records_setup(a.out, "median of 5 calls, ms")
     end = time.time() + a.budget
     scale = 1.0 / math.sqrt(D)
     for fmt in a.formats.split(","):
         kv = record_cache(fmt, rows, dev)
         rec = {"kv_format": fmt, "fp8": "e4m3fn"}
         for H, T in shapes:
-            q, idx, lens, sink = bsm.make_inputs(T, H, KK, D, kv=rows, seed=T + H, dev=dev)
+            q, idx, lens, sink = make_inputs(T, H, KK, D, kv=rows, seed=T + H, dev=dev)
             table = K.pick_config(T, H, D, D, KK, dev, fmt)
             want = K.launch(q, kv, idx, lens, scale, D, sink, **rec)
             row = {"format": fmt, "H": H, "T": T, "table": table.short(),
-                   "bf16_ms": bsm.timed(lambda: K.launch(q, rows, idx, lens, scale, D, sink), reps=5),
-                   "table_ms": bsm.timed(lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec), reps=5),
+                   "bf16_ms": tm.event_ms(lambda: K.launch(q, rows, idx, lens, scale, D, sink), reps=5),
+                   "table_ms": tm.event_ms(lambda: K.launch(q, kv, idx, lens, scale, D, sink, **rec), reps=5),
                    "configs": {}}
             row["configs"] = time_configs(
                 [c for c in candidates if c.block_h <= H],
                 lambda cfg: K.launch(q, kv, idx, lens, scale, D, sink, config=cfg, fit=False, **rec), want,
-                lambda run: bsm.timed(run, reps=5), deadline=end)
+                lambda run: tm.event_ms(run, reps=5), deadline=end)
             timed_ = sorted((v, k) for k, v in row["configs"].items() if isinstance(v, float))
             print(f"{fmt:10} H {H:3} T {T:5}: bf16 {row['bf16_ms']:.3f} ms, table {table.short()} "
                   f"{row['table_ms']:.3f} ms ({row['bf16_ms'] / row['table_ms']:.2f}x bf16); fastest: "
                   + ", ".join(f"{k} {v:.3f} ({row['bf16_ms'] / v:.2f}x)" for v, k in timed_[:3]), flush=True)
             res["rows"].append(row)
-            (a.out / "sweep_records_configs.json").write_text(json.dumps(res, indent=1))
+            results.write_json(a.out / "sweep_records_configs.json", res)
         kv = None
         torch.cuda.empty_cache()
     return 0

@@ -1,6 +1,6 @@
 """How much can reading fewer bytes per row buy the sparse-MLA kernels? The ceiling behind #16's goal.
 
-    . bench/gpu_env.sh && python3 bench/exp_records_ceiling.py --out DIR
+    . bench/gpu_env.sh && python3 bench/experiments/exp_records_ceiling.py --out DIR
 
 The records goal (>= 1.3x the bf16 kernel at T <= 256) assumes the kernel waits on memory: a V4.1
 record is 528 bytes where the bf16 row (plus RoPE) is 1152. This measures the assumption instead of
@@ -25,8 +25,8 @@ e4m3 so the records' FP8 values feed the MMA without a bf16 copy): it runs first
 (``--numerics-only``: only it, CPU included), as the output's relative error against the exact
 math on the same dequantised records, beside the contract's tolerance (``mismatch``: 1e-2).
 
-Decode-like calls: µs per call replaying a CUDA graph of 20 calls (``bench_sparse_mla.graph_us``,
-as the records table); prefill: median of CUDA-event times (``bench_sparse_mla.timed``). Every
+Decode-like calls: µs per call replaying a CUDA graph of 20 calls (``lib.timing.graph_us``, as the
+records table); prefill: median of CUDA-event times (``lib.timing.event_ms``). Every
 timed output is first checked against the reference on its first tokens. Writes
 ``DIR/exp_records_ceiling.json``.
 """
@@ -34,22 +34,23 @@ timed output is first checked against the reference on its first tokens. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import sys
 import time
 from pathlib import Path
 
-# the sibling scripts (python puts the script's folder first on sys.path): inputs, timing, record caches
-import bench_sparse_mla as bsm  # noqa: E402
-import sweep_records_configs as src  # noqa: E402
+import torch
 
-import torch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared library (lib/)
 
+from lib import results, timing as tm  # noqa: E402
+from lib.sparse_mla import (REF, RECORDS_BS as BS, RECORDS_K as KK, D, build_kernels, make_inputs,  # noqa: E402
+                            record_cache, records_setup)
 from swa_backends.common.device import resolve_device  # noqa: E402
 from swa_backends.common.ops import _records as R  # noqa: E402
 from swa_backends.kernels import sparse_mla as K  # noqa: E402
+from swa_backends.testing.conformance import mismatch  # noqa: E402
 
-D, KK, BS = src.D, src.KK, src.BS  # BS: records per page (the L2 cache's rows a multiple of it)
 HEADS, DECODE_T, PREFILL_T = (64, 128), (1, 8, 32, 64, 128, 256), (4096,)
 
 
@@ -60,7 +61,7 @@ def fp8_mma_error(fmt: str, dev, T=32, H=64, S=8192, seed=0) -> dict:
     of rounding P to bf16 alone, as the bf16 kernels do."""
     g = torch.Generator(device=dev).manual_seed(seed)
     rows = torch.randn(S, D, generator=g, device=dev).to(torch.bfloat16)
-    kv = src.record_cache(fmt, rows, dev)
+    kv = record_cache(fmt, rows, dev)
     idx = torch.randint(0, S, (T, KK), generator=g, device=dev)
     keys = R.dequantize(kv, idx.reshape(-1), fmt, "e4m3fn").float().reshape(T, KK, D)
     q = torch.randn(T, H, D, generator=g, device=dev).to(torch.bfloat16).float()
@@ -101,32 +102,33 @@ def main(argv=None) -> int:
               + " (contract: 0.01)", flush=True)
     if a.numerics_only:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "exp_records_ceiling.json").write_text(json.dumps({"fp8_mma_error": fp8}, indent=1))
+        results.write_json(a.out / "exp_records_ceiling.json", {"meta": results.machine(dev), "fp8_mma_error": fp8})
         return 0
     if dev.type != "cuda":
         print("needs a CUDA GPU (or --numerics-only)")
         return 2
-    dev, rows, res = src.setup(a.out, "decode: µs per call, CUDA graph of 20 calls, median of 5 replays; "
-                                      "prefill: µs, median of 5 CUDA-event timed calls")
-    res["meta"].update(l2_rows=a.l2_rows, commit=bsm.git_commit(),
-                       l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
+    dev, rows, res = records_setup(a.out, "decode: µs per call, CUDA graph of 20 calls, median of 5 replays; "
+                                          "prefill: µs, median of 5 CUDA-event timed calls")
+    res["meta"].update(l2_rows=a.l2_rows, l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
     res["fp8_mma_error"] = fp8
     end = time.time() + a.budget
     scale = 1.0 / math.sqrt(D)
     small = rows[:a.l2_rows].contiguous()
-    caches = {f: (src.record_cache(f, rows, dev), src.record_cache(f, small, dev)) for f in formats}
-    ws = bsm.build_kernels(resolve_device(str(dev)), dev, {"gluon_ws"})["gluon_ws"]
+    caches = {f: (record_cache(f, rows, dev), record_cache(f, small, dev)) for f in formats}
+    ws = build_kernels(resolve_device(str(dev)), dev, {"gluon_ws"})["gluon_ws"]
     res["meta"]["gluon_ws"] = ws.why_not or "runs"
 
     def timer(T):
-        return bsm.graph_us if T <= max(DECODE_T) else (lambda fn: bsm.timed(fn, reps=5) * 1e3)
+        if T <= max(DECODE_T):
+            return lambda fn: tm.graph_us(fn, calls=20, reps=5)
+        return lambda fn: tm.event_ms(fn, reps=5) * 1e3
 
     def measure(T, fn, q, kv, idx, lens, sink, rec):
         """µs of ``fn`` after its first tokens matched the reference, or the reason it was not timed."""
         n = min(T, 4)
         got = fn()
-        why = bsm.mismatch("sparse_mla", (got[0][:n], got[1][:n]),
-                           bsm.REF(q[:n], kv, idx[:n], lens[:n], scale, D, sink=sink, **rec))
+        want = REF(q[:n], kv, idx[:n], lens[:n], scale, D, sink=sink, **rec)
+        why = mismatch("sparse_mla", (got[0][:n], got[1][:n]), want)
         return f"wrong: {why}" if why else timer(T)(fn)
 
     for H in HEADS:
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
                 continue
             row = {"H": H, "T": T, "us": {}}
             for where, kv_rows in (("", rows), ("_l2", small)):
-                q, idx, lens, sink = bsm.make_inputs(T, H, KK, D, kv=kv_rows, seed=T + H, dev=dev)
+                q, idx, lens, sink = make_inputs(T, H, KK, D, kv=kv_rows, seed=T + H, dev=dev)
                 args = (q, kv_rows, idx, lens, scale, D, sink)
                 row["us"]["bf16" + where] = measure(T, lambda: K.launch(*args), *args[:4], sink, {})
                 if not ws.why_not and not ws.per_call(*args):
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
             print(f"H {H:3} T {T:5}: " + ", ".join(
                 f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row["us"].items()), flush=True)
             print("             bf16 / x: " + ", ".join(f"{k} {v:.2f}" for k, v in row["ratios"].items()), flush=True)
-            (a.out / "exp_records_ceiling.json").write_text(json.dumps(res, indent=1))
+            results.write_json(a.out / "exp_records_ceiling.json", res)
             torch.cuda.empty_cache()
     return 0
 

@@ -1,7 +1,7 @@
 """The one-item Gluon kernel (variant ``gluon``) before and after a change, same process, same rounds.
 
     git show <commit>:kernels/sparse_mla_gluon.py > before.py     # on a machine with the history
-    . bench/gpu_env.sh && python3 bench/exp_gluon_store_ab.py --before before.py --out DIR
+    . bench/gpu_env.sh && python3 bench/experiments/exp_gluon_store_ab.py --before before.py --out DIR
 
 Written for the epilogue change that makes the kernel write O through a free KV buffer (16 bytes a
 thread, 512 contiguous bytes a warp) instead of straight from the wgmma accumulator layout, but it
@@ -12,7 +12,8 @@ times any ``--before`` copy of ``kernels/sparse_mla_gluon.py`` against the pack'
    block) and 128; a wrong kernel is not timed;
 2. per cell (H 64 / 128, K 640 / 1152, T 4K / 16K, over a 1M-row and a 16K-row bf16 cache,
    ``D_qk = d_v = 512``, random valid indices, sink on): the median device time of 7 interleaved
-   rounds (``bench_flashmla.interleaved``), TFLOP/s and ``after/before`` (time before / time after).
+   rounds (``lib.timing.interleaved_ms``, as ``bench_flashmla.py``), TFLOP/s and ``after/before`` (time
+   before / time after).
 
 Writes ``exp_gluon_store_ab.json`` under ``--out``; prints a line per check and cell.
 """
@@ -20,29 +21,20 @@ Writes ``exp_gluon_store_ab.json`` under ``--out``; prints a line per check and 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-import swa_backends as sb
-from bench_flashmla import DV, D, interleaved  # the sibling scripts (the script's folder is on sys.path)
-from bench_sparse_mla import check, git_commit, log, make_inputs, tflops
-from swa_backends.kernels import sparse_mla_gluon
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared library (lib/)
+
+import swa_backends as sb  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.results import log  # noqa: E402
+from lib.sparse_mla import DV, D, check, load_module_copy, make_inputs, tflops  # noqa: E402
+from swa_backends.kernels import sparse_mla_gluon  # noqa: E402
 
 CELLS = [(H, K, T, S) for S in (1 << 20, 1 << 14) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384)]
-
-
-def load_before(path: Path):
-    """``path`` (a copy of ``kernels/sparse_mla_gluon.py``) as a sibling of the pack's kernels."""
-    name = "swa_backends.kernels._exp_gluon_before"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main(argv=None) -> int:
@@ -57,12 +49,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("exp_gluon_store_ab: needs a CUDA GPU (sm90)")
     args.out.mkdir(parents=True, exist_ok=True)
-    fns = {"before": load_before(args.before).sparse_mla, "after": sparse_mla_gluon.sparse_mla}
+    before = load_module_copy("_exp_gluon_before", args.before)
+    fns = {"before": before.sparse_mla, "after": sparse_mla_gluon.sparse_mla}
     sb.set_validation(False)
     dev = torch.device("cuda")
     scale = 1.0 / D ** 0.5
-    result = {"commit": git_commit(), "before": args.before.name, "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "checks": {}, "cells": []}
+    result = {**results.machine(dev), "before": args.before.name, "checks": {}, "cells": []}
     bad = set()
     for H in (64, 96, 128):
         kv = torch.randn(8192, D, device=dev).to(torch.bfloat16)
@@ -82,15 +74,15 @@ def main(argv=None) -> int:
             q, idx, lens, sink = make_inputs(T, H, K, D, kv=kv, seed=H * K + T)
             for fn in fns.values():
                 fn(q, kv, idx, lens, scale, DV, sink=sink)  # compiled and warm
-            ms = interleaved({n: (lambda f=f: f(q, kv, idx, lens, scale, DV, sink=sink)) for n, f in fns.items()},
-                             args.reps)
+            ms = tm.interleaved_ms({n: (lambda f=f: f(q, kv, idx, lens, scale, DV, sink=sink)) for n, f in fns.items()},
+                                   args.reps)
             row = {"H": H, "K": K, "T": T, "S": S, "ms": ms,
                    "tflops": {n: tflops(T, H, K, D, DV, v) for n, v in ms.items()},
                    "after/before": ms["before"] / ms["after"]}
             result["cells"].append(row)
             log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7}: before {row['tflops']['before']:6.1f}  after "
                 f"{row['tflops']['after']:6.1f} TFLOP/s  after/before {row['after/before']:.3f}")
-    (args.out / "exp_gluon_store_ab.json").write_text(json.dumps(result, indent=1))
+    results.write_json(args.out / "exp_gluon_store_ab.json", result)
     return 1 if bad else 0
 
 
