@@ -6,7 +6,8 @@ checked against the reference: the program compute-sanitizer runs (tests/kernels
 
 Small shapes keep the sanitizers' slowdown affordable; the cases cover what the kernels'
 masks must get right: PAD anywhere, empty rows and requests, graph padding, strided slot
-mappings, split-K decode, ragged last tiles, a partial 64-head block, every sparse-MLA variant
+mappings, speculative-decode batches the device resized (validation off, one of them past the
+sub-batch's buffers), split-K decode, ragged last tiles, a partial 64-head block, every sparse-MLA variant
 that runs here (the tl kernel, both Gluon kernels (the ws one with both gather widths), FlashMLA
 when it is importable). Then the huge-stride cases (tests/kernels/huge_strides.py: every kernel
 on views whose elements lie 2**31 or more elements apart, after the small launches above have
@@ -66,6 +67,43 @@ def huge_kv_cases(variants: dict, dev, rng, sms: int) -> list[str]:
     return bad
 
 
+def adaptive_verification_cases(be, dev) -> list[str]:
+    """The sub-batch gathers of a speculative-decode batch the device resized (SPEC §3.2), with
+    validation off, as the serving path runs: the device's rows moved between decodes, one
+    fewer, and two more than the plan's ``num_rows_padded`` (outside the contract: the issue's
+    overrun, the kernels must drop the rows past the buffers), each through
+    ``gather_replay_batch`` and ``prepare_replay_step`` into exactly sized buffers."""
+    bad = []
+    i32, i64 = torch.int32, torch.int64
+    for device_qsl, T in (([0, 2, 2, 12], 12), ([0, 1, 1, 11], 12), ([0, 3, 4, 14], 14), ([0, 9, 12, 22], 22)):
+        plan = sb.plan_replay_batch([0, 1, 2, 12], [False, False, True], [False] * 3, 4, trim_threshold=0)
+        qsl = torch.tensor(device_qsl, dtype=i32)
+        seq = torch.tensor([200, 300, 110], dtype=i32)
+        R = torch.tensor([0, 0, 100], dtype=i32)
+        positions = torch.arange(100, 100 + T, dtype=i64)
+        slots = torch.stack([positions + 1000, positions + 2000])
+        args = (plan, qsl, seq, R, positions, slots, 4)
+        want = OPS["gather_replay_batch"].reference(*args)
+        with sb.validation(False):
+            got = be.gather_replay_batch(plan, *to_device(args[1:6], dev), 4)
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+        why = mismatch("gather_replay_batch", got, want)
+        if why:
+            bad.append(f"gather_replay_batch resized {device_qsl}: {why}")
+        step = (R, torch.arange(3, dtype=i32), torch.tensor([False, False, True]), qsl, seq, positions, slots.clone(),
+                torch.tensor([0], dtype=i32), torch.arange(40, dtype=i32).view(1, 40).repeat(3, 1), 16, 4, 4)
+        want = OPS["prepare_replay_step"].reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in step],
+                                                    plan=plan)
+        with sb.validation(False):
+            got = be.prepare_replay_step(*to_device(step, dev), plan=plan)
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+        why = mismatch("prepare_replay_step", got, want)
+        if why:
+            bad.append(f"prepare_replay_step resized {device_qsl}: {why}")
+        print(f"ran adaptive verification {device_qsl}", flush=True)
+    return bad
+
+
 def main(argv: list[str]) -> int:
     skip = set(argv[argv.index("--skip") + 1].split(",")) if "--skip" in argv else set()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -79,6 +117,7 @@ def main(argv: list[str]) -> int:
             why = mismatch(op, got, want)
             if why:
                 bad.append(f"{op}: {why}")
+    bad += adaptive_verification_cases(be, dev)
     # sparse MLA: each variant directly, at shapes it takes
     from swa_backends.kernels import sparse_mla as tl
 
