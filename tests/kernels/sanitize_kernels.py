@@ -14,12 +14,15 @@ on views whose elements lie 2**31 or more elements apart, after the small launch
 compiled and cached each kernel) and each sparse-MLA variant over a KV cache whose last row
 lies 2**31 elements in. Those allocate up to 16 GiB a case; run with
 ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so that memcheck sees each allocation's own bounds (an
-overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leaves them out.
+overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leaves them out,
+``--no-huge-strides`` only the huge-stride cases (``--huge-only START:STOP`` runs a slice of
+them alone: under memcheck each case's memory stays taken until the process ends).
 Exit 1 on a wrong result.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import numpy as np
@@ -104,12 +107,35 @@ def adaptive_verification_cases(be, dev) -> list[str]:
     return bad
 
 
+def huge_only(where: str, dev) -> int:
+    """``--huge-only START:STOP``: the huge-stride cases ``[START, STOP)`` alone. Under memcheck
+    with PyTorch's caching allocator off, the device memory of each case's views (up to 16 GiB)
+    stays taken until the process ends, so the full set runs as several processes of a few
+    cases each (each kernel compiles in each)."""
+    import huge_strides
+
+    start, stop = (int(x) for x in where.split(":"))
+    names = list(huge_strides.names(str(dev)))[start:stop]
+    bad = []
+    for name in names:
+        outcome, why = huge_strides.run_case(name, str(dev))
+        if outcome != "ok":
+            bad.append(f"huge strides {name}: {outcome}: {why}")
+        print(f"ran huge strides {name}", flush=True)
+    for b in bad:
+        print("WRONG", b)
+    print(f"huge-stride cases {len(names)} of slice {where}; wrong results: {len(bad)}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
     skip = set(argv[argv.index("--skip") + 1].split(",")) if "--skip" in argv else set()
     dev = torch.device("cuda", torch.cuda.current_device())
     be = sb.select(str(dev))
     rng = np.random.default_rng(7)
     bad = []
+    if "--huge-only" in argv:  # one slice of the huge-stride cases, alone (see huge_only)
+        return huge_only(argv[argv.index("--huge-only") + 1], dev)
     for op in METADATA_KERNELS:
         for i in range(2):
             args, kwargs = case_for(op, rng, "cpu", poison=bool(i))
@@ -158,11 +184,13 @@ def main(argv: list[str]) -> int:
     if "--no-huge" not in argv:
         import huge_strides
 
-        for name in huge_strides.names(str(dev)):
+        for name in () if "--no-huge-strides" in argv else huge_strides.names(str(dev)):
+            gc.collect()  # every earlier case's views freed (the allocator caches nothing here)
             outcome, why = huge_strides.run_case(name, str(dev))
             if outcome != "ok":
                 bad.append(f"huge strides {name}: {outcome}: {why}")
-            print(f"ran huge strides {name}", flush=True)
+            free, total = torch.cuda.mem_get_info(dev)
+            print(f"ran huge strides {name} ({free / 2**30:.0f} of {total / 2**30:.0f} GiB free)", flush=True)
             torch.cuda.empty_cache()
             huge += 1
         bad += huge_kv_cases(variants, dev, rng, sms)
