@@ -508,10 +508,7 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     for items in by_device.values():
         flat = []
         for _, t in items:
-            f = t.reshape(-1)
-            if f.numel() and f.stride(0) != 1:
-                f = f.clone(memory_format=torch.contiguous_format)
-            flat.append(f.view(torch.uint8))
+            flat.append(flat_bytes(t))
         host = (flat[0] if len(flat) == 1 else torch.cat(flat)).cpu().numpy()
         at = 0
         for (i, t), f in zip(items, flat):
@@ -519,6 +516,16 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
             out[i] = host[at:at + n].view(_NUMPY[t.dtype]).reshape(t.shape)
             at += n
     return out
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements in order as a flat uint8 tensor on its device (a view where ``t`` is one
+    run of unit stride; a copy for a strided tensor and for a 0- or 1-element one whose stride is
+    0, which ``view`` refuses)."""
+    f = t.reshape(-1)
+    if f.stride(0) != 1:
+        f = torch.empty(f.numel(), dtype=f.dtype, device=f.device).copy_(f)
+    return f.view(torch.uint8)
 
 
 _NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,

@@ -565,3 +565,21 @@ def test_an_earlier_arguments_value_error_comes_first():
     with pytest.raises(ValueError, match=r"^prepare_replay_step: R_per_request=-3: expected values in \[0, "):
         BE.prepare_replay_step(torch.tensor([0, -3], dtype=i32), *step[1:5], torch.tensor([8, 8, 9, 10, -1], dtype=i64),
                                *step[6:])  # (both wrong: the earlier argument's error)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.tensor([5], dtype=i32).expand(1),  # one element, stride 0 (opcheck's layouts)
+    lambda: torch.zeros(0, dtype=i32).expand(0),
+    lambda: torch.arange(6, dtype=i64)[::2],
+    lambda: torch.tensor(3, dtype=i64),
+    lambda: torch.arange(12, dtype=i32).view(3, 4).t(),
+], ids=["stride0-one", "stride0-empty", "strided", "scalar", "transposed"])
+def test_the_one_read_joins_any_layout_as_bytes(make):
+    """The bytes a device's one read joins (``flat_bytes``): every layout a value check may
+    register, in element order."""
+    from swa_backends.common.validation import flat_bytes
+
+    t = make()
+    got = flat_bytes(t)
+    assert got.dtype == torch.uint8 and got.stride() == (1,)
+    assert torch.equal(got.view(t.dtype), t.reshape(-1))

@@ -6,19 +6,23 @@ checked against the reference: the program compute-sanitizer runs (tests/kernels
 
 Small shapes keep the sanitizers' slowdown affordable; the cases cover what the kernels'
 masks must get right: PAD anywhere, empty rows and requests, graph padding, strided slot
-mappings, split-K decode, ragged last tiles, a partial 64-head block, every sparse-MLA variant
+mappings, speculative-decode batches the device resized (validation off, one of them past the
+sub-batch's buffers), split-K decode, ragged last tiles, a partial 64-head block, every sparse-MLA variant
 that runs here (the tl kernel, both Gluon kernels (the ws one with both gather widths), FlashMLA
 when it is importable). Then the huge-stride cases (tests/kernels/huge_strides.py: every kernel
 on views whose elements lie 2**31 or more elements apart, after the small launches above have
 compiled and cached each kernel) and each sparse-MLA variant over a KV cache whose last row
 lies 2**31 elements in. Those allocate up to 16 GiB a case; run with
 ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so that memcheck sees each allocation's own bounds (an
-overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leaves them out.
+overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leaves them out,
+``--no-huge-strides`` only the huge-stride cases (``--huge-only START:STOP`` runs a slice of
+them alone: under memcheck each case's memory stays taken until the process ends).
 Exit 1 on a wrong result.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import numpy as np
@@ -66,12 +70,72 @@ def huge_kv_cases(variants: dict, dev, rng, sms: int) -> list[str]:
     return bad
 
 
+def adaptive_verification_cases(be, dev) -> list[str]:
+    """The sub-batch gathers of a speculative-decode batch the device resized (SPEC §3.2), with
+    validation off, as the serving path runs: the device's rows moved between decodes, one
+    fewer, and two more than the plan's ``num_rows_padded`` (outside the contract: the issue's
+    overrun, the kernels must drop the rows past the buffers), each through
+    ``gather_replay_batch`` and ``prepare_replay_step`` into exactly sized buffers."""
+    bad = []
+    i32, i64 = torch.int32, torch.int64
+    for device_qsl, T in (([0, 2, 2, 12], 12), ([0, 1, 1, 11], 12), ([0, 3, 4, 14], 14), ([0, 9, 12, 22], 22)):
+        plan = sb.plan_replay_batch([0, 1, 2, 12], [False, False, True], [False] * 3, 4, trim_threshold=0)
+        qsl = torch.tensor(device_qsl, dtype=i32)
+        seq = torch.tensor([200, 300, 110], dtype=i32)
+        R = torch.tensor([0, 0, 100], dtype=i32)
+        positions = torch.arange(100, 100 + T, dtype=i64)
+        slots = torch.stack([positions + 1000, positions + 2000])
+        args = (plan, qsl, seq, R, positions, slots, 4)
+        want = OPS["gather_replay_batch"].reference(*args)
+        with sb.validation(False):
+            got = be.gather_replay_batch(plan, *to_device(args[1:6], dev), 4)
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+        why = mismatch("gather_replay_batch", got, want)
+        if why:
+            bad.append(f"gather_replay_batch resized {device_qsl}: {why}")
+        step = (R, torch.arange(3, dtype=i32), torch.tensor([False, False, True]), qsl, seq, positions, slots.clone(),
+                torch.tensor([0], dtype=i32), torch.arange(40, dtype=i32).view(1, 40).repeat(3, 1), 16, 4, 4)
+        want = OPS["prepare_replay_step"].reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in step],
+                                                    plan=plan)
+        with sb.validation(False):
+            got = be.prepare_replay_step(*to_device(step, dev), plan=plan)
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+        why = mismatch("prepare_replay_step", got, want)
+        if why:
+            bad.append(f"prepare_replay_step resized {device_qsl}: {why}")
+        print(f"ran adaptive verification {device_qsl}", flush=True)
+    return bad
+
+
+def huge_only(where: str, dev) -> int:
+    """``--huge-only START:STOP``: the huge-stride cases ``[START, STOP)`` alone. Under memcheck
+    with PyTorch's caching allocator off, the device memory of each case's views (up to 16 GiB)
+    stays taken until the process ends, so the full set runs as several processes of a few
+    cases each (each kernel compiles in each)."""
+    import huge_strides
+
+    start, stop = (int(x) for x in where.split(":"))
+    names = list(huge_strides.names(str(dev)))[start:stop]
+    bad = []
+    for name in names:
+        outcome, why = huge_strides.run_case(name, str(dev))
+        if outcome != "ok":
+            bad.append(f"huge strides {name}: {outcome}: {why}")
+        print(f"ran huge strides {name}", flush=True)
+    for b in bad:
+        print("WRONG", b)
+    print(f"huge-stride cases {len(names)} of slice {where}; wrong results: {len(bad)}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
     skip = set(argv[argv.index("--skip") + 1].split(",")) if "--skip" in argv else set()
     dev = torch.device("cuda", torch.cuda.current_device())
     be = sb.select(str(dev))
     rng = np.random.default_rng(7)
     bad = []
+    if "--huge-only" in argv:  # one slice of the huge-stride cases, alone (see huge_only)
+        return huge_only(argv[argv.index("--huge-only") + 1], dev)
     for op in METADATA_KERNELS:
         for i in range(2):
             args, kwargs = case_for(op, rng, "cpu", poison=bool(i))
@@ -79,6 +143,7 @@ def main(argv: list[str]) -> int:
             why = mismatch(op, got, want)
             if why:
                 bad.append(f"{op}: {why}")
+    bad += adaptive_verification_cases(be, dev)
     # sparse MLA: each variant directly, at shapes it takes
     from swa_backends.kernels import sparse_mla as tl
 
@@ -119,18 +184,21 @@ def main(argv: list[str]) -> int:
     if "--no-huge" not in argv:
         import huge_strides
 
-        for name in huge_strides.names(str(dev)):
+        for name in () if "--no-huge-strides" in argv else huge_strides.names(str(dev)):
+            gc.collect()  # every earlier case's views freed (the allocator caches nothing here)
             outcome, why = huge_strides.run_case(name, str(dev))
             if outcome != "ok":
                 bad.append(f"huge strides {name}: {outcome}: {why}")
-            print(f"ran huge strides {name}", flush=True)
+            free, total = torch.cuda.mem_get_info(dev)
+            print(f"ran huge strides {name} ({free / 2**30:.0f} of {total / 2**30:.0f} GiB free)", flush=True)
             torch.cuda.empty_cache()
             huge += 1
         bad += huge_kv_cases(variants, dev, rng, sms)
     for b in bad:
         print("WRONG", b)
     print(f"kernels run: {len(METADATA_KERNELS)} metadata ops x 2 cases, sparse_mla variants {sorted(variants)}, "
-          f"huge-stride cases {huge} (+ {len(variants) if huge else 0} far-KV sparse_mla); wrong results: {len(bad)}")
+          f"huge-stride cases {huge}, far-KV sparse_mla {0 if '--no-huge' in argv else len(variants)}; "
+          f"wrong results: {len(bad)}")
     return 1 if bad else 0
 
 
