@@ -1,7 +1,8 @@
 """The seam check's mechanism (``integrations/vllm/seams.py``) on a package written here: what
 a fingerprint counts, the file and live readings agreeing, the unchanged-file fast path, and
-every kind of drift reported by the seam's name. Needs no vLLM (runs in the main suite too);
-``test_vllm_seams.py`` checks the 0.33 table against the real vLLM."""
+every kind of drift reported by the seam's name, and each release's table well formed. Needs no
+vLLM (runs in the main suite too); ``test_vllm_seams.py`` checks the installed release's table
+against the real vLLM."""
 
 from __future__ import annotations
 
@@ -147,14 +148,13 @@ def test_platform_and_scope_select_the_seams():
         Seam("nocolon", "x")
 
 
-def test_the_033_table_is_well_formed():
-    """One entry per target, every module of the table has a pinned file hash, and the
-    release it was taken from is the one CI installs."""
-    from swa_backends.integrations import vllm as integration
-    from swa_backends.integrations.vllm import seams_v0_33 as table
-
+def test_a_release_table_is_well_formed(release):
+    """One entry per target, every module of the table has a pinned file hash, every seam pins
+    something, and the table was taken from its subpackage's release."""
+    table = release.seams
     targets = [s.target for s in table.SEAMS]
     assert len(targets) == len(set(targets))
     assert set(table.FILES) == {s.module for s in table.SEAMS}
-    assert table.RELEASE == integration.TESTED_VLLM
+    assert table.RELEASE == release.RELEASE
     assert all(s.fingerprint or s.params is not None for s in table.SEAMS)
+    assert all(s.module.split(".")[0] == "vllm" for s in table.SEAMS)
