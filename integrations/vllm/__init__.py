@@ -43,14 +43,18 @@ Adding vLLM 0.34 (the checklist):
 
 1. copy ``v0_33/`` to ``v0_34/``, set its ``RELEASE``, and add ``"0.34": "swa_backends.integrations.vllm.v0_34"``
    to :data:`RELEASES` (and ``swa_backends.integrations.vllm.v0_34`` to pyproject's packages);
-2. with vLLM 0.34 installed, run ``python -m swa_backends.integrations.vllm.seams``: it holds the installed vLLM
-   against its release's table (the copy: 0.33's values) and marks every seam that differs; read vLLM's diff of
-   each, adapt ``v0_34/`` (model, patches, config, target, kernels), then take the values it prints into
-   ``v0_34/seams.py``;
+2. with vLLM 0.34 installed, run ``python -m swa_backends.integrations.vllm.v0_34.seams``: it holds the installed
+   vLLM against the copy's table (0.33's values) and marks every seam that differs; read vLLM's diff of each,
+   adapt ``v0_34/`` (model, patches, config, target, kernels), then take the values it prints into
+   ``v0_34/seams.py``. A marked seam whose rule the core restates (``runtime.predicted_split`` /
+   ``predicted_kept``, ``config``'s encoder gates, ...) and 0.34 changed moves into the subpackages first:
+   a function in each release's module of that name, which the core reads from ``current_release()`` as
+   ``config`` reads its facts;
 3. point :data:`TESTED_VLLM` at the release CI should install (``.ci/run`` reads it) and run
    ``tests/integration/vllm`` against it: the tests pick the installed release's subpackage
    (``tests/integration/vllm/_release.py``); ``test_releases.py`` fails, naming the fix, while the installed
-   vLLM has none;
+   vLLM has none. The tests that build vLLM's own objects without a model (``_vllm_harness.py``, ``rocm/``)
+   follow vLLM's constructors: adapt them where 0.34 changed one;
 4. drop a release series from :data:`RELEASES` (and its subpackage) when it is no longer supported.
 """
 
@@ -157,8 +161,8 @@ def release_module(version: str) -> ModuleType:
 def current_release() -> ModuleType:
     """The release whose facts apply in this process: the installed vLLM's subpackage; where
     vLLM is not installed or its release has none, :data:`TESTED_VLLM`'s (configs built by
-    hand, copies of vLLM's kernel files on a machine without vLLM, the decision command and
-    the seam report holding an unsupported vLLM against the newest table). :func:`install`
+    hand, copies of vLLM's kernel files on a machine without vLLM, the decision command
+    holding an unsupported vLLM against the newest table). :func:`install`
     never falls back: an unsupported vLLM is left untouched."""
     version = _installed_version()
     return release_module(version if supported(version) else TESTED_VLLM)

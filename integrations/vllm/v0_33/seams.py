@@ -2,8 +2,8 @@
 
 The table ``swa_backends.integrations.vllm.seams.check`` compares the installed vLLM with
 (``install()`` before it registers anything; the core's ``seams`` module says what a
-fingerprint covers). Parameters, fingerprints and file hashes come from
-``python -m swa_backends.integrations.vllm.seams`` run against :data:`RELEASE`;
+fingerprint covers). Parameters, fingerprints and file hashes come from this module run as a
+script (``python -m swa_backends.integrations.vllm.v0_33.seams``) against :data:`RELEASE`;
 ``tests/integration/vllm/test_vllm_seams.py`` asserts the table matches the installed vLLM.
 To move to a new release: copy this subpackage, read vLLM's diff of every seam that script
 marks, adapt the copy (and the differential), then take the new values (the checklist:
@@ -12,8 +12,8 @@ marks, adapt the copy (and the differential), then take the new values (the chec
 
 from __future__ import annotations
 
-from ..seams import Seam
-from . import RELEASE  # noqa: F401 - the release every parameter list and fingerprint below was taken from
+from ..seams import Seam, report
+from . import RELEASE  # the release every parameter list and fingerprint below was taken from
 
 #: module -> sha256 of its file in RELEASE (the check's fast path: a module whose file is unchanged is not parsed)
 FILES: dict[str, str] = {
@@ -234,3 +234,7 @@ SEAMS: tuple[Seam, ...] = (
          "the decision command mirrors its async-scheduling and graph-mode defaults for the device it is given",
          fingerprint="36e45268d1fcbc06", scope="cli"),
 )
+
+
+if __name__ == "__main__":  # this table against the installed vLLM, each seam that differs marked
+    raise SystemExit(report(SEAMS, FILES, RELEASE))

@@ -109,3 +109,31 @@ def test_the_installed_vllm_has_a_release_subpackage():
         pytest.skip("vLLM is not installed")
     assert integration.supported(version), _release.missing(version)
     assert _release.installed().__name__ == integration.RELEASES[integration.release_series(version)]
+
+
+def test_a_new_release_is_a_subpackage_and_a_map_entry(tmp_path, monkeypatch):
+    """A toy release 0.99 -- a subpackage written here whose config names a speculative method
+    0.33 does not know -- and its RELEASES entry: an installed vLLM 0.99.x selects it, and the
+    core's config mapping reads its facts (0.33's stay as they are)."""
+    from types import SimpleNamespace
+
+    from swa_backends.integrations.vllm import config as icfg
+
+    pkg = tmp_path / "toy_release_v0_99"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('RELEASE = "0.99.0"\n')
+    (pkg / "config.py").write_text("from swa_backends.integrations.vllm.v0_33.config import *  # noqa: F403\n"
+                                   "DRAFTER_KINDS = {**DRAFTER_KINDS, 'medusa': 'eagle'}  # noqa: F405\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(integration.RELEASES, "0.99", "toy_release_v0_99")
+    spec = SimpleNamespace(speculative_config=SimpleNamespace(method="medusa"))
+    assert icfg.drafter(spec) == "other"  # 0.33's facts: an unknown method
+    try:
+        import toy_release_v0_99.config  # noqa: F401 - the part the core reads, as the subpackage's attribute
+
+        monkeypatch.setattr(integration, "_version_read", ["0.99.1"])
+        assert integration.supported("0.99.1") and integration.current_release().__name__ == "toy_release_v0_99"
+        assert icfg.drafter(spec) == "eagle"
+    finally:
+        for name in ("toy_release_v0_99.config", "toy_release_v0_99"):
+            sys.modules.pop(name, None)

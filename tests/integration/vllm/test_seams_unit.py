@@ -135,6 +135,21 @@ def test_the_fast_path_skips_an_unchanged_file_but_sees_a_replaced_function(pkg,
     assert seams.check(pinned, files=files, live=False) == []  # the file alone still matches
 
 
+def test_the_report_marks_what_differs(pkg, capsys):
+    """What a release's table run as a script prints (``python -m ...vllm.v0_33.seams``): every
+    seam with the installed parameters and fingerprint, ``*`` where it differs from the pin."""
+    pinned = _pinned()
+    files = {"seamdemo.mod": seams.file_hash(str(pkg))}
+    assert seams.report(pinned, files, "demo 1.0") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# vLLM ") and "pinned from demo 1.0" in out[0]
+    assert len(out) == 1 + len(pinned) + 1 and not any(line.startswith("*") for line in out[1:]), out
+    pkg.write_text(SOURCE.replace("LIMIT = 8", "LIMIT = 9"))
+    seams.report(pinned, files, "demo 1.0")
+    marked = [line for line in capsys.readouterr().out.splitlines() if line.startswith("*")]
+    assert len(marked) == 2 and "seamdemo.mod:LIMIT [global]" in marked[0] and "file seamdemo.mod" in marked[1], marked
+
+
 def test_platform_and_scope_select_the_seams():
     table = (Seam("m:a", "x"), Seam("m:b", "x", platform="rocm"), Seam("m:c", "x", platform="cuda"),
              Seam("m:d", "x", scope="cli"))

@@ -12,7 +12,7 @@ The signatures and source fingerprints of every vLLM definition the integration 
 overrides, reproduces or mirrors are the release's seam table (``integrations/vllm/v0_33/seams.py``),
 which ``install()`` itself checks before it touches vLLM; ``test_vllm_seams.py`` holds it to
 the installed release. On a mismatch: read vLLM's diff, adapt the release's subpackage (and the
-differential), then take the new values (``python -m swa_backends.integrations.vllm.seams``).
+differential), then take the new values (``python -m swa_backends.integrations.vllm.v0_33.seams``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _resolve(path: str):
 def test_installed_vllm_is_the_release_its_subpackage_pins():
     version = integration.vllm_version()
     assert integration.supported(version), version
-    assert version == release.RELEASE, f"vLLM {version} is installed; {release.__name__} was pinned from {release.RELEASE}"
+    assert version == release.RELEASE, (
+        f"vLLM {version} is installed; {release.__name__} was pinned from {release.RELEASE}")
 
 
 def test_every_patch_applies_and_restores():
