@@ -77,7 +77,8 @@ from lib.replay_step import ServingStep  # noqa: E402
 from lib.steps import BS, G, STEPS, W  # noqa: E402
 from swa_backends.common.types import INDEX_DTYPE  # noqa: E402
 from swa_backends.common.validation import set_validation  # noqa: E402
-from swa_backends.integrations.vllm import model as vllm_model, runtime  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
+from swa_backends.integrations.vllm.v0_33 import model as vllm_model  # noqa: E402
 from swa_backends.kernels import _launch  # noqa: E402
 from swa_backends.testing import vllm_kernels as vk  # noqa: E402
 from swa_backends.testing.vllm_shims import routed_shims  # noqa: E402

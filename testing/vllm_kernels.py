@@ -9,24 +9,24 @@
   (with or without the leading ``vllm/``). Only the four ``@triton.jit`` functions are taken
   out of the files (``ast``), written to one temporary module and compiled by the installed
   Triton; the rest of each file, which imports vLLM, is never run.
-* the installed vLLM (``vllm`` importable): the module attributes themselves (a shim of
-  :mod:`swa_backends.integrations.vllm.patches` is looked through to vLLM's original).
+* the installed vLLM (``vllm`` importable): the module attributes themselves (a shim of the
+  integration's patches is looked through to vLLM's original).
 
-The launchers below call each kernel exactly as vLLM 0.33 does at its call site (grid,
-strides, constexprs, vLLM's PAD fill around the gather), so a differential needs nothing else
-from vLLM.
+Which files, which functions and how vLLM's call sites launch them are the release's (its
+subpackage's ``kernels`` module, ``swa_backends.integrations.vllm.v0_33.kernels``): the
+installed vLLM's release, else the newest supported one (``current_release()``; a copy's
+folder holds that release's files). Its launch functions (``pad_replayed_slots``,
+``swa_indices_and_lens``, ``prefill_gather_lens``, ``gather_replay_batch``), ``PAD_SLOT_ID`` and
+tables read through this module, so a differential needs nothing else from vLLM.
 
 ``load_launchers()`` gives what vLLM's call sites really call (a step's host time depends on
-it): the two sparse-SWA kernels through vLLM's own launch objects,
-``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL`` and ``_COMPUTE_PREFILL_METADATA_KERNEL``
-(``VllmTritonJitKernel`` subclasses: each call binds its arguments with ``inspect`` and maps them
-onto the kernel's before ``kernel[grid](**kwargs)``), and the model state's two ``@triton.jit``
-functions, launched as ``kernel[grid](...)``. From the installed vLLM those are its module
-globals; from copies of the source files, the same classes and functions are taken out of
-``sparse_swa.py``, ``jit_warmup.py`` and ``jit_warmup_triton_helper.py`` (``ast``, as above) and
-defined on a small base standing in for ``VllmJitKernel`` (``bind_launch_inputs = True``; its
-warmup tracing, never on the call path, is not carried), with vLLM's one-line
-``next_power_of_2`` restated: every line a launch runs is vLLM's.
+it): the two sparse-SWA kernels through vLLM's own launch objects (``VllmTritonJitKernel``
+subclasses: each call binds its arguments with ``inspect`` and maps them onto the kernel's
+before ``kernel[grid](**kwargs)``), and the model state's two ``@triton.jit`` functions,
+launched as ``kernel[grid](...)``. From the installed vLLM those are its module globals; from
+copies of the source files, the same classes and functions are taken out of the release's
+files (``ast``, as above) and defined after its prelude (a small base standing in for
+``VllmJitKernel``, vLLM's one-line helpers restated): every line a launch runs is vLLM's.
 """
 
 from __future__ import annotations
@@ -40,21 +40,22 @@ from pathlib import Path
 import torch
 
 ENV = "SWA_VLLM_KERNELS_DIR"
-FILES = {
-    "model_state.py": "models/deepseek_v41/nvidia/model_state.py",
-    "sparse_swa.py": "v1/attention/backends/mla/sparse_swa.py",
-    # vLLM's launch objects (load_launchers only)
-    "jit_warmup.py": "model_executor/warmup/jit_warmup.py",
-    "jit_warmup_triton_helper.py": "model_executor/warmup/jit_warmup_triton_helper.py",
-}
-#: name -> (file, qualified name inside it)
-KERNELS = {
-    "pad": ("model_state.py", "_pad_replayed_slots_kernel"),
-    "gather": ("model_state.py", "_gather_replay_batch_kernel"),
-    "swa": ("sparse_swa.py", "_compute_swa_indices_and_lens_kernel"),
-    "prefill": ("sparse_swa.py", "ComputePrefillMetadataKernel.kernel"),
-}
-PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py
+#: what the release's ``kernels`` module defines that reads through this one
+FROM_RELEASE = ("FILES", "KERNELS", "LAUNCH_SOURCES", "PAD_SLOT_ID", "pad_replayed_slots", "swa_indices_and_lens",
+                "prefill_gather_lens", "gather_replay_batch")
+
+
+def release_kernels():
+    """The release's ``kernels`` module: the installed vLLM's release, else the newest supported."""
+    from ..integrations.vllm import current_release
+
+    return current_release().kernels
+
+
+def __getattr__(name: str):
+    if name in FROM_RELEASE:
+        return getattr(release_kernels(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class VllmKernels:
     origin: str
 
 
-def _find(root: Path, name: str) -> Path | None:
-    rel = FILES[name]
+def _find(root: Path, name: str, files: dict[str, str]) -> Path | None:
+    rel = files[name]
     for cand in (root / name, root / rel, root / "vllm" / rel):
         if cand.is_file():
             return cand
@@ -110,60 +111,71 @@ def _module_from(parts: list[str], name: str):
     return module
 
 
-def _source_of(root: Path, fname: str, qualname: str) -> list[str]:
-    path = _find(root, fname)
+def _source_of(root: Path, fname: str, qualname: str, files: dict[str, str]) -> list[str]:
+    path = _find(root, fname, files)
     if path is None:
-        raise FileNotFoundError(f"{fname} (vllm/{FILES[fname]}) not under {root}")
+        raise FileNotFoundError(f"{fname} (vllm/{files[fname]}) not under {root}")
     return [f"# {path}: {qualname}", _extract(path, qualname), "", ""]
 
 
-def _from_source(root: Path) -> VllmKernels:
+def _installed(target: str):
+    """The installed vLLM's object at ``"module:qualname"``, vLLM's own (a patch's shim there
+    looked through)."""
+    import importlib
+
+    module, qualname = target.split(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return getattr(obj, "_swa_original", obj)
+
+
+def _vllm_origin() -> str:
+    import vllm
+
+    return f"installed vllm {getattr(vllm, '__version__', '?')}"
+
+
+def _from_source(root: Path, rk) -> VllmKernels:
     """The four kernels' sources, written to one module file and imported."""
     parts = ["import triton", "import triton.language as tl", ""]
     names = {}
-    for key, (fname, qualname) in KERNELS.items():
-        parts += _source_of(root, fname, qualname)
+    for key, (fname, qualname) in rk.KERNELS.items():
+        parts += _source_of(root, fname, qualname, rk.FILES)
         names[key] = qualname.split(".")[-1]
     module = _module_from(parts, "vllm_replay_kernels")
     return VllmKernels(**{key: getattr(module, name) for key, name in names.items()},
                        origin=f"source files under {root}")
 
 
-def _from_installed() -> VllmKernels:
-    import vllm
-    from vllm.models.deepseek_v41.nvidia import model_state as ms
-    from vllm.v1.attention.backends.mla import sparse_swa
-
-    def original(obj):
-        return getattr(obj, "_swa_original", obj)
-
-    return VllmKernels(pad=original(ms._pad_replayed_slots_kernel), gather=original(ms._gather_replay_batch_kernel),
-                       swa=sparse_swa._compute_swa_indices_and_lens_kernel,
-                       prefill=sparse_swa.ComputePrefillMetadataKernel.kernel,
-                       origin=f"installed vllm {getattr(vllm, '__version__', '?')}")
+def _from_installed(rk) -> VllmKernels:
+    return VllmKernels(**{key: _installed(target) for key, target in rk.INSTALLED_KERNELS.items()},
+                       origin=_vllm_origin())
 
 
 def load(source: str | os.PathLike | None = None) -> tuple[VllmKernels | None, str]:
     """``(kernels, where from)`` or ``(None, why not)``."""
-    return _load(source, _from_source, _from_installed, "model_state.py and sparse_swa.py")
+    return _load(source, _from_source, _from_installed, lambda rk: [f for f, _ in rk.KERNELS.values()])
 
 
-def _load(source, from_source, installed, files: str) -> tuple:
-    """``from_source(folder)`` when ``source`` or ``$SWA_VLLM_KERNELS_DIR`` names one, else
-    ``installed()`` when vLLM is: ``(result, its origin)``, or ``(None, why not)``."""
+def _load(source, from_source, installed, files_of) -> tuple:
+    """``from_source(folder, release kernels)`` when ``source`` or ``$SWA_VLLM_KERNELS_DIR`` names
+    one, else ``installed(release kernels)`` when vLLM is: ``(result, its origin)``, or
+    ``(None, why not)``; ``files_of(release kernels)``: the files a copy needs."""
     source = source or os.environ.get(ENV)
     if source:
         try:
-            k = from_source(Path(source))
+            k = from_source(Path(source), release_kernels())
             return k, k.origin
         except Exception as exc:  # noqa: BLE001
             return None, f"{ENV}={source}: {type(exc).__name__}: {exc}"
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
+        files = ", ".join(dict.fromkeys(files_of(release_kernels())))
         return None, f"vLLM is not installed and {ENV} is not set (copies of vLLM's {files})"
     try:
-        k = installed()
+        k = installed(release_kernels())
         return k, k.origin
     except Exception as exc:  # noqa: BLE001
         return None, f"vLLM's kernels did not import: {type(exc).__name__}: {exc}"
@@ -171,7 +183,7 @@ def _load(source, from_source, installed, files: str) -> tuple:
 
 @dataclass(frozen=True)
 class VllmLaunchers:
-    """What vLLM 0.33's replay-metadata call sites call: ``pad[(num_reqs,)](...)`` and
+    """What vLLM's replay-metadata call sites call: ``pad[(num_reqs,)](...)`` and
     ``gather[(num_reqs,)](...)`` (``@triton.jit`` functions), ``swa(...)`` and ``prefill(...)``
     (vLLM's ``VllmTritonJitKernel`` launch objects, called with the builders' arguments)."""
 
@@ -182,127 +194,28 @@ class VllmLaunchers:
     origin: str
 
 
-#: (file, qualified name) of what ``load_launchers`` takes out of the source files, in order
-LAUNCH_SOURCES = (
-    ("jit_warmup_triton_helper.py", "_LaunchBindingPlan"),
-    ("jit_warmup_triton_helper.py", "_launch_binding_plan"),
-    ("jit_warmup.py", "kernel_launcher"),
-    ("jit_warmup_triton_helper.py", "VllmTritonJitKernel"),
-    ("sparse_swa.py", "_compute_swa_indices_and_lens_kernel"),
-    ("sparse_swa.py", "ComputeSWAIndicesAndLensKernel"),
-    ("sparse_swa.py", "ComputePrefillMetadataKernel"),
-    ("model_state.py", "_pad_replayed_slots_kernel"),
-    ("model_state.py", "_gather_replay_batch_kernel"),
-)
-
-_LAUNCH_PRELUDE = '''\
-import ast
-import inspect
-from abc import abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
-from functools import cache, cached_property, wraps
-from typing import Any, ClassVar, Generic, TypeVar, cast
-
-import torch
-import triton
-import triton.language as tl
-
-CompileKeyT = TypeVar("CompileKeyT")
-LaunchSpec = Any  # type aliases and config types, annotations only
-VllmConfig = Any
-
-
-def next_power_of_2(n: int) -> int:  # vllm.utils.math_utils, restated
-    return 1 if n < 1 else 1 << (n - 1).bit_length()
-
-
-class VllmJitKernel(Generic[CompileKeyT]):
-    """What vLLM's launch path reads of its JIT-kernel base (warmup tracing not carried)."""
-
-    bind_launch_inputs = True
-
-    def __init__(self) -> None:
-        self._compiled_cache = {}
-
-
-'''
-
-
-def _launchers_from_source(root: Path) -> VllmLaunchers:
-    parts = [_LAUNCH_PRELUDE]
-    for fname, qualname in LAUNCH_SOURCES:
-        parts += _source_of(root, fname, qualname)
+def _launchers_from_source(root: Path, rk) -> VllmLaunchers:
+    parts = [rk.LAUNCH_PRELUDE]
+    for fname, qualname in rk.LAUNCH_SOURCES:
+        parts += _source_of(root, fname, qualname, rk.FILES)
     module = _module_from(parts, "vllm_replay_launchers")
-    return VllmLaunchers(pad=module._pad_replayed_slots_kernel, gather=module._gather_replay_batch_kernel,
-                         swa=module.ComputeSWAIndicesAndLensKernel(), prefill=module.ComputePrefillMetadataKernel(),
-                         origin=f"source files under {root}")
+    made = {}
+    for key, (name, is_class) in rk.SOURCE_LAUNCHERS.items():
+        obj = getattr(module, name)
+        made[key] = obj() if is_class else obj
+    return VllmLaunchers(**made, origin=f"source files under {root}")
 
 
-def _launchers_installed() -> VllmLaunchers:
-    import vllm
-    from vllm.models.deepseek_v41.nvidia import model_state as ms
-    from vllm.v1.attention.backends.mla import sparse_swa
-
-    def original(obj):
-        return getattr(obj, "_swa_original", obj)
-
-    return VllmLaunchers(pad=original(ms._pad_replayed_slots_kernel), gather=original(ms._gather_replay_batch_kernel),
-                         swa=original(sparse_swa._COMPUTE_SWA_INDICES_AND_LENS_KERNEL),
-                         prefill=original(sparse_swa._COMPUTE_PREFILL_METADATA_KERNEL),
-                         origin=f"installed vllm {getattr(vllm, '__version__', '?')}")
+def _launchers_installed(rk) -> VllmLaunchers:
+    return VllmLaunchers(**{key: _installed(target) for key, target in rk.INSTALLED_LAUNCHERS.items()},
+                         origin=_vllm_origin())
 
 
 def load_launchers(source: str | os.PathLike | None = None) -> tuple[VllmLaunchers | None, str]:
     """``(launchers, where from)`` or ``(None, why not)``: :func:`load`'s sources (the
-    folder needs ``jit_warmup.py`` and ``jit_warmup_triton_helper.py`` too)."""
-    return _load(source, _launchers_from_source, _launchers_installed,
-                 "model_state.py, sparse_swa.py, jit_warmup.py and jit_warmup_triton_helper.py")
-
-
-# ---------------------------------------------------------------------------------------
-# vLLM 0.33's launches, as at its call sites
-# ---------------------------------------------------------------------------------------
-
-
-def pad_replayed_slots(k: VllmKernels, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start,
-                       window: int, num_reqs: int) -> None:
-    """``DeepseekV41ModelState.prepare_attn`` (model_state.py L386)."""
-    k.pad[(num_reqs,)](slot_mappings, slot_mappings.stride(0), cacheable_groups, query_start_loc, positions,
-                       replay_start, window, PAD_SLOT_ID, NUM_GROUPS=cacheable_groups.numel(), BLOCK=1024)
-
-
-def swa_indices_and_lens(k: VllmKernels, swa_indices, swa_lens, window_size, index_width, query_start_loc, seq_lens,
-                         token_to_req_indices, is_valid_token, block_table, block_size, replay_start, *, num_tokens,
-                         token_offset) -> None:
-    """``ComputeSWAIndicesAndLensKernel.__call__``'s launch (sparse_swa.py L1199-1231), no image."""
-    if num_tokens == 0:
-        return
-    k.swa[(num_tokens,)](swa_indices, swa_indices.stride(0), swa_lens, window_size, index_width, swa_lens, swa_lens,
-                         query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table,
-                         block_table.stride(0), block_size, replay_start, token_offset, HAS_IMAGE=False,
-                         TRITON_BLOCK_SIZE=1024)
-
-
-def prefill_gather_lens(k: VllmKernels, out, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes,
-                        window_size) -> None:
-    """``ComputePrefillMetadataKernel.__call__``'s launch (grid (1,), BLOCK_SIZE = next pow2)."""
-    block = 1 << max(num_prefills - 1, 0).bit_length()
-    k.prefill[(1,)](out, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes, window_size,
-                    BLOCK_SIZE=block)
-
-
-def gather_replay_batch(k: VllmKernels, query_start_loc, dropped_before, seq_lens, replay_start, positions,
-                        slot_mappings, rows, kept_query_start_loc, kept_positions, kept_slot_mappings_buf, kept_kv_start,
-                        window: int, num_reqs: int, num_tokens: int, num_padded: int) -> torch.Tensor:
-    """``DeepseekV41ModelState._kept_input_batch``'s PAD fill and launch (model_state.py
-    L684-707); returns the kept slot mappings view it hands on."""
-    kept = kept_slot_mappings_buf[:, :num_padded]
-    kept[:, num_tokens:].fill_(PAD_SLOT_ID)
-    k.gather[(num_reqs,)](query_start_loc, dropped_before, seq_lens, replay_start, positions, slot_mappings,
-                          slot_mappings.stride(0), rows, kept_query_start_loc, kept_positions, kept,
-                          kept.stride(0), kept_kv_start, window, NUM_GROUPS=slot_mappings.shape[0], BLOCK=1024)
-    return kept
+    folder needs the release's launch files too: ``jit_warmup.py`` and
+    ``jit_warmup_triton_helper.py`` for 0.33)."""
+    return _load(source, _launchers_from_source, _launchers_installed, lambda rk: [f for f, _ in rk.LAUNCH_SOURCES])
 
 
 def token_to_req_indices(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:

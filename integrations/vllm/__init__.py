@@ -6,24 +6,56 @@
 * ``SWA_BACKENDS_VLLM`` is not ``0`` (``0``/``off``/``false``/``no``: the whole plugin is off,
   ``plugin.register()`` defines no op either; ``force``: skip the platform check below --
   tests on a CPU-only machine);
-* vLLM is importable and its release series is in :data:`SUPPORTED_VLLM` (the one place
-  the supported versions are declared);
+* vLLM is importable and its release series has a subpackage in :data:`RELEASES` (the one
+  place the supported releases are declared);
 * vLLM's platform is CUDA or ROCm (the pack's Triton kernels; other platforms keep vLLM's
   path untouched, e.g. vllm-ascend's NPU);
-* the integration's own modules import here (the model class, its runtime and patches: a
-  worker imports them when it builds the model);
-* every vLLM definition the integration relies on matches the release it was written for
-  (:mod:`.seams`, the table :mod:`.seams_v0_33`): a ``0.33.x`` that changed one is left
-  untouched, with one log line naming the seams that differ.
+* the release's modules import here (its model class, patches and the runtime: a worker
+  imports them when it builds the model);
+* every vLLM definition the integration relies on matches the release its subpackage was
+  written for (:mod:`.seams` checks the subpackage's table, ``v0_33/seams.py``): a ``0.33.x``
+  that changed one is left untouched, with one log line naming the seams that differ.
 
 Then it registers the architecture ``DeepseekV41ForCausalLM`` under the same name as a
 lazy ``"module:Class"`` string (vLLM's supported extension point,
-``ModelRegistry.register_model``): :class:`swa_backends.integrations.vllm.model.DeepseekV41ForCausalLM`,
-a thin subclass of the class vLLM would pick on this platform. Nothing is patched here: when
-that model is built in a worker it computes the pack's capability decision from vLLM's
-config, applies the few unavoidable patches (:mod:`~swa_backends.integrations.vllm.patches`)
-and routes the sides the pack turns on. Every outcome is logged once; every failure is one
-warning and vLLM's own path.
+``ModelRegistry.register_model``): the release's ``model:DeepseekV41ForCausalLM``
+(``swa_backends.integrations.vllm.v0_33.model:DeepseekV41ForCausalLM`` for 0.33), a thin
+subclass of the class vLLM would pick on this platform. Nothing is patched here: when that
+model is built in a worker it computes the pack's capability decision from vLLM's config
+(:mod:`.config`), applies the release's few unavoidable patches and routes the sides the pack
+turns on. Every outcome is logged once; every failure is one warning and vLLM's own path.
+
+The layout: a version-free core here -- this installer, the config mapping (:mod:`.config`),
+the runtime that answers vLLM's call sites (:mod:`.runtime`), the patch and seam machinery
+(:mod:`.patches`, :mod:`.seams`), the decision command (``__main__``, :mod:`.target`) -- and one
+subpackage per vLLM release series holding everything tied to that release, each module the
+release's part of the core module of the same name:
+
+* ``seams.py``: the seam table (``SEAMS``, ``FILES``) :mod:`.seams` checks;
+* ``patches.py``: the patched globals and their shims (``PATCHES``), applied by :mod:`.patches`;
+* ``model.py``: the model class and the mixins over the release's model state and replay layers;
+* ``config.py``: the facts :mod:`.config` reads (vLLM's lists it mirrors, the lines its rules restate);
+* ``target.py``: the release's own rules the decision command re-derives for another platform;
+* ``kernels.py``: where vLLM's replay-metadata kernels live and how its call sites launch them
+  (``swa_backends.testing.vllm_kernels`` loads them for the differential).
+
+Adding vLLM 0.34 (the checklist):
+
+1. copy ``v0_33/`` to ``v0_34/``, set its ``RELEASE``, and add ``"0.34": "swa_backends.integrations.vllm.v0_34"``
+   to :data:`RELEASES` (and ``swa_backends.integrations.vllm.v0_34`` to pyproject's packages);
+2. with vLLM 0.34 installed, run ``python -m swa_backends.integrations.vllm.v0_34.seams``: it holds the installed
+   vLLM against the copy's table (0.33's values) and marks every seam that differs; read vLLM's diff of each,
+   adapt ``v0_34/`` (model, patches, config, target, kernels), then take the values it prints into
+   ``v0_34/seams.py``. A marked seam whose rule the core restates (``runtime.predicted_split`` /
+   ``predicted_kept``, ``config``'s encoder gates, ...) and 0.34 changed moves into the subpackages first:
+   a function in each release's module of that name, which the core reads from ``current_release()`` as
+   ``config`` reads its facts;
+3. point :data:`TESTED_VLLM` at the release CI should install (``.ci/run`` reads it) and run
+   ``tests/integration/vllm`` against it: the tests pick the installed release's subpackage
+   (``tests/integration/vllm/_release.py``); ``test_releases.py`` fails, naming the fix, while the installed
+   vLLM has none. The tests that build vLLM's own objects without a model (``_vllm_harness.py``, ``rocm/``)
+   follow vLLM's constructors: adapt them where 0.34 changed one;
+4. drop a release series from :data:`RELEASES` (and its subpackage) when it is no longer supported.
 """
 
 from __future__ import annotations
@@ -37,13 +69,20 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from types import ModuleType
 
 from ...common.validation import env_switch
 
-#: vLLM release series (major.minor) this integration supports. The one place they are declared:
-#: the version gate, the patches' reasons and the CI stage (which installs :data:`TESTED_VLLM`) read it.
-SUPPORTED_VLLM: tuple[str, ...] = ("0.33",)
-#: The release CI installs and every pinned signature and source hash was taken from.
+#: vLLM release series (major.minor) -> the subpackage holding everything the integration ties to
+#: that release. The one place the supported releases are declared: the version gate, the tests
+#: (``tests/integration/vllm/_release.py``) and the decision command read it.
+RELEASES: dict[str, str] = {"0.33": "swa_backends.integrations.vllm.v0_33"}
+#: the modules every release subpackage holds (each imported on first access: ``release.model``)
+RELEASE_PARTS = ("seams", "patches", "model", "config", "target", "kernels")
+#: the supported release series (:data:`RELEASES`' keys)
+SUPPORTED_VLLM: tuple[str, ...] = tuple(RELEASES)
+#: The release CI installs (``.ci/run`` reads this line); the ``RELEASE`` of one subpackage, every
+#: pinned signature and source hash of which was taken from it.
 TESTED_VLLM = "0.33.0"
 
 #: The environment switch: ``0``/``off``/``false``/``no`` turn the whole plugin off;
@@ -51,7 +90,6 @@ TESTED_VLLM = "0.33.0"
 ENV = "SWA_BACKENDS_VLLM"
 
 ARCH = "DeepseekV41ForCausalLM"
-MODEL_CLASS = "swa_backends.integrations.vllm.model:DeepseekV41ForCausalLM"
 
 logger = logging.getLogger("vllm.swa_backends")
 
@@ -75,7 +113,7 @@ class InstallStatus:
     ``vllm_version``: the vLLM found (None when there is none); ``mode``: the switch;
     ``seams``: the seams that differ from the pinned release (:mod:`.seams`; empty when none
     does or they were not checked); ``seam_check_s``: what checking them took (None: not
-    checked)."""
+    checked); ``release``: the release subpackage chosen (None: none was)."""
 
     installed: bool
     reason: str
@@ -83,6 +121,7 @@ class InstallStatus:
     mode: str = "auto"
     seams: tuple[str, ...] = ()
     seam_check_s: float | None = None
+    release: str | None = None
 
 
 def mode() -> str:
@@ -100,7 +139,38 @@ def release_series(version: str) -> str | None:
 
 
 def supported(version: str | None) -> bool:
-    return version is not None and release_series(version) in SUPPORTED_VLLM
+    return version is not None and release_series(version) in RELEASES
+
+
+class UnsupportedRelease(LookupError):
+    """A vLLM release with no subpackage in :data:`RELEASES`."""
+
+
+def release_module(version: str) -> ModuleType:
+    """The subpackage of ``version``'s release series (``"0.33.2"`` or ``"0.33"`` ->
+    ``swa_backends.integrations.vllm.v0_33``; its parts, :data:`RELEASE_PARTS`, import on first
+    access and import no vLLM then);
+    :class:`UnsupportedRelease` names the supported series when there is none."""
+    name = RELEASES.get(release_series(version) or "")
+    if name is None:
+        raise UnsupportedRelease(f"vLLM {version} is not a supported release (supported: "
+                                 f"{', '.join(s + '.x' for s in RELEASES)})")
+    return importlib.import_module(name)
+
+
+def current_release() -> ModuleType:
+    """The release whose facts apply in this process: the installed vLLM's subpackage; where
+    vLLM is not installed or its release has none, :data:`TESTED_VLLM`'s (configs built by
+    hand, copies of vLLM's kernel files on a machine without vLLM, the decision command
+    holding an unsupported vLLM against the newest table). :func:`install`
+    never falls back: an unsupported vLLM is left untouched."""
+    version = _installed_version()
+    return release_module(version if supported(version) else TESTED_VLLM)
+
+
+def model_class_path(release: ModuleType) -> str:
+    """The ``"module:Class"`` string vLLM's registry is given for ``release``."""
+    return f"{release.__name__}.model:{ARCH}"
 
 
 def vllm_version() -> str | None:
@@ -114,6 +184,16 @@ def vllm_version() -> str | None:
         import vllm
 
         return getattr(vllm, "__version__", None)
+
+
+_version_read: list[str | None] = []
+
+
+def _installed_version() -> str | None:
+    """:func:`vllm_version`, read once per process (the installed vLLM does not change)."""
+    if not _version_read:
+        _version_read.append(vllm_version())
+    return _version_read[0]
 
 
 def install() -> InstallStatus:
@@ -148,37 +228,40 @@ def _install() -> InstallStatus:
     version = vllm_version()
     if version is None:
         return InstallStatus(False, "vLLM is not importable: nothing to integrate with", None, switch)
-    if not supported(version):
-        return InstallStatus(False, f"vLLM {version} is not a supported release (supported: "
-                                    f"{', '.join(s + '.x' for s in SUPPORTED_VLLM)}); vLLM is left untouched",
-                             version, switch)
+    try:
+        release = release_module(version)
+    except UnsupportedRelease as exc:
+        return InstallStatus(False, f"{exc}; vLLM is left untouched", version, switch)
     from vllm.platforms import current_platform
 
     platform = type(current_platform).__name__
     if switch != "force" and not (current_platform.is_cuda() or current_platform.is_rocm()):
         return InstallStatus(False, f"vLLM platform {platform} is neither CUDA nor ROCm: vLLM is left untouched "
-                                    f"({ENV}=force overrides)", version, switch)
+                                    f"({ENV}=force overrides)", version, switch, release=release.__name__)
+    model_class = model_class_path(release)
     try:  # what a worker imports when it builds the model: proven before vLLM is told about it
-        importlib.import_module(MODEL_CLASS.split(":")[0])
+        importlib.import_module(model_class.split(":")[0])
     except Exception as exc:  # noqa: BLE001
         return InstallStatus(False, f"the integration's model module does not import ({type(exc).__name__}: {exc}); "
-                                    "vLLM is left untouched", version, switch)
+                                    "vLLM is left untouched", version, switch, release=release.__name__)
     from . import seams
-    from .seams_v0_33 import FILES, RELEASE, SEAMS
 
+    table = release.seams
     t0 = time.perf_counter()
-    differ = tuple(seams.check(SEAMS, files=FILES, platform="rocm" if current_platform.is_rocm() else "cuda"))
+    differ = tuple(seams.check(table.SEAMS, files=table.FILES,
+                               platform="rocm" if current_platform.is_rocm() else "cuda"))
     took = time.perf_counter() - t0
     if differ:
         return InstallStatus(False, f"vLLM {version}: {len(differ)} seam(s) the integration relies on differ from "
-                                    f"{RELEASE}'s: {'; '.join(differ)}; vLLM is left untouched", version, switch,
-                             differ, took)
+                                    f"{release.RELEASE}'s: {'; '.join(differ)}; vLLM is left untouched", version,
+                             switch, differ, took, release.__name__)
     from vllm.model_executor.models.registry import ModelRegistry
 
-    ModelRegistry.register_model(ARCH, MODEL_CLASS)
-    return InstallStatus(True, f"vLLM {version} on {platform}: {ARCH} resolves to {MODEL_CLASS}; its replay "
+    ModelRegistry.register_model(ARCH, model_class)
+    return InstallStatus(True, f"vLLM {version} on {platform}: {ARCH} resolves to {model_class}; its replay "
                                "metadata runs through the pack where swa_backends.capabilities() turns a side on "
-                               f"(the vLLM code it relies on matches {RELEASE}'s)", version, switch, (), took)
+                               f"(the vLLM code it relies on matches {release.RELEASE}'s)", version, switch, (), took,
+                         release.__name__)
 
 
 def status() -> InstallStatus | None:
@@ -193,5 +276,6 @@ def _reset_for_tests() -> None:
         _logged.clear()
 
 
-__all__ = ["ARCH", "ENV", "InstallStatus", "MODEL_CLASS", "SUPPORTED_VLLM", "TESTED_VLLM", "install", "mode",
-           "status", "supported", "vllm_version"]
+__all__ = ["ARCH", "ENV", "RELEASES", "RELEASE_PARTS", "SUPPORTED_VLLM", "TESTED_VLLM", "InstallStatus",
+           "UnsupportedRelease", "current_release", "install", "mode", "model_class_path", "release_module", "status",
+           "supported", "vllm_version"]

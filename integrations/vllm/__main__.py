@@ -11,13 +11,15 @@ gate assumes (default: the device's).
 
 It runs on any machine with vLLM: where vLLM finds no platform (a machine without a GPU) it
 builds the config on vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``), and for a device on
-another platform than the one the config was built on it re-derives, by vLLM 0.33's own rules
-for that platform, the fields vLLM resolves per platform (model runner, graph mode, async
-scheduling, prefix caching; :mod:`.target`). The JSON's ``inferred`` lists each with its value
-and rule, ``built_on`` the platform the config was built on, ``vllm_differs`` any seam of the
-installed vLLM that differs from the release the integration pins (where the integration would
-leave vLLM untouched). Any error -- a bad argument, an unreachable model id, vLLM refusing the
-configuration -- is one line on stderr and exit status 1. vLLM's own log is quiet below ERROR
+another platform than the one the config was built on it re-derives, by the installed
+release's own rules for that platform (its subpackage's ``target``), the fields vLLM resolves
+per platform (model runner, graph mode, async scheduling, prefix caching; :mod:`.target`). The
+JSON's ``inferred`` lists each with its value and rule, ``built_on`` the platform the config was
+built on, ``release`` the release whose rules and seam table answered (the newest supported
+for a vLLM without a subpackage), ``vllm_differs`` any seam of the installed vLLM that differs
+from that release's pins (where the integration would leave vLLM untouched). Any error -- a
+bad argument, an unreachable model id, vLLM refusing the configuration -- is one line on stderr
+and exit status 1. vLLM's own log is quiet below ERROR
 unless ``VLLM_LOGGING_LEVEL`` says otherwise.
 """
 
@@ -93,10 +95,12 @@ def _main(argv: list[str]) -> int:
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from . import seams
+    from . import current_release, seams
     from .config import decide
-    from .seams_v0_33 import FILES, SEAMS
     from .target import INFERRED_PLATFORMS, Given, infer
+
+    release = current_release()
+    table = release.seams
 
     parser = FlexibleArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--swa-device", dest="swa_device", default=None,
@@ -120,7 +124,7 @@ def _main(argv: list[str]) -> int:
     view = cfg
     if on != built_on:
         if on in INFERRED_PLATFORMS:
-            view, inferred = infer(cfg, given, on)
+            view, inferred = infer(cfg, given, on, release.target)
         else:
             inferred = {"note": f"vLLM's resolution on {on} is its platform plugin's: the fields vLLM resolves per "
                                 f"platform are {built_on}'s"}
@@ -129,9 +133,10 @@ def _main(argv: list[str]) -> int:
     report = d.as_dict()
     report["built_on"] = built_on + (f" ({why_cpu})" if why_cpu else "")
     report["inferred"] = inferred
+    report["release"] = release.RELEASE
     seam_platform = on if on in INFERRED_PLATFORMS else None
-    report["vllm_differs"] = (seams.check(SEAMS, files=FILES, platform=seam_platform)
-                              + seams.check(SEAMS, files=FILES, scope="cli"))
+    report["vllm_differs"] = (seams.check(table.SEAMS, files=table.FILES, platform=seam_platform)
+                              + seams.check(table.SEAMS, files=table.FILES, scope="cli"))
     json.dump(report, sys.stdout, indent=2, default=str)
     print()
     return 0

@@ -2,10 +2,14 @@
 
 :func:`serving_config` maps a ``VllmConfig`` onto :class:`swa_backends.ServingConfig`;
 :func:`decide` adds the device and returns the pack's :class:`~swa_backends.Capabilities`
-next to what vLLM 0.33 itself would do with encoder replay (``attention.py`` turns it off
+next to what vLLM itself would do with encoder replay (0.33's ``attention.py`` turns it off
 without model runner V2, under PCP without prefix caching, and on ROCm). Both are pure
 functions of the config objects (attribute reads only), so they are unit-tested on configs
 built without a model. See ``swa-backends info --config KEY=VALUE`` for the same decision.
+
+What a release pins -- vLLM's lists mirrored here, its speculative methods, the lines each rule
+restates -- is the release subpackage's ``config`` module (``v0_33/config.py``), read for the
+installed vLLM's release (``current_release()``: the newest supported where vLLM is absent).
 """
 
 from __future__ import annotations
@@ -39,17 +43,18 @@ def graph_mode(vllm_config) -> str:
     return GRAPH_MODES.get(name, "none" if mode is None else "full_and_piecewise")
 
 
-#: vLLM 0.33's ``vllm.config.kernel.MEGA_MOE_BACKENDS``, for configs built without vLLM (the
-#: vLLM stage checks it against vLLM's own)
-MEGA_MOE_BACKENDS_0_33 = frozenset({"deep_gemm_mega_moe", "flashinfer_moe_ep_cutedsl",
-                                    "flashinfer_moe_ep_mega_deep_gemm"})
+def facts():
+    """The release's ``config`` module (``v0_33/config.py``) for the installed vLLM."""
+    from . import current_release
+
+    return current_release().config
 
 
 def _mega_moe_backends() -> frozenset:
     try:
         from vllm.config.kernel import MEGA_MOE_BACKENDS
-    except Exception:  # noqa: BLE001 - config objects built without vLLM (tests)
-        return MEGA_MOE_BACKENDS_0_33
+    except Exception:  # noqa: BLE001 - config objects built without vLLM (tests): the release's copy
+        return facts().MEGA_MOE_BACKENDS
     return frozenset(MEGA_MOE_BACKENDS)
 
 
@@ -94,23 +99,19 @@ def stage_holds_all_layers_after_cut(vllm_config, pp_rank: int | None = None) ->
     return cut is not None and start <= cut and end >= num_layers
 
 
-#: vLLM's speculative methods (``speculative_config.method`` after its post-init) ->
-#: ``ServingConfig.drafter``; any other method is ``other``
-DRAFTER_KINDS = {"dspark": "dspark", "mtp": "mtp", "eagle": "eagle", "eagle3": "eagle3", "dflash": "dflash",
-                 "draft_model": "draft_model", "ngram": "ngram", "ngram_gpu": "ngram", "suffix": "suffix"}
-
-
 def drafter(vllm_config) -> str:
     """The speculative drafter's kind: ``none`` without a ``speculative_config``, else its
-    method by :data:`DRAFTER_KINDS`; an MTP model type (``deepseek_mtp``, ...: vLLM's post-init
-    folds them into ``mtp``, and every one ends in ``_mtp``) is ``mtp``; ``custom_class``,
-    ``extract_hidden_states`` or a method this release does not know is ``other``."""
+    method by the release's ``DRAFTER_KINDS``; an MTP model type (``deepseek_mtp``, ...: vLLM's
+    post-init folds them into ``mtp``, and every one ends in ``_mtp``) is ``mtp``; the release's
+    ``OTHER_DRAFTERS`` (``custom_class``, ``extract_hidden_states``) or a method the release
+    does not know is ``other``."""
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None:
         return "none"
     method = getattr(spec, "method", None)
-    if method in DRAFTER_KINDS:
-        return DRAFTER_KINDS[method]
+    kinds = facts().DRAFTER_KINDS
+    if method in kinds:
+        return kinds[method]
     if isinstance(method, str) and method.endswith("_mtp"):
         return "mtp"
     return "other"

@@ -1,74 +1,46 @@
-"""THE module holding every patch the vLLM integration cannot avoid (vLLM 0.33).
+"""How the integration patches vLLM, for any release: a module global replaced by a shim that
+keeps the original's calling convention and follows a route.
 
-vLLM 0.33 has no seam for three kernel launches of DeepSeek-V4.1's replay metadata: they
-are inline in ``DeepseekV41ModelState.prepare_attn`` and in
-``DeepseekSparseSWAMetadataBuilder.build`` / ``update_draft_decode_metadata``, and each
-looks its kernel up as a module global at call time. On ROCm a fourth: the sparse-MLA prefill
-of ``DeepseekV41ROCMAiterMLAAttention`` (the consumer of the clamped window, when the pack
-turns encoder replay on there), a module global of ``vllm.models.deepseek_v41.amd.rocm``.
-Each patch below replaces one such global with a shim that keeps the original's calling
-convention; while its route is off
-(:func:`route`) a shim hands every call to vLLM's original object unchanged, so a patch
-applied for a model the pack does not serve is inert. Nothing else in vLLM is patched:
-the model class goes through ``ModelRegistry.register_model`` and the model state through
-the model's ``get_model_state_cls`` (see ``model.py``).
+A release's ``patches.py`` (``v0_33/patches.py``) lists its :class:`Patch` es -- which module
+global, which shim, which check of the original -- and its shims (:class:`Shim` subclasses,
+one per calling convention). Everything else is here and the same for every release:
 
-===================================  ==========================================  =========================
-patched global                       replaced launch                             routed to
-===================================  ==========================================  =========================
-``vllm.models.deepseek_v41.nvidia.   ``_pad_replayed_slots_kernel[(num_reqs,)]``  ``Backend.pad_replayed_
-model_state._pad_replayed_slots_     in ``prepare_attn`` and ``.warmup(...)`` in  slots``
-kernel``                             ``_warm_up_replay_kernels``
-``vllm.v1.attention.backends.mla.    ``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL(...)``  ``Backend.swa_indices_
-sparse_swa._COMPUTE_SWA_INDICES_     (decode and prefill rows in ``build``, draft  and_lens`` (image
-AND_LENS_KERNEL``                    rows in ``update_draft_decode_metadata``)    widening stays vLLM's)
-``vllm.v1.attention.backends.mla.    ``_COMPUTE_PREFILL_METADATA_KERNEL(...)`` in   ``Backend.prefill_gather_
-sparse_swa._COMPUTE_PREFILL_         ``_build_deepseek_v4_metadata``              lens``
-METADATA_KERNEL``
-``vllm.models.deepseek_v41.amd.      ``rocm_sparse_attn_prefill(...)`` in           ``Backend.sparse_mla``
-rocm.rocm_sparse_attn_prefill``      ``DeepseekV41ROCMAiterMLAAttention``'s         (ROCm only)
-                                     default prefill, per chunk
-===================================  ==========================================  =========================
+* :func:`apply` replaces each global whose check passes (idempotent) and records each patch's
+  outcome (:func:`status`); :func:`restore` puts the originals back;
+* :func:`route` sends a patched launch to the pack (a function device -> Backend) or back to
+  vLLM's original (None: the shim hands every call to it unchanged, so a patch applied for a
+  model the pack does not serve is inert);
+* :func:`failed`: a routed launch raised (a failed probe, compile or first call): that route
+  is off for the rest of the process, with one warning, unless :func:`pin`-ned (the pack turned
+  on what vLLM keeps off, and vLLM's kernel cannot stand in).
 
-:func:`apply` checks each target against the pinned vLLM (the callable's parameter names,
-the attributes the shim forwards) and applies only the patches whose check passes;
-:func:`status` gives each patch's outcome and reason. ``tests/integration/vllm`` checks
-the list, the signatures and the sources of the replaced functions against vLLM.
+One vLLM runs in a process, so the routes and outcomes are this module's, keyed by patch name.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...common.types import PAD
-from . import TESTED_VLLM, log_once
-from . import runtime
-
-MODEL_STATE = "vllm.models.deepseek_v41.nvidia.model_state"
-SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
-ROCM_ATTENTION = "vllm.models.deepseek_v41.amd.rocm"
+from . import log_once
 
 #: route name -> a function device -> Backend, or None (the shim calls vLLM's original)
-_routes: dict[str, Callable | None] = {"pad_replayed_slots": None, "swa_indices_and_lens": None,
-                                       "prefill_gather_lens": None, "rocm_sparse_attn_prefill": None}
+_routes: dict[str, Callable | None] = {}
 _lock = threading.Lock()
 _pinned: set[str] = set()  # routes vLLM's kernel cannot stand in for (failed() raises)
+_status: dict[str, str] = {}  # patch name -> "applied" or the reason it is not
+_applied: dict[str, "Patch"] = {}  # patch name -> the patch whose shim is in place (what restore() undoes)
 
 
-# ---------------------------------------------------------------------------------------
-# the shims
-# ---------------------------------------------------------------------------------------
-
-
-class _Shim:
-    """Forwards every attribute it does not define to vLLM's original object."""
+class Shim:
+    """Stands in a patched global: forwards every attribute it does not define to vLLM's
+    original object; a subclass calls :meth:`_backend` for the pack's backend (None: the route
+    is off, call the original) and :meth:`_failed` when the pack's call raised."""
 
     route_name = ""
 
@@ -81,6 +53,9 @@ class _Shim:
 
     def __repr__(self) -> str:
         return f"<swa_backends shim of {self._swa_original!r}>"
+
+    def _routed(self) -> bool:
+        return _routes.get(self.route_name) is not None
 
     def _backend(self, device):
         route = _routes.get(self.route_name)
@@ -101,138 +76,8 @@ class _Shim:
         failed(self.route_name, exc)
 
 
-class PadReplayedSlotsShim(_Shim):
-    """``_pad_replayed_slots_kernel``: a Triton ``JITFunction`` used as ``kernel[grid](...)``
-    and ``kernel.warmup(..., grid=)``."""
-
-    route_name = "pad_replayed_slots"
-
-    def __getitem__(self, grid):
-        if _routes["pad_replayed_slots"] is None:
-            return self._swa_original[grid]
-        return functools.partial(self._launch, grid)
-
-    def _launch(self, grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
-                window, pad_slot_id, *, NUM_GROUPS=None, BLOCK=None, **meta):
-        try:
-            be = self._backend(slot_mappings.device)
-            if be is not None and pad_slot_id == PAD and group_stride == slot_mappings.stride(0) and not meta:
-                # a call held for the step's launch keeps vLLM's kernel as its fallback (runtime.flush_step)
-                runtime.pad_replayed_slots(be, slot_mappings, cacheable_groups, query_start_loc, positions,
-                                           replay_start, window, int(grid[0]),
-                                           fallback=functools.partial(self._vllm, grid, slot_mappings, group_stride,
-                                                                      cacheable_groups, query_start_loc, positions,
-                                                                      replay_start, window, pad_slot_id, NUM_GROUPS,
-                                                                      BLOCK))
-                return None
-        except Exception as exc:  # noqa: BLE001 - the kernel raises before writing (a held pad ran vLLM's)
-            self._failed(exc)
-        return self._vllm(grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
-                          window, pad_slot_id, NUM_GROUPS, BLOCK, meta)
-
-    def _vllm(self, grid, slot_mappings, group_stride, cacheable_groups, query_start_loc, positions, replay_start,
-              window, pad_slot_id, NUM_GROUPS=None, BLOCK=None, meta=None):
-        """vLLM's own launch of this call."""
-        kwargs = dict(meta or ())
-        if NUM_GROUPS is not None:
-            kwargs["NUM_GROUPS"] = NUM_GROUPS
-        if BLOCK is not None:
-            kwargs["BLOCK"] = BLOCK
-        return self._swa_original[grid](slot_mappings, group_stride, cacheable_groups, query_start_loc, positions,
-                                        replay_start, window, pad_slot_id, **kwargs)
-
-    def warmup(self, *args, grid=None, **kwargs):
-        """vLLM compiles the pad kernel on its buffers; routed, the pack's kernel is warmed
-        instead (``runtime.warm_up``); if that fails, the route goes back to vLLM's kernel,
-        which is warmed as vLLM asked."""
-        slot_mappings = args[0] if args else kwargs.get("slot_mappings_ptr")
-        try:
-            be = self._backend(slot_mappings.device) if slot_mappings is not None else None
-            if be is not None:
-                runtime.warm_up(be, slot_mappings.device, pad=True, num_groups=int(slot_mappings.shape[0]))
-                return None
-        except Exception as exc:  # noqa: BLE001 - vLLM's first prepare_attn must not see it
-            self._failed(exc)
-        return self._swa_original.warmup(*args, grid=grid, **kwargs)
-
-
-class SwaIndicesAndLensShim(_Shim):
-    """``_COMPUTE_SWA_INDICES_AND_LENS_KERNEL``: a ``VllmTritonJitKernel`` called as
-    ``kernel(swa_indices, swa_lens, window_size, index_width, left_visible, right_visible,
-    query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table, block_size,
-    replay_start, *, num_tokens, token_offset, has_image=False)``; ``register_warmup`` and
-    everything else go to the original."""
-
-    route_name = "swa_indices_and_lens"
-
-    def __call__(self, swa_indices, swa_lens, window_size, index_width, left_visible, right_visible, query_start_loc,
-                 seq_lens, token_to_req_indices, is_valid_token, block_table, block_size, replay_start, *, num_tokens,
-                 token_offset, has_image=False):
-        if not has_image:
-            try:
-                if runtime.answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens,
-                                        token_offset):
-                    return None  # the step's one launch wrote it
-                be = self._backend(swa_indices.device)
-                if be is not None and runtime.swa_indices_and_lens(
-                        be, swa_indices, swa_lens, window_size, index_width, query_start_loc, seq_lens,
-                        is_valid_token, block_table, block_size, replay_start, num_tokens=num_tokens,
-                        token_offset=token_offset):
-                    return None
-            except Exception as exc:  # noqa: BLE001 - the kernel raises before writing
-                self._failed(exc)
-        return self._swa_original(swa_indices, swa_lens, window_size, index_width, left_visible, right_visible,
-                                  query_start_loc, seq_lens, token_to_req_indices, is_valid_token, block_table,
-                                  block_size, replay_start, num_tokens=num_tokens, token_offset=token_offset,
-                                  has_image=has_image)
-
-
-class PrefillMetadataShim(_Shim):
-    """``_COMPUTE_PREFILL_METADATA_KERNEL``: called as ``kernel(prefill_gather_lens,
-    seq_lens, query_start_loc, replay_start, num_prefills, num_decodes, window_size)``."""
-
-    route_name = "prefill_gather_lens"
-
-    def __call__(self, prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills, num_decodes,
-                 window_size):
-        try:
-            if runtime.answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num_prefills,
-                                            num_decodes, window_size):
-                return None  # the step's one launch wrote them
-            be = self._backend(prefill_gather_lens.device)
-            if be is not None and runtime.prefill_gather_lens(be, prefill_gather_lens, seq_lens, query_start_loc,
-                                                              replay_start, int(num_prefills), int(num_decodes),
-                                                              int(window_size)):
-                return None
-        except Exception as exc:  # noqa: BLE001 - the kernel raises before writing
-            self._failed(exc)
-        return self._swa_original(prefill_gather_lens, seq_lens, query_start_loc, replay_start, num_prefills,
-                                  num_decodes, window_size)
-
-
-class RocmSparsePrefillShim(_Shim):
-    """``rocm_sparse_attn_prefill``: a plain function called as ``fn(q, kv, indices,
-    topk_length, scale, head_dim, nope_head_dim, rope_head_dim, attn_sink, output,
-    ragged_indices=None, ragged_indptr=None)``, writing ``output`` in place."""
-
-    route_name = "rocm_sparse_attn_prefill"
-
-    def __call__(self, q, kv, indices, topk_length, scale, head_dim, nope_head_dim, rope_head_dim, attn_sink, output,
-                 ragged_indices=None, ragged_indptr=None):
-        if ragged_indices is None and ragged_indptr is None and head_dim == q.shape[-1]:
-            try:
-                be = self._backend(q.device)
-                if be is not None and runtime.rocm_sparse_prefill(be, q, kv, indices, topk_length, scale, attn_sink,
-                                                                  output):
-                    return None
-            except Exception as exc:  # noqa: BLE001 - sparse_mla raises before it writes output
-                self._failed(exc)
-        return self._swa_original(q, kv, indices, topk_length, scale, head_dim, nope_head_dim, rope_head_dim,
-                                  attn_sink, output, ragged_indices=ragged_indices, ragged_indptr=ragged_indptr)
-
-
 # ---------------------------------------------------------------------------------------
-# the patch list and its checks
+# checks of an original before it is replaced
 # ---------------------------------------------------------------------------------------
 
 
@@ -240,7 +85,9 @@ def _params(fn) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
 
 
-def _check_jit(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
+def check_jit(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
+    """None when ``obj`` is a Triton ``JITFunction`` with ``methods``, ``[grid]`` and the
+    parameters ``expected``; else what differs."""
     fn = getattr(obj, "fn", None)
     if fn is None or not all(callable(getattr(obj, m, None)) for m in methods) or not hasattr(obj, "__getitem__"):
         return f"not a Triton JITFunction with {', '.join(methods)} and [grid] (found {type(obj).__name__})"
@@ -248,14 +95,17 @@ def _check_jit(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str 
     return None if got == expected else f"kernel parameters {got} != pinned {expected}"
 
 
-def _check_function(obj, expected: tuple[str, ...]) -> str | None:
+def check_function(obj, expected: tuple[str, ...]) -> str | None:
+    """None when ``obj`` is a plain function with the parameters ``expected``."""
     if not inspect.isfunction(obj):
         return f"not a function (found {type(obj).__name__})"
     got = _params(obj)
     return None if got == expected else f"parameters {got} != pinned {expected}"
 
 
-def _check_call(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
+def check_call(obj, expected: tuple[str, ...], methods: tuple[str, ...]) -> str | None:
+    """None when ``obj`` is a callable object with ``methods`` whose ``__call__`` takes
+    ``expected``."""
     call = getattr(type(obj), "__call__", None)
     if call is None or not all(callable(getattr(obj, m, None)) for m in methods):
         return f"not a callable kernel object with {', '.join(methods)} (found {type(obj).__name__})"
@@ -282,33 +132,9 @@ class Patch:
         return f"{self.module}.{self.attr}"
 
 
-PAD_PARAMS = ("slot_mappings_ptr", "group_stride", "cacheable_groups_ptr", "query_start_loc_ptr", "positions_ptr",
-              "replay_start_ptr", "window", "pad_slot_id", "NUM_GROUPS", "BLOCK")
-SWA_PARAMS = ("self", "swa_indices", "swa_lens", "window_size", "index_width", "left_visible", "right_visible",
-              "query_start_loc", "seq_lens", "token_to_req_indices", "is_valid_token", "block_table", "block_size",
-              "replay_start", "num_tokens", "token_offset", "has_image")
-PREFILL_PARAMS = ("self", "prefill_gather_lens", "seq_lens", "query_start_loc", "replay_start", "num_prefills",
-                  "num_decodes", "window_size")
-ROCM_PREFILL_PARAMS = ("q", "kv", "indices", "topk_length", "scale", "head_dim", "nope_head_dim", "rope_head_dim",
-                       "attn_sink", "output", "ragged_indices", "ragged_indptr")
-
-PATCHES: tuple[Patch, ...] = (
-    Patch("pad_replayed_slots", MODEL_STATE, "_pad_replayed_slots_kernel", PadReplayedSlotsShim,
-          lambda o: _check_jit(o, PAD_PARAMS, ("warmup",)),
-          "launched inline in DeepseekV41ModelState.prepare_attn (no method seam)"),
-    Patch("swa_indices_and_lens", SPARSE_SWA, "_COMPUTE_SWA_INDICES_AND_LENS_KERNEL", SwaIndicesAndLensShim,
-          lambda o: _check_call(o, SWA_PARAMS, ("register_warmup",)),
-          "called inline in DeepseekSparseSWAMetadataBuilder.build / update_draft_decode_metadata"),
-    Patch("prefill_gather_lens", SPARSE_SWA, "_COMPUTE_PREFILL_METADATA_KERNEL", PrefillMetadataShim,
-          lambda o: _check_call(o, PREFILL_PARAMS, ("register_warmup",)),
-          "called inline in DeepseekSparseSWAMetadataBuilder._build_deepseek_v4_metadata"),
-    Patch("rocm_sparse_attn_prefill", ROCM_ATTENTION, "rocm_sparse_attn_prefill", RocmSparsePrefillShim,
-          lambda o: _check_function(o, ROCM_PREFILL_PARAMS),
-          "called inline in DeepseekV41ROCMAiterMLAAttention's default prefill (its module imports only on ROCm)",
-          platform="rocm"),
-)
-
-_status: dict[str, str] = {}  # patch name -> "applied" or the reason it is not
+# ---------------------------------------------------------------------------------------
+# applying, routing, restoring
+# ---------------------------------------------------------------------------------------
 
 
 def _platform() -> str:
@@ -317,13 +143,15 @@ def _platform() -> str:
     return "rocm" if current_platform.is_rocm() else "cuda" if current_platform.is_cuda() else "other"
 
 
-def apply(platform: str | None = None) -> dict[str, str]:
-    """Apply every patch whose check passes (idempotent); returns :func:`status`.
+def apply(patches: Iterable[Patch], *, release: str, platform: str | None = None) -> dict[str, str]:
+    """Apply every patch of ``patches`` whose check passes (idempotent); returns :func:`status`.
+    ``release``: the vLLM release the checks pin (named in a failed check's reason);
     ``platform``: ``"rocm"``, ``"cuda"``, ... (None: vLLM's current platform); a patch for
     another platform is not applied and its module not imported."""
     with _lock:
         platform = platform or _platform()
-        for p in PATCHES:
+        for p in patches:
+            _routes.setdefault(p.name, None)
             if _status.get(p.name) == "applied":
                 continue
             if p.platform is not None and p.platform != platform:
@@ -332,15 +160,17 @@ def apply(platform: str | None = None) -> dict[str, str]:
             try:
                 module = importlib.import_module(p.module)
                 original = getattr(module, p.attr)
-                if isinstance(original, _Shim):
+                if isinstance(original, Shim):
                     _status[p.name] = "applied"
+                    _applied[p.name] = p
                     continue
                 why = p.check(original)
                 if why is None:
                     setattr(module, p.attr, p.shim(original))
                     _status[p.name] = "applied"
+                    _applied[p.name] = p
                 else:
-                    _status[p.name] = f"not applied: {p.target} does not match vLLM {TESTED_VLLM}: {why}"
+                    _status[p.name] = f"not applied: {p.target} does not match vLLM {release}: {why}"
             except Exception as exc:  # noqa: BLE001
                 _status[p.name] = f"not applied: {p.target}: {type(exc).__name__}: {exc}"
             if _status[p.name] != "applied":
@@ -381,9 +211,8 @@ def pin(names) -> None:
 
 def route(name: str, backend_for: Callable | None) -> bool:
     """Send the patched launch ``name`` to the pack (``backend_for``: device -> Backend) or
-    back to vLLM's kernel (None). Returns whether the route is now on (its patch applied)."""
-    if name not in _routes:
-        raise KeyError(name)
+    back to vLLM's kernel (None). Returns whether the route is now on (its patch applied: a
+    route no applied patch has stays off)."""
     if backend_for is not None and not applied(name):
         return False
     _routes[name] = backend_for
@@ -397,11 +226,12 @@ def routes() -> dict[str, bool]:
 def restore() -> None:
     """Put vLLM's originals back and turn every route off (tests)."""
     with _lock:
-        for p in PATCHES:
+        for p in _applied.values():
             module = sys.modules.get(p.module)  # a module never imported holds no shim
             current = getattr(module, p.attr, None)
-            if isinstance(current, _Shim):
+            if isinstance(current, Shim):
                 setattr(module, p.attr, current._swa_original)
+        _applied.clear()
         _status.clear()
         _pinned.clear()
         for name in _routes:

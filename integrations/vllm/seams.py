@@ -3,11 +3,11 @@
 A :class:`Seam` names one definition in vLLM (``"module:Qual.name"``): a function or method
 the integration overrides, calls, reproduces or mirrors, a class it subclasses or swaps an
 object's ``__class__`` to a subclass of, a module global it patches. Each carries the
-parameter names and the source fingerprint of the pinned release (the table:
-:mod:`.seams_v0_33`). :func:`check` compares the installed vLLM with the table; ``install()``
-runs it once per process before it registers anything, and on any mismatch leaves vLLM
-untouched with one log line naming the seams (so a ``0.33.x`` that changed one falls back
-instead of serving through a stale copy).
+parameter names and the source fingerprint of the pinned release (the table: each release
+subpackage's ``seams`` module, ``v0_33/seams.py``). :func:`check` compares the installed vLLM
+with the table; ``install()`` runs it once per process before it registers anything, and on
+any mismatch leaves vLLM untouched with one log line naming the seams (so a ``0.33.x`` that
+changed one falls back instead of serving through a stale copy).
 
 Fingerprint (:func:`fingerprint`): the first 16 hex digits of the sha256 of the definition's
 syntax tree, written out field by field with positions, docstrings and empty fields left out
@@ -33,9 +33,10 @@ object under a seam's name is not the one that file defines. Cost, measured by
 table (72 seams over 27 files) 1-2 ms through the unchanged files (``install()``: 1-30 ms),
 0.4-1.7 s parsing every file, ~1 s reading every live object.
 
-``python -m swa_backends.integrations.vllm.seams`` prints the installed vLLM's signature
-and fingerprint of every seam of the table, marking each that differs (for a maintainer
-moving the table to a new release: read vLLM's diff of each marked seam first).
+``python -m swa_backends.integrations.vllm.v0_33.seams`` (a release's table run as a script:
+:func:`report`) prints the installed vLLM's signature and fingerprint of every seam of that
+table, marking each that differs (for a maintainer moving a copy of the table to a new
+release: read vLLM's diff of each marked seam first).
 """
 
 from __future__ import annotations
@@ -393,25 +394,21 @@ def current(seams: Iterable[Seam], *, live: bool = False) -> list[tuple[Seam, tu
     return out
 
 
-def main() -> int:
-    from .seams_v0_33 import FILES, RELEASE, SEAMS
-
+def report(seams: Iterable[Seam], files: dict[str, str], release: str) -> int:
+    """Print the installed vLLM's parameters and fingerprint of every seam of a table pinned
+    from ``release`` (``files``: its file hashes), ``*`` marking each that differs; returns 0."""
     try:
         from importlib.metadata import version
 
         installed = version("vllm")
     except Exception:  # noqa: BLE001 - a report line only
         installed = "unknown"
-    print(f"# vLLM {installed} against the table pinned from {RELEASE} (* marks a difference)")
-    for s, got_params, got_fp in current(SEAMS):
+    print(f"# vLLM {installed} against the table pinned from {release} (* marks a difference)")
+    for s, got_params, got_fp in current(seams):
         differs = (got_fp is None or (s.fingerprint is not None and got_fp != s.fingerprint)
                    or (s.params is not None and got_params != s.params))
         sig = "" if got_params is None else f" params={got_params!r}"
         print(f"{'*' if differs else ' '} {s.target} [{s.kind}]{sig} fingerprint={got_fp}")
-    for module, got in file_hashes(SEAMS).items():
-        print(f"{'*' if got != FILES.get(module) else ' '} file {module} sha256={got}")
+    for module, got in file_hashes(seams).items():
+        print(f"{'*' if got != files.get(module) else ' '} file {module} sha256={got}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

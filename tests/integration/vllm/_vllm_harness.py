@@ -60,9 +60,11 @@ METADATA_ROUTES = ("pad_replayed_slots", "swa_indices_and_lens", "prefill_gather
 
 
 def route_to(be, names=METADATA_ROUTES, *, platform: str | None = None) -> None:
-    """Apply the integration's patches (``platform``: as ``patches.apply``) and send the
-    launches ``names`` to the backend ``be``; each patch must have applied."""
-    from swa_backends.integrations.vllm import patches
+    """Apply the installed release's patches (``platform``: as its ``patches.apply``) and send
+    the launches ``names`` to the backend ``be``; each patch must have applied."""
+    from _release import installed
+
+    patches = installed().patches
 
     status = patches.apply(platform)
     for name in names:

@@ -8,6 +8,8 @@
 * Without a GPU, vLLM's Triton kernels need ``TRITON_INTERPRET=1`` (set by ``tests/conftest.py``)
   and ``CUDA_VISIBLE_DEVICES=`` (else ``vllm.triton_utils`` swaps in a placeholder Triton),
   both before vLLM is imported.
+* ``release``: the release subpackage under test (``_release.under_test``: the installed
+  vLLM's, else each supported release in turn), for tests of a release's facts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ if importlib.util.find_spec("vllm") is not None:  # the main suite's venv (no vL
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+
+def pytest_generate_tests(metafunc):
+    if "release" in metafunc.fixturenames:
+        import _release
+
+        metafunc.parametrize("release", _release.under_test(), indirect=True, ids=lambda s: f"vllm{s}")
+
+
+@pytest.fixture(scope="session")
+def release(request):
+    """The release subpackage of the series under test (an installed vLLM without one fails here,
+    saying what to add)."""
+    import _release
+    from swa_backends.integrations import vllm as integration
+
+    series = request.param
+    if series not in integration.RELEASES:
+        pytest.fail(_release.missing(_release.installed_version() or series))
+    return integration.release_module(series)
 
 
 @pytest.fixture

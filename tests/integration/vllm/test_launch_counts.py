@@ -41,22 +41,33 @@ import numpy as np  # noqa: E402
 import _cases  # noqa: E402
 import _vllm_harness as h  # noqa: E402
 from swa_backends import select  # noqa: E402
-from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
-from swa_backends.integrations.vllm.model import Route, model_state_class  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
 from swa_backends.kernels import _launch  # noqa: E402
 from vllm.config import CUDAGraphMode  # noqa: E402
-from vllm.models.deepseek_v41.nvidia import model_state as ms  # noqa: E402
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse, flashmla  # noqa: E402
-from vllm.v1.attention.backends.mla import sparse_swa  # noqa: E402
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+patches = release.patches
+Route, model_state_class = release.model.Route, release.model.model_state_class
 
 FlashInfer = flashinfer_sparse.DeepseekSparseSWAFlashInferBackend
 FlashMLA = flashmla.DeepseekSparseSWAFlashMLABackend
 SPEC, W = 3, 16  # speculative tokens (decode threshold 4), window
 
-#: vLLM's replay-metadata kernels (the ``@triton.jit`` functions behind its call sites)
-VLLM_KERNELS = {"pad": lambda: ms._pad_replayed_slots_kernel, "gather": lambda: ms._gather_replay_batch_kernel,
-                "swa": lambda: sparse_swa._compute_swa_indices_and_lens_kernel,
-                "gather_lens": lambda: sparse_swa.ComputePrefillMetadataKernel.kernel}
+#: vLLM's replay-metadata kernels (the ``@triton.jit`` functions behind its call sites: the release's
+#: ``kernels.INSTALLED_KERNELS``) under the names the counts below use
+VLLM_KERNELS = {"pad": "pad", "gather": "gather", "swa": "swa", "gather_lens": "prefill"}
+
+
+def _vllm_kernel(key: str):
+    import importlib
+
+    module, qualname = release.kernels.INSTALLED_KERNELS[key].split(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 #: step type -> (vLLM's launches, the pack's launches) per step; README's table
 TABLE = {
@@ -124,8 +135,8 @@ def _stubs(monkeypatch):
 def vllm_launches(monkeypatch):
     """A counter of vLLM's replay-metadata kernel launches (compiles for warmup not counted)."""
     counts: collections.Counter = collections.Counter()
-    for name, get in VLLM_KERNELS.items():
-        kernel = get()
+    for name, key in VLLM_KERNELS.items():
+        kernel = _vllm_kernel(key)
         run = kernel.run
 
         def counted(*args, _name=name, _run=run, **kwargs):

@@ -1,7 +1,8 @@
 """The seam check's mechanism (``integrations/vllm/seams.py``) on a package written here: what
 a fingerprint counts, the file and live readings agreeing, the unchanged-file fast path, and
-every kind of drift reported by the seam's name. Needs no vLLM (runs in the main suite too);
-``test_vllm_seams.py`` checks the 0.33 table against the real vLLM."""
+every kind of drift reported by the seam's name, and each release's table well formed. Needs no
+vLLM (runs in the main suite too); ``test_vllm_seams.py`` checks the installed release's table
+against the real vLLM."""
 
 from __future__ import annotations
 
@@ -134,6 +135,21 @@ def test_the_fast_path_skips_an_unchanged_file_but_sees_a_replaced_function(pkg,
     assert seams.check(pinned, files=files, live=False) == []  # the file alone still matches
 
 
+def test_the_report_marks_what_differs(pkg, capsys):
+    """What a release's table run as a script prints (``python -m ...vllm.v0_33.seams``): every
+    seam with the installed parameters and fingerprint, ``*`` where it differs from the pin."""
+    pinned = _pinned()
+    files = {"seamdemo.mod": seams.file_hash(str(pkg))}
+    assert seams.report(pinned, files, "demo 1.0") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# vLLM ") and "pinned from demo 1.0" in out[0]
+    assert len(out) == 1 + len(pinned) + 1 and not any(line.startswith("*") for line in out[1:]), out
+    pkg.write_text(SOURCE.replace("LIMIT = 8", "LIMIT = 9"))
+    seams.report(pinned, files, "demo 1.0")
+    marked = [line for line in capsys.readouterr().out.splitlines() if line.startswith("*")]
+    assert len(marked) == 2 and "seamdemo.mod:LIMIT [global]" in marked[0] and "file seamdemo.mod" in marked[1], marked
+
+
 def test_platform_and_scope_select_the_seams():
     table = (Seam("m:a", "x"), Seam("m:b", "x", platform="rocm"), Seam("m:c", "x", platform="cuda"),
              Seam("m:d", "x", scope="cli"))
@@ -147,14 +163,13 @@ def test_platform_and_scope_select_the_seams():
         Seam("nocolon", "x")
 
 
-def test_the_033_table_is_well_formed():
-    """One entry per target, every module of the table has a pinned file hash, and the
-    release it was taken from is the one CI installs."""
-    from swa_backends.integrations import vllm as integration
-    from swa_backends.integrations.vllm import seams_v0_33 as table
-
+def test_a_release_table_is_well_formed(release):
+    """One entry per target, every module of the table has a pinned file hash, every seam pins
+    something, and the table was taken from its subpackage's release."""
+    table = release.seams
     targets = [s.target for s in table.SEAMS]
     assert len(targets) == len(set(targets))
     assert set(table.FILES) == {s.module for s in table.SEAMS}
-    assert table.RELEASE == integration.TESTED_VLLM
+    assert table.RELEASE == release.RELEASE
     assert all(s.fingerprint or s.params is not None for s in table.SEAMS)
+    assert all(s.module.split(".")[0] == "vllm" for s in table.SEAMS)

@@ -22,7 +22,10 @@ import pytest
 pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
 
 from _env import child_env  # noqa: E402
+from _release import installed  # noqa: E402
 from swa_backends import ServingConfig, capabilities  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
 
 DRIVER = textwrap.dedent('''
     import contextlib, io, json, runpy, sys
@@ -93,6 +96,7 @@ def test_the_decision_command_answers_for_the_device_it_is_given(tmp_path):
     assert sc["model_runner"] == "v2" and sc["graph_mode"] == "full_and_piecewise" and sc["async_scheduling"]
     assert sc["cut_layer"] == 2 and sc["window"] == 128
     assert sm90["vllm_encoder"] and sm90["vllm_encoder_reason"] is None and sm90["vllm_differs"] == []
+    assert sm90["release"] == release.RELEASE
     # the same answer as `swa-backends info --device cuda:sm90` (the pack's decision for that config)
     cfg = ServingConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in sc.items()})
     for side in ("encoder_replay", "decoder_replay"):
@@ -110,7 +114,7 @@ def test_the_decision_command_answers_for_the_device_it_is_given(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# the rules re-derived for another platform (integrations/vllm/target.py), on config objects
+# the release's rules re-derived for another platform (integrations/vllm/v0_33/target.py), on config objects
 # ---------------------------------------------------------------------------------------
 
 
@@ -129,7 +133,7 @@ def _cfg(*, unsupported=(), pp=1, spec=None, backend="uni", hisparse=None):
 
 
 def test_the_model_runner_rule(monkeypatch):
-    from swa_backends.integrations.vllm import target
+    target = release.target
 
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     assert target.v2_model_runner(_cfg(), "cuda")[0] is True
@@ -146,7 +150,10 @@ def test_the_graph_mode_async_and_prefix_caching_rules():
     from vllm.config import CUDAGraphMode
     from vllm.config.vllm import OptimizationLevel
 
-    from swa_backends.integrations.vllm.target import Given, async_scheduling, graph_mode, prefix_caching
+    from swa_backends.integrations.vllm.target import Given
+
+    async_scheduling, graph_mode = release.target.async_scheduling, release.target.graph_mode
+    prefix_caching = release.target.prefix_caching
 
     cfg = _cfg()
     assert graph_mode(Given(), cfg)[0] == CUDAGraphMode.FULL_AND_PIECEWISE

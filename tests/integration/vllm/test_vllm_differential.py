@@ -27,8 +27,12 @@ import torch  # noqa: E402
 import _cases  # noqa: E402
 import _vllm_harness as h  # noqa: E402
 from swa_backends import select  # noqa: E402
-from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
-from swa_backends.integrations.vllm.model import Route, model_state_class  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+patches = release.patches
+Route, model_state_class = release.model.Route, release.model.model_state_class
 from vllm.config import CUDAGraphMode  # noqa: E402
 
 ROUTES = h.METADATA_ROUTES

@@ -3,30 +3,35 @@
 A vLLM release that renames, re-signs or rewrites any of these fails here, in CI, instead of
 at serving time:
 
-* the patch targets (``patches.PATCHES``): each applies (its own signature check passes);
+* the patch targets (the release's ``patches.PATCHES``): each applies (its own signature check
+  passes);
 * the config fields and model-state attributes the integration reads, and vLLM's rules it
-  mirrors (checked by behaviour or by the lines it mirrors).
+  mirrors (checked by behaviour or by the lines it mirrors: the release's ``config.MIRRORS``).
 
 The signatures and source fingerprints of every vLLM definition the integration calls,
-overrides, reproduces or mirrors are the seam table (``integrations/vllm/seams_v0_33.py``),
+overrides, reproduces or mirrors are the release's seam table (``integrations/vllm/v0_33/seams.py``),
 which ``install()`` itself checks before it touches vLLM; ``test_vllm_seams.py`` holds it to
-the installed release. On a mismatch: read vLLM's diff, adapt ``integrations/vllm`` (and the
-differential), then take the new values (``python -m swa_backends.integrations.vllm.seams``).
+the installed release. On a mismatch: read vLLM's diff, adapt the release's subpackage (and the
+differential), then take the new values (``python -m swa_backends.integrations.vllm.v0_33.seams``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
 
+from _release import installed  # noqa: E402
 from swa_backends.integrations import vllm as integration  # noqa: E402
 from swa_backends.integrations.vllm import config as icfg  # noqa: E402
-from swa_backends.integrations.vllm import patches  # noqa: E402
+from swa_backends.integrations.vllm import patches as patching  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+patches = release.patches
 
 
 def _resolve(path: str):
@@ -39,11 +44,11 @@ def _resolve(path: str):
     return obj
 
 
-def test_installed_vllm_is_a_supported_release():
+def test_installed_vllm_is_the_release_its_subpackage_pins():
     version = integration.vllm_version()
     assert integration.supported(version), version
-    assert version == integration.TESTED_VLLM, (
-        f"CI runs vLLM {version}; the pins below were taken from {integration.TESTED_VLLM}")
+    assert version == release.RELEASE, (
+        f"vLLM {version} is installed; {release.__name__} was pinned from {release.RELEASE}")
 
 
 def test_every_patch_applies_and_restores():
@@ -59,18 +64,12 @@ def test_every_patch_applies_and_restores():
     finally:
         patches.restore()
     for p in everywhere:
-        assert not isinstance(_resolve(f"{p.module}:{p.attr}"), patches._Shim)
+        assert not isinstance(_resolve(f"{p.module}:{p.attr}"), patching.Shim)
 
 
 def test_patch_list_is_the_documented_one():
-    """README's patch list and patches.py's module docstring name exactly these globals."""
-    targets = sorted(p.target for p in patches.PATCHES)
-    assert targets == [
-        "vllm.models.deepseek_v41.amd.rocm.rocm_sparse_attn_prefill",
-        "vllm.models.deepseek_v41.nvidia.model_state._pad_replayed_slots_kernel",
-        "vllm.v1.attention.backends.mla.sparse_swa._COMPUTE_PREFILL_METADATA_KERNEL",
-        "vllm.v1.attention.backends.mla.sparse_swa._COMPUTE_SWA_INDICES_AND_LENS_KERNEL",
-    ]
+    """The release's patches.py names every global it patches in its module docstring (README's
+    patch list follows it); ``test_releases.py`` holds each to a seam of the table."""
     doc = " ".join(patches.__doc__.split())
     for p in patches.PATCHES:
         assert p.attr.replace("_", "") in doc.replace("_", "").replace("\\", ""), p.attr
@@ -131,11 +130,11 @@ def test_sequence_parallel_rule_matches_vllm():
 
 
 def test_mega_moe_backends_are_vllms():
-    """config.py's fallback for configs built without vLLM is vLLM's own set."""
+    """The release's copy (config.py's fallback for configs built without vLLM) is vLLM's own set."""
     from vllm.config.kernel import MEGA_MOE_BACKENDS, MoEBackend
     from typing import get_args
 
-    assert icfg.MEGA_MOE_BACKENDS_0_33 == MEGA_MOE_BACKENDS
+    assert release.config.MEGA_MOE_BACKENDS == MEGA_MOE_BACKENDS
     for backend in get_args(MoEBackend):
         cfg = SimpleNamespace(kernel_config=SimpleNamespace(moe_backend=backend))
         assert icfg.mega_moe(cfg) == (backend in MEGA_MOE_BACKENDS or backend == "aiter_mega_moe"), backend
@@ -150,61 +149,45 @@ def _literal_values(tp) -> set[str]:
 
 def test_every_speculative_method_has_a_drafter_kind():
     """Every method vLLM's ``SpeculativeConfig`` takes maps to a ``ServingConfig.drafter`` the
-    rules know; the pinned list makes a new vLLM method show up here, to be named or left
-    ``other`` on purpose."""
+    rules know; the release's lists (``DRAFTER_KINDS``, ``OTHER_DRAFTERS``) name every one, so a
+    new vLLM method shows up here, to be named or left ``other`` on purpose."""
     from vllm.config.speculative import MTPModelTypes, SpeculativeMethod
 
     from swa_backends.common.config import DRAFTERS
 
+    facts = release.config
     methods = _literal_values(SpeculativeMethod)
     mtp_types = _literal_values(MTPModelTypes)
-    assert methods - mtp_types == {"ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
-                                   "extract_hidden_states", "dflash", "ngram_gpu", "dspark"}
+    assert methods - mtp_types == (set(facts.DRAFTER_KINDS) - {"mtp"}) | set(facts.OTHER_DRAFTERS)
     assert "mtp" in mtp_types
     for method in methods:
         kind = icfg.drafter(SimpleNamespace(speculative_config=SimpleNamespace(method=method)))
         assert kind in DRAFTERS and kind != "none", method
         assert (kind == "mtp") == (method in mtp_types), method
-    assert icfg.drafter(SimpleNamespace(speculative_config=SimpleNamespace(method="custom_class"))) == "other"
+    for method in facts.OTHER_DRAFTERS:
+        assert icfg.drafter(SimpleNamespace(speculative_config=SimpleNamespace(method=method))) == "other"
 
 
-def test_pcp_refusal_config_mirrors():
-    """The PCP encoder-replay rules (matrix.yaml pcp-*) mirror DeepSeek-V4.1's PCP check: PP = DP =
-    DCP = 1, no microbatching, no drafter, no KV connector, no MegaMoE (vLLM raises; the pack
-    says off with a reason); PCP itself needs model runner V2 and CUDA."""
-    src = inspect.getsource(_resolve("vllm.models.deepseek_v41.nvidia.model:DeepseekV4Model.__init__"))
-    for needle in ("self.parallel_config.prefill_context_parallel_size > 1 and (",
-                   "self.parallel_config.pipeline_parallel_size != 1",
-                   "or self.parallel_config.data_parallel_size != 1",
-                   "or self.parallel_config.decode_context_parallel_size != 1",
-                   "or self.parallel_config.use_ubatching",
-                   "or vllm_config.speculative_config is not None",
-                   "or vllm_config.kv_transfer_config is not None",
-                   "or vllm_config.kernel_config.moe_backend in MEGA_MOE_BACKENDS"):
-        assert needle in src, needle
-    v1 = inspect.getsource(_resolve("vllm.config.vllm:VllmConfig._get_v1_model_runner_unsupported_features"))
-    assert 'unsupported.append("prefill context parallel")' in v1
-    # read, not imported: the ROCm model module cannot import without an AMD GPU
-    from pathlib import Path
-
-    amd = (Path(_resolve("vllm.models.deepseek_v41").__file__).parent / "amd" / "model.py").read_text()
-    assert "DeepSeek-V4.1 PCP currently supports NVIDIA CUDA only." in amd
+@pytest.mark.parametrize("rule,where,lines", release.config.MIRRORS, ids=[m[0] for m in release.config.MIRRORS])
+def test_the_lines_each_restated_rule_follows(rule, where, lines):
+    """Each rule the integration restates (the PCP refusals of matrix.yaml's pcp-* rows, the
+    encoder gates of ``config.vllm_encoder_replay``, the replay layers ``model._after_build``
+    removes, ...) follows lines of vLLM's source the release lists: each is there. Read from the
+    files, not imported (the ROCm model cannot import without an AMD GPU)."""
+    source = _source_of(where)
+    missing = [line for line in lines if line not in source]
+    assert not missing, f"{rule}: {where} no longer holds {missing}"
 
 
-def test_encoder_gate_config_mirrors():
-    """config.vllm_encoder_replay mirrors attention.py's three gates."""
-    src = inspect.getsource(_resolve("vllm.models.deepseek_v41.attention"))
-    for needle in ("swa_bounded_replay = cache_config.swa_bounded_replay",
-                   "if swa_bounded_replay and not vllm_config.use_v2_model_runner:",
-                   "and vllm_config.parallel_config.prefill_context_parallel_size > 1",
-                   "and not cache_config.enable_prefix_caching",
-                   "if swa_bounded_replay and current_platform.is_rocm():",
-                   "bounded_replay=swa_bounded_replay"):
-        assert needle in src, needle
-    model_src = inspect.getsource(_resolve("vllm.models.deepseek_v41.nvidia.model:DeepseekV4Model.__init__"))
-    for needle in ("self.decoder_replay_layers: DecoderReplayLayers | None = None",
-                   "self.decoder_replay_start = self.end_layer",
-                   "and not vllm_config.cache_config.swa_bounded_replay"):
-        assert needle in model_src, needle
-    resolve_src = inspect.getsource(_resolve("vllm.v1.worker.gpu.model_states:resolve_model_state_cls"))
-    assert "get_model_state_cls" in resolve_src
+def _source_of(where: str) -> str:
+    """The source text of ``"module:Qual.name"`` (that definition) or of a module (its file)."""
+    import ast
+
+    from swa_backends.integrations.vllm import seams
+
+    module, _, qualname = where.partition(":")
+    text = Path(seams.module_file(module)).read_text()
+    if not qualname:
+        return text
+    node = seams.definition(seams.Seam(where, "a restated rule"), live=False)
+    return ast.get_source_segment(text, node)

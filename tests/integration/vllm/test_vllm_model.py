@@ -29,8 +29,11 @@ import _configs  # noqa: E402
 import _vllm_harness as h  # noqa: E402
 from swa_backends import select  # noqa: E402
 from swa_backends.integrations.vllm import config as icfg  # noqa: E402
-from swa_backends.integrations.vllm import model as m  # noqa: E402
-from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+m, patches = release.model, release.patches
 
 
 pytestmark = pytest.mark.usefixtures("clean_integration")

@@ -25,6 +25,10 @@ from _env import child_env
 
 pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
 
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+
 SCRIPT = textwrap.dedent('''
     import json, logging, sys
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -43,11 +47,12 @@ SCRIPT = textwrap.dedent('''
     try:
         from swa_backends.integrations import vllm as integration
         st = integration.status()
-        report["status"] = None if st is None else {"installed": st.installed, "reason": st.reason, "mode": st.mode}
+        report["status"] = None if st is None else {"installed": st.installed, "reason": st.reason, "mode": st.mode,
+                                                 "release": st.release}
     except Exception as exc:
         report["status"] = repr(exc)
     # the model-state hook, on a model object built without __init__ (no weights, no layers)
-    from swa_backends.integrations.vllm.model import Route
+    Route = integration.current_release().model.Route
     from vllm.models.deepseek_v41.nvidia.model_state import DeepseekV41ModelState
     from vllm.models.deepseek_v41.nvidia.specialized_decode.runtime.model_state import (
         DeepseekV41SpecializedDecodeModelState)
@@ -77,17 +82,18 @@ def _run(env_extra: dict, tmp_path) -> tuple[dict, str]:
 
 
 VLLM_CLS = "vllm.models.deepseek_v41.nvidia.vl_model.DeepseekV41ForCausalLM"
-PACK_CLS = "swa_backends.integrations.vllm.model.DeepseekV41ForCausalLM"
+PACK_CLS = f"{release.model.__name__}.DeepseekV41ForCausalLM"
 
 
 def test_force_resolves_the_dsv41_path_into_the_pack(tmp_path):
     rep, log = _run({"SWA_BACKENDS_VLLM": "force"}, tmp_path)
     assert rep["model_cls"] == PACK_CLS and rep["subclass_of_vllm"] and rep["name"] == "DeepseekV41ForCausalLM"
     assert rep["status"]["installed"] is True and rep["status"]["mode"] == "force"
+    assert rep["status"]["release"] == release.__name__
     assert rep["has_ops"] is True
     for base, (name, sub, new) in rep["states"].items():
         assert sub and new and name == f"SwaBackends{base}", rep["states"]
-    assert log.count("DeepseekV41ForCausalLM resolves to swa_backends.integrations.vllm.model") == 1
+    assert log.count(f"DeepseekV41ForCausalLM resolves to {release.model.__name__}:DeepseekV41ForCausalLM") == 1
 
 
 def test_auto_on_a_cpu_platform_leaves_vllm_untouched(tmp_path):

@@ -26,8 +26,11 @@ import _cases  # noqa: E402
 import _vllm_harness as h  # noqa: E402
 from swa_backends import select  # noqa: E402
 from swa_backends.integrations import vllm as integration  # noqa: E402
-from swa_backends.integrations.vllm import model as m  # noqa: E402
-from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+m, patches = release.model, release.patches
 
 pytestmark = pytest.mark.usefixtures("clean_integration")
 
@@ -259,7 +262,7 @@ def test_the_model_module_does_not_import(caplog, monkeypatch):
 
     before = ModelRegistry.models[integration.ARCH]
     monkeypatch.setenv(integration.ENV, "force")
-    monkeypatch.setitem(sys.modules, "swa_backends.integrations.vllm.model", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, m.__name__, None)  # import raises ImportError
     st = integration.install()
     assert not st.installed and "model module does not import" in st.reason
     assert ModelRegistry.models[integration.ARCH] is before

@@ -1,6 +1,6 @@
-"""The 0.33 seam table against the installed vLLM, and a drifted seam at install time (needs vLLM).
+"""The release's seam table against the installed vLLM, and a drifted seam at install time (needs vLLM).
 
-* the table (``integrations/vllm/seams_v0_33.py``) is the installed release's: every seam on
+* the table of the installed vLLM's release (``integrations/vllm/v0_33/seams.py``) is that release's: every seam on
   both platforms, read from the files (what ``install()`` reads in a process that has not
   imported them), from the live objects (what it reads where they are imported) and through
   the unchanged-file fast path; the cost of each, printed (``-s``) and bounded;
@@ -20,7 +20,10 @@ pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33
 
 from swa_backends.integrations import vllm as integration  # noqa: E402
 from swa_backends.integrations.vllm import seams  # noqa: E402
-from swa_backends.integrations.vllm.seams_v0_33 import FILES, RELEASE, SEAMS  # noqa: E402
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+FILES, RELEASE, SEAMS = release.seams.FILES, release.seams.RELEASE, release.seams.SEAMS
 
 pytestmark = pytest.mark.usefixtures("clean_integration")
 
@@ -32,7 +35,7 @@ def _timed(fn):
 
 
 def test_the_table_is_the_installed_release():
-    assert integration.vllm_version() == RELEASE, "the table was taken from another release than CI installs"
+    assert integration.vllm_version() == RELEASE, "the table was taken from another release than the installed one"
     assert seams.file_hashes(SEAMS) == FILES
     everywhere = SEAMS  # both platforms, both scopes
     for scope in ("serve", "cli"):
@@ -53,10 +56,13 @@ def test_the_table_is_the_installed_release():
     print(f"live objects: {took:.3f} s read, {fast:.4f} s through the unchanged files")
 
 
-@pytest.mark.parametrize("target", [
-    "vllm.models.deepseek_v41.nvidia.model_state:DeepseekV41ModelState._kept_input_batch",
-    "vllm.models.deepseek_v41.decoder_replay_layers:DecoderReplayLayers._run",
-])
+#: the methods whose bodies the integration reproduces, on every platform (0.33: the model state's
+#: ``_kept_input_batch``, the replay layers' ``_run``)
+REPRODUCED = [s.target for s in SEAMS if s.kind == "def" and s.platform is None and s.qualname.count(".") == 1
+              and "its body reproduced" in s.why]
+
+
+@pytest.mark.parametrize("target", REPRODUCED)
 def test_a_changed_seam_leaves_vllm_untouched_with_one_line(monkeypatch, caplog, tmp_path, target):
     """A release that changed one seam: simulated by replacing the method with one of the same
     signature and another body (defined in a module of its own). ``install()`` (forced past

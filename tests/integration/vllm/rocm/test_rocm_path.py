@@ -47,9 +47,12 @@ import _vllm_harness as h  # noqa: E402
 from swa_backends import select  # noqa: E402
 from swa_backends.common.ops import _records as R  # noqa: E402
 from swa_backends.integrations.vllm import config as icfg  # noqa: E402
-from swa_backends.integrations.vllm import model as m  # noqa: E402
-from swa_backends.integrations.vllm import patches, runtime  # noqa: E402
+from swa_backends.integrations.vllm import runtime  # noqa: E402
 from swa_backends.testing.emulation import rocm as rocm_em  # noqa: E402
+from _release import installed  # noqa: E402
+
+release = installed()  # the installed vLLM's release subpackage (skips this module where there is none)
+m, patches = release.model, release.patches
 
 ARCH = os.environ["SWA_TEST_FAKE_GCN"]
 DEVICE = f"rocm:{ARCH}"
@@ -88,28 +91,33 @@ def _source_hash(obj) -> str:
     return hashlib.sha256(textwrap.dedent(inspect.getsource(obj)).encode()).hexdigest()[:16]
 
 
-#: the vLLM code the ROCm route relies on (on a mismatch: read vLLM's diff, adapt
-#: runtime.rocm_sparse_prefill / model._encoder_on_rocm / _vllm_prefill below, update the hash)
-PINNED = {
-    # the call site (its arguments, the workspace rows and the combined indices it hands over)
-    "amd_rocm.DeepseekV41ROCMAiterMLAAttention._forward_prefill": "77ace58f95f34848",
-    # the replaced function and the launch _vllm_prefill mirrors
-    "vllm_ops.rocm_sparse_attn_prefill": "b61c001547d6d5e9",
-    "vllm_ops._rocm_sparse_attn_prefill_ragged_triton": "08bcd3db8116a63d",
-    # the flag the pack sets and the spec that reads it
-    "DeepseekV4SWACache.get_kv_cache_spec": "b92655d903d87be3",
-    # the ROCm SWA builder (dense and ragged window rows from the routed kernels)
-    "amd_rocm.DeepseekV41ROCMAiterSparseSWAMetadataBuilder.build": "32db24f2c40962d4",
-}
+def test_the_rocm_seams_are_the_pinned_ones():
+    """The release's seams on ROCm (the call site, the replaced function, the flag the pack sets
+    and the spec reading it, the ROCm SWA builder, ...) read from the live objects -- vLLM's ROCm
+    modules import here, on the faked arch -- and through the unchanged files: what
+    ``install()`` checks on ROCm."""
+    import importlib
+
+    from swa_backends.integrations.vllm import seams
+
+    table = release.seams
+    for module in dict.fromkeys(s.module for s in table.SEAMS if s.platform == "rocm"):
+        importlib.import_module(module)
+    assert seams.check(table.SEAMS, platform="rocm", live=True) == []
+    assert seams.check(table.SEAMS, files=table.FILES, platform="rocm") == []
 
 
-@pytest.mark.parametrize("path", sorted(PINNED))
-def test_pinned_rocm_source(path):
+#: the launch :func:`_vllm_prefill` restates (on a mismatch: read vLLM's diff, adapt it, update the hash)
+MIRRORED = {"vllm_ops._rocm_sparse_attn_prefill_ragged_triton": "08bcd3db8116a63d"}
+
+
+@pytest.mark.parametrize("path", sorted(MIRRORED))
+def test_the_mirrored_launch_is_vllms(path):
     head, *rest = path.split(".")
-    obj = {"amd_rocm": amd_rocm, "vllm_ops": vllm_ops, "DeepseekV4SWACache": DeepseekV4SWACache}[head]
+    obj = {"vllm_ops": vllm_ops}[head]
     for part in rest:
         obj = getattr(obj, part)
-    assert _source_hash(obj) == PINNED[path], f"{path}: {_source_hash(obj)}"
+    assert _source_hash(obj) == MIRRORED[path], f"{path}: {_source_hash(obj)}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,7 +128,7 @@ def test_pinned_rocm_source(path):
 def _vllm_prefill(q, kv, indices, lens, scale, sink, out):
     """vLLM's ``rocm_sparse_attn_prefill`` Triton path (``_rocm_sparse_attn_prefill_triton`` ->
     ``_rocm_sparse_attn_prefill_ragged_triton``) on CPU tensors: its wrapper asserts a GPU
-    tensor, so the launch is repeated here (pinned above); vLLM's CSR builder and kernel run as
+    tensor, so the launch is repeated here (MIRRORED above); vLLM's CSR builder and kernel run as
     they are. fp32 tensors: Triton 3.8's interpreter (vLLM 0.33's) returns garbage from this
     kernel in bf16 (|out| ~ 5e8 where the reference gives ~0.1), exact agreement in fp32."""
     T, H, _ = q.shape

@@ -1,19 +1,19 @@
 """vLLM 0.33's seams: every definition the integration relies on, pinned from :data:`RELEASE`.
 
-The table :func:`~.seams.check` compares the installed vLLM with (``install()`` before it
-registers anything; see :mod:`.seams` for what a fingerprint covers). Parameters and
-fingerprints come from ``python -m swa_backends.integrations.vllm.seams`` run against
-:data:`RELEASE`; ``tests/integration/vllm/test_vllm_seams.py`` asserts the table matches the
-installed vLLM. To move to a new release: read vLLM's diff of every seam that script marks,
-adapt the integration (and the differential), then take the new values.
+The table ``swa_backends.integrations.vllm.seams.check`` compares the installed vLLM with
+(``install()`` before it registers anything; the core's ``seams`` module says what a
+fingerprint covers). Parameters, fingerprints and file hashes come from this module run as a
+script (``python -m swa_backends.integrations.vllm.v0_33.seams``) against :data:`RELEASE`;
+``tests/integration/vllm/test_vllm_seams.py`` asserts the table matches the installed vLLM.
+To move to a new release: copy this subpackage, read vLLM's diff of every seam that script
+marks, adapt the copy (and the differential), then take the new values (the checklist:
+``swa_backends.integrations.vllm``'s docstring).
 """
 
 from __future__ import annotations
 
-from .seams import Seam
-
-#: the release every parameter list and fingerprint below was taken from
-RELEASE = "0.33.0"
+from ..seams import Seam, report
+from . import RELEASE  # the release every parameter list and fingerprint below was taken from
 
 #: module -> sha256 of its file in RELEASE (the check's fast path: a module whose file is unchanged is not parsed)
 FILES: dict[str, str] = {
@@ -95,13 +95,14 @@ SEAMS: tuple[Seam, ...] = (
          "cache_config.swa_bounded_replay, which _before_build sets, and warms the patched kernels",
          ("self", "vllm_config", "prefix", "topk_indices_buffer", "aux_stream_list", "candidate_block_buffer"),
          "20d04b81b761502b"),
-    Seam("vllm.config.kernel:MEGA_MOE_BACKENDS", "mirrored by config.MEGA_MOE_BACKENDS_0_33 (config.mega_moe)",
+    Seam("vllm.config.kernel:MEGA_MOE_BACKENDS",
+         "mirrored by this release's config.MEGA_MOE_BACKENDS (the core's config.mega_moe)",
          fingerprint="9e942dc11b1e86ab", kind="global"),
     Seam("vllm.config.kernel:NATIVE_MEGA_MOE_BACKENDS", "part of MEGA_MOE_BACKENDS", fingerprint="d9bf6c7d98134809",
          kind="global"),
     Seam("vllm.config.kernel:FLASHINFER_MOE_EP_BACKENDS", "part of MEGA_MOE_BACKENDS",
          fingerprint="6961c7f8168ba68f", kind="global"),
-    Seam("vllm.config.speculative:SpeculativeMethod", "config.DRAFTER_KINDS maps its methods",
+    Seam("vllm.config.speculative:SpeculativeMethod", "this release's config.DRAFTER_KINDS maps its methods",
          fingerprint="c4e0c180beaf0763", kind="global"),
     Seam("vllm.config.speculative:MTPModelTypes", "config.drafter folds them into mtp",
          fingerprint="17f269177a299b28", kind="global"),
@@ -233,3 +234,7 @@ SEAMS: tuple[Seam, ...] = (
          "the decision command mirrors its async-scheduling and graph-mode defaults for the device it is given",
          fingerprint="36e45268d1fcbc06", scope="cli"),
 )
+
+
+if __name__ == "__main__":  # this table against the installed vLLM, each seam that differs marked
+    raise SystemExit(report(SEAMS, FILES, RELEASE))

@@ -1,14 +1,14 @@
 """DeepSeek-V4.1 in vLLM 0.33, with its replay metadata through swa_backends.
 
 Imported only by vLLM's model registry (``install()`` registers
-``"swa_backends.integrations.vllm.model:DeepseekV41ForCausalLM"`` under the architecture
+``"swa_backends.integrations.vllm.v0_33.model:DeepseekV41ForCausalLM"`` under the architecture
 name ``DeepseekV41ForCausalLM``). Everything here goes through vLLM's supported extension
 points; the only patches are the module globals of :mod:`.patches`.
 
 * ``DeepseekV41ForCausalLM`` (:func:`model_class`) subclasses the class vLLM picks on this platform
   (``vllm.models.deepseek_v41.DeepseekV41ForCausalLM``: NVIDIA or AMD), same name. Before the
-  layers are built it computes :func:`swa_backends.capabilities` from vLLM's config
-  (:func:`.config.decide`); encoder replay the pack turns off is turned off in vLLM
+  layers are built it computes :func:`swa_backends.capabilities` from vLLM's config (the
+  core's ``config.decide``); encoder replay the pack turns off is turned off in vLLM
   (``cache_config.swa_bounded_replay = False``, read by the attention layers it is about to
   build). On ROCm, where vLLM builds encoder replay off and the pack runs it, the pack turns it
   on after the build (:func:`_encoder_on_rocm`: ``bounded_replay`` on every window cache, read
@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import log_once, patches, runtime
-from .config import Decision, _text_config, decide
+from .. import log_once, runtime
+from ..config import Decision, _text_config, decide
+from . import patches
 
 #: routes of the encoder side (launches in prepare_attn and the SWA builders)
 ENCODER_ROUTES = ("pad_replayed_slots",)
@@ -607,7 +608,7 @@ def _known_swa_builds() -> tuple:
     DeepSeek-V4.1 subclass's (which changes only PCP slot mappings; the step runs without PCP),
     and FlashInfer's subclass's (vLLM's default on sm120: that build, then for a non-causal
     batch a torch fill from the lengths vLLM's non-causal kernel wrote; its module is imported
-    wherever its builder exists). Each is a seam (``seams_v0_33.py``): a release that changed one
+    wherever its builder exists). Each is a seam (``seams.py``): a release that changed one
     is left untouched."""
     import sys
 
