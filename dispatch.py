@@ -540,7 +540,7 @@ class Backend(_Declared):
 
     ``.variants`` maps op -> chosen variant names (more than one: per-call dispatch, the
     first whose input check passes); ``.capabilities``; ``.explain()`` (the selection table,
-    with any build failure met since); ``.warmup(**shapes)``.
+    with any whole-variant build failure met since); ``.warmup(**shapes)``.
     """
 
     def __init__(self, device: DeviceInfo, chains: Mapping[str, tuple[Variant, ...]],
@@ -551,12 +551,13 @@ class Backend(_Declared):
         self.capabilities = caps
         self._chains = dict(chains)
         self._explanation = explanation
-        #: op -> {variant name: reason}: variants whose kernel failed to build in this process
+        #: op -> {variant name: reason}: variants that failed to build at all in this process (a
+        #: failure of one specialisation is not recorded: it only sends calls like it on)
         self.failures: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
         self.variants = {op: tuple(v.name for v in chain) for op, chain in chains.items()}
         #: op -> {name: ((variant, "module:attr"), ...)}: variants run before ``name`` when the predicate
-        #: gives a reason for the call (the platform's ``AHEAD``; explain() shows them)
+        #: gives a reason for the call (the platform's ``Ahead`` rules; explain() shows them)
         self._ahead: dict[str, dict[str, tuple]] = {}
         for op, chain in chains.items():
             for first, over, pred in ahead_rules(device.platform, op, chain):
@@ -572,8 +573,8 @@ class Backend(_Declared):
         return f"Backend({self.device}, " + ("" if self.checked else "unchecked, ") + ops + ")"
 
     def explain(self) -> Explanation:
-        """The selection table; a variant whose kernel failed to build since is ``rejected``
-        with that failure as its reason."""
+        """The selection table; a variant that failed to build at all since (a whole-variant
+        failure) is ``rejected`` with that failure as its reason."""
         if not self.failures:
             return self._explanation
         table = []
@@ -590,7 +591,7 @@ class Backend(_Declared):
 
     def _pick(self, op: str, args: tuple, kwargs: dict, skip: tuple[str, ...] = ()) -> Variant:
         """The first variant of the chain that takes the call (``skip``: those that could not build it
-        in this call), or a later one the platform runs before it for this call (``AHEAD``)."""
+        in this call), or a later one the platform runs before it for this call (its ``Ahead`` rules)."""
         chain = self._chains[op]
         failed = self.failures.get(op, {})
         ahead = self._ahead.get(op)
