@@ -40,9 +40,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _known_devices() -> str:
-    from .common.device import KNOWN_ARCHS, device_spec
+    from .common.device import device_spec, known_archs
 
-    return ", ".join(device_spec(p, a) for p, archs in KNOWN_ARCHS.items() for a in archs)
+    return ", ".join(device_spec(p, a) for p, archs in known_archs().items() for a in archs)
 
 
 def _matrix_rows() -> str:
@@ -108,11 +108,15 @@ EMULATED_NOTE = ("vendor packages replaced by contract doubles (swa_backends.tes
 
 def emulated(device):
     """The context that installs ``device``'s platform contract doubles (pinned to it)."""
+    from .common.platforms import get_platform, platforms
     from .testing.emulation import contract_doubles
 
-    if device.platform == "cpu":
-        raise ValueError(f"--emulate: device={device.platform}: expected a cuda, rocm or ascend device "
-                         "(the CPU has no vendor package to emulate)")
+    p = get_platform(device.platform)
+    if p is None or p.emulation is None:
+        having = [q.name for q in platforms().values() if q.emulation is not None]
+        names = ", ".join(having[:-1]) + f" or {having[-1]}" if len(having) > 1 else "".join(having)
+        raise ValueError(f"--emulate: device={device.platform}: expected a {names} device "
+                         f"(the {p.label if p is not None else device.platform} has no vendor package to emulate)")
     return contract_doubles(device)
 
 

@@ -1,26 +1,31 @@
 """Selection: per device, the best variant of every op, and the replay decision.
 
-The one dispatch of the pack. ``select(device)`` -> :class:`Backend` (every op as a method,
-``.capabilities``, ``.explain()``); ``capabilities(device, config)`` -> :class:`Capabilities`;
-``explain(device)`` -> :class:`Explanation` (every variant of every op with its reasons).
-Declarations come from the portable kernels (``swa_backends.kernels``) and the platform
-backends (``swa_backends.backends.<platform>``), one priority list per platform
-(``PRIORITY``); the first variant with no reasons wins; matrix.yaml narrows. A variant whose
-kernel fails to build raises :class:`~swa_backends.common.errors.KernelUnavailable` before it
-writes anything: the call runs the next variant, and the failure becomes that variant's
-reason in ``explain()`` for the rest of the process. An unknown device falls back to the
-reference with a reason.
+The one dispatch of the pack. ``select(device)`` -> :class:`Backend` (every op as a typed
+method, ``.capabilities``, ``.explain()``); ``capabilities(device, config)`` ->
+:class:`Capabilities`; ``explain(device)`` -> :class:`Explanation` (every variant of every op
+with its reasons). Everything it reads is declared: the ops (``swa_backends.common.ops.OPS``,
+each with its torch reference, a variant on every platform) and the platforms
+(:class:`~swa_backends.common.platforms.Platform`, one per ``swa_backends.backends.<platform>``:
+the variants it registers, portable kernels included, one priority list per op, the per-call
+exceptions to it, its input checks). The first variant with no reasons wins; matrix.yaml
+narrows. A variant whose kernel fails to build raises
+:class:`~swa_backends.common.errors.KernelUnavailable` before it writes anything, and the call
+runs the next variant. A failure of the whole variant (it cannot build at all here) is
+remembered: the variant is skipped from then on and the failure becomes its reason in
+``explain()`` for the rest of the process. A failure of one specialisation (these shapes, this
+dtype) only sends calls like it on, with a warning, and is not shown by ``explain()``. An
+unknown device falls back to the reference with a reason.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import textwrap
 import threading
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,61 +34,79 @@ from .common.config import ServingConfig
 from .common.device import DeviceInfo, resolve_device
 from .common.errors import KernelUnavailable, SelectionError
 from .common.matrix import Matrix, Row
-from .common.ops import HOST_OPS, OPS
-from .common.registry import Variant, load_attr
+from .common.ops import HOST_OPS, OPS, Ops
+from .common.platforms import Platform, get_platform, platforms
+from .common.registry import KV_FORMAT_OPS, Variant, declarations_version, load_attr
 from .common.validation import _env_default as _validation_default
 from .common.validation import _state as _validation_state
 from .common.validation import fail, one_read, validation_enabled
 
 # ---------------------------------------------------------------------------------------
-# the declarations of every platform backend and of the portable kernels
+# the declarations: every op's reference and every platform's variants
 # ---------------------------------------------------------------------------------------
 
-BACKEND_MODULES: dict[str, str] = {
-    "cpu": "swa_backends.backends.reference",
-    "cuda": "swa_backends.backends.cuda",
-    "rocm": "swa_backends.backends.rocm",
-    "ascend": "swa_backends.backends.ascend",
-}
-# Declaration modules that belong to no single platform (the reference, portable kernels).
-SHARED_MODULES: tuple[str, ...] = ("swa_backends.backends.reference", "swa_backends.kernels")
 
-
-@functools.cache
 def all_variants() -> dict[str, dict[str, Variant]]:
-    """``{op: {variant name: Variant}}`` over every declaration module (no vendor import)."""
+    """``{op: {variant name: Variant}}``: every op's reference, then what every platform
+    registers (no vendor import). A variant declaring no ``platforms`` runs on those that
+    register it."""
+    return _variant_table(declarations_version())
+
+
+@functools.lru_cache(maxsize=4)
+def _variant_table(version: int) -> dict[str, dict[str, Variant]]:
+    registered: dict[int, list[str]] = {}
+    found: dict[int, Variant] = {}
+    for spec in OPS.values():
+        found[id(spec.reference_variant)] = spec.reference_variant
+    for p in platforms().values():
+        for v in p.variants:
+            if v.platforms and not v.runs_on(p.name):
+                raise RuntimeError(f"platform {p.name} registers variant {v.key}, which declares platforms "
+                                   f"{v.platforms}")
+            found.setdefault(id(v), v)
+            registered.setdefault(id(v), []).append(p.name)
     table: dict[str, dict[str, Variant]] = {}
-    for module in dict.fromkeys((*SHARED_MODULES, *BACKEND_MODULES.values())):
-        for v in getattr(importlib.import_module(module), "VARIANTS", ()):
-            ops = table.setdefault(v.op, {})
-            if v.name in ops and ops[v.name] is not v:
-                raise RuntimeError(f"variant {v.key} declared twice ({module})")
-            ops[v.name] = v
+    for key, v in found.items():
+        if not v.platforms:
+            v = replace(v, platforms=tuple(registered[key]))
+        ops = table.setdefault(v.op, {})
+        if v.name in ops:
+            raise RuntimeError(f"variant {v.key} declared twice")
+        ops[v.name] = v
     return table
 
 
+def platform_of(name: str) -> Platform:
+    """The registered platform ``name`` (``ValueError`` naming the registered ones)."""
+    p = get_platform(name)
+    if p is None:
+        fail("dispatch", "platform", name, f"a registered platform, one of {sorted(platforms())}")
+    return p
+
+
 def priority(platform: str, op: str) -> tuple[str, ...]:
-    """The platform backend's priority list for ``op`` (``"*"`` entry as the default)."""
-    table = importlib.import_module(BACKEND_MODULES[platform]).PRIORITY
-    return tuple(table.get(op, table["*"]))
+    """The platform's priority list for ``op`` (``"*"`` entry as the default)."""
+    return platform_of(platform).order(op)
 
 
 def ahead_rules(platform: str, op: str, chain: tuple[Variant, ...]) -> tuple[tuple[Variant, str, str], ...]:
-    """The platform backend's per-call exceptions to its priority (``AHEAD``) that apply to
+    """The platform's per-call exceptions to its priority (``Platform.ahead``) that apply to
     ``chain``: ``(variant, name of the variant it runs before, "module:attr" predicate)`` where
     both are in the chain, the first after the second."""
-    rules = getattr(importlib.import_module(BACKEND_MODULES[platform]), "AHEAD", {}).get(op, ())
+    p = get_platform(platform)
     names = [v.name for v in chain]
-    return tuple((chain[names.index(first)], over, pred) for first, over, pred in rules
-                 if first in names and over in names and names.index(first) > names.index(over))
+    return tuple((chain[names.index(r.variant)], r.before, r.when) for r in (p.ahead.get(op, ()) if p else ())
+                 if r.variant in names and r.before in names and names.index(r.variant) > names.index(r.before))
 
 
 def platform_input_check(platform: str, op: str) -> str | None:
-    """The platform backend's own input check for ``op`` (``INPUT_CHECKS``), if any: a
+    """The platform's own input check for ``op`` (``Platform.input_checks``), if any: a
     ``"module:attr"`` called as ``check(device, *args, **kwargs)`` that raises ``ValueError``
     for inputs valid in general but not on this platform/arch (e.g. the FP8 flavour a ROCm
     arch stores). Runs with the op's validation, before any variant is called."""
-    return getattr(importlib.import_module(BACKEND_MODULES[platform]), "INPUT_CHECKS", {}).get(op)
+    p = get_platform(platform)
+    return p.input_checks.get(op) if p else None
 
 
 def variant(op: str, name: str) -> Variant | None:
@@ -139,8 +162,12 @@ class Candidate:
     verified: str | None
     graph_safe: bool
     index_layout: str | None
-    #: the per-call exceptions to the chain's order under which this variant runs before another (``AHEAD``)
+    #: the per-call exceptions to the chain's order under which this variant runs before another
+    #: (``Platform.ahead``)
     ahead: tuple[str, ...] = ()
+    #: what a call must satisfy for this variant to take it (a per-call variant: its dtypes, KV
+    #: formats, its own input check); a call that does not runs the next variant of the chain
+    checks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,12 +176,16 @@ class Explanation:
     capabilities: Capabilities
     chosen: Mapping[str, tuple[str, ...]]
     table: tuple[Candidate, ...]
+    #: op -> the platform's own input check (``Platform.input_checks``), run with the op's validation
+    input_checks: Mapping[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
             "capabilities": self.capabilities.as_dict(),
             "chosen": {op: list(names) for op, names in self.chosen.items()},
-            "table": [c.__dict__ | {"reasons": list(c.reasons), "ahead": list(c.ahead)} for c in self.table],
+            "table": [c.__dict__ | {"reasons": list(c.reasons), "ahead": list(c.ahead), "checks": list(c.checks)}
+                      for c in self.table],
+            "input_checks": dict(self.input_checks),
         }
 
     def __str__(self) -> str:
@@ -268,6 +299,10 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
         lines += _bullets([f"hardware{ROW_CLAIM}: matrix.yaml records the row as verified on hardware; this "
                            "device is faked, so nothing ran on it here"], 0, "note: ")
     if full:
+        if e.input_checks:
+            lines.append("")
+            lines.append("input checks (the platform's own, run with the op's validation):")
+            lines += _bullets([f"{op}: {check}" for op, check in e.input_checks.items()], 2)
         lines.append("")
         lines.append("every variant:")
         colours = {"chosen": "32", "per-call": "36", "rejected": "2"}
@@ -275,6 +310,7 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
             lines.append(f"  {c.op:<24} {c.variant:<18} " + style(c.status, colours.get(c.status, "0")))
             lines += _bullets(c.reasons, 6)
             lines += _bullets(c.ahead, 6, "+ ")
+            lines += _bullets(c.checks, 6, "+ ")
     return "\n".join(lines)
 
 
@@ -352,8 +388,27 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
             else:
                 status = "rejected" if reasons else "eligible"
             table.append(Candidate(op, v.name, status, tuple(reasons), row.status(v.name) if row else None,
-                                   v.graph_safe, v.index_layout, tuple(ahead.get(v.name, ()))))
+                                   v.graph_safe, v.index_layout, tuple(ahead.get(v.name, ())), _checks(v)))
     return row, fallback, chains, table
+
+
+def _checks(v: Variant) -> tuple[str, ...]:
+    """What a call must satisfy for a per-call variant to take it (``Variant.input_reasons``)."""
+    if not v.per_call:
+        return ()
+    parts = []
+    if v.op in KV_FORMAT_OPS and not v.reads_every_kv_format:
+        formats = v.kv_formats if v.kv_formats is not None else ("rows",)
+        parts.append(f"kv_format in ({', '.join(formats)})")
+    if v.dtypes is not None:
+        parts.append("data dtype in (" + ", ".join(str(d).replace("torch.", "") for d in v.dtypes) + ")")
+    if v.input_check is not None:
+        parts.append(f"{v.input_check} gives no reason")
+    return ("takes a call where " + "; ".join(parts),)
+
+
+def _input_checks(device: DeviceInfo) -> dict[str, str]:
+    return {op: check for op in OPS if (check := platform_input_check(device.platform, op)) is not None}
 
 
 def _decide(device: DeviceInfo, config: ServingConfig, matrix: Matrix, row: Row | None, fallback: str | None,
@@ -414,7 +469,8 @@ def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanatio
     info, config, matrix = _inputs(device, config, matrix)
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
-    return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table))
+    return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
+                       _input_checks(info))
 
 
 def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool = True) -> "Backend":
@@ -434,7 +490,8 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
     info, config, matrix = _inputs(device, config, matrix)
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
-    expl = Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table))
+    expl = Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
+                       _input_checks(info))
     return Backend(info, chains, caps, expl, checked=checked)
 
 
@@ -465,13 +522,25 @@ def clear_backends() -> None:
 # ---------------------------------------------------------------------------------------
 
 
-class Backend:
+if TYPE_CHECKING:
+    _Declared = Ops
+else:
+    # Readers and type checkers see every op as a typed attribute of Backend (Ops: one line per
+    # op, the reference's signature). At run time each op is an instance attribute set in
+    # __init__ and the class has no attribute of that name: a name on the class, even a
+    # shadowed one, keeps the interpreter's attribute loads off their fastest path.
+    _Declared = object
+
+
+class Backend(_Declared):
     """Every op of the pack for one device: device ops dispatch to the chosen variant
     (validated first unless validation is off), host ops are the shared implementations.
+    Each op is declared with the reference's signature (:class:`~swa_backends.common.ops.Ops`);
+    ``__init__`` prepares one callable per device op.
 
     ``.variants`` maps op -> chosen variant names (more than one: per-call dispatch, the
     first whose input check passes); ``.capabilities``; ``.explain()`` (the selection table,
-    with any build failure met since); ``.warmup(**shapes)``.
+    with any whole-variant build failure met since); ``.warmup(**shapes)``.
     """
 
     def __init__(self, device: DeviceInfo, chains: Mapping[str, tuple[Variant, ...]],
@@ -482,12 +551,13 @@ class Backend:
         self.capabilities = caps
         self._chains = dict(chains)
         self._explanation = explanation
-        #: op -> {variant name: reason}: variants whose kernel failed to build in this process
+        #: op -> {variant name: reason}: variants that failed to build at all in this process (a
+        #: failure of one specialisation is not recorded: it only sends calls like it on)
         self.failures: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
         self.variants = {op: tuple(v.name for v in chain) for op, chain in chains.items()}
         #: op -> {name: ((variant, "module:attr"), ...)}: variants run before ``name`` when the predicate
-        #: gives a reason for the call (the platform's ``AHEAD``; explain() shows them)
+        #: gives a reason for the call (the platform's ``Ahead`` rules; explain() shows them)
         self._ahead: dict[str, dict[str, tuple]] = {}
         for op, chain in chains.items():
             for first, over, pred in ahead_rules(device.platform, op, chain):
@@ -503,8 +573,8 @@ class Backend:
         return f"Backend({self.device}, " + ("" if self.checked else "unchecked, ") + ops + ")"
 
     def explain(self) -> Explanation:
-        """The selection table; a variant whose kernel failed to build since is ``rejected``
-        with that failure as its reason."""
+        """The selection table; a variant that failed to build at all since (a whole-variant
+        failure) is ``rejected`` with that failure as its reason."""
         if not self.failures:
             return self._explanation
         table = []
@@ -521,7 +591,7 @@ class Backend:
 
     def _pick(self, op: str, args: tuple, kwargs: dict, skip: tuple[str, ...] = ()) -> Variant:
         """The first variant of the chain that takes the call (``skip``: those that could not build it
-        in this call), or a later one the platform runs before it for this call (``AHEAD``)."""
+        in this call), or a later one the platform runs before it for this call (its ``Ahead`` rules)."""
         chain = self._chains[op]
         failed = self.failures.get(op, {})
         ahead = self._ahead.get(op)

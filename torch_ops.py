@@ -2,8 +2,9 @@
 
 Importing this module defines the ops (``swa_backends.plugin.register()`` does it for a
 serving engine); ``import swa_backends`` alone does not. Every form of every op is generated
-by one loop from what the op declares once (``swa_backends.common.ops.OPS``): its signature
-(the reference's), its result tensors with their shapes (``OpSpec.results``) and the
+by one loop (:func:`define_ops`) from what the op declares once (``swa_backends.common.ops.OPS``):
+its signature (the reference's), the schema types of its non-tensor arguments
+(``OpSpec.scalars``), its result tensors with their shapes (``OpSpec.results``) and the
 arguments it writes in place (``OpSpec.mutates``). Each form has a fake kernel built from the
 same shapes, so ``torch.compile`` and graph capture trace it without running it; its real
 kernel dispatches to :func:`swa_backends.select` for the device of its data tensors (one
@@ -49,14 +50,6 @@ NAMESPACE = "swa_backends"
 #: Every op defined here, functional and out/plan forms.
 OP_NAMES: list[str] = []
 
-# The schema type of every non-tensor argument name the ops use (everything else is a Tensor).
-_SCALARS = {
-    "W": "int", "Wr": "int", "block_size": "int", "ratio": "int", "top_k": "int", "slab_stride": "int",
-    "window_offset": "int", "topk_offset": "int", "d_v": "int", "num_rows": "int", "num_rows_padded": "int",
-    "index_width": "int", "num_tokens": "int", "token_offset": "int", "sm_scale": "float", "any_replay": "bool",
-    "kv_format": "str", "fp8": "str", "return_lse": "bool", "prefill_from": "int", "gather_lens_from": "int",
-    "valid_group": "int", "null_block": "int?",
-}
 # A ReplayPlan argument, as tensors and sizes (its window is the op's W).
 PLAN_FIELDS = ("kept", "trimmed", "dropped_before", "num_rows", "num_rows_padded")
 #: Output order of the tensor-level ``gather_replay_batch`` (the ReplayBatch fields).
@@ -100,7 +93,7 @@ class _Form:
         self.plan_required = any(p.name == "plan" and p.default is p.empty for p in params)
         self.py_params = [p for p in params if p.name != "plan"]
         self.name = spec.name + ("_plan" if with_plan and not self.plan_required else "") + ("_out" if with_out else "")
-        self.data_arg = next(p.name for p in self.py_params if _type(p.name) == "Tensor")
+        self.data_arg = next(p.name for p in self.py_params if spec.scalar_type(p.name) == "Tensor")
 
     def result_names(self) -> tuple[str, ...]:
         return self.spec.results.names_for(self.with_plan and not self.plan_required)
@@ -114,7 +107,7 @@ class _Form:
         for p in self.py_params:
             if self.plan_required and p.name == self.py_params[0].name and p.kind != p.KEYWORD_ONLY:
                 pos += _plan_schema()  # the plan comes first where the Python op takes it first
-            text = _param_schema(p, next(letters) if p.name in self.spec.mutates else None)
+            text = _param_schema(self.spec, p, next(letters) if p.name in self.spec.mutates else None)
             (kw if p.kind == p.KEYWORD_ONLY else pos).append(text)
         if self.with_plan and not self.plan_required:
             pos += _plan_schema()
@@ -153,12 +146,8 @@ class _Form:
         return values, out
 
 
-def _type(name: str) -> str:
-    return _SCALARS.get(name, "Tensor")
-
-
-def _param_schema(p: inspect.Parameter, alias: str | None) -> str:
-    t = _type(p.name)
+def _param_schema(spec: OpSpec, p: inspect.Parameter, alias: str | None) -> str:
+    t = spec.scalar_type(p.name)
     if alias is not None:
         return f"Tensor({alias}!) {p.name}"
     if p.default is p.empty:
@@ -241,10 +230,22 @@ def _forms(spec: OpSpec) -> list[_Form]:
 
 
 FORMS: dict[str, _Form] = {}
-for _spec in OPS.values():
-    for _form in _forms(_spec):
-        _define(_form)
-        FORMS[_form.name] = _form
+
+
+def define_ops() -> list[str]:
+    """Define every form of every op in ``OPS`` not defined yet (at import: all of them; after
+    ``register_op``: the new op's). Returns the forms it defined."""
+    made = []
+    for spec in OPS.values():
+        for form in _forms(spec):
+            if form.name not in FORMS:
+                _define(form)
+                FORMS[form.name] = form
+                made.append(form.name)
+    return made
+
+
+define_ops()
 
 
 def qualified_names() -> list[str]:

@@ -129,8 +129,9 @@ class ServingConfig:
 
 def _rule_field_kinds() -> dict[str, tuple[str, tuple | None]]:
     """Field -> (kind, allowed values or None) for matrix rules: ``bool``, ``int``,
-    ``int?`` (None allowed), ``str`` (one of the allowed values) or ``ints`` (a tuple)."""
-    from .device import PLATFORMS
+    ``int?`` (None allowed), ``str`` (one of the allowed values: a tuple, or a function giving
+    them, the registered platforms) or ``ints`` (a tuple)."""
+    from .device import platform_names
 
     kinds: dict[str, tuple[str, tuple | None]] = {}
     for f in fields(ServingConfig):
@@ -139,7 +140,7 @@ def _rule_field_kinds() -> dict[str, tuple[str, tuple | None]]:
                                 "drafter": DRAFTERS}.get(f.name))
     kinds["drafter_window_exceeds_window"] = ("bool", None)
     kinds["drafter_aux_at_or_before_cut"] = ("bool", None)
-    kinds["platform"] = ("str", PLATFORMS)
+    kinds["platform"] = ("str", platform_names)  # read when a rule is parsed: the platforms registered then
     kinds["arch"] = ("str", None)
     return kinds
 

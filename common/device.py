@@ -1,9 +1,11 @@
 """The device model: which platform and arch an op will run on.
 
-Detection is lazy and cached per torch device; nothing runs at import. Only on Ascend is
-``torch_npu`` imported (it fails without the CANN runtime: that becomes a reason).
-Tests and the CLI name fake devices with :func:`parse_device` (``"rocm:gfx942"``,
-``"ascend:910b"``, ``"cuda:sm90"``) or :func:`fake_device`.
+The platforms, their archs and how each detects its devices are the platforms' own declarations
+(:class:`~swa_backends.common.platforms.Platform`, read here through the registry). Detection is
+lazy and cached per torch device; nothing runs at import. A platform imports its vendor runtime
+only in its own detection (Ascend's ``torch_npu``, which fails without the CANN runtime: that
+becomes a reason). Tests and the CLI name fake devices with :func:`parse_device`
+(``"rocm:gfx942"``, ``"ascend:910b"``, ``"cuda:sm90"``) or :func:`fake_device`.
 """
 
 from __future__ import annotations
@@ -17,29 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-PLATFORMS = ("cpu", "cuda", "rocm", "ascend")
-
-# Known archs per platform: a matrix row naming anything else is rejected, and a fake device
-# whose arch looks like a device index (rocm:0) must name one of these.
-KNOWN_ARCHS: dict[str, tuple[str, ...]] = {
-    "cpu": ("cpu",),
-    "cuda": ("sm70", "sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121"),
-    "rocm": ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1250"),
-    "ascend": ("310p", "910b", "910_93", "950"),
-}
-
-# Ascend SoC version ranges of torch_npu.npu.get_soc_version() (PLATFORMS.md).
-_ASCEND_SOCS = (
-    (range(200, 206), "310p", "Ascend 310P"),
-    (range(220, 226), "910b", "Ascend 910B (A2)"),
-    (range(250, 256), "910_93", "Ascend 910_93 (A3)"),
-    (range(260, 261), "950", "Ascend 950 (A5)"),
-)
-
+#: The host platform: every process has it, detection ends with it, its device spec has no arch.
+HOST = "cpu"
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """``platform`` (cpu/cuda/rocm/ascend), ``arch`` (cpu, sm90, gfx942, 910b, ...),
+    """``platform`` (a registered platform: cpu/cuda/rocm/ascend), ``arch`` (cpu, sm90, gfx942, 910b, ...),
     ``name`` (marketing name), ``torch_device`` (where tensors go; None for a fake device),
     ``capability`` (CUDA compute capability), ``fake`` (injected, not detected),
     ``problems`` (why detection was partial, e.g. torch_npu failed to import)."""
@@ -71,71 +56,77 @@ class DeviceInfo:
 
 def device_spec(platform: str, arch: str) -> str:
     """``cpu`` or ``platform:arch``: the one name of a device kind (CLI, API, matrix rows)."""
-    return "cpu" if platform == "cpu" else f"{platform}:{arch}"
+    return HOST if platform == HOST else f"{platform}:{arch}"
 
 
-def cuda_arch(capability: tuple[int, int]) -> str:
-    return f"sm{capability[0]}{capability[1]}"
+def _registry():
+    # the registry sits beside this module and imports the platforms' declarations on first use
+    from .platforms import platforms
+
+    return platforms()
 
 
-def rocm_arch(gcn_arch_name: str) -> str:
-    """``gfx942:sramecc+:xnack-`` -> ``gfx942``."""
-    return gcn_arch_name.split(":", 1)[0].strip()
+def platform_names() -> tuple[str, ...]:
+    """Every registered platform (``cpu``, ``cuda``, ``rocm``, ``ascend``, and any added since)."""
+    return tuple(_registry())
 
 
-def ascend_arch(soc_version: int) -> tuple[str, str]:
-    for versions, arch, name in _ASCEND_SOCS:
-        if soc_version in versions:
-            return arch, name
-    return f"soc{soc_version}", f"Ascend SoC {soc_version}"
+def known_archs() -> dict[str, tuple[str, ...]]:
+    """Known archs per platform: a matrix row naming anything else is rejected, and a fake
+    device whose arch looks like a device index (``rocm:0``) must name one of these."""
+    return {name: p.archs for name, p in _registry().items()}
 
 
-_FAKE_RE = re.compile(r"^(cpu|cuda|rocm|ascend|npu)(?::([A-Za-z0-9_.]+))?$")
+_SPEC_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([A-Za-z0-9_.]+))?$")
 
 
 def parse_device(spec: str) -> DeviceInfo:
     """A fake device from ``platform:arch``: ``cpu``, ``cuda:sm90`` (also ``cuda:9.0``),
     ``rocm:gfx942``, ``ascend:910b``. A bare index (``rocm:0``) is not an arch: real devices
-    are ``cuda:N`` (also on ROCm) and ``npu:N`` (:func:`resolve_device`)."""
+    are named by their torch device (``cuda:N``, also on ROCm; ``npu:N``; :func:`resolve_device`)."""
     if not isinstance(spec, str):
         raise ValueError(f"device={spec!r}: expected a string like 'rocm:gfx942'")
-    m = _FAKE_RE.match(spec.strip().lower())
-    if not m:
-        raise ValueError(
-            f"device={spec!r}: expected platform[:arch] with platform in {PLATFORMS} "
-            "(e.g. 'cuda:sm90', 'rocm:gfx950', 'ascend:910b')")
-    platform, arch = m.group(1), m.group(2)
-    if platform == "npu":
-        raise ValueError(f"device={spec!r}: expected npu:<index> for a real Ascend NPU, or ascend:<arch> for a "
-                         "fake one (e.g. ascend:910b)")
+    registry = _registry()
+    m = _SPEC_RE.match(spec.strip().lower())
+    p = registry.get(m.group(1)) if m else None
+    if p is None:
+        real = next((q for q in registry.values() if m and m.group(1) in q.torch_types), None)
+        if real is not None:  # a torch device type that names no platform (npu)
+            raise ValueError(f"device={spec!r}: expected {m.group(1)}:<index> for a real {real.label}, or "
+                             f"{real.name}:<arch> for a fake one (e.g. {real.example})")
+        examples = ", ".join(repr(q.example) for q in registry.values() if q.name != HOST)
+        raise ValueError(f"device={spec!r}: expected platform[:arch] with platform in {tuple(registry)} "
+                         f"(e.g. {examples})")
+    arch = m.group(2)
     cap = None
-    if platform == "cpu":
-        if arch not in (None, "cpu"):
-            raise ValueError(f"device={spec!r}: expected 'cpu' (the CPU has no arch to name)")
-        arch = "cpu"
+    if p.name == HOST:
+        if arch not in (None, HOST):
+            raise ValueError(f"device={spec!r}: expected {HOST!r} (the {p.label} has no arch to name)")
+        arch = HOST
     elif arch is None:
-        raise ValueError(f"device={spec!r}: expected an arch after '{platform}:' (e.g. {_example(platform)})")
-    elif arch.isdigit() and platform != "cuda" and arch not in KNOWN_ARCHS[platform]:
-        raise ValueError(f"device={spec!r}: {arch} is a device index, not an arch: a real "
-                         f"{'ROCm GPU is cuda:' + arch if platform == 'rocm' else 'Ascend NPU is npu:' + arch}, "
-                         f"a fake one names its arch (e.g. {_example(platform)})")
-    elif platform == "cuda":
-        m2 = re.match(r"^(?:sm_?)?(\d+)(?:_(\d))?$", arch) or re.match(r"^(\d+)\.(\d+)$", arch)
-        if m2 and m2.group(2) is not None:
-            cap = (int(m2.group(1)), int(m2.group(2)))
-        elif m2:
-            digits = m2.group(1)
-            cap = (int(digits[:-1]), int(digits[-1])) if len(digits) >= 2 else None
-        if cap is None:
-            raise ValueError(f"device={spec!r}: expected a CUDA arch like sm90 or sm100")
-        arch = cuda_arch(cap)
-    elif platform == "ascend" and arch.startswith("ascend"):
-        arch = arch[len("ascend"):]  # ascend:ascend910b names the same device as ascend:910b
-    return DeviceInfo(platform, arch, name=f"fake {device_spec(platform, arch)}", capability=cap, fake=True)
+        raise ValueError(f"device={spec!r}: expected an arch after '{p.name}:' (e.g. {p.example})")
+    elif arch.isdigit() and p.torch_types and p.name not in p.torch_types and arch not in p.archs:
+        raise ValueError(f"device={spec!r}: {arch} is a device index, not an arch: a real {p.label} is "
+                         f"{p.torch_types[0]}:{arch}, a fake one names its arch (e.g. {p.example})")
+    elif p.fake_arch is not None:
+        try:
+            arch, cap = p.fake_arch(arch)
+        except ValueError as exc:
+            raise ValueError(f"device={spec!r}: {exc}") from None
+    return DeviceInfo(p.name, arch, name=f"fake {device_spec(p.name, arch)}", capability=cap, fake=True)
 
 
-def _example(platform: str) -> str:
-    return {"cuda": "cuda:sm90", "rocm": "rocm:gfx942", "ascend": "ascend:910b"}.get(platform, platform)
+def torch_cuda_device(index: int | None):
+    """``(index, properties)`` of torch's CUDA device ``index`` (None: the current one), or why
+    there is none (phrased to follow "expected"). One helper for the platforms whose devices are
+    torch's ``cuda`` devices (CUDA, and ROCm through HIP)."""
+    if not torch.cuda.is_available():
+        return "an available CUDA/ROCm device (torch sees none)"
+    if index is None:
+        index = torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        return f"an index below {torch.cuda.device_count()} (the CUDA/ROCm devices torch sees)"
+    return index, torch.cuda.get_device_properties(index)
 
 
 # Per thread: a fake device installed by one thread (a test trying the ROCm path) must not
@@ -180,8 +171,8 @@ def l2_bytes_of(t: torch.Tensor) -> int | None:
 
 def current_device() -> DeviceInfo:
     """The device ops run on by default: a fake one if this thread installed one
-    (:func:`fake_device`), else the first accelerator (CUDA/ROCm through torch, then Ascend),
-    else the CPU."""
+    (:func:`fake_device`), else the first registered platform whose detection finds a current
+    device (CUDA/ROCm through torch, then Ascend), else the CPU."""
     stack = getattr(_override, "stack", None)
     if stack:
         return stack[-1]
@@ -199,79 +190,56 @@ def resolve_device(device: DeviceInfo | str | torch.device | None) -> DeviceInfo
         return detect(str(device))
     if isinstance(device, str):
         s = device.strip().lower()
-        if s == "cpu" or re.match(r"^(cuda|npu)(:\d+)?$", s):
+        real = _real_device(s)
+        if s == HOST or (real is not None and real[0] != HOST):  # "cpu:0" is a fake spec gone wrong
             return detect(s)
         return parse_device(s)
     raise ValueError(f"device={device!r}: expected None, a DeviceInfo, a torch.device or a string")
 
 
+def _torch_types() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t for p in _registry().values() for t in p.torch_types))
+
+
+def _real_device(s: str) -> tuple[str, int | None] | None:
+    """``(torch device type, index or None)`` when ``s`` names a torch device of a platform
+    (``cuda:0``, ``npu``, ``cpu``)."""
+    m = re.match(r"^([a-z][a-z0-9_]*)(?::(\d+))?$", s)
+    if not m or m.group(1) not in _torch_types():
+        return None
+    return m.group(1), int(m.group(2)) if m.group(2) is not None else None
+
+
 @functools.cache
 def _detect_default() -> DeviceInfo:
-    if torch.cuda.is_available():
-        return detect(f"cuda:{torch.cuda.current_device()}")
-    npu = _probe_npu()
-    if isinstance(npu, DeviceInfo):
-        return npu
-    info = detect("cpu")
-    return info
+    # the first platform (in registration order) whose detection finds a current device, else the host
+    for p in _registry().values():
+        if p.name != HOST and p.detect is not None:
+            info = p.detect(None)
+            if isinstance(info, DeviceInfo):
+                return info
+    return detect(HOST)
 
 
 @functools.cache
 def detect(torch_device: str) -> DeviceInfo:
     """Detect the platform and arch of a real torch device string (cached)."""
-    if torch_device.startswith("npu"):  # torch knows 'npu' only once torch_npu is imported
-        m = re.match(r"^npu(?::(\d+))?$", torch_device)
-        info = _probe_npu(int(m.group(1)) if m and m.group(1) else None) if m else None
-        if isinstance(info, DeviceInfo):
-            return info
-        raise ValueError(f"device={torch_device!r}: expected a usable Ascend NPU ({info or 'npu or npu:<index>'})")
-    try:
-        dev = torch.device(torch_device)
-    except (RuntimeError, ValueError) as exc:  # e.g. an index past int64
-        raise ValueError(f"device={torch_device!r}: expected cpu, cuda[:index] or npu[:index] ({exc})") from None
-    if dev.type == "cpu":
-        return DeviceInfo("cpu", "cpu", name="CPU", torch_device="cpu")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={torch_device!r}: expected an available CUDA/ROCm device (torch sees none)")
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device={torch_device!r}: expected an index below {torch.cuda.device_count()} "
-                             "(the CUDA/ROCm devices torch sees)")
-        props = torch.cuda.get_device_properties(index)
-        where = f"cuda:{index}"
-        if getattr(torch.version, "hip", None):
-            return DeviceInfo("rocm", rocm_arch(getattr(props, "gcnArchName", "unknown")), props.name, where)
-        cap = (props.major, props.minor)
-        return DeviceInfo("cuda", cuda_arch(cap), props.name, where, capability=cap)
-    if dev.type == "npu":
-        info = _probe_npu(dev.index)
-        if isinstance(info, DeviceInfo):
-            return info
-        raise ValueError(f"device={torch_device!r}: expected a usable Ascend NPU ({info})")
-    raise ValueError(f"device={torch_device!r}: expected a cpu, cuda or npu device")
-
-
-def _probe_npu(index: int | None = None) -> DeviceInfo | str:
-    """An Ascend DeviceInfo, or the reason there is none. Imports torch_npu only here."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch_npu") is None:
-        return "torch_npu is not installed"
-    try:
-        import torch_npu  # noqa: F401  (registers the 'npu' device with torch)
-    except Exception as exc:  # CANN missing (libhccl.so) and friends
-        return f"import torch_npu failed: {type(exc).__name__}: {exc}"
-    try:
-        # torch_npu.npu is the module torch.npu aliases once torch_npu is imported.
-        if not torch_npu.npu.is_available():
-            return "torch_npu imported but no NPU is available"
-        soc = int(torch_npu.npu.get_soc_version())
-    except Exception as exc:
-        return f"torch_npu could not read the SoC version: {type(exc).__name__}: {exc}"
-    arch, name = ascend_arch(soc)
-    i = 0 if index is None else index
-    return DeviceInfo("ascend", arch, name, f"npu:{i}")
+    found = _real_device(torch_device)
+    if found is None:
+        kinds = _torch_types()
+        expected = ", ".join(kinds[:-1]) + f" or {kinds[-1]}" if len(kinds) > 1 else kinds[0]
+        raise ValueError(f"device={torch_device!r}: expected a {expected} device "
+                         f"({', '.join(k if k == HOST else k + '[:index]' for k in kinds)})")
+    kind, index = found
+    why: list[str] = []
+    for p in _registry().values():
+        if kind in p.torch_types:
+            info = p.detect(index)
+            if isinstance(info, DeviceInfo):
+                return info
+            if info not in why:
+                why.append(info)
+    raise ValueError(f"device={torch_device!r}: expected " + "; or ".join(why))
 
 
 def clear_cache() -> None:

@@ -29,10 +29,10 @@ from typing import Any
 import yaml
 
 from .config import RULE_FIELD_KINDS, RULE_FIELDS
-from .device import DeviceInfo, device_spec, parse_device
+from .device import DeviceInfo, device_spec, known_archs, parse_device
 from .errors import MatrixError
 from .ops import OPS
-from .registry import KNOWN_ARCHS, Variant
+from .registry import Variant
 
 STATUSES = ("hardware", "emulated", "not-run")
 _PREDICATES = ("eq", "ne", "gt", "ge", "lt", "le", "in", "not_in")
@@ -188,6 +188,8 @@ def _parse_rule(source: str, side: str, i: int, raw: Any, ids: set[str]) -> Rule
 def _predicate_problem(fname: str, op: str, arg: Any) -> str | None:
     """Why ``arg`` cannot be compared with field ``fname`` by ``op`` (None: it can)."""
     kind, allowed = RULE_FIELD_KINDS[fname]
+    if callable(allowed):
+        allowed = allowed()
     if op in ("gt", "ge", "lt", "le"):
         if kind not in ("int", "int?"):
             return f"{op} compares numbers; {fname} is a {kind}"
@@ -230,10 +232,11 @@ def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, 
     for key in ("name", "notes"):
         if key in raw and not isinstance(raw[key], str):
             raise _err(source, where, f"{key}: expected a string, got {type(raw[key]).__name__}")
-    if platform not in KNOWN_ARCHS:
-        raise _err(source, where, f"unknown platform {_short(platform)}; expected one of {sorted(KNOWN_ARCHS)}")
-    if arch not in KNOWN_ARCHS[platform]:
-        raise _err(source, where, f"unknown arch {_short(arch)} for {platform}; expected one of {KNOWN_ARCHS[platform]}")
+    archs = known_archs()
+    if platform not in archs:
+        raise _err(source, where, f"unknown platform {_short(platform)}; expected one of {sorted(archs)}")
+    if arch not in archs[platform]:
+        raise _err(source, where, f"unknown arch {_short(arch)} for {platform}; expected one of {archs[platform]}")
     if rid in seen:
         raise _err(source, where, "duplicate platform/arch")
     seen.add(rid)

@@ -6,9 +6,11 @@ whether it reads its window only through the pack's clamped indices, and which o
 packages it needs (*probes*). Its implementation is a ``"module:attr"`` path imported only
 when the variant is chosen and first called.
 
-Platform backends (``swa_backends.backends.<platform>``) and the portable kernels
-(``swa_backends.kernels``) declare ``VARIANTS``; platform backends also a ``PRIORITY`` list
-per op. Both are plain data, importing nothing heavy; dispatch collects them.
+Platform backends (``swa_backends.backends.<platform>``) declare their variants, and register
+the portable kernels' (``swa_backends.kernels``), in their ``PLATFORM``
+(:class:`~swa_backends.common.platforms.Platform`); the torch reference of every op is a variant
+of its own (``OpSpec.reference_variant``). All plain data, importing nothing heavy; dispatch
+collects them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import KNOWN_ARCHS, DeviceInfo  # noqa: F401  (KNOWN_ARCHS re-exported)
+from .device import DeviceInfo
 
 LAYOUTS = ("plain", "combined", "mixed", "csr")
 
@@ -31,7 +33,24 @@ LAYOUTS = ("plain", "combined", "mixed", "csr")
 #: that came with it; a variant states the formats it reads in ``Variant.kv_formats``.
 KV_FORMAT_OPS: dict[str, tuple[str, ...]] = {"sparse_mla": ("kv_format", "fp8", "return_lse")}
 
+#: ``Variant.platforms`` of a variant that runs on every platform (the torch reference).
+ANY_PLATFORM: tuple[str, ...] = ("*",)
 
+# Bumped whenever a platform or an op is registered at run time: dispatch rebuilds its table of
+# variants for the new generation (the declarations themselves never change).
+_generation = 0
+
+
+def declarations_changed() -> None:
+    """Tell the readers of the declarations (dispatch's variant table) that a platform or an op
+    was registered or removed."""
+    global _generation
+    _generation += 1
+
+
+def declarations_version() -> int:
+    """Changes whenever :func:`declarations_changed` is called."""
+    return _generation
 
 # ---------------------------------------------------------------------------------------
 # probes: optional packages, imported only when a variant of their platform is considered
@@ -121,6 +140,8 @@ def _probe_triton_interpreter() -> str | None:
 class Variant:
     """One implementation of one op, declared as data.
 
+    ``platforms``: where it runs (:data:`ANY_PLATFORM`: everywhere; empty: on the platforms
+    that register it in their ``Platform.variants``, which dispatch fills in);
     ``archs``: explicit allowed archs (None: any arch of ``platforms``);
     ``min_capability``/``max_capability``: CUDA compute-capability range (inclusive);
     ``dtypes``: data dtypes it takes (checked per call on the op's first tensor; None: any);
@@ -146,7 +167,7 @@ class Variant:
     op: str
     name: str
     impl: str
-    platforms: tuple[str, ...]
+    platforms: tuple[str, ...] = ()
     archs: tuple[str, ...] | None = None
     min_capability: tuple[int, int] | None = None
     max_capability: tuple[int, int] | None = None
@@ -167,10 +188,14 @@ class Variant:
     def key(self) -> str:
         return f"{self.op}/{self.name}"
 
+    def runs_on(self, platform: str) -> bool:
+        """Whether its declaration names ``platform`` (emulation aside)."""
+        return platform in self.platforms or self.platforms == ANY_PLATFORM
+
     def declared_reasons(self, device: DeviceInfo) -> list[str]:
         """Reasons from the declaration alone (platform, arch, capability): no imports."""
         reasons: list[str] = []
-        if device.platform not in self.platforms + self.emulated_on:
+        if not self.runs_on(device.platform) and device.platform not in self.emulated_on:
             reasons.append(f"requires platform in {_fmt(self.platforms)}, device is {device.platform}")
             return reasons
         if device.platform in self.emulated_on:

@@ -1,6 +1,7 @@
 """Portable Triton kernels, one op per module, registered by every platform that can run
-them. This ``__init__`` only declares the variants (no Triton import): kernel modules are
-imported when a variant is first called.
+them (``Platform.variants``: CUDA and ROCm register :data:`PORTABLE`, CUDA also the Hopper
+Gluon kernels). This ``__init__`` only declares the variants (no Triton import): kernel modules
+are imported when a variant is first called.
 
 On a CPU the ``triton`` variants run in Triton's interpreter, only in a process started with
 ``TRITON_INTERPRET=1`` (Triton fixes compiled or interpreted when it decorates a kernel) and
@@ -16,8 +17,8 @@ import torch
 from ..common.ops._records import KV_FORMATS
 from ..common.registry import Variant, import_reason, load_attr, register_probe
 
+# no ``platforms``: they run on the platforms that register them
 _TRITON = dict(
-    platforms=("cuda", "rocm"),
     emulated_on=("cpu",),
     requires=("triton",),
     emulated_requires=("triton_interpreter",),
@@ -44,7 +45,8 @@ METADATA_KERNELS = {
                             "ONE launch: replay start, padding, window indices and the sub-batch"),
 }
 
-VARIANTS: tuple = tuple(
+#: The metadata ops' Triton kernels.
+METADATA: tuple[Variant, ...] = tuple(
     Variant(op=op, name="triton", impl=f"swa_backends.kernels.{impl}", warmup="swa_backends.kernels.warmup:warmup",
             description=f"portable Triton kernel ({what})", **_TRITON)
     for op, (impl, what) in METADATA_KERNELS.items()
@@ -86,7 +88,8 @@ def gluon_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_forma
     return _rows_kernel("sparse_mla_gluon", q, kv, indices, lens, sm_scale, d_v, sink=sink, return_lse=return_lse)
 
 
-VARIANTS += (
+#: The Hopper Gluon kernels (sm90: only CUDA registers them).
+GLUON: tuple[Variant, ...] = (
     Variant(
         op="sparse_mla", name="gluon_ws", impl="swa_backends.kernels:gluon_ws_sparse_mla",
         requires=("triton", "gluon_ws"), warmup="swa_backends.kernels.sparse_mla_gluon_ws:warmup",
@@ -101,6 +104,10 @@ VARIANTS += (
                     "prefill-sized calls)",
         **_GLUON,
     ),
+)
+
+#: The sparse-MLA Triton kernel.
+ATTENTION: tuple[Variant, ...] = (
     Variant(
         op="sparse_mla", name="triton", impl="swa_backends.kernels.sparse_mla:sparse_mla",
         dtypes=(torch.bfloat16, torch.float16), warmup="swa_backends.kernels.sparse_mla:warmup",
@@ -110,6 +117,11 @@ VARIANTS += (
         **_ATTENTION, **_TRITON,
     ),
 )
+
+#: Every Triton kernel that runs wherever Triton compiles for the device (CUDA, ROCm).
+PORTABLE: tuple[Variant, ...] = METADATA + ATTENTION
+#: Every variant declared here, in the order tables list them.
+VARIANTS: tuple[Variant, ...] = METADATA + GLUON + ATTENTION
 
 
 def _gluon_probe(module: str) -> str | None:

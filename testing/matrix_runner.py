@@ -13,10 +13,11 @@ one *job*:
     a variant that runs on any torch device (the reference) runs on CPU tensors for a row
     whose device is not here;
 ``doubles``
-    a vendor wrapper runs on the CPU inside its platform's contract doubles
-    (``swa_backends.testing.emulation.<platform>.contract_doubles()``: vendor modules
-    replaced by torch functions with the vendor's documented contract, probes overridden);
-    without that module the variant is *skipped* with the reason.
+    a vendor wrapper runs on the CPU inside its platform's contract doubles (the module its
+    ``Platform.emulation`` names, ``swa_backends.testing.emulation.<platform>``:
+    ``contract_doubles()``, vendor modules replaced by torch functions with the vendor's
+    documented contract, probes overridden); without that module the variant is *skipped*
+    with the reason.
 
 Emulated jobs run under a fake :class:`DeviceInfo` of the row (``fake_device``). A job
 *passes* (hardware) or is *emulated* (emulation) when every generated case matches the
@@ -54,9 +55,10 @@ from ..common import registry
 from ..common.device import DeviceInfo, current_device, detect, fake_device, parse_device
 from ..common.matrix import Matrix, Row
 from ..common.ops import OPS
+from ..common.platforms import get_platform
 from ..common.registry import Variant, probe
 from ..common.validation import validation_enabled
-from ..dispatch import BACKEND_MODULES, all_variants, load_matrix, platform_input_check, priority
+from ..dispatch import all_variants, load_matrix, platform_input_check, priority
 from .conformance import case_for, mismatch, run_op
 
 MODES = ("hardware", "interpreter", "cpu", "doubles")
@@ -64,15 +66,12 @@ EMULATED_MODES = ("interpreter", "cpu", "doubles")
 STATUSES = ("pass", "emulated", "fail", "skipped")
 DEFAULT_CASES = 3
 
-# Column labels of the terminal table (full names in JSON and Markdown).
-SHORT = {
-    "batch_replay_start": "replay_start", "pad_replayed_slots": "pad_slots",
-    "compressed_slot_mapping": "cmp_slots", "swa_indices_and_lens": "swa_idx",
-    "prefill_gather_lens": "gather_lens", "combined_indices": "combined", "mixed_indices": "mixed",
-    "plain_indices": "plain", "indices_to_csr": "to_csr", "sparse_mla": "sparse_mla",
-    "gather_replay_batch": "replay_batch", "gather_rows": "gather_rows", "scatter_rows": "scatter_rows",
-    "prepare_replay_step": "prepare_step",
-}
+
+
+def short(op: str) -> str:
+    """An op's column label in the terminal table (its ``OpSpec.short``; full names in JSON and Markdown)."""
+    spec = OPS.get(op)
+    return spec.short if spec is not None else op
 
 
 @dataclass
@@ -158,7 +157,7 @@ class Report:
         }
 
     def table(self) -> str:
-        heads = ["row", "mode"] + [SHORT.get(op, op) for op in self.ops]
+        heads = ["row", "mode"] + [short(op) for op in self.ops]
         body = [[r["id"], r["mode"]] + [self.cell(r["id"], op) for op in self.ops] for r in self.rows]
         widths = [max(len(x[i]) for x in [heads, *body]) for i in range(len(heads))]
         lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip()]
@@ -288,8 +287,11 @@ def _variants_for(row: Row, op: str) -> list[str]:
 
 
 def emulation_module(platform: str):
-    """``swa_backends.testing.emulation.<platform>`` or the reason it is not usable."""
-    name = f"swa_backends.testing.emulation.{platform}"
+    """The module of ``platform``'s contract doubles (``Platform.emulation``) or the reason it is not usable."""
+    p = get_platform(platform)
+    name = p.emulation if p is not None else None
+    if name is None:
+        return f"no contract doubles for {platform} (its platform declares none)"
     try:
         mod = importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -351,7 +353,7 @@ def _mode(v: Variant, dev: DeviceInfo, emu_cache: dict) -> tuple[str | None, lis
     declared = v.declared_reasons(dev)
     if declared:
         return None, declared
-    if "cpu" in v.platforms:
+    if v.runs_on("cpu"):
         return "cpu", []
     if "cpu" in v.emulated_on:
         why = _interpreter_reason()
@@ -427,11 +429,8 @@ def _run_job(job: Job, *, cases: int, seed: int, real: DeviceInfo) -> Result:
 
         # the op's validation, plus the platform's own input check where it has one
         # (what Backend runs on that device)
-        platform_check = None
-        find_check = platform_input_check
-        if row_dev.platform in BACKEND_MODULES:
-            path = find_check(row_dev.platform, job.op)
-            platform_check = registry.load_attr(path) if path else None
+        path = platform_input_check(row_dev.platform, job.op)
+        platform_check = registry.load_attr(path) if path else None
 
         def call(*args, **kwargs):
             if validation_enabled():

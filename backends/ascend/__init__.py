@@ -1,7 +1,7 @@
-"""Ascend backend: declarations and dispatch priority.
+"""Ascend backend: the Ascend platform (``PLATFORM``): devices, variants and dispatch priority.
 
-The SoC comes from ``torch_npu.npu.get_soc_version()`` (``common/device.py``; 220-225 A2
-910B, 250-255 A3 910_93, 200-205 310P, 260 A5 950), with ``torch_npu`` imported only there.
+The SoC comes from ``torch_npu.npu.get_soc_version()`` (``device.py``; 220-225 A2 910B, 250-255
+A3 910_93, 200-205 310P, 260 A5 950), with ``torch_npu`` imported only there.
 
 * ``sparse_mla`` -> ``npu_sparse_flash_mla``: vllm-ascend's op in its explicit-index SWA mode,
   fed the pack's clamped rows (the op's own band mask has no replay start); constraints as
@@ -15,8 +15,9 @@ The SoC comes from ``torch_npu.npu.get_soc_version()`` (``common/device.py``; 22
 
 from __future__ import annotations
 
+from ...common.platforms import Platform
 from ...common.registry import Variant
-from . import probes  # noqa: F401  (registers the Ascend probes; imports no vendor package)
+from . import device, probes  # noqa: F401  (probes registers the Ascend probes; neither imports a vendor package)
 from .constraints import CONSTRAINTS, SERVED  # noqa: F401  (the op's constraints, as data)
 
 _PKG = "swa_backends.backends.ascend"
@@ -30,7 +31,7 @@ def _triton(op: str, impl: str) -> Variant:
         description="triton-ascend kernel: grid sized to the vector-core count, flat grid-stride loop")
 
 
-VARIANTS: tuple = (
+VARIANTS: tuple[Variant, ...] = (
     Variant(
         op="sparse_mla", name="npu_sparse_flash_mla", impl=f"{_PKG}.npu_attention:sparse_mla", platforms=("ascend",),
         archs=("910b", "910_93", "950"), dtypes=SERVED.dtypes, index_layout="plain",
@@ -50,3 +51,16 @@ PRIORITY = {
     "sparse_mla": ("npu_sparse_flash_mla", "reference"),
     "*": ("triton_ascend", "triton", "reference"),
 }
+
+PLATFORM = Platform(
+    name="ascend",
+    archs=("310p", "910b", "910_93", "950"),
+    label="Ascend NPU",
+    example_arch="910b",
+    torch_types=("npu",),
+    detect=device.detect,
+    fake_arch=device.fake_arch,
+    variants=VARIANTS,  # the portable Triton kernels are not its: triton-ascend kernels of its own instead
+    priority=PRIORITY,
+    emulation="swa_backends.testing.emulation.ascend",
+)

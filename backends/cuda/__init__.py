@@ -1,4 +1,4 @@
-"""CUDA backend: declarations and dispatch priority.
+"""CUDA backend: the CUDA platform (``PLATFORM``): devices, variants, dispatch priority.
 
 ``sparse_mla`` vendor variants (imported only when chosen and first called):
 
@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels import VARIANTS as KERNELS
+from ...common.platforms import Ahead, Platform
 from ...common.registry import Variant
-from . import probes  # noqa: F401  (registers the probes; imports no vendor package)
+from . import device, probes  # noqa: F401  (probes registers the probes; neither imports a vendor package)
 
 _PKG = "swa_backends.backends.cuda"
 
-VARIANTS: tuple = (
+VENDOR: tuple[Variant, ...] = (
     Variant(
         op="sparse_mla", name="flashmla", impl=f"{_PKG}.flashmla:sparse_mla", platforms=("cuda",),
         archs=("sm90", "sm100", "sm103"), min_capability=(9, 0), max_capability=(10, 3),
@@ -61,12 +63,26 @@ PRIORITY = {
     "*": ("triton", "reference"),
 }
 
-# Per-call exceptions to PRIORITY, op -> ((variant, the variant it runs before, "module:attr"), ...): the
-# predicate takes the op's arguments and returns why the variant runs first for this call, or None.
-# Both where the earlier variant measured faster on the H200: FlashMLA before gluon_ws (large K at 128
-# heads over a cache larger than L2; flashmla.ahead_of_gluon_ws), the tl kernel before FlashMLA (calls
-# of at most 12 token x 64-head items; flashmla.triton_ahead_of_flashmla).
+# Per-call exceptions to PRIORITY: the predicate takes the op's arguments and returns why the variant
+# runs first for this call, or None. Both where the earlier variant measured faster on the H200:
+# FlashMLA before gluon_ws (large K at 128 heads over a cache larger than L2; flashmla.ahead_of_gluon_ws),
+# the tl kernel before FlashMLA (calls of at most 12 token x 64-head items; flashmla.triton_ahead_of_flashmla).
 AHEAD = {
-    "sparse_mla": (("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws"),
-                   ("triton", "flashmla", f"{_PKG}.flashmla:triton_ahead_of_flashmla")),
+    "sparse_mla": (Ahead("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws"),
+                   Ahead("triton", "flashmla", f"{_PKG}.flashmla:triton_ahead_of_flashmla")),
 }
+
+PLATFORM = Platform(
+    name="cuda",
+    archs=("sm70", "sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121"),
+    label="CUDA GPU",
+    example_arch="sm90",
+    torch_types=("cuda",),
+    detect=device.detect,
+    fake_arch=device.fake_arch,
+    # the portable kernels first: the order variants are listed in where a table shows them all
+    variants=(*KERNELS, *VENDOR),
+    priority=PRIORITY,
+    ahead=AHEAD,
+    emulation="swa_backends.testing.emulation.cuda",
+)

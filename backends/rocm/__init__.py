@@ -1,7 +1,8 @@
-"""ROCm backend: declarations, dispatch priority and the FP8 input checks.
+"""ROCm backend: the ROCm platform (``PLATFORM``): devices, variants, dispatch priority and the
+FP8 input checks.
 
 ROCm is detected by ``torch.version.hip`` and the arch from ``gcnArchName``
-(``gfx942:sramecc+:xnack-`` -> ``gfx942``; see ``common/device.py``).
+(``gfx942:sramecc+:xnack-`` -> ``gfx942``; ``device.py``).
 
 * gfx950: ``sparse_mla`` prefills of >= 1024 queries go to AITER's ``pa_sparse_prefill_opus``
   (``aiter_opus``, a per-call variant: smaller batches and other head dims fall through to
@@ -9,20 +10,22 @@ ROCm is detected by ``torch.version.hip`` and the arch from ``gcnArchName``
 * gfx942: no AITER sparse-MLA for this model; Triton for everything;
 * both: the pack's portable Triton kernels ("triton", ``swa_backends.kernels``), then the
   torch reference. FP8 tensors must be of the arch's family (FNUZ on gfx942, OCP on gfx950),
-  checked by ``INPUT_CHECKS`` with the op's own validation.
+  checked by its input checks (``INPUT_CHECKS``) with the op's own validation.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...kernels import PORTABLE
+from ...common.platforms import Platform
 from ...common.registry import Variant
-from . import probes  # noqa: F401  (registers the AITER probe; imports no vendor package)
+from . import device, probes  # noqa: F401  (probes registers the AITER probe; neither imports a vendor package)
 from .fp8 import FP8  # noqa: F401  (re-exported: the per-arch FP8 table)
 
 _PKG = "swa_backends.backends.rocm"
 
-VARIANTS: tuple = (
+VENDOR: tuple[Variant, ...] = (
     Variant(
         op="sparse_mla", name="aiter_opus", impl=f"{_PKG}.aiter_opus:sparse_mla", platforms=("rocm",),
         archs=("gfx950",), dtypes=(torch.bfloat16, torch.float16), index_layout="csr", graph_safe=True,
@@ -42,3 +45,16 @@ INPUT_CHECKS = {
     "gather_rows": f"{_PKG}.fp8:check_gather_rows",
     "scatter_rows": f"{_PKG}.fp8:check_scatter_rows",
 }
+
+PLATFORM = Platform(
+    name="rocm",
+    archs=("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1250"),
+    label="ROCm GPU",
+    example_arch="gfx942",
+    torch_types=("cuda",),  # torch names HIP devices cuda:N
+    detect=device.detect,
+    variants=(*PORTABLE, *VENDOR),
+    priority=PRIORITY,
+    input_checks=INPUT_CHECKS,
+    emulation="swa_backends.testing.emulation.rocm",
+)

@@ -1,19 +1,25 @@
 """The torch reference of every op of SPEC §1-§3, with its validator.
 
-``OPS`` lists the *device* ops (those with per-platform variants) as :class:`OpSpec`:
-name, validator and reference, all with one signature. Host-side helpers (scheduler,
-planning, DP agreement) have a single implementation and are exported as plain functions.
+:class:`Ops` lists every op of the pack, one line each. Device ops (those with per-platform
+variants) are :class:`OpSpec` declarations, each in its op's own module (``OP``): reference,
+validator, results and the op's other facts; ``OPS`` maps their names to them. Host-side
+helpers (scheduler, planning, DP agreement) have a single implementation and are listed as
+plain functions (``HOST_OPS``). For type checkers ``Backend`` (``swa_backends.dispatch``)
+subclasses :class:`Ops`: every op is a typed attribute of every backend, with the reference's
+signature (at run time each is an instance attribute, prepared per device).
+
+A new device op is its module (reference, validator, results, ``OP``) and one line in
+:class:`Ops`; :func:`register_op` adds one at run time instead.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from dataclasses import dataclass
 from typing import Callable
 
-from ..validation import check_writes, one_read
-from ._results import Results
+from ..registry import declarations_changed
+from ..validation import fail
+from ._results import Results  # noqa: F401  (re-exported: an op module's result declaration)
+from ._spec import OpSpec
 
 from . import (
     batch_replay_start,
@@ -39,71 +45,6 @@ from .plan_replay_batch import validate as _plan_validate
 from .scheduler import admit_prefix_hit, mark_prefix_replay, replay_block_is_live, replay_layer_ids
 
 
-@dataclass(frozen=True)
-class OpSpec:
-    """One device op: its validator and reference (same signature), what it returns
-    (``results``: names, shapes and dtypes of its result tensors) and the arguments it writes
-    in place (``mutates``; ``out=`` is always written when given). The torch custom ops are
-    generated from these declarations (``swa_backends.torch_ops``)."""
-
-    name: str
-    validate: Callable
-    reference: Callable
-    doc: str
-    results: Results
-    mutates: tuple[str, ...] = ()
-
-    @functools.cached_property
-    def signature(self) -> inspect.Signature:
-        return inspect.signature(self.reference)
-
-    def check_writes(self, args: tuple, kwargs: dict) -> None:
-        """Every buffer the op writes (``out=`` entries, ``mutates``) overlaps neither itself nor an
-        input (a plan's tensors included) nor another written buffer, by address (see
-        :func:`check_writes`)."""
-        check_writes(self.name, self.signature, args, kwargs, self.mutates)
-
-
-def _one_read(validate: Callable) -> Callable:
-    """``validate`` whose value checks are read with one device->host transfer at its end (an
-    enclosing :func:`one_read` block, the dispatcher's, reads them later still)."""
-
-    @functools.wraps(validate)
-    def run(*args, **kwargs) -> None:
-        with one_read():
-            validate(*args, **kwargs)
-
-    return run
-
-
-def _spec(module, name=None, validate=None, reference=None, results=None, mutates=()) -> OpSpec:
-    name = name or module.NAME
-    ref = reference or module.reference
-    return OpSpec(name, _one_read(validate or module.validate), ref, (ref.__doc__ or "").strip().split("\n")[0],
-                  results or module.RESULTS, tuple(mutates))
-
-
-OPS: dict[str, OpSpec] = {
-    s.name: s
-    for s in (
-        _spec(batch_replay_start),
-        _spec(pad_replayed_slots, mutates=("slot_mappings",)),
-        _spec(compressed_slot_mapping),
-        _spec(swa_indices_and_lens),
-        _spec(prefill_gather_lens),
-        _spec(combined_indices),
-        _spec(mixed_indices),
-        _spec(plain_indices),
-        _spec(indices_to_csr),
-        _spec(sparse_mla),
-        _spec(gather_replay_batch),
-        _spec(rows, "gather_rows", rows.validate_gather, rows.gather_rows, rows.GATHER_RESULTS),
-        _spec(rows, "scatter_rows", rows.validate_scatter, rows.scatter_rows, rows.SCATTER_RESULTS),
-        _spec(prepare_replay_step, mutates=("slot_mappings",)),
-    )
-}
-
-
 def plan_replay_batch(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
                       trim_threshold=TRIM_THRESHOLD, num_tokens=None):
     """Host plan of the decoder-side sub-batch; None when nothing trims, for a FULL-graph
@@ -116,15 +57,75 @@ def plan_replay_batch(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad
     return _plan_reference(query_start_loc_host, is_prefilling, keeps_rows, W, **kw)
 
 
-HOST_OPS: dict[str, Callable] = {
-    "mark_prefix_replay": mark_prefix_replay,
-    "admit_prefix_hit": admit_prefix_hit,
-    "replay_block_is_live": replay_block_is_live,
-    "replay_layer_ids": replay_layer_ids,
-    "plan_replay_batch": plan_replay_batch,
-    "agree_across_dp": agree_across_dp,
-    "pcp_partition": pcp_partition,
-}
+class Ops:
+    """Every op of the pack, one line each (``OPS`` and ``HOST_OPS`` are read off this class).
 
-__all__ = ["OPS", "HOST_OPS", "OpSpec", "PCPPartition", "STEP_GRAPH_MODES", "TRIM_THRESHOLD",
-           "allocate_replay_batch_out", "pcp_gather_columns", "pcp_restore_tokens", *HOST_OPS]
+    A device op is its module's :class:`OpSpec`, typed as a callable with the reference's
+    signature on an instance (``Backend``, whose ``__init__`` prepares each). A host op is its
+    one implementation."""
+
+    batch_replay_start = batch_replay_start.OP
+    pad_replayed_slots = pad_replayed_slots.OP
+    compressed_slot_mapping = compressed_slot_mapping.OP
+    swa_indices_and_lens = swa_indices_and_lens.OP
+    prefill_gather_lens = prefill_gather_lens.OP
+    combined_indices = combined_indices.OP
+    mixed_indices = mixed_indices.OP
+    plain_indices = plain_indices.OP
+    indices_to_csr = indices_to_csr.OP
+    sparse_mla = sparse_mla.OP
+    gather_replay_batch = gather_replay_batch.OP
+    gather_rows = rows.GATHER_OP
+    scatter_rows = rows.SCATTER_OP
+    prepare_replay_step = prepare_replay_step.OP
+
+    mark_prefix_replay = staticmethod(mark_prefix_replay)
+    admit_prefix_hit = staticmethod(admit_prefix_hit)
+    replay_block_is_live = staticmethod(replay_block_is_live)
+    replay_layer_ids = staticmethod(replay_layer_ids)
+    plan_replay_batch = staticmethod(plan_replay_batch)
+    agree_across_dp = staticmethod(agree_across_dp)
+    pcp_partition = staticmethod(pcp_partition)
+
+
+def _declared_ops() -> dict[str, OpSpec]:
+    ops = {}
+    for attr, spec in vars(Ops).items():
+        if isinstance(spec, OpSpec):
+            if spec.name != attr:
+                raise RuntimeError(f"Ops.{attr} declares op {spec.name!r}: the attribute is the op's name")
+            ops[attr] = spec
+    return ops
+
+
+#: Every device op by name, in the order of :class:`Ops` (and of every table that lists ops).
+OPS: dict[str, OpSpec] = _declared_ops()
+
+#: Every host op by name.
+HOST_OPS: dict[str, Callable] = {name: fn.__func__ for name, fn in vars(Ops).items() if isinstance(fn, staticmethod)}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    """Add a device op for the rest of the process (or until :func:`unregister_op`): dispatch
+    (its reference on every platform), ``Backend``, the conformance suite and the matrix runner
+    see it from now on; ``swa_backends.torch_ops.define_ops()`` defines its custom ops."""
+    if not isinstance(spec, OpSpec):
+        fail("register_op", "spec", spec, "an OpSpec")
+    if spec.name in OPS or spec.name in HOST_OPS or not spec.name.isidentifier() or spec.name.startswith("_"):
+        fail("register_op", "spec.name", spec.name, f"a new op name, a public identifier (taken: {sorted(OPS)})")
+    OPS[spec.name] = spec
+    declarations_changed()
+    return spec
+
+
+def unregister_op(name: str) -> None:
+    """Forget an op :func:`register_op` added (a declared one cannot be removed)."""
+    if name not in OPS or isinstance(vars(Ops).get(name), OpSpec):
+        fail("unregister_op", "name", name, "an op added with register_op")
+    del OPS[name]
+    declarations_changed()
+
+
+__all__ = ["OPS", "HOST_OPS", "OpSpec", "Ops", "PCPPartition", "STEP_GRAPH_MODES", "TRIM_THRESHOLD",
+           "allocate_replay_batch_out", "pcp_gather_columns", "pcp_restore_tokens", "register_op", "unregister_op",
+           *HOST_OPS]

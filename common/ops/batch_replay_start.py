@@ -8,6 +8,8 @@ from ..types import INDEX_DTYPE, MAX_POSITION
 from ..validation import check_out, check_range, check_tensor
 from ._checks import check_extents
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "batch_replay_start"
 
@@ -39,3 +41,23 @@ def reference(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.T
 
 
 RESULTS = Results(("replay_start",), lambda a: {"replay_start": ((a["idx_mapping"].shape[0],), INDEX_DTYPE)}, out="tensor")
+
+
+def case(d: CaseDraw) -> Call:
+    """Replay starts of more requests than the batch has, mapped to its rows in random order."""
+    b, rng = d.batch, d.rng
+    n_req = b.B + int(rng.integers(0, 4))
+    R_all = torch.tensor(rng.integers(0, 500, n_req), dtype=torch.int32, device=d.device)
+    idx = torch.tensor(rng.permutation(n_req)[: b.B], dtype=torch.int32, device=d.device)
+    kw = {"out": d.out((b.B,), INDEX_DTYPE)} if d.poison else {}
+    return (R_all, idx, d.tensors["is_prefilling"]), kw
+
+
+def warmup(s: WarmupStep):
+    """Every pair of index dtypes (replay starts, batch -> request map)."""
+    for rd in s.index_dtypes:
+        for idd in s.index_dtypes:
+            yield (s.R_all.to(rd), s.idx.to(idd), s.prefilling), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_start", case=case, warmup=warmup)

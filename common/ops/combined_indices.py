@@ -16,6 +16,8 @@ from ._batch import live_replay_start, token_view
 from ._checks import check_batch, check_extents, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "combined_indices"
 WIDTH_MULTIPLE = 128  # FlashMLA's SM100 sparse kernels need topk % 128 == 0 (PLATFORMS.md)
@@ -111,3 +113,38 @@ def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, t
 RESULTS = Results(("indices", "lens"), lambda a: {
     "indices": ((a["topk_indices"].shape[0], combined_width(a["top_k"], a["W"])), INDEX_DTYPE),
     "lens": ((a["topk_indices"].shape[0],), INDEX_DTYPE)})
+
+
+def case(d: CaseDraw) -> Call:
+    """Random top-k (PAD and out-of-slab entries among them, wider than ``top_k`` at times), ratios
+    0 / 4 / 128, a slab just wide enough for the longest gather, a valid mask at times."""
+    b, t, rng, dev = d.batch, d.tensors, d.rng, d.device
+    T = b.T
+    ratio = int(rng.choice([0, 4, 128]))
+    top_k = int(rng.choice([0, 4, 16, 64]))
+    N = int(rng.integers(1, 80))
+    gl = _gather_lens(t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W)
+    M = N + max(1, int(gl.max()) if b.B else 0) + int(rng.integers(0, 5))
+    topk = torch.tensor(rng.integers(-1, N + 6, size=(T, top_k + int(rng.integers(0, 3)))), dtype=INDEX_DTYPE,
+                        device=dev)
+    kw = {}
+    if rng.random() < 0.3:
+        kw["valid"] = torch.tensor(rng.random(T) < 0.8, device=dev)
+    if d.poison:
+        w = combined_width(top_k, b.W)
+        kw["out"] = (d.out((T, w), INDEX_DTYPE), d.out((T,), INDEX_DTYPE))
+    return (topk, t["query_start_loc"], t["seq_lens"], t["replay_start"], b.W, ratio, top_k, M, N), kw
+
+
+def warmup(s: WarmupStep):
+    """Every compression ratio, with and without a valid mask."""
+    topk, _ = s.topk
+    slab = 64 + int(s.gather_lens.max()) + 1
+    for valid in (None, s.valid[: s.T]):
+        for ratio in s.compress_ratios:
+            yield (topk, s.qsl, s.seq, s.R, s.W, ratio, s.top_k, slab, 64), {"valid": valid}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="combined",
+            scalars={"W": "int", "ratio": "int", "top_k": "int", "slab_stride": "int", "window_offset": "int"},
+            case=case, warmup=warmup)

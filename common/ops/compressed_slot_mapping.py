@@ -9,6 +9,8 @@ from ..validation import INT32_MAX, check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_extents, check_window
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "compressed_slot_mapping"
 
@@ -65,3 +67,26 @@ def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, r
 
 
 RESULTS = Results(("slots",), lambda a: {"slots": ((a["token_slots"].shape[0],), SLOT_DTYPE)}, out="tensor")
+
+
+def case(d: CaseDraw) -> Call:
+    """A ratio dividing the block size; a fifth of the token slots PAD."""
+    b, t, rng = d.batch, d.tensors, d.rng
+    T = b.T
+    ratio = int(rng.choice([r for r in (1, 2, 4, 8, 16, 128) if b.block_size % r == 0]))
+    tok = t["slot_mappings"][0, :T].clone()
+    if T:
+        tok[torch.tensor(rng.random(T) < 0.2, device=d.device)] = PAD
+    kw = {"out": d.out((T,), SLOT_DTYPE)} if d.poison else {}
+    return (tok, t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, ratio), kw
+
+
+def warmup(s: WarmupStep):
+    """Every compression ratio of the model (each its own kernel specialisation)."""
+    for ratio in s.compress_ratios:
+        if s.block_size % ratio == 0:
+            yield (s.slots[0, : s.T].clone(), s.qsl, s.seq, s.block_table, s.block_size, ratio), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="cmp_slots",
+            scalars={"block_size": "int", "ratio": "int", "null_block": "int?"}, case=case, warmup=warmup)

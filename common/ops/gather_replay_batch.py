@@ -10,6 +10,8 @@ from ..validation import check_int, check_out, check_tensor, defer, fail, first_
 from ._batch import live_replay_start
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep, host_plan, random_batch
 
 NAME = "gather_replay_batch"
 
@@ -160,3 +162,29 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
 RESULTS = Results(("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"), lambda a: out_shapes(a["plan"], a["slot_mappings"].shape[0]), out="dict",
                   pack=lambda t, a: ReplayBatch(num_rows=a["plan"].num_rows,
                                                 num_rows_padded=a["plan"].num_rows_padded, **t))
+
+
+def case(d: CaseDraw) -> Call:
+    """A step where something trims (drawn here unless given), a host plan of it (from a host
+    ``query_start_loc`` the device resized at times)."""
+    if d.given is None:
+        b = random_batch(d.rng, long_prefill=True)
+        t = b.tensors(d.device)
+    else:
+        b, t = d.batch, d.tensors
+    rng = d.rng
+    keeps = rng.random(b.B) < 0.2
+    long = np.flatnonzero(b.prefilling & (b.q > b.W))
+    keeps[long[0]] = False  # something trims
+    plan = host_plan(rng, b, keeps)
+    kw = {}
+    if d.poison:
+        kw["out"] = {k: d.out(s, dt) for k, (s, dt) in out_shapes(plan, b.num_groups).items()}
+    return (plan, t["query_start_loc"], t["seq_lens"], t["replay_start"], t["positions"], t["slot_mappings"], b.W), kw
+
+
+def warmup(s: WarmupStep):
+    yield (s.plan, s.qsl, s.seq, s.R, s.positions, s.slots, s.W), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_batch", scalars={"W": "int"}, case=case, warmup=warmup)

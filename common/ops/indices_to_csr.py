@@ -12,6 +12,8 @@ from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
 from ._checks import check_extents
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "indices_to_csr"
 
@@ -57,3 +59,21 @@ def reference(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
 
 RESULTS = Results(("indptr", "values"), lambda a: {"indptr": ((a["indices"].shape[0] + 1,), INDEX_DTYPE),
                              "values": ((a["indices"].shape[0] * a["indices"].shape[1],), INDEX_DTYPE)})
+
+
+def case(d: CaseDraw) -> Call:
+    """Indices with PAD inside and past the lengths (a third of the entries)."""
+    rng, dev = d.rng, d.device
+    Tn, K = int(rng.integers(0, 40)), int(rng.integers(1, 70))
+    idx = torch.tensor(rng.integers(-1, 5000, size=(Tn, K)), dtype=INDEX_DTYPE, device=dev)
+    idx[torch.tensor(rng.random((Tn, K)) < 0.3, device=dev)] = PAD
+    lens = torch.tensor(rng.integers(0, K + 1, size=Tn), dtype=INDEX_DTYPE, device=dev)
+    kw = {"out": (d.out((Tn + 1,), INDEX_DTYPE), d.out((Tn * K,), INDEX_DTYPE))} if d.poison else {}
+    return (idx, lens), kw
+
+
+def warmup(s: WarmupStep):
+    yield s.window, {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="to_csr", case=case, warmup=warmup)

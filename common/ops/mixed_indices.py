@@ -8,6 +8,8 @@ from ..types import INDEX_DTYPE, PAD
 from ..validation import check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep, window_and_topk
 
 NAME = "mixed_indices"
 TOPK_MULTIPLE = 4  # FlashInfer's DSv4 decode reads the top-k part in groups of 4
@@ -60,3 +62,19 @@ RESULTS = Results(("indices", "lens"), lambda a: {
     "indices": ((a["swa_indices"].shape[0], mixed_width(a["swa_indices"].shape[1], a["topk_slots"].shape[1])),
                 INDEX_DTYPE),
     "lens": ((a["swa_indices"].shape[0],), INDEX_DTYPE)})
+
+
+def case(d: CaseDraw) -> Call:
+    swa, _, topk, topk_lens = window_and_topk(d)
+    T, K = topk.shape
+    kw = {"out": (d.out((T, mixed_width(d.batch.W, K)), INDEX_DTYPE), d.out((T,), INDEX_DTYPE))} if d.poison else {}
+    return (swa, topk, topk_lens), kw
+
+
+def warmup(s: WarmupStep):
+    swa, _ = s.window
+    topk, topk_lens = s.topk
+    yield (swa, topk, topk_lens), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="mixed", case=case, warmup=warmup)

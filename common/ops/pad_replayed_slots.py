@@ -9,6 +9,8 @@ from ..validation import check_range, check_tensor, defer, fail, value_checks_en
 from ._batch import token_view
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "pad_replayed_slots"
 
@@ -63,3 +65,18 @@ def reference(slot_mappings, cacheable_groups, query_start_loc, positions, repla
 
 # in place on slot_mappings (OpSpec.mutates); no result tensor of its own
 RESULTS = Results((), lambda a: {}, out=None, pack=lambda tensors, a: a["slot_mappings"])
+
+
+def case(d: CaseDraw) -> Call:
+    b, t = d.batch, d.tensors
+    any_replay = None if d.rng.random() < 0.7 else bool((b.R > 0).any())
+    return (t["slot_mappings"], t["cacheable_groups"], t["query_start_loc"], t["positions"][: b.T],
+            t["replay_start"], b.Wr), {"any_replay": any_replay}
+
+
+def warmup(s: WarmupStep):
+    yield (s.slots.clone(), s.cacheable, s.qsl, s.positions[: s.T], s.R, s.W), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, mutates=("slot_mappings",), short="pad_slots",
+            scalars={"Wr": "int", "any_replay": "bool"}, case=case, warmup=warmup)

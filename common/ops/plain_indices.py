@@ -8,6 +8,8 @@ from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
 from ._checks import check_index_rows
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep, window_and_topk
 
 NAME = "plain_indices"
 
@@ -80,3 +82,28 @@ def _width(a) -> int:
 
 RESULTS = Results(("indices", "lens"), lambda a: {"indices": ((a["swa_indices"].shape[0], _width(a)), INDEX_DTYPE),
                              "lens": ((a["swa_indices"].shape[0],), INDEX_DTYPE)})
+
+
+def case(d: CaseDraw) -> Call:
+    """Window rows with top-k rows after them (none at times), at random offsets."""
+    swa, lens, topk, topk_lens = window_and_topk(d)
+    rng = d.rng
+    T, K = topk.shape
+    kw = {"topk_offset": int(rng.integers(0, 50)), "window_offset": int(rng.integers(0, 50))}
+    if d.poison:
+        kw["out"] = (d.out((T, K + d.batch.W), INDEX_DTYPE), d.out((T,), INDEX_DTYPE))
+    if K == 0 and rng.random() < 0.5:
+        return (swa, lens), kw
+    return (swa, lens, topk, topk_lens), kw
+
+
+def warmup(s: WarmupStep):
+    """The window alone and with top-k rows."""
+    swa, lens = s.window
+    topk, topk_lens = s.topk
+    yield (swa, lens), {}
+    yield (swa, lens, topk, topk_lens), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="plain",
+            scalars={"topk_offset": "int", "window_offset": "int"}, case=case, warmup=warmup)

@@ -9,6 +9,8 @@ from ..validation import check_out, check_tensor
 from ._batch import live_replay_start
 from ._checks import check_batch, check_window
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "prefill_gather_lens"
 
@@ -38,3 +40,21 @@ def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.
 
 
 RESULTS = Results(("gather_lens",), lambda a: {"gather_lens": ((a["query_start_loc"].shape[0] - 1,), INDEX_DTYPE)}, out="tensor")
+
+
+def case(d: CaseDraw) -> Call:
+    """At times a slice of the requests (vLLM's prefills): ``query_start_loc`` not from 0."""
+    b, t, rng = d.batch, d.tensors, d.rng
+    lo, hi = 0, b.B
+    if b.B and rng.random() < 0.3:
+        lo = int(rng.integers(0, b.B + 1))
+        hi = int(rng.integers(lo, b.B + 1))
+    kw = {"out": d.out((hi - lo,), INDEX_DTYPE)} if d.poison else {}
+    return (t["query_start_loc"][lo: hi + 1], t["seq_lens"][lo:hi], t["replay_start"][lo:hi], b.W), kw
+
+
+def warmup(s: WarmupStep):
+    yield (s.qsl, s.seq, s.R, s.W), {}
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="gather_lens", scalars={"W": "int"}, case=case, warmup=warmup)

@@ -20,15 +20,19 @@ PAD; the row must not be a cacheable group). Left out, the step is as before: ev
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, ReplayBatch, ReplayPlan
+from ..types import INDEX_DTYPE, PAD, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_tensor, defer, fail, labelled, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
 from ._batch import stale_replay
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import Batch, CaseDraw, WarmupStep, host_plan, poisoned, random_batch
 
 NAME = "prepare_replay_step"
 
@@ -295,3 +299,81 @@ RESULTS = Results(("replay_start", "swa_indices", "swa_lens", "stale_replay"), _
                   plan_names=tuple(f"replay_batch.{f}" for f in ("rows", "query_start_loc", "positions",
                                                                  "slot_mappings", "kv_start")),
                   optional_names=OPTIONAL_OUTPUTS)
+
+
+def random_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False,
+                 exact_out: bool = False) -> Call:
+    """A step for ``prepare_replay_step``: per-request replay starts mapped so the batch rows
+    get ``batch.R``, a trimming plan half the time; poisoned ``out=`` buffers longer than the
+    step half the time unless ``exact_out``."""
+    with_plan = rng.random() < 0.5
+    b = batch if batch is not None else random_batch(rng, long_prefill=with_plan)
+    with_plan = with_plan and bool((b.prefilling & (b.q > b.W)).any())
+    t = b.tensors(dev)
+    n_req = b.B + int(rng.integers(0, 4))
+    idx = rng.permutation(n_req)[: b.B]
+    R_all = rng.integers(0, 500, n_req)
+    R_all[idx] = np.where(b.prefilling, b.R, rng.integers(0, 500, b.B))  # decode rows: ignored (not prefilling)
+    T = b.T + b.num_padded
+    width = b.W + int(rng.integers(0, 3))
+    plan = None
+    if with_plan:
+        keeps = rng.random(b.B) < 0.2
+        keeps[np.flatnonzero(b.prefilling & (b.q > b.W))[0]] = False
+        plan = host_plan(rng, b, keeps)
+    kw: dict = {"index_width": width, "plan": plan}
+    if rng.random() < 0.3:
+        kw["any_replay"] = bool((b.R > 0).any())
+    if rng.random() < 0.5:  # the serving layout (vLLM's builder): decode / prefill rows apart, gather lengths
+        kw["prefill_from"] = int(rng.integers(0, T + 1))
+        kw["gather_lens_from"] = int(rng.integers(0, b.B + 1))
+        window_groups = sorted(set(range(b.num_groups)) - {int(g) for g in b.cacheable})
+        if window_groups and rng.random() < 0.7:
+            g = int(rng.choice(window_groups))
+            kw["valid_group"] = g
+            invalid = rng.random(T) < 0.15  # tokens with no slot in the window group (PCP peers, padding)
+            t["slot_mappings"][g, :T][torch.tensor(invalid, device=dev)] = PAD
+    if poison:
+        longer = rng.random() < 0.5 and not exact_out  # persistent buffers (SPEC §3.6): rows past the step's
+
+        def fill(spec, key=None):
+            if isinstance(spec, dict):
+                return {k: fill(v, k) for k, v in spec.items()}
+            shape = spec[0]
+            if longer and key in LEADING_ROWS:
+                shape = (shape[0] + int(rng.integers(1, 6)), *shape[1:])
+            return poisoned(shape, spec[1], dev)
+
+        kw["out"] = fill(out_shapes(b.B, T, width, plan, b.num_groups, prefill_from=kw.get("prefill_from"),
+                                    gather_lens_from=kw.get("gather_lens_from")))
+    args = (torch.tensor(R_all, dtype=INDEX_DTYPE if rng.random() < 0.5 else torch.int64, device=dev),
+            torch.tensor(idx, dtype=INDEX_DTYPE, device=dev), t["is_prefilling"], t["query_start_loc"], t["seq_lens"],
+            t["positions"], t["slot_mappings"], t["cacheable_groups"], t["block_table"], b.block_size, b.W, b.Wr)
+    return args, kw
+
+
+def case(d: CaseDraw) -> Call:
+    return random_case(d.rng, d.device, batch=d.given, poison=d.poison, exact_out=d.exact_out)
+
+
+def warmup(s: WarmupStep):
+    """Every pair of index dtypes, with and without host knowledge that nothing replays and a plan,
+    in each serving layout (vLLM's builder: decode and prefill rows apart with gather lengths, and
+    with them tokens left out by a window group's PAD slots, group 1: never cacheable). The launch
+    tile follows the step's size: the kernel's warmup forces each tile around these calls."""
+    layouts = [{}, {"prefill_from": 1, "gather_lens_from": 1}]
+    if s.num_groups > 1:
+        layouts.append({**layouts[1], "valid_group": 1})
+    for rd, idd, any_replay, p, layout in itertools.product(s.index_dtypes, s.index_dtypes, (None, False),
+                                                           (None, s.plan), layouts):
+        # any_replay=False (host knowledge that no request replays) needs replay starts of 0
+        R_all = s.R_all.to(rd) if any_replay is None else torch.zeros_like(s.R_all, dtype=rd)
+        yield ((R_all, s.idx.to(idd), s.prefilling, s.qsl, s.seq, s.positions, s.slots.clone(), s.cacheable,
+                s.block_table, s.block_size, s.W, s.W),
+               dict(index_width=s.width, plan=p, any_replay=any_replay, **layout))
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, mutates=("slot_mappings",), short="prepare_step",
+            scalars={"block_size": "int", "W": "int", "Wr": "int", "index_width": "int", "any_replay": "bool",
+                     "prefill_from": "int", "gather_lens_from": "int", "valid_group": "int"},
+            case=case, warmup=warmup)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..types import SLOT_DTYPE
 from ..validation import check_int, check_out, check_range, check_tensor, fail
 from ._checks import check_extents
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 GATHER = "gather_rows"
 SCATTER = "scatter_rows"
@@ -65,3 +68,53 @@ def _bytes(t: torch.Tensor, n: int) -> torch.Tensor:
 
 GATHER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["rows"].shape[0], *a["x"].shape[1:]), a["x"].dtype)}, out="tensor")
 SCATTER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["num_rows"], *a["y"].shape[1:]), a["y"].dtype)}, out="tensor")
+
+
+def random_case(op: str, rng: np.random.Generator, dev, *, poison: bool = False) -> Call:
+    """Rows of random values in one of five dtypes and trailing shapes, a sorted
+    random subset of row ids; ``out=`` filled with 77 when ``poison``."""
+    N = int(rng.integers(1, 60))
+    trailing = [(), (3,), (7,), (2, 5), (33,)][int(rng.integers(0, 5))]
+    dtype = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8][int(rng.integers(0, 5))]
+    n = int(rng.integers(0, N + 1))
+    rows = torch.tensor(np.sort(rng.choice(N, size=n, replace=False)), dtype=SLOT_DTYPE, device=dev)
+    g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    if op == GATHER:
+        x = (torch.randn(N, *trailing, generator=g) * 50).to(dtype).to(dev)
+        kw = {"out": torch.full((n, *trailing), 77, dtype=dtype, device=dev)} if poison else {}
+        return (x, rows), kw
+    y = (torch.randn(n, *trailing, generator=g) * 50).to(dtype).to(dev)
+    kw = {"out": torch.full((N, *trailing), 77, dtype=dtype, device=dev)} if poison else {}
+    return (y, rows, N), kw
+
+
+def _rows(s: WarmupStep):
+    """Every hidden size and dtype of the model; the step's trimmed rows."""
+    for hidden in s.hidden_sizes:
+        for dtype in s.hidden_dtypes:
+            x = torch.ones(s.T, hidden, dtype=dtype, device=s.device)
+            rows = torch.arange(s.T - s.plan.num_rows, s.T, dtype=SLOT_DTYPE, device=s.device)
+            yield x, rows
+
+
+def gather_case(d: CaseDraw) -> Call:
+    return random_case(GATHER, d.rng, d.device, poison=d.poison)
+
+
+def scatter_case(d: CaseDraw) -> Call:
+    return random_case(SCATTER, d.rng, d.device, poison=d.poison)
+
+
+def gather_warmup(s: WarmupStep):
+    for x, rows in _rows(s):
+        yield (x, rows), {}
+
+
+def scatter_warmup(s: WarmupStep):
+    for x, rows in _rows(s):
+        yield (x[: s.plan.num_rows].contiguous(), rows, s.T), {}
+
+
+GATHER_OP = OpSpec(GATHER, gather_rows, validate_gather, GATHER_RESULTS, case=gather_case, warmup=gather_warmup)
+SCATTER_OP = OpSpec(SCATTER, scatter_rows, validate_scatter, SCATTER_RESULTS, scalars={"num_rows": "int"},
+                    case=scatter_case, warmup=scatter_warmup)

@@ -14,6 +14,9 @@ nobody reads (wrappers of kernels that return none skip their extra pass).
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, PAD
@@ -21,6 +24,8 @@ from ..validation import check_finite, check_int, check_range, check_tensor, fai
 from . import _records
 from ._records import HEAD_DIM, KV_FORMATS, ROWS
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw
 
 NAME = "sparse_mla"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -158,3 +163,117 @@ def _shapes(a):
 RESULTS = _SparseMlaResults(
     ("out", "lse"), _shapes, out=None,
     pack=lambda t, a: (t["out"], t["lse"] if a.get("return_lse", True) is not False else None))
+
+
+# ---------------------------------------------------------------------------------------
+# the op's test inputs and its comparison
+# ---------------------------------------------------------------------------------------
+
+
+def rows_case(rng: np.random.Generator, dev, *, T: int | None = None, H: int | None = None, D: int | None = None,
+              d_v: int | None = None, K: int | None = None, S: int | None = None,
+              dtype: torch.dtype | None = None) -> Call:
+    """A call on KV rows: random q/kv (never zeros), indices with PAD holes inside and past the
+    length, tokens with nothing to read, optional sink."""
+    T = T if T is not None else int(rng.integers(0, 12))
+    H = H if H is not None else int(rng.choice([1, 2, 3, 8]))
+    D = D if D is not None else int(rng.choice([16, 32, 48, 64]))
+    d_v = d_v if d_v is not None else int(rng.choice([d for d in (16, 32, D) if d <= D]))
+    K = K if K is not None else int(rng.integers(1, 70))
+    S = S if S is not None else int(rng.integers(1, 300))
+    dtype = dtype if dtype is not None else (torch.bfloat16 if rng.random() < 0.6 else torch.float16)
+    g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    q = torch.randn(T, H, D, generator=g).to(dtype).to(dev)
+    kv = torch.randn(S, D, generator=g).to(dtype).to(dev)
+    idx = torch.tensor(rng.integers(0, S, size=(T, K)), dtype=INDEX_DTYPE)
+    idx[torch.tensor(rng.random((T, K)) < 0.15)] = PAD
+    lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=INDEX_DTYPE)
+    if T:
+        lens[torch.tensor(rng.random(T) < 0.1)] = 0
+    kw = {}
+    if rng.random() < 0.4:
+        kw["sink"] = torch.randn(H, generator=g).to(dev)
+    return (q, kv, idx.to(dev), lens.to(dev), float(1.0 / math.sqrt(D)), d_v), kw
+
+
+def records_case(rng: np.random.Generator, dev, *, kv_format: str | None = None, fp8: str | None = None,
+                 T: int | None = None, H: int | None = None, K: int | None = None, block_size: int | None = None,
+                 num_blocks: int | None = None, block_stride: int | None = None, sink: bool | None = None,
+                 scale: float = 1.0) -> Call:
+    """A ``sparse_mla`` call on a paged record cache (``_records``): random rows written as
+    ``kv_format`` records with vLLM's quantizer into a cache whose every other byte is random
+    garbage (page padding, block stride past the page), indices of slots with PAD holes inside
+    and past the length, tokens with nothing to read, optional sink. D_qk = d_v = 512, q bf16."""
+    fmt = _records.FORMATS[kv_format if kv_format is not None else str(rng.choice(list(_records.FORMATS)))]
+    fp8 = fp8 if fp8 is not None else str(rng.choice(fmt.fp8_flavours))
+    T = T if T is not None else int(rng.integers(0, 6))
+    H = H if H is not None else int(rng.choice([1, 2, 3, 8]))
+    K = K if K is not None else int(rng.integers(1, 50))
+    bs = block_size if block_size is not None else int(rng.choice([1, 4, 16, 64]))
+    nb = num_blocks if num_blocks is not None else int(rng.integers(1, 5)) + 64 // bs
+    page = bs * fmt.record_bytes
+    stride = block_stride if block_stride is not None else page + int(rng.choice([0, 0, 64, 576, 1000]))
+    g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    buf = torch.randint(0, 256, (nb, stride), generator=g, dtype=torch.uint8)  # garbage, not zeros
+    kv = buf.as_strided((nb, bs, fmt.record_bytes), (stride, fmt.record_bytes, 1))
+    S = nb * bs
+    rows = (torch.randn(S, HEAD_DIM, generator=g) * scale).to(torch.bfloat16)
+    _records.write(kv, rows, torch.arange(S), fmt.name, fp8)
+    q = torch.randn(T, H, HEAD_DIM, generator=g).to(torch.bfloat16)
+    idx = torch.tensor(rng.integers(0, S, size=(T, K)), dtype=INDEX_DTYPE)
+    idx[torch.tensor(rng.random((T, K)) < 0.15)] = PAD
+    lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=INDEX_DTYPE)
+    if T:
+        lens[torch.tensor(rng.random(T) < 0.1)] = 0
+    kw: dict = {"kv_format": fmt.name}
+    if not fmt.fp8_fixed or rng.random() < 0.5:
+        kw["fp8"] = fp8
+    if sink if sink is not None else rng.random() < 0.4:
+        kw["sink"] = torch.randn(H, generator=g).to(dev)
+    buf = buf.to(dev)
+    kv = buf.as_strided((nb, bs, fmt.record_bytes), (stride, fmt.record_bytes, 1))
+    return (q.to(dev), kv, idx.to(dev), lens.to(dev), float(1.0 / math.sqrt(HEAD_DIM)),
+            HEAD_DIM), kw
+
+
+def case(d: CaseDraw) -> Call:
+    """One call in four reads a paged record cache (every format and flavour), one in five asks
+    for no lse."""
+    rng = d.rng
+    if rng.random() < 0.25:
+        args, kw = records_case(rng, d.device)
+    else:
+        args, kw = rows_case(rng, d.device)
+    if rng.random() < 0.2:
+        kw["return_lse"] = False
+    return args, kw
+
+
+def compare(got, want, rtol: float = 1e-2) -> str | None:
+    """None when ``got`` matches the reference's ``want``: ``||out - want|| / ||want|| <= rtol``,
+    lse within ``10 rtol`` where finite and ``-inf`` at the same tokens, no NaN."""
+    (o, l), (wo, wl) = got, want
+    if wl is None or l is None:  # return_lse=False: (out, None)
+        if l is not None or wl is not None:
+            return f"lse {'None' if l is None else 'a tensor'}, expected {'None' if wl is None else 'a tensor'}"
+        l, wl = torch.zeros(o.shape[:2]), torch.zeros(wo.shape[:2])
+    o, l = o.float().cpu(), l.float().cpu()
+    wo, wl = wo.float().cpu(), wl.float().cpu()
+    if o.shape != wo.shape or l.shape != wl.shape:
+        return f"shape {tuple(o.shape)}/{tuple(l.shape)} != {tuple(wo.shape)}/{tuple(wl.shape)}"
+    if torch.isnan(o).any() or torch.isnan(l).any():
+        return "NaN in the output"
+    if not torch.equal(torch.isneginf(l), torch.isneginf(wl)):
+        return "lse = -inf at different tokens"
+    fin = torch.isfinite(wl)
+    err_o = (o - wo).norm() / wo.norm().clamp_min(1e-6)
+    err_l = (l[fin] - wl[fin]).abs().max().item() if fin.any() else 0.0
+    if err_o > rtol or err_l > rtol * 10:
+        return f"relative error {float(err_o):.3g} (out), max |dlse| {err_l:.3g}"
+    return None
+
+
+# its kernels compile in their own warmup hooks (``Variant.warmup``): nothing per call here
+OP = OpSpec(NAME, reference, validate, RESULTS, scalars={"sm_scale": "float", "d_v": "int", "kv_format": "str",
+                                                         "fp8": "str", "return_lse": "bool"},
+            case=case, compare=compare, index_layout="plain")

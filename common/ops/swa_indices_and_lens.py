@@ -15,6 +15,8 @@ from ._checks import (
     check_window,
 )
 from ._results import Results
+from ._spec import Call, OpSpec
+from ._steps import CaseDraw, WarmupStep
 
 NAME = "swa_indices_and_lens"
 
@@ -105,3 +107,33 @@ def _tokens(a) -> int | None:
 RESULTS = Results(("indices", "lens"), lambda a: {
     "indices": ((_tokens(a), a["W"] if a.get("index_width") is None else a["index_width"]), INDEX_DTYPE),
     "lens": ((_tokens(a),), INDEX_DTYPE)})
+
+
+def case(d: CaseDraw) -> Call:
+    """Index widths past W, a window of the batch's tokens, a valid mask, each at times."""
+    b, t, rng = d.batch, d.tensors, d.rng
+    width = b.W + int(rng.integers(0, 3))
+    n_tok = b.T + b.num_padded
+    kw: dict = {"index_width": width, "num_tokens": n_tok}
+    if rng.random() < 0.3:  # a window of the batch's tokens (vLLM's decode or prefill rows)
+        off = int(rng.integers(0, n_tok + 1))
+        n_tok -= off
+        kw.update(num_tokens=n_tok, token_offset=off)
+    if rng.random() < 0.3:
+        kw["valid"] = torch.tensor(rng.random(n_tok) < 0.8, device=d.device)
+    if d.poison:
+        kw["out"] = (d.out((n_tok, width), INDEX_DTYPE), d.out((n_tok,), INDEX_DTYPE))
+    return (t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, b.W, t["replay_start"]), kw
+
+
+def warmup(s: WarmupStep):
+    """With and without a valid mask."""
+    for valid in (None, s.valid):
+        yield ((s.qsl, s.seq, s.block_table, s.block_size, s.W, s.R),
+               dict(index_width=s.width, num_tokens=s.T_pad, valid=valid))
+
+
+OP = OpSpec(NAME, reference, validate, RESULTS, short="swa_idx",
+            scalars={"block_size": "int", "W": "int", "index_width": "int", "num_tokens": "int",
+                     "token_offset": "int"},
+            case=case, warmup=warmup)

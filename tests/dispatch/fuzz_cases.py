@@ -725,6 +725,22 @@ def backend_fns(name: str):
     raise ValueError(name)
 
 
+def for_backend(backend: str, op: str, label: str, args, kwargs, expect: str):
+    """``(args, kwargs, expect)`` of a case as ``backend`` takes it, or None when the case means
+    something else there (the custom ops' schemas and fake kernels)."""
+    if backend == "torch_ops":
+        if (op, label) in TENSOR_FORM or any(part in label for part in NOT_THE_TENSOR_FORMS):
+            return None
+        if label.endswith(":=True"):
+            # a custom op's schema turns a bool into an int, as torch does for every int argument
+            expect = "either"
+            name = label.split(":")[0]
+            bound = OPS[op].signature.bind(*args, **kwargs).arguments
+            bound[name] = 1
+            args, kwargs = _rebind(op, bound)
+    return args, kwargs, expect
+
+
 def main(argv: list[str]) -> int:
     backend, seed, start, count, per_op = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
     torch.set_num_threads(1)
@@ -733,17 +749,10 @@ def main(argv: list[str]) -> int:
     for i in range(start, min(len(cases), start + count)):
         op, label, args, kwargs, expect = cases[i]
         fn, ref = fns[op]
-        if backend == "torch_ops":
-            if (op, label) in TENSOR_FORM or any(part in label for part in NOT_THE_TENSOR_FORMS):
-                continue
-            if label.endswith(":=True"):
-                # a custom op's schema turns a bool into an int, as torch does for every int argument
-                expect = "either"
-                name = label.split(":")[0]
-                bound = OPS[op].signature.bind(*args, **kwargs).arguments
-                bound[name] = 1
-                args, kwargs = _rebind(op, bound)
-        res = run_case(op, fn, args, kwargs, expect, ref)
+        case = for_backend(backend, op, label, args, kwargs, expect)
+        if case is None:
+            continue
+        res = run_case(op, fn, *case, ref)
         print(json.dumps({"i": i, "op": op, "label": label, "expect": expect, **res}), flush=True)
     print(json.dumps({"done": True, "total": len(cases)}), flush=True)
     return 0

@@ -85,7 +85,8 @@ def test_fake_device_context_changes_current_device():
 
 
 def test_rocm_and_ascend_arch_parsing():
-    from swa_backends.common.device import ascend_arch, rocm_arch
+    from swa_backends.backends.ascend.device import ascend_arch
+    from swa_backends.backends.rocm.device import rocm_arch
 
     assert rocm_arch("gfx942:sramecc+:xnack-") == "gfx942"
     assert rocm_arch("gfx950") == "gfx950"

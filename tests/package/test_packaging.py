@@ -52,3 +52,18 @@ def test_no_stray_top_level_packages_importable(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_pyproject_lists_every_package_of_the_product():
+    """A new folder (a platform under backends/, a subpackage) ships only once pyproject.toml lists
+    it (setuptools cannot discover packages under a repository root that is itself the package):
+    this says which line is missing, without building a wheel."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {"swa_backends"} | {
+        "swa_backends." + ".".join(p.parent.relative_to(ROOT).parts)
+        for p in ROOT.rglob("__init__.py")
+        if p.parent != ROOT and p.relative_to(ROOT).parts[0] not in ("tests", "bench", "examples", "build")
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
+    assert not on_disk - listed, f"add to pyproject.toml's [tool.setuptools] packages: {sorted(on_disk - listed)}"
+    assert not listed - on_disk, f"pyproject.toml lists packages that do not exist: {sorted(listed - on_disk)}"

@@ -16,7 +16,7 @@ import swa_backends as sb
 from swa_backends.backends.ascend import constraints, npu_attention
 from swa_backends.testing.emulation.ascend import contract_doubles, npu_sparse_flash_mla_metadata
 from swa_backends.testing.emulation.ascend import npu_sparse_flash_mla as npu_double
-from swa_backends.common import device as device_mod
+from swa_backends.backends.ascend import device as device_mod
 from swa_backends.common import registry
 from swa_backends.testing.conformance import check_backend
 
@@ -31,19 +31,19 @@ C_MOD = "vllm_ascend.vllm_ascend_C"
                                        ("ascend:950", "950")])
 def test_soc_detection_through_torch_npu(soc, arch):
     with contract_doubles(soc):
-        info = device_mod._probe_npu(0)
+        info = device_mod.probe_npu(0)
     assert isinstance(info, sb.DeviceInfo) and info.arch == arch and info.torch_device == "npu:0"
 
 
 def test_missing_or_broken_torch_npu_is_a_reason(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-    assert device_mod._probe_npu() == "torch_npu is not installed"
+    assert device_mod.probe_npu() == "torch_npu is not installed"
     pkg = tmp_path / "torch_npu"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise OSError('libhccl.so: cannot open shared object file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        why = device_mod._probe_npu()
+        why = device_mod.probe_npu()
         assert why.startswith("import torch_npu failed: OSError: libhccl.so")
         registry.clear_probes()
         assert "libhccl.so" in registry.probe("vllm_ascend_sparse_flash_mla")

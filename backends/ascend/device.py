@@ -1,0 +1,55 @@
+"""Ascend devices: torch_npu's ``npu`` devices, named by SoC (``torch_npu.npu.get_soc_version()``).
+``torch_npu`` is imported here only, when an Ascend device is detected: without the CANN runtime
+its import fails (``libhccl.so``), and that is a reason, never a crash."""
+
+from __future__ import annotations
+
+from ...common.device import DeviceInfo
+
+# Ascend SoC version ranges of torch_npu.npu.get_soc_version() (PLATFORMS.md).
+SOCS = (
+    (range(200, 206), "310p", "Ascend 310P"),
+    (range(220, 226), "910b", "Ascend 910B (A2)"),
+    (range(250, 256), "910_93", "Ascend 910_93 (A3)"),
+    (range(260, 261), "950", "Ascend 950 (A5)"),
+)
+
+
+def ascend_arch(soc_version: int) -> tuple[str, str]:
+    for versions, arch, name in SOCS:
+        if soc_version in versions:
+            return arch, name
+    return f"soc{soc_version}", f"Ascend SoC {soc_version}"
+
+
+def probe_npu(index: int | None = None) -> DeviceInfo | str:
+    """An Ascend DeviceInfo, or the reason there is none."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed"
+    try:
+        import torch_npu  # noqa: F401  (registers the 'npu' device with torch)
+    except Exception as exc:  # CANN missing (libhccl.so) and friends
+        return f"import torch_npu failed: {type(exc).__name__}: {exc}"
+    try:
+        # torch_npu.npu is the module torch.npu aliases once torch_npu is imported.
+        if not torch_npu.npu.is_available():
+            return "torch_npu imported but no NPU is available"
+        soc = int(torch_npu.npu.get_soc_version())
+    except Exception as exc:
+        return f"torch_npu could not read the SoC version: {type(exc).__name__}: {exc}"
+    arch, name = ascend_arch(soc)
+    i = 0 if index is None else index
+    return DeviceInfo("ascend", arch, name, f"npu:{i}")
+
+
+def detect(index: int | None) -> DeviceInfo | str:
+    """NPU ``index`` (None: the current one), or why there is none."""
+    info = probe_npu(index)
+    return info if isinstance(info, DeviceInfo) else f"a usable Ascend NPU ({info})"
+
+
+def fake_arch(arch: str) -> tuple[str, None]:
+    """``ascend910b`` names the same device as ``910b``."""
+    return (arch[len("ascend"):] if arch.startswith("ascend") else arch), None
