@@ -19,6 +19,7 @@ import pytest
 from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_gluon_kernel_compiles_offline_for_sm90(python):

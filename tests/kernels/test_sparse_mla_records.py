@@ -706,6 +706,7 @@ def _ptxas(k, A) -> tuple[int | None, int | None]:
     return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_record_configs_compile_for_sm90_gfx942_gfx950(python):
