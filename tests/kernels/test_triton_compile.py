@@ -2,7 +2,7 @@
 gfx942 offline (no GPU), with every Triton the host has (this interpreter's, and e.g. the
 H200's Triton 3.6 in another venv: tests/helpers/_tritons.py): the CPU interpreter runs the
 kernels' Python, this runs Triton's compiler on them (tests/kernels/aot_compile.py, in its own
-process)."""
+process). Marked ``compile``: CI's compile stage (``python -m pytest -q -m compile``)."""
 
 from __future__ import annotations
 
