@@ -21,10 +21,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hel
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    try:  # Triton 3.6's interpreter on NumPy >= 2.4 (testing/interpreter.py)
-        from swa_backends.testing.interpreter import scalar_index_compat
+    try:  # testing/interpreter.py: Triton 3.6's interpreter on NumPy >= 2.4; sparse MLA's reductions at NumPy speed
+        from swa_backends.testing.interpreter import fast_reductions, scalar_index_compat
 
         scalar_index_compat()
+        fast_reductions()
     except ImportError:  # no Triton: the Triton tests skip with their reason
         pass
 from hypothesis import HealthCheck, settings

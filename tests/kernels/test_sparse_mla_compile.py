@@ -2,7 +2,8 @@
 every Triton the host has (this interpreter's, and e.g. the H200's Triton 3.6 in another
 venv: tests/helpers/_tritons.py): the shipped configs and the split-K decode path
 (tests/kernels/aot_compile_sparse_mla.py, in its own process: compiled mode). Triton 3.6 failed a
-pass on configs 3.9 compiled (on the H200), hence both."""
+pass on configs 3.9 compiled (on the H200), hence both. Marked ``compile``: CI's compile stage
+(``python -m pytest -q -m compile``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_sparse_mla_compiles_offline_for_sm90_and_gfx942(python):

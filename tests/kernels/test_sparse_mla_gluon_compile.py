@@ -4,7 +4,8 @@ Triton 3.6 named in SWA_EXTRA_TRITON_PYTHONS): with and without sink (the ws ker
 gather widths), within 227 KB of
 shared memory, without a register spill or a serialised wgmma (tests/kernels/aot_compile_sparse_mla_gluon.py
 --report, in its own process: compiled mode). Skipped, with the reason, where the Triton has
-no Gluon Hopper API. Also: their per-call scope on a faked sm90, their reasons in explain(),
+no Gluon Hopper API; marked ``compile`` (CI's compile stage, ``python -m pytest -q -m compile``). Also
+(in the main stage): their per-call scope on a faked sm90, their reasons in explain(),
 and that importing the pack imports no Gluon."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_gluon_kernel_compiles_offline_for_sm90(python):

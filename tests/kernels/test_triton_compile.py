@@ -2,7 +2,7 @@
 gfx942 offline (no GPU), with every Triton the host has (this interpreter's, and e.g. the
 H200's Triton 3.6 in another venv: tests/helpers/_tritons.py): the CPU interpreter runs the
 kernels' Python, this runs Triton's compiler on them (tests/kernels/aot_compile.py, in its own
-process)."""
+process). Marked ``compile``: CI's compile stage (``python -m pytest -q -m compile``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from _tritons import NO_TRITON, ids, pythons, run_compile_script
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 @pytest.mark.parametrize("python", pythons(), ids=ids)
 def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):

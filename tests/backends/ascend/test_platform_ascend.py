@@ -244,10 +244,12 @@ def test_contract_doubles_restore_everything():
     assert "triton_ascend" not in registry._PROBE_OVERRIDES
 
 
+@pytest.mark.compile
 @pytest.mark.skipif(NO_TRITON is not None, reason=str(NO_TRITON))
 def test_triton_ascend_kernels_compile_offline():
     """Triton's real compiler on every specialisation the random cases launch (the
-    interpreter runs only the Python): tests/backends/ascend/aot_compile_ascend.py, in its own process."""
+    interpreter runs only the Python): tests/backends/ascend/aot_compile_ascend.py, in its own process
+    (CI's compile stage)."""
     from pathlib import Path
 
     from _tritons import run_compile_script
