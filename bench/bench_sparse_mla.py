@@ -82,7 +82,7 @@ from lib import smoke
 
 smoke.use_interpreter()  # before anything imports Triton
 INTERPRET = smoke.interpreted()
-KERNELS = ("torch", "triton", "gluon", "gluon_ws", "default")
+KERNELS = ("torch", "triton", "gluon", "gluon_ws", "default", "validated")
 
 import swa_backends  # noqa: E402
 from lib import results, timing as tm  # noqa: E402
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         log("TRITON_INTERPRET=1 (CPU smoke run): only the torch baseline, the tl kernel (variant triton) and the "
             "CPU default path run; Gluon kernels do not run in Triton's interpreter. Numbers check the script, "
             "not the kernels.")
-    swa_backends.set_validation(False)  # value checks synchronise with the device: off on the timed path
+    swa_backends.set_validation(False)  # the timed hot path; the validated column turns it on for its own calls
     kernels = build_kernels(device_info, tdev, wanted)
     for name, k in kernels.items():
         if k.why_not:

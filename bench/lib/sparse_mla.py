@@ -128,8 +128,9 @@ class Kernel:
 def build_kernels(device_info, tdev, wanted) -> dict[str, Kernel]:
     """The columns in ``wanted`` among ``torch`` (:func:`torch_baseline`), ``triton`` (the tl
     kernel with its table config), ``gluon`` / ``gluon_ws`` (the Gluon variants: not under
-    Triton's interpreter) and ``default`` (``select(device).sparse_mla``, naming the variant it
-    ran), each with the reason it cannot run here where it cannot."""
+    Triton's interpreter), ``default`` (``select(device).sparse_mla`` with validation off, naming
+    the variant it ran) and ``validated`` (the same call with validation on: the default a user
+    gets), each with the reason it cannot run here where it cannot."""
     from swa_backends.kernels import sparse_mla as tl_mod
 
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -178,6 +179,16 @@ def build_kernels(device_info, tdev, wanted) -> dict[str, Kernel]:
             "default", call=lambda q, kv, i, l, s, dv, sink: backend.sparse_mla(q, kv, i, l, s, dv, sink=sink),
             label=lambda q, kv, i, l, s, dv, sink: backend.variant_for("sparse_mla", q, kv, i, l, s, dv, sink=sink),
             backend=backend)
+    if "validated" in wanted:  # what a user timing the default call as it comes gets: validation on
+        checked = swa_backends.select(device_info)
+
+        def validated(q, kv, i, l, s, dv, sink):
+            with swa_backends.validation(True):
+                return checked.sparse_mla(q, kv, i, l, s, dv, sink=sink)
+
+        out["validated"] = Kernel(
+            "validated", call=validated, backend=checked,
+            label=lambda q, kv, i, l, s, dv, sink: checked.variant_for("sparse_mla", q, kv, i, l, s, dv, sink=sink))
     return out
 
 

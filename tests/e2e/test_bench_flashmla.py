@@ -31,10 +31,12 @@ def test_smoke_as_started_from_the_checkout(tmp_path):
     assert res["meta"]["smoke"] is True and res["meta"]["device"] == "cpu"
     assert "TRITON_INTERPRET=1" in res["meta"]["unavailable"]["pack_gluon_ws"]
     assert set(res["meta"]["unavailable"]) == {"flashmla_direct", "pack_flashmla", "pack_gluon_ws"}
-    assert res["checks"] == {"pack_default/H16": {"ok": True, "why": None, "rel_err": 0.0}}
+    ok = {"ok": True, "why": None, "rel_err": 0.0}
+    assert res["checks"] == {"pack_default/H16": ok, "pack_default_validated/H16": ok}
     (cell,) = res["cells"]
     assert (cell["H"], cell["K"], cell["T"], cell["S"]) == (16, 64, 8, 1024) and not cell["errors"]
-    assert set(cell["ms"]) == {"torch", "pack_default"} and cell["default_variant"] == "reference"
+    assert set(cell["ms"]) == {"torch", "pack_default", "pack_default_validated"}
+    assert cell["default_variant"] == "reference"
     assert "| 16 / 64 / 8 / 1K |" in proc.stdout
 
 

@@ -37,16 +37,16 @@ def test_bench_smoke(tmp_path, capsys):
     assert all("TRITON_INTERPRET=1" in why for why in result["not_run"].values())
     assert "TRITON_INTERPRET=1" in stdout and "only the torch baseline, the tl kernel" in stdout
     checks = [c for c in result["correctness"] if c.get("ok") is not None]
-    assert {c["kernel"] for c in checks} >= {"torch", "triton", "default"} and all(c["ok"] for c in checks)
+    assert {c["kernel"] for c in checks} >= {"torch", "triton", "default", "validated"} and all(c["ok"] for c in checks)
     # the torch baseline is measured on its own, first, for every cell; every cell has each kernel and its ratio
     assert result["baseline"] and all("ms" in r for r in result["baseline"])
     assert result["table"]
     for row in result["table"]:
-        assert set(row["runs"]) == {"torch", "triton", "default"}, row["runs"]
+        assert set(row["runs"]) == {"torch", "triton", "default", "validated"}, row["runs"]
         assert all(r.get("tflops", 0) > 0 for r in row["runs"].values()), row["runs"]
         assert row["runs"]["triton"]["correct"] and row["runs"]["triton"]["label"].startswith("table ")
         assert row["runs"]["default"]["label"] == "reference"  # what dispatch runs on a CPU
-        assert set(row["vs_torch"]) == {"torch", "triton", "default"}
+        assert set(row["vs_torch"]) == {"torch", "triton", "default", "validated"}
     assert result["dispatch"]["chosen"] == ["reference"]
     # --smoke also runs a short tl config sweep and decode's split-K settings
     assert len(result["sweep"]) == 1 and {r["status"] for r in result["sweep"]} == {"ok"}
