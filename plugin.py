@@ -7,7 +7,7 @@ function for this pack. It is
 
 * idempotent: the ops are defined once per process; later calls return the same names;
 * cheap: it imports this package (numpy, PyYAML; torch is already loaded) and defines
-  the custom ops -- about 80 ms + 60 ms on this project's 2-core CI machine; no device
+  the custom ops (their cost: bench/README.md, "Host costs on the CPU"); no device
   query, no kernel build, no ``select()``: a backend is chosen for a device when the
   first op runs there;
 * vendor-free where there is no vLLM: no vLLM, vllm-ascend, torch_npu, Triton, FlashInfer
@@ -15,9 +15,10 @@ function for this pack. It is
 * the vLLM integration's installer: when vLLM is importable (it is, when vLLM calls this),
   :func:`swa_backends.integrations.vllm.install` registers the pack's DeepSeek-V4.1
   architecture (supported vLLM releases on CUDA and ROCm only, after importing the
-  integration's model module, ~50 ms on that machine, and checking the vLLM code it relies
-  on against the pinned release, 1-20 ms through unchanged files; nothing more of vLLM is
-  imported). It never raises: a failure is one warning and vLLM's own path;
+  integration's model module and checking the vLLM code it relies on against the pinned
+  release, which is quick through unchanged files; their costs are in bench/README.md's
+  "Host costs on the CPU"; nothing more of vLLM is imported). It never raises: a failure is
+  one warning and vLLM's own path;
 * switched off whole by ``SWA_BACKENDS_VLLM=0`` (or ``off``, ``false``, ``no``): no custom
   op is defined and vLLM is left untouched, with one log line.
 

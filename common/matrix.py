@@ -303,8 +303,9 @@ def parse_matrix(data: Any, source: str, variants: Mapping[str, Mapping[str, Var
 # ---------------------------------------------------------------------------------------
 
 #: Bounds on a matrix file, far above the shipped one (about 14 KB, 600 nodes, nested 7 deep):
-#: past them a file is refused before it costs time or memory. PyYAML's pure-Python loader
-#: spends about 0.1 ms a node on a busy 2-core CPU, so a file at the bounds loads in about a second.
+#: past them a file is refused before it costs time or memory. PyYAML's pure-Python loader is slow
+#: per node, so the node bound keeps a file at the bounds to about a second of loading on a busy
+#: CPU (bench/README.md, "Host costs on the CPU").
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 20
 MAX_NODES = 10_000

@@ -6,9 +6,8 @@ launch). Triton returns the compiled kernel, which :class:`Kernel` keeps under `
 key)``; later launches of that key call the compiled kernel's own launcher
 (``CompiledKernel.run``, Triton's code) with the same arguments ``JITFunction.run`` passes it,
 profiler launch hooks included. What that skips is Triton's per-call binding and
-specialisation, which costs about half the host time of a small launch (a whole
-``gather_replay_batch`` call: 45.9 µs through ``kernel[grid]``, 21.0 µs through the compiled
-launcher, on an H200 machine with torch 2.11 and Triton 3.6; ``bench/README.md``).
+specialisation, much of a small launch's host time (a whole ``gather_replay_batch`` call
+through each path: bench/README.md, "Metadata kernels" under "What was tried and measured").
 
 Skipping it is sound only because the pack's key fixes everything Triton specialises on:
 :func:`jit` declares every runtime ``int`` parameter ``do_not_specialize`` and every pointer
@@ -26,14 +25,15 @@ generated code: it reads each tensor's address and launches). Where calling it d
 hash of its source text (:data:`DIRECT_LAUNCHERS`: Triton 3.6's, which forwards every
 argument after two scratch buffers it allocates only when the kernel declares scratch), the
 kernel declares none, and no launch hook is set -- :class:`Kernel` calls the C launcher
-itself: on the H200 machine (torch 2.11, Triton 3.6) ``CompiledKernel.run``'s Python costs
-1.4-2.7 µs of a ``prepare_replay_step`` launch's host time above the C launcher's
-(``bench/exp_launch_cost.py``). It passes each tensor argument as its address
+itself, sparing ``CompiledKernel.run``'s Python. It passes each tensor argument as its address
 (``data_ptr()``): for a tensor the C launcher reads the address and asks the driver whether
-it is device memory (``cuPointerGetAttribute``), 2.8-5.8 µs for that launch's 21 pointers,
-of which reading the addresses in Python gives back about a third. That query catches only a
-host tensor (memory of another GPU passes it); the pack's validation checks every tensor's
-device, and a caller that turns validation off vouches for its inputs, as for their sizes.
+it is device memory (``cuPointerGetAttribute``), a query per pointer that costs more than
+reading the addresses in Python. Both were measured on a ``prepare_replay_step`` launch
+(``bench/experiments/exp_launch_cost.py``, ``bench/results/h200/exp_launch_cost.json``;
+bench/README.md, "The launch was what was left at the single-prefill steps"). That query
+catches only a host tensor (memory of another GPU passes it); the pack's validation checks
+every tensor's device, and a caller that turns validation off vouches for its inputs, as for
+their sizes.
 Any other Triton, a kernel with scratch, or a hook set: ``CompiledKernel.run``, as before.
 
 Which path each Triton gets (:func:`launch_path`): Triton 3.6 (the H200 machine's, torch 2.11)
@@ -215,7 +215,8 @@ class Kernel:
             get_device = driver.active.get_current_device
             if get_device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
                 # what it returns once CUDA is initialised (a kernel has just run), without
-                # its lazy-initialisation check: 0.2 µs instead of 0.5 (H200 machine, torch 2.11)
+                # its lazy-initialisation check: measured cheaper than torch.cuda.current_device
+                # (bench/README.md, "The launch was what was left at the single-prefill steps")
                 get_device = torch._C._cuda_getDevice
             try:
                 from triton.knobs import HookChain

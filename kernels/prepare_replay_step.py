@@ -36,14 +36,14 @@ from ._device import PAD, block_split, find_request, pow2_shift, write_graph_pad
 from ._launch import Kernel, jit
 from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
-#: A token program's tile, ``(tokens, window columns, warps)``, by the step's token count.
-#: Measured on one H200 (torch 2.11, Triton 3.6; ``bench/exp_prepare_config.py``, GPU µs with
-#: L2 warm, the step's launch alone): 8 tokens x 128 columns on 2 warps is the fastest tile
-#: tried from 4K tokens up (1x16K 9.1 against 10.3 for the 16 x 128 x 4 it replaced, 32x4K+128d
-#: 57.8 against 65.0); at 1K tokens, where 8-token tiles leave SMs idle and each program's lanes
-#: wait on their loads in turn, 8 x 64 on 4 warps (twice the programs, a quarter of the work per
-#: lane) is (5.3 against 5.6); at 2K the two tie. Each tile is its own compiled kernel: warmups
-#: launch every tile (:func:`forced_tile`).
+#: A token program's tile, ``(tokens, window columns, warps)``, by the step's token count,
+#: chosen from a sweep of tiles at the replay step's shapes (GPU time, L2 warm, the step's launch
+#: alone: ``bench/experiments/exp_prepare_config.py``, ``bench/results/h200/exp_prepare_config_sweep.json``;
+#: bench/README.md, "The token tile, chosen by the step's size"): 8 tokens x 128 columns on 2 warps
+#: was the fastest tile tried from 4K tokens up; at 1K tokens, where 8-token tiles leave SMs idle
+#: and each program's lanes wait on their loads in turn, 8 x 64 on 4 warps (twice the programs, a
+#: quarter of the work per lane) is faster; at 2K the two tie. Each tile is its own compiled
+#: kernel: warmups launch every tile (:func:`forced_tile`).
 SMALL_STEP_TOKENS = 1024
 SMALL_TILE = (8, 64, 4)
 TILE = (8, 128, 2)
@@ -336,4 +336,6 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
 
 
 _pow2_shift = functools.lru_cache(maxsize=64)(pow2_shift)
-_tuple_new = tuple.__new__  # a NamedTuple of every field: its generated __new__ costs 2.4x (CPython 3.11)
+# a NamedTuple of every field: its generated __new__ is a Python function around this same call
+# (bench/README.md, "Host costs on the CPU")
+_tuple_new = tuple.__new__

@@ -332,8 +332,8 @@ def _sparse_mla_fwd(
         # attended, so the gather's latency hides under the math: a record tile cannot take
         # the asynchronous copy into shared memory a bf16 tile takes (it is dequantized in
         # registers first), and the stages of Triton 3.6's pipeliner did not overlap them: the
-        # prefetch measured 1.0-1.8x at 16 heads on an H200 (at 64 heads V4 / MXFP8 lose
-        # registers to it, see RECORDS_TUNED)
+        # prefetch measured faster at 16 heads (at 64 heads V4 / MXFP8 lose registers to it, see
+        # RECORDS_TUNED; bench/README.md, "Sparse MLA on paged KV records")
         cols = start + offs_n
         idx = tl.load(idx_row + cols, mask=cols < end, other=-1)
         valid = idx >= 0
@@ -478,15 +478,15 @@ class Config:
 
 
 # Launch configs keyed by (platform, D_qk bucket, heads bucket); the first matching row
-# wins. cuda/512 rows, measured on an H200 (torch 2.11, Triton 3.6): 64 heads x 64 rows,
-# 8 warps, 2 stages = 209-233 TFLOP/s (Q 64 KB + 2 x 64 KB KV tiles = 197 KB of shared
-# memory, one program per SM); `bench/bench_sparse_mla.py --sweep` times the alternatives.
+# wins. cuda/512 rows: 64 heads x 64 rows, 8 warps, 2 stages (Q 64 KB + 2 x 64 KB KV tiles =
+# 197 KB of shared memory, one program per SM), chosen by `bench/bench_sparse_mla.py --sweep`,
+# which times the alternatives (bench/README.md, "What was tried and measured", tl kernel).
 TUNED: tuple[tuple[str, int, int, Config], ...] = (
     # platform, max D_qk, max heads, config
     ("cuda", 512, 16, Config(block_h=16, block_n=64, num_warps=4, num_stages=2)),
     ("cuda", 512, 32, Config(block_h=32, block_n=64, num_warps=8, num_stages=2)),  # 4 warps spill (sm_90a)
-    # H200, Triton 3.6: split_s 231-248 TFLOP/s at T 16K / K 640 vs 201-213 without; 32-row
-    # tiles with deeper pipelines 151-197 (the look-ahead did not pay).
+    # split_s measured faster than without it (Triton 3.6); 32-row tiles with deeper pipelines
+    # slower (the look-ahead did not pay): bench/README.md, "What was tried and measured".
     ("cuda", 512, 1 << 30, Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # ROCm: gfx942 has 64 KB of LDS per CU, so smaller tiles and one stage (not measured)
     ("rocm", 512, 1 << 30, Config(block_h=32, block_n=32, num_warps=8, num_stages=1)),
@@ -495,23 +495,23 @@ TUNED: tuple[tuple[str, int, int, Config], ...] = (
 )
 
 # Record caches (D = d_v = 512; each tile dequantized in registers before its MMAs), keyed by
-# (platform, max heads, formats). cuda rows: the fastest of a sweep on an H200 (torch 2.11,
-# Triton 3.6, K 640, T 256 and 4K, all three formats; bench/README.md), checked offline
-# against Triton 3.9's ptxas for sm90 (tests/kernels/test_sparse_mla_records.py prints
-# registers and spills).
+# (platform, max heads, formats). cuda rows: the fastest of a sweep (Triton 3.6, K 640, T 256
+# and 4K, all three formats: bench/experiments/sweep_records_configs.py,
+# bench/results/h200/sweep_records_configs.json; bench/README.md, "The record-config sweep"),
+# checked offline against Triton 3.9's ptxas for sm90 (tests/kernels/test_sparse_mla_records.py
+# prints registers and spills).
 RECORDS_TUNED: tuple[tuple[str, int, tuple[str, ...] | str, Config], ...] = (
-    # H200, Triton 3.6 (bench/sweep_records_configs.py). 16 heads, NVFP4: 8 warps x 32 records,
-    # the next tile prefetched, 1 stage: 1.3-1.8x the same tiles without the prefetch (64
-    # records spill 3 KB under Triton 3.9)
+    # 16 heads, NVFP4: 8 warps x 32 records, the next tile prefetched, 1 stage: faster than the
+    # same tiles without the prefetch (64 records spill 3 KB under Triton 3.9)
     ("cuda", 32, ("v41_nvfp4",), Config(block_h=16, block_n=32, num_warps=8, num_stages=1, prefetch=True)),
-    # 16 heads, V4 / MXFP8: 4 warps x 32 records, prefetched: 1.0-1.4x the same tiles without
+    # 16 heads, V4 / MXFP8: 4 warps x 32 records, prefetched: faster than the same tiles without
     ("cuda", 32, "*", Config(block_h=16, block_n=32, num_warps=4, num_stages=2, prefetch=True)),
-    # 64+ heads, NVFP4: 64 x 32 records, S split, prefetched, 1 stage: 1.0-1.2x the row below
+    # 64+ heads, NVFP4: 64 x 32 records, S split, prefetched, 1 stage: faster than the row below
     ("cuda", 1 << 30, ("v41_nvfp4",), Config(block_h=64, block_n=32, num_warps=8, num_stages=1, split_s=True,
                                                prefetch=True)),
-    # 64 heads x 64 records with S split across the warpgroups (the bf16 rows' config): 1.2-1.4x
-    # the 32-record tiles at T 4K and 1.2-1.3x at T 256 (spills on 3.9: 0-108 B); for V4 / MXFP8
-    # the best prefetched config measured 0.8-0.93x of this one (the prefetched bytes take registers)
+    # 64 heads x 64 records with S split across the warpgroups (the bf16 rows' config): faster
+    # than the 32-record tiles at T 4K and T 256 (spills on 3.9: 0-108 B); for V4 / MXFP8 every
+    # prefetched config measured slower than this one (the prefetched bytes take registers)
     ("cuda", 1 << 30, "*", Config(block_h=64, block_n=64, num_warps=8, num_stages=2, split_s=True)),
     # gfx942 (V4, the only record on ROCm; FNUZ converted natively): 32 heads x 16 records, 166
     # VGPRs, 32 KB LDS, no spill (gfx950, OCP: 156 VGPRs); 32 records spill (compiled offline,
@@ -530,11 +530,12 @@ def _platform(device: torch.device) -> str:
 # Calls of a few tokens: (platform, heads above, at most this many items = tokens x 64-head
 # blocks, KV formats ("rows" or record formats), config); D_qk 512. With so few items split-K
 # carries the parallelism, and 32-row tiles give twice the splits of the 64-row table rows (20
-# instead of 10 at K 640). H200, Triton 3.6, K 640, CUDA graphs (bench/exp_records_decode_tiles.py):
-# records V4 / MXFP8 at T 1 0.98-1.04x the bf16 table row (their own table row 0.86-0.93x), up to
-# 4 items 0.95-1.01x (0.85-0.94x), at 8 items and beyond the table row is faster in 16 of 18 cells;
-# bf16 rows 1.05-1.09x their table row up to 2 items, level at 4, slower beyond. NVFP4's table row
-# already has 32-record tiles (smaller ones and unprefetched ones measured slower).
+# instead of 10 at K 640). Chosen at K 640 in CUDA graphs (bench/experiments/exp_records_decode_tiles.py;
+# bench/results/h200/exp_records_decode_tiles.json, exp_records_decode_tiles_rows.json; bench/README.md,
+# "Calls of a few tokens"): the 32-record tiles beat V4 / MXFP8's table row up to 4 items and the table
+# row is faster from 8 on; for bf16 rows 32-row tiles are faster up to 2 items, level at 4, slower
+# beyond. NVFP4's table row already has 32-record tiles (smaller ones and unprefetched ones measured
+# slower).
 DECODE_TUNED: tuple[tuple[str, int, int, tuple[str, ...], Config], ...] = (
     ("cuda", 32, 4, ("v4_fp8", "v41_mxfp8"), Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True)),
     ("cuda", 32, 2, ("rows",), Config(block_h=64, block_n=32, num_warps=8, num_stages=2, split_s=True)),
@@ -615,8 +616,8 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     if cfg.splits is None:
         # split the index list only when the grid would leave SMs idle, and only as far as
         # one wave: a program holds ~200 KB of shared memory (one per SM), so programs x
-        # splits past the SM count run in a second wave (H200, T 32 x H 64: 5 splits 45.8 us,
-        # 4 splits 33.6 us)
+        # splits past the SM count run in a second wave, which measured slower than one wave of
+        # fewer splits (bench/README.md, "What was tried and measured", Decode)
         sms = _num_sms(device)
         splits = 1 if programs >= sms else max(1, sms // max(programs, 1))
     else:

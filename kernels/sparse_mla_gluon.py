@@ -9,8 +9,9 @@ tries the persistent warp-specialised kernel (``gluon_ws``, :mod:`.sparse_mla_gl
 first, this one next, then the ``triton`` kernel; this module also holds the scope check and
 the launcher both Gluon kernels share.
 
-Why Gluon: the ``tl`` kernel tops out near 240 TFLOP/s on the H200 (Triton 3.6) because
-Triton's pipeliner issues tile i+1's cp.async gather only after tile i's math. Here shared
+Why Gluon: the ``tl`` kernel's throughput on sm90 is capped by Triton's pipeliner, which
+issues tile i+1's cp.async gather only after tile i's math (Triton 3.6; bench/README.md,
+"What was tried and measured", tl kernel). Here shared
 memory, cp.async groups, waits, barriers and wgmma are explicit, so the gather of the next
 tile runs under the current tile's math:
 
@@ -128,7 +129,8 @@ def _sparse_mla_gluon_fwd(
     col_layout: gl.constexpr = gl.SliceLayout(0, ld_layout)
     # S [64, BN]: warpgroup w computes columns [w*BN/2, (w+1)*BN/2) (the row max and P are
     # exchanged across the warpgroups through shared memory); computing all of S in both
-    # warpgroups instead measured slower on the H200 (1/3 more Q K^T shared-memory reads)
+    # warpgroups instead measured slower (1/3 more Q K^T shared-memory reads; bench/README.md,
+    # "One-item Gluon kernel")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, BN // 2, 16])
     # acc [64, DV]: warpgroup w owns columns [w*DV/2, (w+1)*DV/2)
@@ -182,8 +184,8 @@ def _sparse_mla_gluon_fwd(
             # nothing else in flight: the proxy fence (cp.async writes -> wgmma reads) is free
             _fence_async_shared()
         # With gathers still in flight the fence is left out: fence.proxy.async compiles to
-        # MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S and the MEMBAR waits for them (H200: every
-        # 32-row config stalled); Triton 3.6's own pipeliner feeds wgmma from cp.async with
+        # MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S and the MEMBAR waits for them (every 32-row
+        # config stalled on sm90); Triton 3.6's own pipeliner feeds wgmma from cp.async with
         # wait + barrier only, as here (Triton 3.9 inserts the fence itself).
         _barrier()
         # gather tile i + NBUF - 1 into the buffer tile i-1 used
@@ -229,11 +231,12 @@ def _sparse_mla_gluon_fwd(
     inv = gl.convert_layout(1.0 / denom, o_row)
     o = (acc * gl.expand_dims(inv, 1)).to(dtype)
     # O leaves through KV buffer 0, so that a thread writes 16 bytes and a warp 512 contiguous
-    # bytes of a row, instead of the accumulator layout's 4 bytes a thread and 16 a row: same
-    # rounds, H200, torch 2.11, Triton 3.6 (bench/exp_gluon_store_ab.py), 1.07-1.12x the direct
-    # store over bench_flashmla's cells. The buffers are free once every warp is past its last
-    # P V and the masked look-ahead gather has landed (waited above); the barrier makes that
-    # true for all warps before the first write
+    # bytes of a row, instead of the accumulator layout's 4 bytes a thread and 16 a row: faster
+    # than the direct store in every one of bench_flashmla's cells, timed in the same rounds
+    # (bench/experiments/exp_gluon_store_ab.py, bench/results/h200/exp_gluon_store_ab.json;
+    # bench/README.md, "The one-item kernel's output store"). The buffers are free once every
+    # warp is past its last P V and the masked look-ahead gather has landed (waited above); the
+    # barrier makes that true for all warps before the first write
     _barrier()
     o_smem = kv_smem.index(0)
     o_smem.store(o)

@@ -8,23 +8,22 @@ run their own code and meet at mbarriers, instead of two warpgroups in lockstep 
 barriers; and the program is **persistent**: one per SM (the launcher's grid), each taking
 every grid-th item (token, 64-head block).
 
-Measured facts behind the design (one H200, torch 2.11, Triton 3.6; ``bench/README.md``):
+Measured facts behind the design (the numbers: bench/README.md, "Warp-specialised Gluon
+kernel" under "What was tried and measured" and "FlashMLA three ways"):
 
-* Why persistent: one item per program paid a fixed cost per token of about 1.35 pairs of
-  work (Q's load and the first tiles' gathers before any math, the epilogue after it; with
-  one program per SM nothing overlapped them): 302 TFLOP/s at H 64 / K 640 against 340 at
-  K 2048. Here the producer loads the next item's Q as soon as both consumers are past the
-  current item's last Q K^T (barrier ``QFREE``) and gathers its first tiles as their halves
-  free up, all under the current item's tail and epilogue: 379 against 281 TFLOP/s for one
-  item per program at H 64, 363 against 306 at H 128 (T 16K, K 640).
+* Why persistent: one item per program paid a fixed cost per token (Q's load and the first
+  tiles' gathers before any math, the epilogue after it; with one program per SM nothing
+  overlapped them), which showed as lower throughput at small K than at large K. Here the
+  producer loads the next item's Q as soon as both consumers are past the current item's last
+  Q K^T (barrier ``QFREE``) and gathers its first tiles as their halves free up, all under the
+  current item's tail and epilogue: faster than one item per program at 64 and 128 heads.
 * Why O leaves through shared memory: stored from the wgmma accumulator's layout, a warp
   instruction writes 16 bytes of each of 8 rows (4 bytes a thread): 4096 half-filled 32-byte
-  sectors per item. Timed against FlashMLA at K 640 and K 1152 (bench_flashmla's cells, T 16K),
-  the kernel matched its time per pair of tiles (3.8-4.0 us) but paid about 4.4 us per item
-  against FlashMLA's 1.4-2.1. Staged 64 columns at a time through the consumer's P slot (free at
-  the epilogue) and written 16 bytes a thread, 128 bytes a row: same run, H200, torch 2.11,
-  Triton 3.6, 1.06-1.16x the direct store over a 1M-row cache, 1.09-1.20x over a 16K-row one,
-  about 1.2 us per item left.
+  sectors per item. Timed against FlashMLA (bench_flashmla's cells), the kernel matched its
+  time per pair of tiles but paid a larger fixed cost per item. Staged 64 columns at a time
+  through the consumer's P slot (free at the epilogue) and written 16 bytes a thread, 128
+  bytes a row, it measured faster than the direct store in every cell, timed in the same
+  rounds, most of that cost per item gone.
 * Barrier phases run on across items (a count of the pairs and items before); the row sums
   are exchanged in slots that alternate between items (an item without pairs would
   otherwise overwrite a slot the other consumer has yet to read).
@@ -42,20 +41,19 @@ Per item:
   right 256 columns (``lo``/``hi``), each with its own *ready* and *free* barrier, so a half
   is refilled as soon as its last reader is done with it. A row's columns are spread over 16
   threads (256 contiguous bytes per warp instruction) when the cache is larger than L2, over 8
-  (128 bytes) when it fits (``wide_gathers``; the constexpr ``WIDE`` picks the producer): same
-  run, H200, Triton 3.6, the wide gathers 2.8% faster in geometric mean over a 1M-row cache
-  (up to 6% at H 128) and 3.2% slower over a 16K-row one, where the rows come from L2.
+  (128 bytes) when it fits (``wide_gathers``; the constexpr ``WIDE`` picks the producer): the
+  wide gathers measured faster over a 1M-row cache and slower over a 16K-row one, where the
+  rows come from L2.
 * with the wide gathers, the two programs of a token (its two 64-head blocks: adjacent items,
   so two SMs at the same time) would gather the same rows in step, the second's requests
   waiting on the first's DRAM misses. So an odd head block's buffers hold D's halves swapped
   (``lo`` = columns 256-511, Q's too; Q K^T sums over all of D, only the output's columns
   follow): each program asks first for the half the other asks for second, a quarter pair
-  later, from L2. Same run, H200, torch 2.11, Triton 3.6 (``bench_flashmla.py --variant``, the
-  unswapped kernel beside it): 1.002-1.023x the unswapped kernel at H 128 over the 1M-row cache,
-  H 128 / K 1152 there from 0.978 / 0.998x FlashMLA to 1.001 / 1.015x. Over a 16K-row cache
-  (narrow gathers, rows from L2) swapping measured 0.969-0.995x at H 128: not done there. Also
-  tried at H 128: the odd block one or two pairs ahead, wrapping round (2-5% slower); a token's
-  blocks on programs half the grid apart (no gain).
+  later, from L2. Timed beside the unswapped kernel in the same rounds (``bench/bench_flashmla.py
+  --variant``): faster at H 128 over the 1M-row cache. Over a 16K-row cache (narrow gathers,
+  rows from L2) swapping measured slower at H 128: not done there. Also tried at H 128: the odd
+  block one or two pairs ahead, wrapping round (slower); a token's blocks on programs half the
+  grid apart (no gain).
 * **consumer 0** (the default partition) computes ``S_A = Q K_A^T`` (all 64 columns: wgmma
   N = 64) while **consumer 1** computes ``S_B``. Consumer ``w`` owns ``acc[:, 256w : 256w+256]``
   (fp32, registers), so both read both tiles' V, each its own half of the columns.
@@ -72,11 +70,11 @@ Per item:
   refills the halves in the order they are freed: A lo, B hi, A hi, B lo.
 * measured against the schedule before (consumer 1 rescaled twice: to ``m_A`` for
   ``P_A V_A[:, hi]`` first, then to ``m_B``; halves refilled A lo, A hi, B hi, B lo; registers
-  232 / 232 / 40), same runs, bench_flashmla's cells (``bench_flashmla.py --variant``; H200,
-  torch 2.11, Triton 3.6): 3-7% faster over the L2-resident 16K-row cache, 0-5% slower over
-  the 1M-row cache, where a gather's latency is exposed and A hi is freed later in the pair
-  than before (the 216 / 216 / 72 registers gave 0-2% of the gain; what else was tried:
-  ``bench/README.md``).
+  232 / 232 / 40) in the same rounds over bench_flashmla's cells (``bench/bench_flashmla.py
+  --variant``): faster over the L2-resident 16K-row cache, slightly slower over the 1M-row
+  cache, where a gather's latency is exposed and A hi is freed later in the pair than before
+  (the 216 / 216 / 72 registers gave a small part of the gain; the numbers and what else was
+  tried: ``bench/README.md``).
 
 The row sums are kept per consumer and added once at the end. Needs a Triton whose Gluon has
 ``warp_specialize`` and mbarriers (3.6 and 3.9 both do). Imported only when the variant runs.
@@ -394,7 +392,7 @@ def _produce(Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
         # half each asks for next was asked for by the other a quarter pair before (an L2 hit, not a wait
         # on the same DRAM miss). Q K^T sums over all of D, so only the output's columns follow the swap
         # (_consume_item). Two bodies with constant column offsets: runtime offsets spilled the producer
-        # (Triton 3.6 and 3.9). Narrow gathers (rows from L2) do not swap: 0.969-0.995x at H 128 (H200)
+        # (Triton 3.6 and 3.9). Narrow gathers (rows from L2) do not swap: that measured slower at H 128
         if TPR == TPR_NARROW or hb % 2 == 0:
             _produce_item(Q, KV, IDX, H, t, hb, length, stride_qt, stride_qh, stride_kv, stride_it, q_smem,
                           kv_smem, bars, done, k, row_l, offs_c, 8 * TPR, 0)
@@ -539,9 +537,10 @@ _BUILT: set = set()
 def wide_gathers(kv: torch.Tensor) -> bool:
     """Whether the producer gathers 256 contiguous bytes of a row per warp instruction (16
     threads a row) instead of 128 (8 threads): when the cache ``kv`` spans more bytes than the
-    device's L2, so that its rows come from DRAM. Measured on one H200 (torch 2.11, Triton 3.6,
-    ``bench_flashmla.py --variant``, the two widths in the same rounds): the wide gathers 0-6%
-    faster over a 1M-row (1 GiB) cache, the narrow ones 2-4% faster over a 16K-row (16 MiB) one.
+    device's L2, so that its rows come from DRAM. The two widths timed in the same rounds
+    (``bench/bench_flashmla.py --variant``; bench/README.md, "FlashMLA three ways", the wide gathers):
+    the wide gathers faster over a 1M-row (1 GiB) cache, the narrow ones over a 16K-row
+    (16 MiB) one.
     The cache's size stands in for where its rows live: a large cache read in a few places
     would be better served narrow, which the kernel cannot know."""
     return kv.shape[0] * kv.stride(0) * kv.element_size() > l2_bytes_of(kv)

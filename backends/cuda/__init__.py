@@ -54,10 +54,10 @@ VENDOR: tuple[Variant, ...] = (
 )
 
 # First variant with no reasons wins; names not declared for an op are skipped. On sm90 the pack's
-# gluon_ws leads FlashMLA: measured faster on the H200 (bench/results/h200/bench_flashmla.json);
-# FlashMLA serves the calls gluon_ws does not take (decode-sized, H < 64, D_qk 576) and, per call, the
-# class where it measured faster (AHEAD below); of the decode-sized calls the tl kernel takes the smallest
-# (AHEAD), where its split-K measured faster.
+# gluon_ws leads FlashMLA: measured faster (bench/README.md, "FlashMLA three ways";
+# bench/results/h200/bench_flashmla.json); FlashMLA serves the calls gluon_ws does not take
+# (decode-sized, H < 64, D_qk 576) and, per call, the class where it measured faster (AHEAD below); of
+# the decode-sized calls the tl kernel takes the smallest (AHEAD), where its split-K measured faster.
 PRIORITY = {
     "sparse_mla": ("gluon_ws", "flashmla", "gluon", "flashinfer", "flashinfer_sm12x", "triton", "reference"),
     "*": ("triton", "reference"),

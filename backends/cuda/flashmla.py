@@ -73,13 +73,12 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="ro
     return why
 
 
-#: Where FlashMLA runs before the pack's gluon_ws (the ``AHEAD`` rule of the CUDA backend): measured
-#: on one H200 (bench/results/h200/bench_flashmla_ksweep.json, torch 2.11, Triton 3.6, T 4K), over a
-#: cache larger than L2 at 128 heads gluon_ws / FlashMLA: 1.020 (K 640), 1.012 (896), 1.004 (1152),
-#: 0.992 (1536), 1.003 (1792), 0.988 (2048); at K 1152 five timings in three runs (this sweep,
-#: bench_flashmla.json and the trials log, T 4K and 16K) 0.998-1.015, 1.004 on average. So FlashMLA
-#: first from K 1536, where the two are within about 1% and FlashMLA ahead at both ends of the range.
-#: At 64 heads (no rule) 0.991-0.997 from K 1152 to 2048 in this sweep, 0.999-1.011 in the one before.
+#: Where FlashMLA runs before the pack's gluon_ws (the ``AHEAD`` rule of the CUDA backend), chosen
+#: from a K sweep (bench/results/h200/bench_flashmla_ksweep.json; bench/README.md, "FlashMLA three
+#: ways", where the two cross over): over a cache larger than L2 at 128 heads gluon_ws leads at small
+#: K and the lead shrinks as K grows; from K 1536 the two are within the run-to-run spread and
+#: FlashMLA ahead at both ends of the range, so FlashMLA goes first there (at K 1152 gluon_ws stayed
+#: ahead on average over several runs). At 64 heads the sweeps disagreed within that spread: no rule.
 AHEAD_MIN_HEADS = 128
 AHEAD_MIN_K = 1536
 
@@ -101,11 +100,11 @@ def ahead_of_gluon_ws(q, kv, indices, lens, sm_scale, d_v, **_kw) -> str | None:
 
 #: Where the pack's portable tl kernel (variant ``triton``) runs before FlashMLA (the CUDA backend's
 #: second ``AHEAD`` rule): calls of a few tokens, which gluon_ws and gluon decline and FlashMLA would
-#: take. Measured on one H200 (bench/results/h200/bench_sparse_mla_decode.json, torch 2.11, Triton
-#: 3.6, K 640, 1M-row cache, CUDA-graph replay): FlashMLA's sparse prefill kernel takes 23.9-25.6 us
-#: from T 1 to T 32 at 64 and 128 heads; the tl kernel with its split-K takes 11.3 us at 1 item (token
-#: x 64-head block) and grows with the items: 21.2-21.5 us at 12 (T 12 at H 64, T 6 at H 128), 26.9-
-#: 27.0 us at 16 (T 16, T 8), where FlashMLA's 24.3-24.4 is faster. Only that K was measured.
+#: take. Chosen from decode-sized calls in CUDA graphs at K 640 over a 1M-row cache
+#: (bench/results/h200/bench_sparse_mla_decode.json; bench/README.md, "Decode sizes: the tl kernel
+#: or FlashMLA"): FlashMLA's sparse prefill kernel costs about the same from T 1 to T 32 (one program
+#: per token and 64-head block, below one wave), while the tl kernel's split-K grows with the (token,
+#: 64-head) items: faster than FlashMLA up to 12 items, slower from 16. Only that K was measured.
 TRITON_AHEAD_MAX_ITEMS = 12
 TRITON_AHEAD_MAX_K = 640
 

@@ -14,7 +14,7 @@ NAME = "plan_replay_batch"
 
 #: vLLM 0.33's ``CompilationConfig.decoder_replay_trim_threshold``: steps of fewer tokens are
 #: launch-bound, so the replay layers run on the whole batch (a trim would cost more host time
-#: than it saves: the decoder-side seed measured a 1K prompt's TTFT going from 56 to 110 ms)
+#: than it saves: the decoder-side seed's measurement, docs/SPEC.md §3.5)
 TRIM_THRESHOLD = 768
 #: the step's CUDA-graph mode, as vLLM's runtime mode names it
 STEP_GRAPH_MODES = ("none", "piecewise", "full")

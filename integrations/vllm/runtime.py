@@ -42,7 +42,8 @@ PREFER_ENV = "SWA_BACKENDS_VLLM_PREFER"
 
 
 #: batches of at most this many requests take the predictions' Python-list path (:func:`query_lens`):
-#: numpy costs ~0.5 µs per call on their tiny arrays (a single-prefill step's prediction took 4 µs in numpy)
+#: on their tiny arrays numpy's cost per call outweighs the work (bench/README.md, "Host costs on the
+#: CPU")
 SMALL_BATCH = 8
 
 
@@ -55,7 +56,8 @@ def backend_for(device) -> Backend:
 
 def _head(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t[:n]``, or ``t`` itself when it has exactly ``n`` rows (vLLM mostly hands
-    exact-size views; a slice is a new tensor object, ~1 µs of host time)."""
+    exact-size views; a slice is a new tensor object, which costs host time: bench/README.md,
+    "Host costs on the CPU")."""
     return t if t.shape[0] == n else t[:n]
 
 
@@ -274,7 +276,8 @@ def query_lens(query_start_loc_np: np.ndarray, num_reqs: int) -> list[int] | np.
     if num_reqs <= SMALL_BATCH:
         qsl = query_start_loc_np[: num_reqs + 1].tolist()
         return [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
-    return query_start_loc_np[1: num_reqs + 1] - query_start_loc_np[:num_reqs]  # np.diff: 3x the time
+    # not np.diff: it makes this same subtraction behind a Python wrapper
+    return query_start_loc_np[1: num_reqs + 1] - query_start_loc_np[:num_reqs]
 
 
 def predicted_split(query_lens: list[int] | np.ndarray, query_start_loc_np: np.ndarray, num_tokens: int,
@@ -439,7 +442,7 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     empty int32 ``no_groups`` and a dict ``views`` (kept: the first two's slices per batch
     size; under ``"gather_lens"`` that buffer's storage, which an answered call's tensor is set
     to). The outputs go to whole buffers (their leading rows written, SPEC §3.6): a slice is a new
-    tensor object, ~1 µs of host time each.
+    tensor object, which costs host time.
     Records the calls it answered; returns False (nothing launched, the pad still held) when
     the held pad is on other tensors."""
     step = _local.step

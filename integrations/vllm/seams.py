@@ -28,10 +28,10 @@ changed release by replacing one); otherwise from the module's file, parsed with
 it, so the check imports nothing from vLLM (``importlib.util.find_spec`` of a submodule would
 import its parents). Both give the same fingerprint for the same code (tested). A module whose
 file is byte for byte the pinned one (``FILES``) holds its seams without a parse, unless a live
-object under a seam's name is not the one that file defines. Cost, measured by
-``tests/integration/vllm/test_vllm_seams.py`` on this project's shared 2-core machine: the 0.33
-table (72 seams over 27 files) 1-2 ms through the unchanged files (``install()``: 1-30 ms),
-0.4-1.7 s parsing every file, ~1 s reading every live object.
+object under a seam's name is not the one that file defines: through unchanged files the check
+costs milliseconds, where parsing every file or reading every live object costs about a second
+(``tests/integration/vllm/test_vllm_seams.py`` prints each and bounds the unchanged-files check;
+bench/README.md, "Host costs on the CPU").
 
 ``python -m swa_backends.integrations.vllm.v0_33.seams`` (a release's table run as a script:
 :func:`report`) prints the installed vLLM's signature and fingerprint of every seam of that
