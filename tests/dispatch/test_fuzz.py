@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,23 @@ def test_fuzz(backend):
     report = "\n".join(f"{r['op']} {r['label']} (expect {r.get('expect')}): {r['outcome']}: {r['detail'][:200]}"
                        for r in bad[:30])
     assert not bad, f"{len(bad)} of {len(rows)} cases failed:\n{report}"
+
+
+#: README's Reliability line, with the counts of the last run (pytest runs this after the runs above)
+README_FUZZ = re.compile(
+    r"reference (\d+) calls \((\d+) clear errors, (\d+) correct\), Triton \(interpreter\) (\d+) \((\d+) / (\d+)\), "
+    r"custom ops (\d+) \((\d+) clear errors, (\d+) rejected by the op schema, (\d+) correct\)")
+
+
+def test_readme_quotes_this_runs_counts():
+    """README states the fuzz counts; they are this suite's (deterministic per seed and call
+    count), so a change to the cases shows up here until README says it."""
+    if set(RESULTS) != {"reference", "triton", "torch_ops"} or SEED != 0 or PER_OP != 2:
+        pytest.skip("the three backends' default runs did not all run in this session")
+    text = " ".join((HERE.parents[1] / "README.md").read_text().split())
+    m = README_FUZZ.search(text)
+    assert m, "README's Reliability section no longer states the fuzz counts in the expected form"
+    r, t, c = RESULTS["reference"], RESULTS["triton"], RESULTS["torch_ops"]
+    got = (sum(r.values()), r["clear"], r["ok"], sum(t.values()), t["clear"], t["ok"],
+           sum(c.values()), c["clear"], c["schema"], c["ok"])
+    assert tuple(int(x) for x in m.groups()) == got, f"README says {m.groups()}, this run {got}"

@@ -521,7 +521,9 @@ def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
     from swa_backends.kernels import _launch
 
     launched = {name for name, _ in _launch.LAUNCHED}
-    assert launched >= set(_launch.KERNELS), f"never launched: {set(_launch.KERNELS) - launched}"
+    # the pack's kernels (a benchmark run in this process may have registered a kernel of its own)
+    pack = {n for n, k in _launch.KERNELS.items() if getattr(k.fn, "fn", k.fn).__module__.startswith("swa_backends.")}
+    assert launched >= pack, f"never launched: {pack - launched}"
     after_warmup = set(_launch.LAUNCHED)
     # serving-like steps of other sizes, replaying and trimming, through every op
     rng = np.random.default_rng(99)
