@@ -39,7 +39,7 @@ from .common.platforms import Platform, get_platform, platforms
 from .common.registry import KV_FORMAT_OPS, Variant, declarations_version, load_attr
 from .common.validation import _env_default as _validation_default
 from .common.validation import _state as _validation_state
-from .common.validation import fail, one_read, validation_enabled
+from .common.validation import fail, one_read, validation_enabled, value_checks_enabled, values_on_device
 
 # ---------------------------------------------------------------------------------------
 # the declarations: every op's reference and every platform's variants
@@ -392,6 +392,13 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
     return row, fallback, chains, table
 
 
+def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
+    """A call whose device value check failed: the host checks raise its ``ValueError``."""
+    validate(*args, **kwargs)
+    raise ValueError(f"{op}: a value check on the device failed and the same check on the host passed: an input "
+                     "changed during the call (written by another stream or thread?)")
+
+
 def _checks(v: Variant) -> tuple[str, ...]:
     """What a call must satisfy for a per-call variant to take it (``Variant.input_reasons``)."""
     if not v.per_call:
@@ -404,7 +411,9 @@ def _checks(v: Variant) -> tuple[str, ...]:
         parts.append("data dtype in (" + ", ".join(str(d).replace("torch.", "") for d in v.dtypes) + ")")
     if v.input_check is not None:
         parts.append(f"{v.input_check} gives no reason")
-    return ("takes a call where " + "; ".join(parts),)
+    gated = (f"validated calls: the value checks run on the device ({OPS[v.op].gate}) and it is launched "
+             "behind them, gated on their flag, with no wait between",) if v.gated and OPS[v.op].gate else ()
+    return ("takes a call where " + "; ".join(parts),) + gated
 
 
 def _input_checks(device: DeviceInfo) -> dict[str, str]:
@@ -661,18 +670,38 @@ class Backend(_Declared):
                 return impl(*args, **kwargs)
         else:
             checked = self.checked
+            # a validated call picked for a gated variant does not wait for its value checks: they
+            # run on the device (spec.gate) and the variant is launched behind them (Variant.gated)
+            gate_fn = spec.gate if checked and spec.gate and any(v.gated for v in chain) else None
 
             def call(*args, **kwargs):
                 tried: tuple[str, ...] = ()
-                v = None
+                v = gate = None
                 if checked and validation_enabled():
-                    with one_read():  # the pick, host work too, before the one device read
-                        validate(*args, **kwargs)
-                        v = self._pick(op, args, kwargs)
+                    if gate_fn is not None and value_checks_enabled():  # values readable: no capture
+                        with values_on_device():  # the host checks now, the values on the device
+                            validate(*args, **kwargs)
+                            v = self._pick(op, args, kwargs)
+                        if v.gated:
+                            gate = load_attr(gate_fn)(*args, **kwargs)
+                        else:
+                            validate(*args, **kwargs)  # an ungated pick: the values read now
+                    else:
+                        with one_read():  # the pick, host work too, before the one device read
+                            validate(*args, **kwargs)
+                            v = self._pick(op, args, kwargs)
                 while True:
                     if v is None:
                         v = self._pick(op, args, kwargs, tried)
                     try:
+                        if gate is not None and v.gated:
+                            result = v.load()(*args, gate=gate.flag, **kwargs)
+                            if gate.failed():  # the kernel computed nothing; the host checks say why
+                                _raise_checked(op, validate, args, kwargs)
+                            return result
+                        if gate is not None and gate.failed():  # a gated pick could not build: check first
+                            _raise_checked(op, validate, args, kwargs)
+                        gate = None
                         return v.load()(*args, **kwargs)
                     except KernelUnavailable as exc:
                         self._failed(op, v, exc)

@@ -154,7 +154,10 @@ class Variant:
     probes checked instead of ``requires`` when it runs emulated (None: ``requires``; e.g.
     Triton kernels for triton-ascend need triton-ascend on an NPU but only Triton's
     interpreter on a CPU); ``warmup``: ``"module:attr"`` called by ``Backend.warmup()`` to
-    compile what the serving path launches.
+    compile what the serving path launches; ``gated``: its implementation takes ``gate=``, the
+    device flag of the op's value checks run on the device (``OpSpec.gate``): a validated call
+    launches it right behind them instead of waiting for their read (it computes nothing when
+    the flag is set, and dispatch raises the host checks' ``ValueError``).
 
     ``kv_formats`` (ops of :data:`KV_FORMAT_OPS`): the ``kv_format`` values it reads, an entry
     ``"v4_fp8"`` for every FP8 flavour of the format or ``"v4_fp8/e4m3fn"`` for one; ``None``:
@@ -181,6 +184,7 @@ class Variant:
     emulated_requires: tuple[str, ...] | None = None
     warmup: str | None = None
     kv_formats: tuple[str, ...] | str | None = None
+    gated: bool = False
     description: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 

@@ -103,9 +103,24 @@ def _capturing() -> bool:
 
 def value_checks_enabled() -> bool:
     """Validation is on and reading tensor values is allowed (no graph capture; asked once per
-    :func:`one_read` block)."""
+    :func:`one_read` block) and not left to a device pass (:func:`values_on_device`)."""
+    if getattr(_state, "on_device", False):
+        return False
     capturing = getattr(_state, "capturing", None)
     return validation_enabled() and not (_capturing() if capturing is None else capturing)
+
+
+@contextlib.contextmanager
+def values_on_device() -> Iterator[None]:
+    """Inside, validators run their host checks (shapes, dtypes, devices, scalars, overlaps) and
+    skip their value checks: the caller checks the values on the device instead (``OpSpec.gate``)
+    and, when that check fails, runs the validator again outside for its ``ValueError``."""
+    previous = getattr(_state, "on_device", False)
+    _state.on_device = True
+    try:
+        yield
+    finally:
+        _state.on_device = previous
 
 
 def fail(op: str, name: str, value: object, expected: str) -> None:

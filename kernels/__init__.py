@@ -77,9 +77,11 @@ def _kernel(module: str):
 
 
 def gluon_ws_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
-                        return_lse=True):
-    """Variant ``gluon_ws``: :mod:`swa_backends.kernels.sparse_mla_gluon_ws`."""
-    return _rows_kernel("sparse_mla_gluon_ws", q, kv, indices, lens, sm_scale, d_v, sink=sink, return_lse=return_lse)
+                        return_lse=True, gate=None):
+    """Variant ``gluon_ws``: :mod:`swa_backends.kernels.sparse_mla_gluon_ws` (gated: ``gate`` the
+    flag of :mod:`swa_backends.kernels.sparse_mla_check`)."""
+    out, lse = _kernel("sparse_mla_gluon_ws")(q, kv, indices, lens, sm_scale, d_v, sink=sink, gate=gate)
+    return out, (lse if return_lse else None)
 
 
 def gluon_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None,
@@ -92,7 +94,7 @@ def gluon_sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_forma
 GLUON: tuple[Variant, ...] = (
     Variant(
         op="sparse_mla", name="gluon_ws", impl="swa_backends.kernels:gluon_ws_sparse_mla",
-        requires=("triton", "gluon_ws"), warmup="swa_backends.kernels.sparse_mla_gluon_ws:warmup",
+        requires=("triton", "gluon_ws"), warmup="swa_backends.kernels.sparse_mla_gluon_ws:warmup", gated=True,
         description="persistent warp-specialised Gluon kernel (Hopper wgmma + mbarriers; D 512, H >= 64, "
                     "prefill-sized calls)",
         **_GLUON,

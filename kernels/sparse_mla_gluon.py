@@ -304,10 +304,11 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
 
 
 def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale, d_v, sink, out, lse,
-           *, warmup: bool = False):
+           *, warmup: bool = False, gate=None):
     """Run (``warmup``: only compile, returning the compiled kernel) one of the two Gluon
     kernels into ``out``/``lse``; both take the same runtime arguments, the persistent one
-    also the item count. Inputs were validated and passed :func:`input_check`."""
+    also the item count and a gate flag (``gate``; unread unless ``meta["GATED"]``: ``lens``
+    stands in). Inputs were validated and passed :func:`input_check`."""
     T, H, D = q.shape
     num_hb = triton.cdiv(H, BLOCK_H)
     args = (q, kv, indices, lens, sink if sink is not None else lse, out, lse,
@@ -316,7 +317,7 @@ def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale,
             float(sm_scale) * LOG2E)
     grid = (T * num_hb,)
     if persistent:  # one program per SM, each over every grid-th (token, head block)
-        args = args + (T * num_hb,)
+        args = args + (T * num_hb, gate if gate is not None else lens)
         if q.is_cuda:  # offline compiles pass CPU tensors: the grid does not matter there
             grid = (max(1, min(T * num_hb, num_sms(cuda_index(q)))),)
     if warmup:
@@ -325,7 +326,8 @@ def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale,
     return None
 
 
-def run(name: str, kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale, d_v, sink, built: set):
+def run(name: str, kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale, d_v, sink, built: set,
+        *, gate=None):
     """``(out, lse)`` through a Gluon kernel. The first call of a specialisation compiles it
     alone; a compiler failure raises :class:`KernelUnavailable` before anything is launched
     (dispatch then runs the next variant)."""
@@ -339,7 +341,7 @@ def run(name: str, kernel, meta: dict, persistent: bool, q, kv, indices, lens, s
     lens = lens.contiguous()
     sink = sink.contiguous() if sink is not None else None
     build(name, kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse, built)
-    launch(kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse)
+    launch(kernel, meta, persistent, q, kv, indices, lens, sm_scale, d_v, sink, out, lse, gate=gate)
     return out, lse
 
 

@@ -486,9 +486,9 @@ def _sparse_mla_gluon_ws_fwd(
     Q, KV, IDX, LENS, SINK, OUT, LSE,
     H, NUM_HB,
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
-    qk_scale, NUM_ITEMS,
+    qk_scale, NUM_ITEMS, GATE,
     HAS_SINK: gl.constexpr, REGS_1: gl.constexpr, REGS_P: gl.constexpr, WIDE: gl.constexpr,
-    num_warps: gl.constexpr,
+    GATED: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(num_warps == 4, "the default partition is consumer 0, one warpgroup")
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -513,7 +513,13 @@ def _sparse_mla_gluon_ws_fwd(
         mbarrier.init(bars.index(_LBAR + i), count=1)
     mbarrier.init(bars.index(_QFREE), count=2)
 
-    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, NUM_ITEMS,
+    # GATED: a validated call (kernels/sparse_mla_check.py) launched behind its device check, whose
+    # flag GATE is nonzero when a value is out of range: then every program has no item, and the
+    # kernel reads no index and writes nothing (the host raises the ValueError). Ungated: GATE unread.
+    items = NUM_ITEMS
+    if GATED:
+        items = NUM_ITEMS * (gl.load(GATE) == 0).to(gl.int32)
+    args = (Q, KV, IDX, LENS, SINK, OUT, LSE, H, NUM_HB, items,
             stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt, qk_scale,
             q_smem, kv_smem, p_smem, ml_smem, l_smem, bars, HAS_SINK, WIDE)  # SWAPPED: as the producer
     if WIDE:
@@ -546,16 +552,18 @@ def wide_gathers(kv: torch.Tensor) -> bool:
     return kv.shape[0] * kv.stride(0) * kv.element_size() > l2_bytes_of(kv)
 
 
-def _meta(has_sink: bool, wide: bool) -> dict:
-    return dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], WIDE=wide, num_warps=4,
-                maxnreg=MAXNREG)
+def _meta(has_sink: bool, wide: bool, gated: bool = False) -> dict:
+    return dict(HAS_SINK=has_sink, REGS_1=WORKER_REGS[0], REGS_P=WORKER_REGS[1], WIDE=wide, GATED=gated,
+                num_warps=4, maxnreg=MAXNREG)
 
 
-def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None):
+def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, gate=None):
     """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)`` through the persistent warp-specialised
-    kernel (variant ``gluon_ws``): same signature and semantics as the reference."""
-    return _shared.run("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink is not None, wide_gathers(kv)), True, q, kv,
-                       indices, lens, sm_scale, d_v, sink, _BUILT)
+    kernel (variant ``gluon_ws``): same signature and semantics as the reference. ``gate``: a
+    device int32 flag written by the call's device check before this launch (nonzero: compute
+    nothing; see :mod:`swa_backends.kernels.sparse_mla_check`)."""
+    return _shared.run("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink is not None, wide_gathers(kv), gate is not None),
+                       True, q, kv, indices, lens, sm_scale, d_v, sink, _BUILT, gate=gate)
 
 
 def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_sink=(False, True),
@@ -564,8 +572,10 @@ def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_
     counts, dtypes and sink settings whose prefill-sized calls ``backend`` sends to this kernel
     (none where a variant before it, e.g. vLLM's FlashMLA, takes them). The serving cache is
     larger than L2 (wide gathers) while the warm-up calls of the other hooks use small caches
-    (narrow ones), and a serving call must not be the one that compiles. Unknown keyword
-    arguments (other hooks') are ignored. Returns the ops it compiled for."""
+    (narrow ones), and a serving call must not be the one that compiles. A validating backend
+    (``backend.checked``) also gets the gated kernels and the device check they run behind
+    (:mod:`swa_backends.kernels.sparse_mla_check`), which its validated calls launch. Unknown
+    keyword arguments (other hooks') are ignored. Returns the ops it compiled for."""
     if not backend.device.runnable or "gluon_ws" not in backend.variants.get("sparse_mla", ()):
         return []
     dev = torch.device(backend.device.torch_device)
@@ -585,7 +595,12 @@ def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_
                 if backend.variant_for("sparse_mla", q, kv, idx, lens, 1.0 / D ** 0.5, D, sink=sink) != "gluon_ws":
                     continue  # a variant before it serves these calls: nothing of this kernel would run
                 for wide in (False, True):
-                    _shared.build("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink_on, wide), True, q, kv, idx, lens,
-                                  1.0 / D ** 0.5, D, sink, out, lse, _BUILT)
+                    for gated in (False, True) if backend.checked else (False,):
+                        _shared.build("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink_on, wide, gated), True, q, kv,
+                                      idx, lens, 1.0 / D ** 0.5, D, sink, out, lse, _BUILT)
+                if backend.checked:
+                    from . import sparse_mla_check
+
+                    sparse_mla_check.gate(q, kv, idx, lens, 1.0 / D ** 0.5, D, sink=sink).failed()
                 ran = ["sparse_mla"]
     return ran

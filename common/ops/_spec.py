@@ -46,7 +46,11 @@ class OpSpec(Generic[P, R]):
     runner, the fuzz suite); ``warmup(step)``: the calls on a small serving step that launch every
     specialisation of its kernels (``Backend.warmup``; None: nothing to compile ahead);
     ``compare(got, want, rtol)``: why a result differs from the reference's, None when it matches
-    (None: exact equality); ``index_layout``: the index layout its reference reads (attention).
+    (None: exact equality); ``index_layout``: the index layout its reference reads (attention);
+    ``gate``: ``"module:attr"`` of a function with the reference's signature that launches the
+    validator's value checks as one device pass and returns a ``Gate`` (its ``flag`` for the
+    op's ``gated`` variants, ``failed()`` waiting for the check alone); only for an op that
+    writes no caller buffer (a gated variant computes into fresh results).
 
     As a class attribute (``Ops``) it declares a typed method: on an instance, a callable with
     the reference's signature (the instance prepares it: ``Backend``).
@@ -63,6 +67,7 @@ class OpSpec(Generic[P, R]):
     warmup: Callable[[WarmupStep], Iterable[Call]] | None = None
     compare: Callable[[Any, Any, float], str | None] | None = None
     index_layout: str | None = None
+    gate: str | None = None
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.reference).parameters

@@ -276,4 +276,5 @@ def compare(got, want, rtol: float = 1e-2) -> str | None:
 # its kernels compile in their own warmup hooks (``Variant.warmup``): nothing per call here
 OP = OpSpec(NAME, reference, validate, RESULTS, scalars={"sm_scale": "float", "d_v": "int", "kv_format": "str",
                                                          "fp8": "str", "return_lse": "bool"},
-            case=case, compare=compare, index_layout="plain")
+            case=case, compare=compare, index_layout="plain",
+            gate="swa_backends.kernels.sparse_mla_check:gate")

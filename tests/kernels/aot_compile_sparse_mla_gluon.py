@@ -91,13 +91,13 @@ def main(argv: list[str]) -> int:
     failures: list[str] = []
     count = 0
 
-    def compile_offline(fn, name, sink_on, args, kwargs, wide=None):
+    def compile_offline(fn, name, sink_on, args, kwargs, wide=None, gated=False):
         nonlocal count
         k, seconds = aot_compile.compile_specialised(fn, target, aot_compile.specialise(fn, target, args, kwargs),
                                                      source=GluonASTSource)
         count += 1
         shared = k.metadata.shared
-        label = f"{name}{' sink' if sink_on else ''}{' wide' if wide else ''}"
+        label = f"{name}{' sink' if sink_on else ''}{' wide' if wide else ''}{' gated' if gated else ''}"
         extra = ""
         if report:
             extra, stores = _report(k)
@@ -127,9 +127,11 @@ def main(argv: list[str]) -> int:
 
     kernels = {"gluon": (G._sparse_mla_gluon_fwd, "sparse_mla"), "gluon_ws": (WS._sparse_mla_gluon_ws_fwd, "sparse_mla")}
     real_wide = WS.wide_gathers
-    plan = [("gluon", sink_on, None) for sink_on in (False, True)]
-    plan += [("gluon_ws", sink_on, wide) for wide in (False, True) for sink_on in (False, True)]
-    for name, sink_on, wide in plan:
+    plan = [("gluon", sink_on, None, False) for sink_on in (False, True)]
+    plan += [("gluon_ws", sink_on, wide, False) for wide in (False, True) for sink_on in (False, True)]
+    # the validated call's specialisations (behind its device check): one per gather width
+    plan += [("gluon_ws", True, False, True), ("gluon_ws", False, True, True)]
+    for name, sink_on, wide, gated in plan:
         fn = kernels[name][0]
         H, T = 128, 2
         q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
@@ -138,20 +140,22 @@ def main(argv: list[str]) -> int:
         lens = torch.full((T,), 640, dtype=torch.int32)
         sink = torch.zeros(H) if sink_on else None
         saved = fn.warmup
-        fn.warmup = (lambda *a, grid, fn=fn, name=name, sink_on=sink_on, wide=wide, **kw:  # noqa: E731
-                     compile_offline(fn, name, sink_on, a, kw, wide))
+        fn.warmup = (lambda *a, grid, fn=fn, name=name, sink_on=sink_on, wide=wide, gated=gated, **kw:  # noqa: E731
+                     compile_offline(fn, name, sink_on, a, kw, wide, gated))
         module = WS if name == "gluon_ws" else G
         WS.wide_gathers = real_wide if wide is None else (lambda kv, wide=wide: wide)  # CPU tensors: no L2 to ask
         try:  # the variant itself: its first call compiles (warmup) before it launches
             module._BUILT.clear()
-            module.sparse_mla(q, kv, idx, lens, 0.04, 512, sink=sink)
+            gate = {"gate": torch.zeros(1, dtype=torch.int32)} if gated else {}
+            module.sparse_mla(q, kv, idx, lens, 0.04, 512, sink=sink, **gate)
         except Exception as exc:  # a compile error is the finding
             if isinstance(exc.__cause__, _Compiled):  # the variant turned it into KernelUnavailable
                 continue
             msg = str(exc).strip().splitlines()
             if os.environ.get("SWA_AOT_TRACE"):
                 traceback.print_exc()
-            failures.append(f"{name}{' sink' if sink_on else ''}{' wide' if wide else ''}: {type(exc).__name__}: "
+            failures.append(f"{name}{' sink' if sink_on else ''}{' wide' if wide else ''}{' gated' if gated else ''}: "
+                            f"{type(exc).__name__}: "
                             f"{' | '.join(msg[-6:])[:1500] if msg else ''}")
             print(f"cuda:90 [{name}] FAILED: {failures[-1]}", flush=True)
         finally:

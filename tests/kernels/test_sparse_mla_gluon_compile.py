@@ -31,12 +31,13 @@ def test_gluon_kernel_compiles_offline_for_sm90(python):
     fails = [line for line in out.stderr.splitlines() if line.startswith("FAIL")]
     assert out.returncode == 0, f"Triton {version}: " + "\n".join(fails) + out.stdout[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[-1] == "compiled 6", lines[-1]
+    assert lines[-1] == "compiled 8", lines[-1]
     every = [ln for ln in lines if ln.startswith("cuda:90 _sparse_mla_gluon")]
     ws = [ln for ln in every if "[gluon_ws" in ln]
     one = [ln for ln in every if "[gluon_ws" not in ln]
-    assert len(ws) == 4 and len(one) == 2, every  # each without and with a sink; ws with both gather widths
-    assert sum(" wide]" in ln for ln in ws) == 2, ws
+    # each without and with a sink; ws with both gather widths, and gated (a validated call) once per width
+    assert len(ws) == 6 and len(one) == 2, every
+    assert sum(" wide" in ln for ln in ws) == 3 and sum(" gated]" in ln for ln in ws) == 2, ws
     for ln in ws:
         # each consumer warpgroup: S at wgmma N 64 (64x64x16) and P V at N 256; fits; no
         # ptxas serialisation; no spills
@@ -134,6 +135,7 @@ G.build = lambda name, kernel, meta, persistent, q, kv, idx, lens, scale, d_v, s
 class Backend:  # dispatch sends a prefill-sized call to first(q)
     def __init__(self, first, chain=("flashmla", "gluon_ws", "gluon", "triton", "reference"), runnable=True):
         self.device = types.SimpleNamespace(runnable=runnable, torch_device="cpu")
+        self.checked = False  # serving's backend (a validating one also builds the gated kernels: test_gated_validation)
         self.variants = {"sparse_mla": chain}
         self.first = first
     def variant_for(self, op, q, kv, idx, lens, scale, d_v, sink=None):

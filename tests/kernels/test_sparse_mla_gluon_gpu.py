@@ -204,3 +204,37 @@ def test_a_kernel_that_fails_to_build_is_a_reason_and_the_next_variant_runs(mods
     with pytest.raises(KernelUnavailable):
         ws.sparse_mla(*args, **kw)
     warnings.resetwarnings()
+
+
+def test_validated_default_call_is_gated(mods, cache):
+    """The validated default call (``select("cuda")``) on a gluon_ws call: its value checks run on
+    the device ahead of the kernel (gated), with the unvalidated call's results; a poisoned
+    index, length or sink gives the host checks' own ``ValueError``, and the gated kernel, which
+    ran behind the failed check, read nothing: the poisoned index lies terabytes past the cache,
+    and the device is still healthy afterwards (a read there would fault the context)."""
+    from swa_backends.common.ops import OPS
+
+    checked, unchecked = select("cuda"), select("cuda", checked=False)
+    for sink in (False, True):
+        args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=sink, seed=11)
+        assert checked.variant_for("sparse_mla", *args, **kw) == "gluon_ws"
+        got = _poison(lambda: checked.sparse_mla(*args, **kw))
+        want = unchecked.sparse_mla(*args, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        check(got, args, kw)
+    args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=True, seed=12)
+    q, kv, idx, lens, scale, dv = args
+    bad_idx, bad_lens, bad_sink = idx.clone(), lens.clone(), kw["sink"].clone()
+    bad_idx[150, 600] = 2**31 - 1
+    bad_lens[7] = idx.shape[1] + 1
+    bad_sink[5] = float("nan")
+    for a, k in (((q, kv, bad_idx, lens, scale, dv), kw), ((q, kv, idx, bad_lens, scale, dv), kw),
+                 (args, {"sink": bad_sink})):
+        with pytest.raises(ValueError) as exc:
+            checked.sparse_mla(*a, **k)
+        with pytest.raises(ValueError) as host:
+            OPS["sparse_mla"].validate(*a, **k)
+        assert str(exc.value) == str(host.value)
+    torch.cuda.synchronize()
+    assert torch.equal(checked.sparse_mla(*args, **kw)[0], unchecked.sparse_mla(*args, **kw)[0])

@@ -523,6 +523,9 @@ def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
     launched = {name for name, _ in _launch.LAUNCHED}
     # the pack's kernels (a benchmark run in this process may have registered a kernel of its own)
     pack = {n for n, k in _launch.KERNELS.items() if getattr(k.fn, "fn", k.fn).__module__.startswith("swa_backends.")}
+    # but the device check of validated calls to a gated variant: the gated variant's hook (sm90's
+    # gluon_ws) compiles it for a validating backend; this chain has no gated variant, nothing launches it
+    pack.discard("sparse_mla_check._sparse_mla_check")
     assert launched >= pack, f"never launched: {pack - launched}"
     after_warmup = set(_launch.LAUNCHED)
     # serving-like steps of other sizes, replaying and trimming, through every op

@@ -1,0 +1,110 @@
+"""``sparse_mla``'s value checks as one device pass, for a validated call that must not wait.
+
+A validated call reads its value checks on the host before it launches (``common/validation.py``):
+the read waits for the device's queue, and the kernel is launched only after it, onto an idle
+device. Here instead the checks of ``sparse_mla``'s values -- ``lens`` in ``[0, K]``, every
+entry of ``indices`` in ``[0, num_rows)`` or PAD (-1), ``sink`` free of NaN and +inf -- run as
+one kernel that sets a device flag; the attention kernel is launched right behind it, *gated*
+(it reads the flag first and computes nothing when it is set); the flag's copy to the host is
+queued between the two, so the host waits for the check alone, while the attention kernel
+already sits in the queue. A flag that is set makes dispatch run the host checks, which raise
+the same ``ValueError`` as ever; the gated kernel wrote nothing and read no index.
+
+The conditions are exactly the validator's value checks (``common/ops/sparse_mla.py``:
+``validate``); the shape, dtype and device checks stay on the host, before anything launches.
+Not under CUDA-graph capture (validation reads no values there).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import triton.language as tl
+
+from ..common.ops import _records
+from ..common.ops._records import ROWS
+from ._launch import Kernel, jit
+
+BLOCK_T, BLOCK_K, BLOCK_H = 32, 128, 128
+
+
+@jit
+def _sparse_mla_check(idx_ptr, lens_ptr, sink_ptr, flag_ptr, T, K, H, s_it, s_ik, s_l, s_h, num_rows,
+                      HAS_SINK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_t = rows < T
+    lens = tl.load(lens_ptr + rows * s_l, mask=in_t, other=0)
+    bad = tl.max(((lens < 0) | (lens > K)).to(tl.int32), axis=0)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
+        m = in_t[:, None] & (cols < K)[None, :]
+        idx = tl.load(idx_ptr + rows[:, None] * s_it + cols[None, :] * s_ik, mask=m, other=0)
+        wrong = ((idx < -1) | (idx >= num_rows)).to(tl.int32)
+        bad = tl.maximum(bad, tl.max(tl.max(wrong, axis=1), axis=0))
+    if HAS_SINK:
+        if pid == 0:
+            for h0 in range(0, H, BLOCK_H):
+                hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
+                s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
+                wrong = ((s != s) | (s == float("inf"))).to(tl.int32)  # NaN, +inf (-inf: a head without sink)
+                bad = tl.maximum(bad, tl.max(wrong, axis=0))
+    if bad > 0:
+        tl.store(flag_ptr, 1)  # every program that finds one stores the same value
+
+
+_K = Kernel(_sparse_mla_check)
+
+
+class Gate:
+    """One validated call's device check: ``flag`` (int32 [1] on the call's device) for the gated
+    kernel; :meth:`failed` waits for the check (not for what was queued after it) and says
+    whether a value is out of range."""
+
+    __slots__ = ("flag", "_host", "_event")
+
+    def __init__(self, flag: torch.Tensor, host: torch.Tensor | None, event):
+        self.flag, self._host, self._event = flag, host, event
+
+    def failed(self) -> bool:
+        if self._event is None:  # CPU tensors: the check ran before this returns
+            return bool(self.flag.item())
+        self._event.synchronize()
+        return bool(self._host.item())
+
+
+_local = threading.local()
+
+
+def _staging(device: torch.device):
+    """This thread's pinned host word and event for ``device`` (reused: a call waits for its
+    copy before it returns, so a thread has at most one in flight)."""
+    cache = getattr(_local, "staging", None)
+    if cache is None:
+        cache = _local.staging = {}
+    got = cache.get(device)
+    if got is None:
+        got = cache[device] = (torch.empty(1, dtype=torch.int32, pin_memory=True), torch.cuda.Event())
+    return got
+
+
+def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=None, return_lse=True) -> Gate:
+    """Launch the value checks of this (shape-validated) ``sparse_mla`` call into a fresh device
+    flag and queue the flag's copy to the host; the op's signature (``OpSpec.gate``)."""
+    T, K = indices.shape
+    H = q.shape[1]
+    num_rows = kv.shape[0] if kv_format == ROWS else _records.num_slots(kv)
+    flag = torch.zeros(1, dtype=torch.int32, device=indices.device)
+    has_sink = sink is not None
+    if T > 0 or has_sink:  # no token: program 0 still checks the sink (the validator does)
+        s = sink if has_sink else lens
+        _K((has_sink,), (max(1, (T + BLOCK_T - 1) // BLOCK_T), 1, 1), indices, lens, s, flag, T, K, H,
+           indices.stride(0), indices.stride(1), lens.stride(0), s.stride(0), num_rows,
+           has_sink, BLOCK_T, BLOCK_K, BLOCK_H)
+    if flag.device.type != "cuda":
+        return Gate(flag, None, None)
+    host, event = _staging(flag.device)
+    host.copy_(flag, non_blocking=True)
+    event.record(torch.cuda.current_stream(flag.device))
+    return Gate(flag, host, event)
