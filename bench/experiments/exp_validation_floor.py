@@ -10,9 +10,15 @@ A validated call must refuse bad input before it writes anything, so it reads th
 * ``launch``: an unvalidated ``batch_replay_start`` (one kernel launch through the pack);
 * ``validated``: the same call validated; its ratio to ``launch`` is ``bench_validation``'s;
 * the top host functions of the validated ``sparse_mla`` call at T 4K / K 640 / H 64 over a
-  16K-row cache (``torch.profiler``, CPU side), to name where its time goes.
+  16K-row cache (``torch.profiler``, CPU side), to name where its time goes;
+* ``validators_us``: each metadata op's validator on ``bench_validation.py``'s serving-sized
+  batch, split into its host checks alone (shapes, dtypes, devices, scalars, overlaps by address:
+  ``values_on_device``, which skips the value checks) and the whole validator (value checks
+  included, read at its end): the host work a validated call does besides its one read.
 
 Writes ``exp_validation_floor.json`` under ``--out``. ``--smoke``: one round on the CPU.
+``--validators-only``: only ``validators_us``, ``--reps`` rounds, on the GPU when there is one,
+else on the CPU (the host checks' cost is the host's, whatever the device).
 """
 
 from __future__ import annotations
@@ -25,10 +31,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import swa_backends as sb  # noqa: E402
 from lib import results  # noqa: E402
+from swa_backends.common.ops import OPS  # noqa: E402
+from swa_backends.common.ops._steps import random_batch  # noqa: E402
+from swa_backends.common.validation import values_on_device  # noqa: E402
+from swa_backends.testing.conformance import case_for  # noqa: E402
 
 
 def host_us(fn, reps: int, sync: bool) -> float:
@@ -44,14 +55,47 @@ def host_us(fn, reps: int, sync: bool) -> float:
     return statistics.median(times)
 
 
+def validators_us(dev, reps: int, sync: bool) -> dict:
+    """Per metadata op: its validator's host checks alone and whole, median us (the batches of
+    ``bench_validation.py``: one seed per op)."""
+    out = {}
+    for k, op in enumerate(OPS):
+        if op == "sparse_mla":
+            continue
+        rng = np.random.default_rng(k)
+        batch = random_batch(rng, max_reqs=64, max_q=256, W=128, block_size=64, num_groups=3, long_prefill=True)
+        args, kwargs = case_for(op, rng, dev, batch=batch, poison=False)
+        spec = OPS[op]
+
+        def run():
+            spec.validate(*args, **kwargs)
+            spec.check_writes(args, kwargs)
+
+        def host_only():
+            with values_on_device():
+                run()
+
+        run()
+        out[op] = {"host_checks": host_us(host_only, reps, sync), "all_checks": host_us(run, reps, sync)}
+        print(f"{op:<24} host checks {out[op]['host_checks']:8.1f} us, with the value checks "
+              f"{out[op]['all_checks']:8.1f} us", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
+    p.add_argument("--validators-only", action="store_true", help="only the validators' host work, --reps rounds")
     a = p.parse_args(argv)
     gpu = torch.cuda.is_available() and not a.smoke
     dev = torch.device("cuda" if gpu else "cpu")
+    if a.validators_only:
+        res = {"meta": results.machine(dev), "validators_us": validators_us(dev, a.reps, gpu)}
+        a.out.mkdir(parents=True, exist_ok=True)
+        results.write_json(a.out / "exp_validation_floor.json", res)
+        return 0
     reps = a.reps if gpu else 2
     be = sb.select(str(dev) if gpu else "cpu")
     i32 = torch.int32
@@ -90,6 +134,7 @@ def main(argv=None) -> int:
             for _ in range(5):
                 call()
         res["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    res["validators_us"] = validators_us(dev, reps, gpu)
     print("\n".join(f"{k:>22}: {v:9.1f} us" for k, v in res["host_us"].items()))
     print(res["profile"])
     a.out.mkdir(parents=True, exist_ok=True)

@@ -20,3 +20,5 @@ def test_smoke_writes_every_measurement(tmp_path):
     assert set(res["host_us"]) == {"read", "read_after_kernel", "busy_kernel_launch", "launch", "validated",
                                    "sparse_mla", "sparse_mla_validated"}
     assert all(v > 0 for v in res["host_us"].values()) and "Self CPU" in res["profile"]
+    ops = res["validators_us"]
+    assert len(ops) == 13 and all(0 < t["host_checks"] and 0 < t["all_checks"] for t in ops.values()), ops
