@@ -39,7 +39,7 @@ from .common.platforms import Platform, get_platform, platforms
 from .common.registry import KV_FORMAT_OPS, Variant, declarations_version, load_attr
 from .common.validation import _env_default as _validation_default
 from .common.validation import _state as _validation_state
-from .common.validation import fail, one_read, validation_enabled, value_checks_enabled, values_on_device
+from .common.validation import fail, one_read, run_held, validation_enabled, value_checks_enabled, values_on_device
 
 # ---------------------------------------------------------------------------------------
 # the declarations: every op's reference and every platform's variants
@@ -679,13 +679,13 @@ class Backend(_Declared):
                 v = gate = None
                 if checked and validation_enabled():
                     if gate_fn is not None and value_checks_enabled():  # values readable: no capture
-                        with values_on_device():  # the host checks now, the values on the device
+                        with values_on_device() as held:  # the host checks now, the value checks held
                             validate(*args, **kwargs)
                             v = self._pick(op, args, kwargs)
                         if v.gated:
                             gate = load_attr(gate_fn)(*args, **kwargs)
                         else:
-                            validate(*args, **kwargs)  # an ungated pick: the values read now
+                            run_held(held)  # an ungated pick: the held value checks, one read
                     else:
                         with one_read():  # the pick, host work too, before the one device read
                             validate(*args, **kwargs)

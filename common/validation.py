@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import threading
@@ -103,24 +104,55 @@ def _capturing() -> bool:
 
 def value_checks_enabled() -> bool:
     """Validation is on and reading tensor values is allowed (no graph capture; asked once per
-    :func:`one_read` block) and not left to a device pass (:func:`values_on_device`)."""
-    if getattr(_state, "on_device", False):
-        return False
+    :func:`one_read` block)."""
     capturing = getattr(_state, "capturing", None)
     return validation_enabled() and not (_capturing() if capturing is None else capturing)
 
 
 @contextlib.contextmanager
-def values_on_device() -> Iterator[None]:
+def values_on_device() -> Iterator[list]:
     """Inside, validators run their host checks (shapes, dtypes, devices, scalars, overlaps) and
-    skip their value checks: the caller checks the values on the device instead (``OpSpec.gate``)
-    and, when that check fails, runs the validator again outside for its ``ValueError``."""
-    previous = getattr(_state, "on_device", False)
-    _state.on_device = True
+    hold their value checks (the helpers marked :func:`value_check`) unrun, in the list the block
+    yields: the caller checks the values on the device instead (``OpSpec.gate``), or runs the held
+    checks with :func:`run_held` (one read, as if they had run in place)."""
+    previous = getattr(_state, "held", None)
+    held = _state.held = []
     try:
-        yield
+        yield held
     finally:
-        _state.on_device = previous
+        _state.held = previous
+
+
+def value_check(fn: Callable[..., None]) -> Callable[..., None]:
+    """A value-check helper: under :func:`values_on_device` the call is held (with the error label
+    in force) instead of run."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs) -> None:
+        held = getattr(_state, "held", None)
+        if held is not None:
+            held.append((getattr(_state, "label", None), functools.partial(fn, *args, **kwargs)))
+            return
+        fn(*args, **kwargs)
+
+    return run
+
+
+def run_held(held: list) -> None:
+    """The value checks :func:`values_on_device` held, read with one transfer (their errors as
+    they would have been raised in place)."""
+    with one_read():
+        for label, check in held:
+            previous = getattr(_state, "label", None)
+            _state.label = label
+            try:
+                check()
+            except ValueError as exc:  # raised at once: labelled() would have renamed it in place
+                new = _relabel(exc, *label) if label is not None else exc
+                if new is exc:
+                    raise
+                raise new from exc
+            finally:
+                _state.label = previous
 
 
 def fail(op: str, name: str, value: object, expected: str) -> None:
@@ -559,6 +591,7 @@ def reads_whole(t: torch.Tensor) -> bool:
     return t.is_cpu or t.numel() * t.element_size() <= RAW_BYTES
 
 
+@value_check
 def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None, name: str = "query_start_loc",
                           from_zero: bool = True) -> None:
     """``qsl[0] == 0`` (``>= 0`` with ``from_zero=False``: ops that read only query lengths
@@ -582,6 +615,7 @@ def check_query_start_loc(op: str, qsl: torch.Tensor, *, num_tokens: int | None,
     defer(op, ((name, qsl),), test)
 
 
+@value_check
 def check_finite(op: str, name: str, t: torch.Tensor, *, allow_neg_inf: bool = False) -> None:
     """No NaN and no +inf (and no -inf unless allowed) in a floating tensor: one min/max
     (NaN propagates through both)."""
@@ -602,6 +636,7 @@ def check_finite(op: str, name: str, t: torch.Tensor, *, allow_neg_inf: bool = F
     _min_max(op, name, t, bad, explain)
 
 
+@value_check
 def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | None, allow_pad: bool = False) -> None:
     """Every value in ``[low, high)`` (``high=None``: unbounded), or PAD (-1) when allowed: one
     min/max (with ``low`` 0, PAD is the one allowed value below the range)."""

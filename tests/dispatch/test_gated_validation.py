@@ -275,3 +275,40 @@ def test_gluon_ws_warmup_builds_the_gated_kernels_for_a_validating_backend(monke
     assert plain == every and gated == (every if checked else [])
     launched = _launch.KERNELS["sparse_mla_check._sparse_mla_check"].launches - before
     assert launched == (2 if checked else 0)
+
+
+def toy_plain(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
+    SEEN.append(("toy_plain", None))
+    return op.reference(q, kv, indices, lens, sm_scale, d_v, sink=sink, return_lse=return_lse)
+
+
+PLAIN = Variant(op="sparse_mla", name="toy_plain", impl=f"{ME}:toy_plain", platforms=("cpu",))
+
+
+def test_ungated_pick_in_a_gated_chain_checks_once(monkeypatch):
+    """A chain with a gated variant whose pick for this call is not gated (sm90's decode-sized
+    calls): the host checks run once, the held value checks are read once, errors as ever."""
+    args, kwargs = call()
+    shapes, reads = [], []
+    real_check, real_read = op.check_tensor, validation.to_host
+    monkeypatch.setattr(op, "check_tensor", lambda *a, **k: shapes.append(a[1]) or real_check(*a, **k))
+    monkeypatch.setattr(validation, "to_host", lambda ts: reads.append(len(ts)) or real_read(ts))
+    SEEN.clear()
+    out, _ = backend(PLAIN, GATED).sparse_mla(*args, **kwargs)
+    assert torch.equal(out, op.reference(*args, **kwargs)[0]) and SEEN == [("toy_plain", None)]
+    assert sorted(shapes) == ["indices", "kv", "lens", "q", "sink"] and len(reads) == 1
+    args = list(args)
+    args[3][4] = -3
+    with pytest.raises(ValueError) as exc:
+        backend(PLAIN, GATED).sparse_mla(*args, **kwargs)
+    assert str(exc.value) == host_error(args, kwargs) and SEEN == [("toy_plain", None)]
+
+
+def test_held_checks_keep_their_label():
+    """A held value check run later raises under the op name its validator ran under."""
+    t = torch.tensor([5], dtype=torch.int32)
+    with validation.labelled("prepare_replay_step", ("swa_indices_and_lens",)):
+        with validation.values_on_device() as held:
+            validation.check_range("swa_indices_and_lens", "R", t, low=0, high=3)
+    with pytest.raises(ValueError, match=r"^prepare_replay_step: R=5"):
+        validation.run_held(held)
