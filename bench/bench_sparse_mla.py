@@ -289,7 +289,7 @@ def main(argv=None) -> int:
 
     result: dict = {
         "meta": {
-            **results.machine(tdev), "argv": sys.argv,
+            **results.machine(tdev), "argv": results.command_line(),
             "kernel_sha256_16": {f: results.file_sha(results.ROOT / "kernels" / f) for f in
                                  ("sparse_mla.py", "sparse_mla_gluon.py", "sparse_mla_gluon_ws.py")},
             "interpret": INTERPRET, "smoke": args.smoke, "plan": plan, "budget_s": args.budget,

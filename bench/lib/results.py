@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -64,6 +65,13 @@ def machine(dev=None) -> dict:
         "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None), "python": platform.python_version(), "host": platform.node(),
     }
+
+
+def command_line() -> list[str]:
+    """``sys.argv`` with the GPU machine's output folder written ``$OUT`` (a result names no path
+    of the machine that made it)."""
+    out = os.environ.get("OUT")
+    return [a.replace(out, "$OUT") if out else a for a in sys.argv]
 
 
 def out_file(out, name: str) -> Path:
