@@ -6,7 +6,6 @@ anything runs."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_e2e.py"
 SMALL = ["--device", "cpu", "--config", "small", "--isl", "256", "--batch", "1", "--drift", "1", "--reps", "1"]
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
 
 from lib.smoke import run_script  # noqa: E402
 

@@ -16,8 +16,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
 
 from lib import results, smoke, steps, timing as tm  # noqa: E402
 

@@ -16,8 +16,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_replay_step.py"
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
 
 from lib import replay_step as rs  # noqa: E402
 from lib.smoke import run_script  # noqa: E402

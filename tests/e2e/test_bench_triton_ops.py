@@ -6,15 +6,12 @@ reference and writes a result of the full run's layout."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
 
 from lib.smoke import run_script  # noqa: E402
 

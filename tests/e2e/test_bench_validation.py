@@ -6,7 +6,6 @@ equal and a validated call reads the device at most once."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_validation.py"
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
 
 from lib.smoke import run_script  # noqa: E402
 

@@ -3,7 +3,6 @@ that is no file (named in the error), a machine without a CUDA GPU."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "experiments" / "exp_gluon_store_ab.py"
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
 
 from lib.smoke import run_script  # noqa: E402
 

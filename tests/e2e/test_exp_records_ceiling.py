@@ -16,8 +16,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "experiments" / "exp_records_ceiling.py"
 CONTRACT = 1e-2  # testing.conformance.mismatch's rtol for sparse_mla
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/lib, as the scripts import it
 
 from lib.smoke import run_script  # noqa: E402
 
