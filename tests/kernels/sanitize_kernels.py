@@ -128,6 +128,41 @@ def huge_only(where: str, dev) -> int:
     return 1 if bad else 0
 
 
+def gated_cases(dev, rng, sms: int) -> list[str]:
+    """The validated default call on gluon_ws-sized calls (sm90): the value check kernel, then the
+    kernel gated on its flag; once on valid input (against the reference), then with an index,
+    a length and a sink that fail the check, where the gated kernel must read and write nothing
+    (the bad index lies 2**31 - 1 rows past the cache) and the call raises the host checks'
+    ValueError."""
+    checked = sb.select(str(dev))
+    args, kw = sparse_mla_case(rng, dev, T=2 * sms, H=128, D=512, d_v=512, K=640, S=4096, dtype=torch.bfloat16)
+    kw["sink"] = torch.randn(128, device=dev)
+    if checked.variant_for("sparse_mla", *args, **kw) != "gluon_ws":
+        return []  # the gated variant does not run here
+    bad = []
+    got = checked.sparse_mla(*args, **kw)
+    torch.cuda.synchronize()
+    want = OPS["sparse_mla"].reference(*to_device(args, "cpu"), **to_device(kw, "cpu"))
+    why = mismatch("sparse_mla", got, want)
+    if why:
+        bad.append(f"sparse_mla/gated: {why}")
+    q, kv, idx, lens, scale, dv = args
+    bad_idx, bad_lens, bad_sink = idx.clone(), lens.clone(), kw["sink"].clone()
+    bad_idx[sms, 600] = 2**31 - 1
+    bad_lens[7] = idx.shape[1] + 1
+    bad_sink[5] = float("nan")
+    for what, a, k in (("index", (q, kv, bad_idx, lens, scale, dv), kw), ("length", (q, kv, idx, bad_lens, scale, dv), kw),
+                       ("sink", args, {"sink": bad_sink})):
+        try:
+            checked.sparse_mla(*a, **k)
+            bad.append(f"sparse_mla/gated: a bad {what} passed")
+        except ValueError:
+            pass
+        torch.cuda.synchronize()
+    print("ran sparse_mla/gated (valid, bad index, bad length, bad sink)", flush=True)
+    return bad
+
+
 def main(argv: list[str]) -> int:
     skip = set(argv[argv.index("--skip") + 1].split(",")) if "--skip" in argv else set()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -179,6 +214,8 @@ def main(argv: list[str]) -> int:
             if why:
                 bad.append(f"sparse_mla/{name} T{T} H{H} K{K}: {why}")
             print(f"ran sparse_mla/{name} T {T} H {H} K {K}", flush=True)
+    if cap == (9, 0) and "gluon_ws" in variants:
+        bad += gated_cases(dev, rng, sms)
     torch.cuda.synchronize()
     huge = 0
     if "--no-huge" not in argv:
