@@ -25,10 +25,11 @@ mixed ones with two (groups 1 and 3); each prefill keeps its last 128 rows.
   travel to the GPU machine).
 * **pack** -- the same step with the pack installed: the pack's model state
   (``integrations/vllm/model.py``'s ``ModelStateMixin``, its own methods: the step opened, the
-  prediction with its ``ReplayPlan.from_kept``, one ``prepare_replay_step`` launch, the sub-batch
-  gather answered) on top of the same model state, and the patches' shims where vLLM's module
-  globals were (``testing/vllm_shims.py``): a second window group's rows and the sub-batch's
-  builds launch the pack's kernels one call at a time.
+  prediction with its ``ReplayPlan.from_kept``, one ``prepare_replay_step`` launch that also makes
+  the first window group's sub-batch builds, the sub-batch gather and those builds answered) on
+  top of the same model state, and the patches' shims where vLLM's module globals were
+  (``testing/vllm_shims.py``): a second window group's rows, in the batch and in the sub-batch,
+  launch the pack's kernels one call at a time.
 
 Left out of both alike, as work that is not replay metadata and the same either way: the common
 attention metadata and everything else a build makes (``torch.ge`` for ``is_valid_token``,
@@ -398,6 +399,10 @@ class WholeStep:
             state._swa_builder = (attn_groups, (b, runtime.WindowTarget(
                 b.group, None, b.block_size, b.window_size, 0, 0, b.decode_swa_indices[:, 0], b.decode_swa_lens,
                 b.prefill_swa_indices[:, 0], b.prefill_swa_lens)))
+            # what model._kept_builders finds: that group's replay builder, then the first replay layer's
+            kept = [(b, (b.decode_swa_indices[:, 0], b.decode_swa_lens, b.prefill_swa_indices[:, 0],
+                         b.prefill_swa_lens)) for b in (replay_groups[b.group][0], first[b.group][0])]
+            state._swa_kept_builders = (state._replay_attn_groups, b.group, kept)
         slots = self.s.slots0.clone()
         state.bench = {"slots": slots, "attn_groups": attn_groups, "replay_groups": replay_groups, "first": first}
 
@@ -435,8 +440,9 @@ class WholeStep:
         lens = int(s.P > 0)
         builds = nw + (nw + 1)  # the main builds, then the sub-batch's
         vllm = {"pad": int(s.replays), "swa": builds * rows, "prefill": builds * lens, "gather": 1}
-        pack = {"prepare_replay_step": 1, "swa_indices_and_lens": (nw - 1 + nw + 1) * rows,
-                "prefill_gather_lens": (nw + 1) * lens}
+        # the first window group's builds in the step's launch, the sub-batch's included; another group's rows
+        # launch in the batch and the sub-batch, its gather lengths answered
+        pack = {"prepare_replay_step": 1, "swa_indices_and_lens": (nw - 1) * 2 * rows}
         return {k: v for k, v in vllm.items() if v}, {k: v for k, v in pack.items() if v}
 
 

@@ -40,6 +40,23 @@ def find_request(qsl_ptr, B, t, n_steps):
 
 
 @triton.jit
+def find_kept_request(qsl_ptr, drop_ptr, B, t, n_steps):
+    """:func:`find_request` over the decoder sub-batch's boundaries ``query_start_loc[i] -
+    dropped_before[i]`` (nondecreasing: a request drops at most its own rows), which the
+    launch computes rather than reads: the sub-batch request of each sub-batch row ``t``."""
+    lo = tl.zeros_like(t)
+    hi = lo + B
+    for _ in range(n_steps):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(qsl_ptr + 1 + mid, mask=active, other=0) - tl.load(drop_ptr + 1 + mid, mask=active, other=0)
+        right = v <= t
+        lo = tl.where(active & right, mid + 1, lo)
+        hi = tl.where(active & (~right), mid, hi)
+    return lo
+
+
+@triton.jit
 def block_split(x, block_size, shift):
     """``(x // block_size, x % block_size)`` for ``x >= 0`` (int32): shifts and a mask when
     ``shift >= 0`` (``block_size == 1 << shift``, see :func:`pow2_shift`), else an integer

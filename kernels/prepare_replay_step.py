@@ -31,8 +31,8 @@ import functools
 import triton
 import triton.language as tl
 
-from ..common.ops.prepare_replay_step import PreparedStep, allocate_out
-from ._device import PAD, block_split, find_request, pow2_shift, write_graph_padding
+from ..common.ops.prepare_replay_step import PreparedStep, WindowRows, allocate_out
+from ._device import PAD, block_split, find_kept_request, find_request, pow2_shift, write_graph_padding
 from ._launch import Kernel, jit
 from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
 
@@ -134,7 +134,19 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
                      mask=km[:, None] & replayed[None, :])
     if HAS_VALID:  # the window group is never padded: its slots read the same before and after
         ok = ok & (tl.load(slot_ptr + vg.to(tl.int64) * s_g + t64 * s_t, mask=ok, other=-1) >= 0)
-    pos = seq - (end - t)
+    _window_rows(t, m, ok, req, seq - (end - t), R, P, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr,
+                 bt_ptr, bt_s0, bt_s1, n_cols, cb, width, block_size, bs_shift, W, SPLIT, BLOCK_W)
+
+
+@triton.jit
+def _window_rows(t, m, ok, req, pos, R, P, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, bt_ptr, bt_s0,
+                 bt_s1, n_cols, cb, width, block_size, bs_shift, W, SPLIT: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Tokens ``t`` (of request ``req``, at ``pos``, live replay start ``R``; ``m``: in the
+    call, ``ok``: with a window): their window indices ``[max(pos - W + 1, 0, R), pos]`` through
+    the block table, columns ``[cb*BLOCK_W, ...)`` of each row, and (``cb == 0``) their lengths;
+    tokens from ``P`` on into the prefill buffers when ``SPLIT`` (a pointer select per token,
+    no branch)."""
+    t64 = t.to(tl.int64)
     lo = tl.maximum(tl.maximum(pos - (W - 1), 0), R)  # the clamp contract
     lens = tl.where(ok, pos - lo + 1, 0)
     if SPLIT:
@@ -157,13 +169,55 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
 
 
 @triton.jit
+def _kept_token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, drop_ptr, seq_ptr, slot_ptr, s_g, s_t, bt_ptr, bt_s0,
+                     bt_s1, n_cols, ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kf_ptr, kf_s0, kfl_ptr, kpf_ptr,
+                     kpf_s0, kpfl_ptr, Pk, vg, B, T, Tk, width, n_steps, block_size, bs_shift, W, col_blocks,
+                     KEPT: tl.constexpr, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """The decoder sub-batch's window rows, sub-batch tokens ``[tile*BLOCK_T, ...)`` x columns
+    ``[cb*BLOCK_W, ...)``: what ``swa_indices_and_lens`` writes for the sub-batch the request
+    programs gather (its boundaries, its slots in row ``vg``: computed here from the same
+    inputs, never read back), split at ``Pk``, clamped at the sub-batch's ``kv_start`` (the
+    replay layers' build) and, with ``KEPT == 2``, at the batch's replay start (the first
+    replay layer's build); a clamp above the sub-batch row's first position counts as 0, as
+    the op judges it."""
+    tile = pid // col_blocks
+    cb = pid - tile * col_blocks
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    m = t < Tk
+    req = find_kept_request(qsl_ptr, drop_ptr, B, t, n_steps)
+    ok = m & (req < B)
+    seq = tl.load(seq_ptr + req, mask=ok, other=0)
+    q0 = tl.load(qsl_ptr + req, mask=ok, other=0)
+    q1 = tl.load(qsl_ptr + req + 1, mask=ok, other=0)
+    d0 = tl.load(drop_ptr + req, mask=ok, other=0)
+    d1 = tl.load(drop_ptr + req + 1, mask=ok, other=0)
+    end = q1 - d1
+    first = seq - (end - (q0 - d0))  # the sub-batch request's first position
+    raw = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, req, ok)
+    R = tl.where(raw <= seq - (q1 - q0), raw, 0)
+    kv = tl.where(d1 > d0, tl.maximum(R, seq - W), R)
+    if HAS_VALID:  # the row's slot in the window group (never padded), as the gather copies it
+        row = (t + d1).to(tl.int64)
+        live = ok & (row < T) & (row >= 0)
+        ok = ok & (tl.load(slot_ptr + vg.to(tl.int64) * s_g + row * s_t, mask=live, other=-1) >= 0)
+    pos = seq - (end - t)
+    _window_rows(t, m, ok, req, pos, tl.where(kv <= first, kv, 0), Pk, ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0,
+                 kpal_ptr, bt_ptr, bt_s0, bt_s1, n_cols, cb, width, block_size, bs_shift, W, True, BLOCK_W)
+    if KEPT == 2:
+        _window_rows(t, m, ok, req, pos, tl.where(raw <= first, raw, 0), Pk, kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0,
+                     kpfl_ptr, bt_ptr, bt_s0, bt_s1, n_cols, cb, width, block_size, bs_shift, W, True, BLOCK_W)
+
+
+@triton.jit
 def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                          n_groups, rs_out_ptr, stale_ptr, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
-                         kv_ptr, gl_ptr, g_from, B, G, T, n_pad, W, Wr, S, DO_PAD: tl.constexpr, HAS_GL: tl.constexpr,
-                         BLOCK: tl.constexpr, GB: tl.constexpr, KB: tl.constexpr, UNIT_T: tl.constexpr):
+                         kv_ptr, gl_ptr, g_from, kgla_ptr, kglf_ptr, gk, B, G, T, n_pad, W, Wr, S,
+                         DO_PAD: tl.constexpr, HAS_GL: tl.constexpr, KEPT: tl.constexpr, BLOCK: tl.constexpr,
+                         GB: tl.constexpr, KB: tl.constexpr, UNIT_T: tl.constexpr):
     """Request ``pid // S``: its live replay start and stale flag, sub-batch
     ``query_start_loc`` entry, ``kv_start`` and (``HAS_GL``, from request ``g_from`` on)
-    gather length (the first of its ``S`` programs), and every ``S``-th block of its kept
+    gather length (the first of its ``S`` programs) and, for the sub-batch's ``KEPT`` window
+    builds (:func:`_kept_token_role`), their gather lengths from request ``gk`` on; and every ``S``-th block of its kept
     rows on the device ``qsl`` (as ``gather_replay_batch``: stores inside the ``n_pad``
     output rows, gathers inside the batch's ``T``), their slots padded by the same
     condition the token role pads with."""
@@ -178,19 +232,27 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
     d1 = tl.load(drop_ptr + b + 1, mask=has, other=0)
     seq = tl.load(seq_ptr + b, mask=has, other=0)
     trimmed = d1 > d0  # rows dropped inside the request: kept < q
-    R = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, has)
-    stale = R > seq - (q1 - q0)
-    R = tl.where(stale, 0, R)
+    raw = _replay_start_of(rall_ptr, idx_ptr, pre_ptr, b, has)
+    stale = raw > seq - (q1 - q0)
+    R = tl.where(stale, 0, raw)
     start = q0 - d0
     end = tl.where(has, q1 - d1, start)
     if s == 0:
+        kv = tl.where(trimmed, tl.maximum(R, seq - W), R)
         tl.store(rs_out_ptr + b, R, mask=has)
         tl.store(stale_ptr + b, stale.to(tl.int32), mask=has)
         tl.store(oqsl_ptr + b, start)
         tl.store(oqsl_ptr + B, end, mask=has & (b == B - 1))
-        tl.store(kv_ptr + b, tl.where(trimmed, tl.maximum(R, seq - W), R), mask=has)
+        tl.store(kv_ptr + b, kv, mask=has)
         if HAS_GL:
             tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=has & (b >= g_from))
+        if KEPT > 0:  # the sub-batch's builds: a clamp above its first position counts as 0
+            first = seq - (end - start)
+            tl.store(kgla_ptr + (b - gk), _gather_len(start, end, seq, tl.where(kv <= first, kv, 0), W),
+                     mask=has & (b >= gk))
+            if KEPT == 2:
+                tl.store(kglf_ptr + (b - gk), _gather_len(start, end, seq, tl.where(raw <= first, raw, 0), W),
+                         mask=has & (b >= gk))
     R64 = R.to(tl.int64)
     cacheable = tl.zeros([GB], tl.int32)
     if DO_PAD:
@@ -228,10 +290,12 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
                          groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
                          rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
                          gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
+                         ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr,
+                         kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0, kpfl_ptr, kglf_ptr, Pk, gk, Tk,
                          B, T, G, width, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
                          req_progs, pad_progs,
                          DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
-                         HAS_GL: tl.constexpr, BLOCK_T: tl.constexpr,
+                         HAS_GL: tl.constexpr, KEPT: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
                          KB: tl.constexpr, UNIT_T: tl.constexpr):
     pid = tl.program_id(0)
@@ -244,11 +308,17 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
         if pid < tok_tiles + req_progs:
             _request_gather_role(pid - tok_tiles, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr,
                                  s_g, s_t, groups_ptr, n_groups, rs_out_ptr, stale_ptr, drop_ptr, rows_ptr, oqsl_ptr,
-                                 opos_ptr, oslot_ptr, os_g, kv_ptr, gl_ptr, g_from, B, G, T, n_pad, W, Wr, S, DO_PAD,
-                                 HAS_GL, BLOCK, GB, KB, UNIT_T)
-        else:
+                                 opos_ptr, oslot_ptr, os_g, kv_ptr, gl_ptr, g_from, kgla_ptr, kglf_ptr, gk, B, G, T,
+                                 n_pad, W, Wr, S, DO_PAD, HAS_GL, KEPT, BLOCK, GB, KB, UNIT_T)
+        elif pid < tok_tiles + req_progs + pad_progs:
             write_graph_padding(pid - tok_tiles - req_progs, pad_progs, qsl_ptr, drop_ptr, B, T, pos_ptr, rows_ptr,
                                 opos_ptr, oslot_ptr, os_g, G, n_pad, BLOCK, GB)
+        elif KEPT > 0:
+            _kept_token_role(pid - tok_tiles - req_progs - pad_progs, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, drop_ptr,
+                             seq_ptr, slot_ptr, s_g, s_t, bt_ptr, bt_s0, bt_s1, n_cols, ka_ptr, ka_s0, kal_ptr,
+                             kpa_ptr, kpa_s0, kpal_ptr, kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0, kpfl_ptr, Pk, vg, B,
+                             T, Tk, width, n_steps, block_size, bs_shift, W, col_blocks, KEPT, HAS_VALID, BLOCK_T,
+                             BLOCK_W)
     else:
         b = (pid - tok_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
         mb = b < B
@@ -274,6 +344,7 @@ _K = Kernel(_prepare_replay_step, options=_compile_options)
 def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
                         cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None,
                         any_replay=None, prefill_from=None, gather_lens_from=None, valid_group=None,
+                        kept_windows=0, kept_prefill_from=None, kept_gather_lens_from=None,
                         out=None) -> PreparedStep:
     """``R = batch_replay_start(R_per_request, idx_mapping, is_prefilling)``;
     ``pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positions, R, Wr)``;
@@ -282,14 +353,16 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     whose slot in row ``valid_group`` is negative invalid); with ``gather_lens_from``, the
     gather lengths of the requests from it on; with a plan, ``gather_replay_batch(plan,
     query_start_loc, seq_lens, R, positions, slot_mappings, W)`` on the padded slots -- all
-    in one launch. Returns a :class:`PreparedStep`.
+    in one launch; with ``kept_windows`` (1 or 2), the sub-batch's window builds too
+    (``common.ops.prepare_replay_step.reference``). Returns a :class:`PreparedStep`.
     """
     B, T, G = idx_mapping.shape[0], positions.shape[0], slot_mappings.shape[0]
     width = W if index_width is None else index_width
     split, has_gl, has_valid = prefill_from is not None, gather_lens_from is not None, valid_group is not None
     if out is None:
         out = allocate_out(B, T, width, positions.device, plan, G, prefill_from=prefill_from,
-                           gather_lens_from=gather_lens_from)
+                           gather_lens_from=gather_lens_from, kept_windows=kept_windows,
+                           kept_prefill_from=kept_prefill_from, kept_gather_lens_from=kept_gather_lens_from)
     rs, swa, lens, stale = out["replay_start"], out["swa_indices"], out["swa_lens"], out["stale_replay"]
     pswa = out["prefill_swa_indices"] if split else None
     plens = out["prefill_swa_lens"] if split else None
@@ -307,17 +380,29 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         rb = out["replay_batch"]
         rows, oqsl, opos, oslot, kv = (rb["rows"], rb["query_start_loc"], rb["positions"], rb["slot_mappings"],
                                        rb["kv_start"])
-        grid = (tok_tiles + req_progs + pad_progs, 1, 1)
         os_g = oslot.stride()[0] if G > 1 else n_pad
     else:
         dropped = rows = oqsl = opos = oslot = kv = None
-        n_pad = req_progs = pad_progs = os_g = 0
+        n = n_pad = req_progs = pad_progs = os_g = 0
         S = 1
+    kept = kept_windows if plan is not None else 0
+    ka = kf = _NO_WINDOWS
+    Pk = gk = kept_progs = 0
+    if kept:
+        Pk = n if kept_prefill_from is None else kept_prefill_from
+        gk = B if kept_gather_lens_from is None else kept_gather_lens_from
+        ka = _window_args(out["kept_windows"])
+        if kept == 2:
+            kf = _window_args(out["kept_first_windows"])
+        kept_progs = (n + bt - 1) // bt * col_blocks
+    if plan is not None:
+        grid = (tok_tiles + req_progs + pad_progs + kept_progs, 1, 1)
+    else:
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
     bt_s0, bt_s1 = block_table.stride()
-    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl, bt, bw,
-        warps), grid,
+    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl, kept, bt,
+        bw, warps), grid,
        R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
        idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
        is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
@@ -327,12 +412,28 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
        cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
        block_table, bt_s0, bt_s1, block_table.shape[1],
        rs, stale, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
-       valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv,
+       valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv, *ka, *kf, Pk, gk, n,
        B, T, G, width, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, pad_progs, do_pad, plan is not None, split, has_valid, has_gl, bt, bw, BLOCK, BLOCK_R,
-       GB, KB, s_t == 1)
+       tok_tiles, req_progs, pad_progs, do_pad, plan is not None, split, has_valid, has_gl, kept, bt, bw, BLOCK,
+       BLOCK_R, GB, KB, s_t == 1)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
-    return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale))
+    windows = (_windows(out["kept_windows"]) if kept else None, _windows(out["kept_first_windows"]) if kept == 2 else None)
+    return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale, *windows))
+
+
+#: the kernel's arguments for a sub-batch build it does not make
+_NO_WINDOWS = (None, 0, None, None, 0, None, None)
+
+
+def _window_args(o: dict) -> tuple:
+    """One sub-batch build's buffers as the kernel takes them (rows with their row strides)."""
+    swa, pswa = o["swa_indices"], o["prefill_swa_indices"]
+    return (swa, swa.stride()[0], o["swa_lens"], pswa, pswa.stride()[0], o["prefill_swa_lens"], o["gather_lens"])
+
+
+def _windows(o: dict) -> WindowRows:
+    return _tuple_new(WindowRows, (o["swa_indices"], o["swa_lens"], o["prefill_swa_indices"], o["prefill_swa_lens"],
+                                   o["gather_lens"]))
 
 
 _pow2_shift = functools.lru_cache(maxsize=64)(pow2_shift)

@@ -49,10 +49,10 @@ class Results:
         if isinstance(result, tuple) and not hasattr(result, "_fields"):
             return tuple(result)
         out = []
-        for name in names:  # attribute paths: ReplayBatch, PreparedStep
+        for name in names:  # attribute paths: ReplayBatch, PreparedStep (None: a part not made)
             obj = result
             for part in name.split("."):
-                obj = getattr(obj, part)
+                obj = None if obj is None else getattr(obj, part)
             out.append(obj)
         return tuple(out)
 

@@ -16,6 +16,14 @@ token validity from the window group's slots): ``prefill_from`` (tokens from it 
 row of ``slot_mappings``, read before padding, is negative gets no window: length 0, row all
 PAD; the row must not be a cacheable group). Left out, the step is as before: every token in
 ``swa_indices``, no gather lengths, every token valid.
+
+With a plan, ``kept_windows`` (1 or 2) adds the decoder sub-batch's own window builds, which
+vLLM 0.33 makes right after the gather (``_prepare_replay_batch``: one build for the replay
+layers, clamped at the sub-batch's ``kv_start``, one for the first replay layer, clamped at
+the batch's replay start): ``swa_indices_and_lens`` and ``prefill_gather_lens`` over the
+sub-batch the step gathers (its ``query_start_loc``, its slots in ``valid_group``'s row),
+split at ``kept_prefill_from`` sub-batch tokens, gather lengths from sub-batch request
+``kept_gather_lens_from`` on, into ``out["kept_windows"]`` (and ``out["kept_first_windows"]``).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, PAD, ReplayBatch, ReplayPlan
-from ..validation import check_int, check_tensor, defer, fail, labelled, value_checks_enabled
+from ..validation import check_int, check_out, check_tensor, defer, fail, labelled, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
 from ._batch import stale_replay
 from ._results import Results
@@ -57,10 +65,29 @@ class PreparedStep(NamedTuple):
     prefill_swa_lens: torch.Tensor | None = None
     gather_lens: torch.Tensor | None = None
     stale_replay: torch.Tensor | None = None
+    kept_windows: WindowRows | None = None
+    kept_first_windows: WindowRows | None = None
+
+
+class WindowRows(NamedTuple):
+    """One window build of the decoder sub-batch (``kept_windows``): ``swa_indices``
+    int32 [Pk, index_width] and ``swa_lens`` [Pk] (sub-batch tokens ``[0, Pk)``, ``Pk =
+    kept_prefill_from``, default every sub-batch token), ``prefill_swa_indices`` / ``prefill_swa_lens``
+    (tokens ``[Pk, num_rows)``), ``gather_lens`` int32 [B - kept_gather_lens_from] (default empty)."""
+
+    swa_indices: torch.Tensor
+    swa_lens: torch.Tensor
+    prefill_swa_indices: torch.Tensor
+    prefill_swa_lens: torch.Tensor
+    gather_lens: torch.Tensor
 
 
 #: the outputs that exist only when their keyword asks for them (``out=`` may leave them out)
 OPTIONAL_OUTPUTS = ("prefill_swa_indices", "prefill_swa_lens", "gather_lens")
+#: the sub-batch builds' outputs, by build (``kept_windows`` 1: the first; 2: both) and field
+KEPT_BUILDS = ("kept_windows", "kept_first_windows")
+KEPT_FIELDS = WindowRows._fields
+KEPT_OUTPUTS = tuple(f"{b}.{f}" for b in KEPT_BUILDS for f in KEPT_FIELDS)
 #: the outputs whose ``out=`` buffers may have more rows than the step writes (a serving
 #: engine's persistent buffers, sized for its largest step): the step writes their leading rows
 LEADING_ROWS = ("replay_start", "swa_indices", "swa_lens", "stale_replay") + OPTIONAL_OUTPUTS
@@ -78,12 +105,26 @@ def _leading(o: dict, rows: dict) -> dict:
     return {k: v[: rows[k]] if k in rows and v.shape[0] != rows[k] else v for k, v in o.items()}
 
 
+def _kept_shapes(num_reqs: int, index_width: int, plan: ReplayPlan, kept_prefill_from: int | None,
+                 kept_gather_lens_from: int | None) -> dict:
+    """Shapes of one sub-batch build's buffers (:class:`WindowRows`)."""
+    n = plan.num_rows
+    Pk = n if kept_prefill_from is None else kept_prefill_from
+    gk = num_reqs if kept_gather_lens_from is None else kept_gather_lens_from
+    return {"swa_indices": ((Pk, index_width), INDEX_DTYPE), "swa_lens": ((Pk,), INDEX_DTYPE),
+            "prefill_swa_indices": ((n - Pk, index_width), INDEX_DTYPE), "prefill_swa_lens": ((n - Pk,), INDEX_DTYPE),
+            "gather_lens": ((num_reqs - gk,), INDEX_DTYPE)}
+
+
 def out_shapes(num_reqs: int, num_tokens: int, index_width: int, plan: ReplayPlan | None = None,
-               num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None) -> dict:
+               num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None,
+               kept_windows: int = 0, kept_prefill_from: int | None = None,
+               kept_gather_lens_from: int | None = None) -> dict:
     """Shapes and dtypes of the ``out=`` buffers: ``replay_start``, ``swa_indices``,
     ``swa_lens``, ``stale_replay``, with ``prefill_from`` ``prefill_swa_indices`` and ``prefill_swa_lens``,
-    with ``gather_lens_from`` ``gather_lens`` and, with a plan, ``replay_batch``
-    (``gather_replay_batch``'s dict)."""
+    with ``gather_lens_from`` ``gather_lens``, with a plan ``replay_batch``
+    (``gather_replay_batch``'s dict) and, with ``kept_windows``, ``kept_windows`` (and
+    ``kept_first_windows``): dicts of the :class:`WindowRows` fields."""
     P = num_tokens if prefill_from is None else prefill_from
     shapes: dict = {
         "replay_start": ((num_reqs,), INDEX_DTYPE),
@@ -98,11 +139,15 @@ def out_shapes(num_reqs: int, num_tokens: int, index_width: int, plan: ReplayPla
         shapes["gather_lens"] = ((num_reqs - gather_lens_from,), INDEX_DTYPE)
     if plan is not None:
         shapes["replay_batch"] = gather_replay_batch.out_shapes(plan, num_groups)
+        for build in KEPT_BUILDS[:kept_windows]:
+            shapes[build] = _kept_shapes(num_reqs, index_width, plan, kept_prefill_from, kept_gather_lens_from)
     return shapes
 
 
 def allocate_out(num_reqs: int, num_tokens: int, index_width: int, device, plan: ReplayPlan | None = None,
-                 num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None) -> dict:
+                 num_groups: int = 0, *, prefill_from: int | None = None, gather_lens_from: int | None = None,
+                 kept_windows: int = 0, kept_prefill_from: int | None = None,
+                 kept_gather_lens_from: int | None = None) -> dict:
     """Buffers for ``out=``; reuse them across steps for stable addresses (graphs)."""
 
     def make(spec):
@@ -112,19 +157,22 @@ def allocate_out(num_reqs: int, num_tokens: int, index_width: int, device, plan:
         return torch.empty(shape, dtype=dtype, device=device)
 
     return make(out_shapes(num_reqs, num_tokens, index_width, plan, num_groups, prefill_from=prefill_from,
-                           gather_lens_from=gather_lens_from))
+                           gather_lens_from=gather_lens_from, kept_windows=kept_windows,
+                           kept_prefill_from=kept_prefill_from, kept_gather_lens_from=kept_gather_lens_from))
 
 
 def validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
              cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
-             prefill_from=None, gather_lens_from=None, valid_group=None, out=None) -> None:
+             prefill_from=None, gather_lens_from=None, valid_group=None, kept_windows=0, kept_prefill_from=None,
+             kept_gather_lens_from=None, out=None) -> None:
     """The parts' own validators, in order, on the replay starts this call produces;
     their errors are re-labelled ``prepare_replay_step: <argument>=...: expected ...``."""
     with labelled(NAME, _PARTS):  # (also the errors of their value checks, read after this returns)
         _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
                   cacheable_groups, block_table, block_size, W, Wr, index_width=index_width, plan=plan,
                   any_replay=any_replay, prefill_from=prefill_from, gather_lens_from=gather_lens_from,
-                  valid_group=valid_group, out=out)
+                  valid_group=valid_group, kept_windows=kept_windows, kept_prefill_from=kept_prefill_from,
+                  kept_gather_lens_from=kept_gather_lens_from, out=out)
 
 
 _PARTS = (batch_replay_start.NAME, pad_replayed_slots.NAME, swa_indices_and_lens.NAME, prefill_gather_lens.NAME,
@@ -147,7 +195,7 @@ def _swa_parts(T: int, prefill_from: int | None) -> list[tuple]:
 
 def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
               cacheable_groups, block_table, block_size, W, Wr, *, index_width, plan, any_replay, prefill_from,
-              gather_lens_from, valid_group, out) -> None:
+              gather_lens_from, valid_group, kept_windows, kept_prefill_from, kept_gather_lens_from, out) -> None:
     if out is not None and not isinstance(out, dict):
         fail(NAME, "out", out, "a dict of buffers from allocate_out()")
     o = _buffers(out)
@@ -217,11 +265,53 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     if plan is not None:
         gather_replay_batch.validate(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
                                      out=o.get("replay_batch"))
+    _validate_kept(plan, B, W if index_width is None else index_width, R_per_request.device, kept_windows,
+                   kept_prefill_from, kept_gather_lens_from, out, o)
+
+
+def _validate_kept(plan, B: int, width: int, dev, kept_windows, kept_prefill_from, kept_gather_lens_from, out,
+                   o: dict) -> None:
+    """The sub-batch builds' arguments and buffers (their inputs are the step's, checked above;
+    their sub-batch is the gather's, made from them)."""
+    check_int(NAME, "kept_windows", kept_windows, min_value=0, max_value=len(KEPT_BUILDS),
+              why="0, 1 (the replay layers' build) or 2 (and the first replay layer's)")
+    if not kept_windows:
+        for name, v in (("kept_prefill_from", kept_prefill_from), ("kept_gather_lens_from", kept_gather_lens_from)):
+            if v is not None:
+                fail(NAME, name, v, "None without kept_windows (it splits the sub-batch's builds)")
+        return
+    if plan is None:
+        fail(NAME, "kept_windows", kept_windows, "0 without a plan (the builds are of the plan's sub-batch)")
+    n = plan.num_rows
+    if kept_prefill_from is not None:
+        check_int(NAME, "kept_prefill_from", kept_prefill_from, min_value=0)
+        if kept_prefill_from > n:
+            fail(NAME, "kept_prefill_from", kept_prefill_from, f"at most the sub-batch's rows, {n} (plan.num_rows)")
+    if kept_gather_lens_from is not None:
+        check_int(NAME, "kept_gather_lens_from", kept_gather_lens_from, min_value=0)
+        if kept_gather_lens_from > B:
+            fail(NAME, "kept_gather_lens_from", kept_gather_lens_from,
+                 f"at most the number of requests, {B} (len(idx_mapping))")
+    if out is None:
+        return
+    shapes = _kept_shapes(B, width, plan, kept_prefill_from, kept_gather_lens_from)
+    for build in KEPT_BUILDS[:kept_windows]:
+        bufs = o.get(build)
+        if not isinstance(bufs, dict):
+            fail(NAME, "out", sorted(o), f"a buffer dict for {build!r} (kept_windows={kept_windows})")
+        for field in KEPT_FIELDS:
+            (rows, *rest), dtype = shapes[field]
+            buf, name = bufs.get(field), f"out[{build!r}][{field!r}]"
+            if not isinstance(buf, torch.Tensor) or buf.dim() == 0 or buf.shape[0] < rows:
+                fail(NAME, name, buf, f"a tensor of at least {rows} rows (the step writes its leading rows)")
+            check_out(NAME, name, buf if buf.shape[0] == rows else buf[:rows], shape=(rows, *rest), dtype=dtype,
+                      device=dev)
 
 
 def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
               cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
-              prefill_from=None, gather_lens_from=None, valid_group=None, out=None) -> PreparedStep:
+              prefill_from=None, gather_lens_from=None, valid_group=None, kept_windows=0, kept_prefill_from=None,
+              kept_gather_lens_from=None, out=None) -> PreparedStep:
     """``R = batch_replay_start(R_per_request, idx_mapping, is_prefilling)``, then ``stale_replay
     = R > seq_len - q`` and ``R = 0`` there (the live replay start, SPEC §0);
     ``valid = slot_mappings[valid_group] >= 0`` (before padding; all True without it);
@@ -231,13 +321,20 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     T), and with ``prefill_from`` the same for tokens ``[P, T)`` (``token_offset=P``) into
     ``prefill_swa_*``; with ``gather_lens_from = g``, ``prefill_gather_lens(query_start_loc[g:],
     seq_lens[g:], R[g:], W)``; with a plan, ``gather_replay_batch(plan, query_start_loc,
-    seq_lens, R, positions, slot_mappings, W)`` on the padded slots. Returns a
-    :class:`PreparedStep`.
+    seq_lens, R, positions, slot_mappings, W)`` on the padded slots; with ``kept_windows``, for
+    the clamps ``C`` = the sub-batch's ``kv_start`` and (2) the batch's replay start before the
+    stale ones are zeroed (what an engine hands the first replay layer's build),
+    ``swa_indices_and_lens(kq, seq_lens, block_table, block_size, W, C, valid=kv[:Pk],
+    num_tokens=Pk)`` and the same for sub-batch tokens ``[Pk, n)``, and
+    ``prefill_gather_lens(kq[gk:], seq_lens[gk:], C[gk:], W)``, where ``kq`` is the sub-batch's
+    ``query_start_loc``, ``n = plan.num_rows``, ``kv = sub-batch slot_mappings[valid_group] >=
+    0`` (every token valid without it), ``Pk = kept_prefill_from`` (default n), ``gk =
+    kept_gather_lens_from`` (default B). Returns a :class:`PreparedStep`.
     """
     given = _buffers(out)
     T = positions.shape[0]
     o = _leading(given, _rows(idx_mapping.shape[0], T, prefill_from, gather_lens_from))
-    R = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
+    R = raw = batch_replay_start.reference(R_per_request, idx_mapping, is_prefilling)
     stale = stale_replay(query_start_loc, seq_lens, R)
     R = torch.where(stale, torch.zeros_like(R), R)
     stale = stale.to(INDEX_DTYPE)
@@ -263,6 +360,10 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     if plan is not None:
         batch = gather_replay_batch.reference(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
                                               out=o.get("replay_batch"))
+    windows = [None, None]
+    if plan is not None and kept_windows:
+        windows = _kept_reference(plan, batch, seq_lens, block_table, block_size, W, raw, index_width, valid_group,
+                                  kept_windows, kept_prefill_from, kept_gather_lens_from, given)
     (idx, lens), (pidx, plens) = parts
     if out is not None:  # the buffers as given (their leading rows written)
         R, idx, lens, stale = given["replay_start"], given["swa_indices"], given["swa_lens"], given["stale_replay"]
@@ -270,17 +371,56 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
             pidx, plens = given["prefill_swa_indices"], given["prefill_swa_lens"]
         if gather_lens_from is not None:
             gather_lens = given["gather_lens"]
-    return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens, stale)
+    return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens, stale, *windows)
+
+
+def _kept_reference(plan, batch, seq_lens, block_table, block_size, W, raw, index_width, valid_group, kept_windows,
+                    kept_prefill_from, kept_gather_lens_from, given) -> list:
+    """The sub-batch builds of :func:`reference` (into ``given``'s buffers when there are some)."""
+    n, B = plan.num_rows, plan.num_reqs
+    Pk = n if kept_prefill_from is None else kept_prefill_from
+    gk = B if kept_gather_lens_from is None else kept_gather_lens_from
+    kq = batch.query_start_loc
+    valid = None if valid_group is None else batch.slot_mappings[valid_group, :n] >= 0
+    builds = []
+    for build, C in zip(KEPT_BUILDS[:kept_windows], (batch.kv_start, raw.to(INDEX_DTYPE))):
+        bufs = given.get(build)
+        o = None if bufs is None else _leading_kept(bufs, n, Pk, B - gk)
+        res = []
+        for num, off, rows, lens in ((Pk, 0, "swa_indices", "swa_lens"),
+                                     (n - Pk, Pk, "prefill_swa_indices", "prefill_swa_lens")):
+            v = None if valid is None else valid[off: off + num]
+            res += swa_indices_and_lens.reference(kq, seq_lens, block_table, block_size, W, C, index_width=index_width,
+                                                  valid=v, num_tokens=num, token_offset=off,
+                                                  out=None if o is None else (o[rows], o[lens]))
+        res.append(prefill_gather_lens.reference(kq[gk:], seq_lens[gk:], C[gk:], W,
+                                                 out=None if o is None else o["gather_lens"]))
+        builds.append(WindowRows(*(res if bufs is None else (bufs[f] for f in KEPT_FIELDS))))
+    return builds + [None] * (2 - len(builds))
+
+
+def _leading_kept(bufs: dict, n: int, Pk: int, gl: int) -> dict:
+    rows = {"swa_indices": Pk, "swa_lens": Pk, "prefill_swa_indices": n - Pk, "prefill_swa_lens": n - Pk,
+            "gather_lens": gl}
+    return {k: v[: rows[k]] if v.shape[0] != rows[k] else v for k, v in bufs.items() if k in rows}
 
 
 def _result_shapes(a) -> dict:
     B, T = a["idx_mapping"].shape[0], a["positions"].shape[0]
     width = a["W"] if a.get("index_width") is None else a["index_width"]
     pf, gf = a.get("prefill_from"), a.get("gather_lens_from")
-    shapes = out_shapes(B, T, width, a.get("plan"), a["slot_mappings"].shape[0],
+    plan = a.get("plan")
+    shapes = out_shapes(B, T, width, plan, a["slot_mappings"].shape[0],
                         prefill_from=T if pf is None else pf, gather_lens_from=B if gf is None else gf)
     batch = shapes.pop("replay_batch", {})
-    return shapes | {f"replay_batch.{k}": v for k, v in batch.items()}
+    kept = {}
+    for i, build in enumerate(KEPT_BUILDS):
+        if plan is not None and (a.get("kept_windows") or 0) > i:
+            ks = _kept_shapes(B, width, plan, a.get("kept_prefill_from"), a.get("kept_gather_lens_from"))
+        else:  # not asked for: size 0
+            ks = {f: ((0, width) if f.endswith("indices") else (0,), INDEX_DTYPE) for f in KEPT_FIELDS}
+        kept |= {f"{build}.{f}": v for f, v in ks.items()}
+    return shapes | kept | {f"replay_batch.{k}": v for k, v in batch.items()}
 
 
 def _pack(t: dict, a) -> PreparedStep:
@@ -290,15 +430,18 @@ def _pack(t: dict, a) -> PreparedStep:
         batch = ReplayBatch(num_rows=plan.num_rows, num_rows_padded=plan.num_rows_padded,
                             **{k.split(".", 1)[1]: v for k, v in t.items() if k.startswith("replay_batch.")})
     asked = {"prefill_swa_indices": "prefill_from", "prefill_swa_lens": "prefill_from", "gather_lens": "gather_lens_from"}
+    kept = a.get("kept_windows") or 0 if plan is not None else 0
+    windows = [WindowRows(*(t[f"{build}.{f}"] for f in KEPT_FIELDS)) if kept > i else None
+               for i, build in enumerate(KEPT_BUILDS)]
     return PreparedStep(t["replay_start"], a["slot_mappings"], t["swa_indices"], t["swa_lens"], batch,
                         *(t.get(k) if a.get(asked[k]) is not None else None for k in OPTIONAL_OUTPUTS),
-                        t["stale_replay"])
+                        t["stale_replay"], *windows)
 
 
 RESULTS = Results(("replay_start", "swa_indices", "swa_lens", "stale_replay"), _result_shapes, out="dict", pack=_pack,
                   plan_names=tuple(f"replay_batch.{f}" for f in ("rows", "query_start_loc", "positions",
                                                                  "slot_mappings", "kv_start")),
-                  optional_names=OPTIONAL_OUTPUTS)
+                  optional_names=OPTIONAL_OUTPUTS + KEPT_OUTPUTS)
 
 
 def random_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, poison: bool = False,
@@ -333,6 +476,10 @@ def random_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, po
             kw["valid_group"] = g
             invalid = rng.random(T) < 0.15  # tokens with no slot in the window group (PCP peers, padding)
             t["slot_mappings"][g, :T][torch.tensor(invalid, device=dev)] = PAD
+    if plan is not None and "prefill_from" in kw and rng.random() < 0.6:  # the sub-batch's builds (vLLM's)
+        kw["kept_windows"] = int(rng.integers(1, 3))
+        kw["kept_prefill_from"] = int(rng.integers(0, plan.num_rows + 1))
+        kw["kept_gather_lens_from"] = int(rng.integers(0, b.B + 1))
     if poison:
         longer = rng.random() < 0.5 and not exact_out  # persistent buffers (SPEC §3.6): rows past the step's
 
@@ -345,7 +492,9 @@ def random_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, po
             return poisoned(shape, spec[1], dev)
 
         kw["out"] = fill(out_shapes(b.B, T, width, plan, b.num_groups, prefill_from=kw.get("prefill_from"),
-                                    gather_lens_from=kw.get("gather_lens_from")))
+                                    gather_lens_from=kw.get("gather_lens_from"), kept_windows=kw.get("kept_windows", 0),
+                                    kept_prefill_from=kw.get("kept_prefill_from"),
+                                    kept_gather_lens_from=kw.get("kept_gather_lens_from")))
     args = (torch.tensor(R_all, dtype=INDEX_DTYPE if rng.random() < 0.5 else torch.int64, device=dev),
             torch.tensor(idx, dtype=INDEX_DTYPE, device=dev), t["is_prefilling"], t["query_start_loc"], t["seq_lens"],
             t["positions"], t["slot_mappings"], t["cacheable_groups"], t["block_table"], b.block_size, b.W, b.Wr)
@@ -360,12 +509,16 @@ def warmup(s: WarmupStep):
     """Every pair of index dtypes, with and without host knowledge that nothing replays and a plan,
     in each serving layout (vLLM's builder: decode and prefill rows apart with gather lengths, and
     with them tokens left out by a window group's PAD slots, group 1: never cacheable). The launch
-    tile follows the step's size: the kernel's warmup forces each tile around these calls."""
+    tile follows the step's size: the kernel's warmup forces each tile around these calls. With a
+    plan, the serving layouts also with the sub-batch's builds (one and two)."""
     layouts = [{}, {"prefill_from": 1, "gather_lens_from": 1}]
     if s.num_groups > 1:
         layouts.append({**layouts[1], "valid_group": 1})
+    kept = [{**layouts[-1], "kept_windows": k, "kept_prefill_from": 0, "kept_gather_lens_from": 0} for k in (1, 2)]
     for rd, idd, any_replay, p, layout in itertools.product(s.index_dtypes, s.index_dtypes, (None, False),
-                                                           (None, s.plan), layouts):
+                                                           (None, s.plan), layouts + kept):
+        if p is None and "kept_windows" in layout:
+            continue
         # any_replay=False (host knowledge that no request replays) needs replay starts of 0
         R_all = s.R_all.to(rd) if any_replay is None else torch.zeros_like(s.R_all, dtype=rd)
         yield ((R_all, s.idx.to(idd), s.prefilling, s.qsl, s.seq, s.positions, s.slots.clone(), s.cacheable,
@@ -375,5 +528,6 @@ def warmup(s: WarmupStep):
 
 OP = OpSpec(NAME, reference, validate, RESULTS, mutates=("slot_mappings",), short="prepare_step",
             scalars={"block_size": "int", "W": "int", "Wr": "int", "index_width": "int", "any_replay": "bool",
-                     "prefill_from": "int", "gather_lens_from": "int", "valid_group": "int"},
+                     "prefill_from": "int", "gather_lens_from": "int", "valid_group": "int", "kept_windows": "int",
+                     "kept_prefill_from": "int", "kept_gather_lens_from": "int"},
             case=case, warmup=warmup)

@@ -269,6 +269,24 @@ class WindowTarget:
     prefill_lens: torch.Tensor
 
 
+@dataclass(slots=True)
+class KeptTargets:
+    """The decoder sub-batch's window builds the step's launch makes too (vLLM's
+    ``_prepare_replay_batch``, right after its gather): ``builds``, one or two ``(decode rows,
+    decode lens, prefill rows, prefill lens)`` of the replay builders' persistent buffers
+    (``[N, width]`` rows as in :class:`WindowTarget`) -- the replay layers' build (clamped at the
+    sub-batch's ``kv_start``) and, when it is the same KV group's, the first replay layer's
+    (clamped at the batch's replay start); ``num_decodes`` / ``num_decode_tokens``: vLLM's
+    split of the sub-batch (:func:`predicted_split` on its kept lengths); ``gather_lens``:
+    one step buffer per build (``[max_num_reqs + 1]`` int32) that an answered call's tensor
+    is set to."""
+
+    builds: tuple
+    num_decodes: int
+    num_decode_tokens: int
+    gather_lens: tuple
+
+
 def query_lens(query_start_loc_np: np.ndarray, num_reqs: int) -> list[int] | np.ndarray:
     """The batch's host query lengths for the predictions: a list of ints for at most
     :data:`SMALL_BATCH` requests (one ``tolist``; the predictions then make no numpy call but
@@ -402,13 +420,15 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_tokens: int, token_offset: int) -> bool:
-    """True when the open step's launch already wrote this window-rows call's outputs."""
+    """True when the open step's launch already wrote this window-rows call's outputs (kept
+    by the output buffer's address: the main batch's builder and the sub-batch's replay
+    builders each have their own)."""
     step = _local.step
-    if step is None:
+    if step is None or not step.answered:
         return False
-    hit = step.answered.get(("swa_indices_and_lens", num_tokens, token_offset))
-    if (hit is None or hit[0] != swa_indices.data_ptr() or not _same(hit[1], query_start_loc)
-            or not _same(hit[2], replay_start) or not _same(hit[3], block_table)):
+    hit = step.answered.get(("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset))
+    if (hit is None or not _same(hit[0], query_start_loc) or not _same(hit[1], replay_start)
+            or not _same(hit[2], block_table)):
         return False
     CALLS["swa_indices_and_lens.answered"] += 1
     return True
@@ -422,22 +442,37 @@ def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num
     step = _local.step
     if step is None:
         return False
-    hit = step.answered.get(("gather_lens", num_prefills, num_decodes, window))
-    if (hit is None or not _same(hit[0], query_start_loc) or not _same(hit[1], replay_start)
-            or prefill_gather_lens.shape != (num_prefills,) or prefill_gather_lens.dtype != hit[4]):
-        return False
-    prefill_gather_lens.set_(hit[2], hit[3], (num_prefills,), (1,))  # the step's buffer: a view, no slice
-    CALLS["gather_lens.answered"] += 1
-    return True
+    hits = step.answered.get(("gather_lens", num_prefills, num_decodes, window))  # the batch's, the sub-batch's
+    for hit in hits or ():
+        if (_same(hit[0], query_start_loc) and _same(hit[1], replay_start)
+                and prefill_gather_lens.shape == (num_prefills,) and prefill_gather_lens.dtype == hit[4]):
+            prefill_gather_lens.set_(hit[2], hit[3], (num_prefills,), (1,))  # the step's buffer: a view, no slice
+            CALLS["gather_lens.answered"] += 1
+            return True
+    return False
+
+
+def _storage_view(scratch: dict, key: str) -> tuple:
+    """``(buffer, its storage, storage offset, dtype)`` of the step buffer ``scratch[key]``, read
+    once: what an answered gather-lengths call's tensor is set to."""
+    buf = scratch[key]
+    view = scratch["views"].get(key)
+    if view is None or view[0] is not buf:
+        view = scratch["views"][key] = (buf, buf.untyped_storage(), buf.storage_offset(), buf.dtype)
+    return view
 
 
 def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, positions, slot_mappings, replay_start,
-                 num_reqs: int, num_tokens: int, scratch: dict, *, gather: tuple | None = None) -> bool:
+                 num_reqs: int, num_tokens: int, scratch: dict, *, gather: tuple | None = None,
+                 kept: KeptTargets | None = None) -> bool:
     """One ``prepare_replay_step`` launch for the open step: the held pad (if vLLM made one),
     ``target``'s decode rows (tokens ``[0, num_decode_tokens)``) and prefill rows into its
     buffers, the prefills' gather lengths into ``scratch["gather_lens"]`` and, with ``gather =
     (plan, window, out)``, the decoder sub-batch into ``out`` (answered for a later call with
-    that same plan object). ``scratch``: the model state's persistent ``arange`` (int32) and
+    that same plan object) and, with ``kept`` as well, the sub-batch's window builds into the
+    replay builders' buffers (:class:`KeptTargets`; answered for vLLM's sub-batch builds, which
+    pass the sub-batch's ``query_start_loc`` and ``kv_start`` -- ``out``'s -- or the batch's
+    ``replay_start``). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start``, ``stale_replay`` and ``gather_lens`` (int32), an
     empty int32 ``no_groups`` and a dict ``views`` (kept: the first two's slices per batch
     size; under ``"gather_lens"`` that buffer's storage, which an answered call's tensor is set
@@ -463,31 +498,55 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     if views is None:  # per batch size, made once
         views = scratch["views"][B] = (scratch["arange"][:B], scratch["ones"][:B])
     gl = scratch["gather_lens"]
-    gl_view = scratch["views"].get("gather_lens")
-    if gl_view is None or gl_view[0] is not gl:  # the storage an answered call's tensor is set to, read once
-        gl_view = scratch["views"]["gather_lens"] = (gl, gl.untyped_storage(), gl.storage_offset(), gl.dtype)
+    gl_view = _storage_view(scratch, "gather_lens")
     out = {"replay_start": scratch["replay_start"], "stale_replay": scratch["stale_replay"],
            "swa_indices": t.decode_rows, "swa_lens": t.decode_lens,
            "prefill_swa_indices": t.prefill_rows, "prefill_swa_lens": t.prefill_lens, "gather_lens": gl}
-    plan = None
+    plan, k_args = None, {}
     if gather is not None and gather[1] == t.window:
         plan, _, g_out = gather
         out["replay_batch"] = g_out
+        if kept is not None:
+            for key, build, gl_key in zip(("kept_windows", "kept_first_windows"), kept.builds, kept.gather_lens):
+                out[key] = {"swa_indices": build[0], "swa_lens": build[1], "prefill_swa_indices": build[2],
+                            "prefill_swa_lens": build[3], "gather_lens": scratch[gl_key]}
+            k_args = {"kept_windows": len(kept.builds), "kept_prefill_from": kept.num_decode_tokens,
+                      "kept_gather_lens_from": kept.num_decodes}
     CALLS["prepare_step"] += 1
     be.prepare_replay_step(rs, views[0], views[1], qsl, seq, _head(positions, T), slot_mappings, groups, t.block_table,
                            t.block_size, t.window, Wr, index_width=t.decode_rows.shape[1], plan=plan, prefill_from=D,
-                           gather_lens_from=d, valid_group=t.group, out=out)
+                           gather_lens_from=d, valid_group=t.group, out=out, **k_args)
     step.pad = step.pad_fallback = None
     answered = step.answered
+    bt = t.block_table
     if D:
-        answered[("swa_indices_and_lens", D, 0)] = (t.decode_rows.data_ptr(), qsl, rs, t.block_table)
+        answered[("swa_indices_and_lens", t.decode_rows.data_ptr(), D, 0)] = (qsl, rs, bt)
     if T > D:
-        answered[("swa_indices_and_lens", T - D, D)] = (t.prefill_rows.data_ptr(), qsl, rs, t.block_table)
+        answered[("swa_indices_and_lens", t.prefill_rows.data_ptr(), T - D, D)] = (qsl, rs, bt)
     if B > d:
-        answered[("gather_lens", B - d, d, t.window)] = (qsl, rs) + gl_view[1:]
+        answered[("gather_lens", B - d, d, t.window)] = [(qsl, rs) + gl_view[1:]]
     if plan is not None:
         answered[("gather_replay_batch", id(plan))] = (plan, qsl, slot_mappings, g_out["rows"])
+        if k_args:
+            _answer_kept(answered, kept, scratch, g_out, rs, bt, plan.num_rows, B, t.window)
     return True
+
+
+def _answer_kept(answered: dict, kept: KeptTargets, scratch: dict, g_out: dict, rs, bt, n: int, B: int,
+                 window: int) -> None:
+    """Record the sub-batch builds the launch made: vLLM's calls pass the sub-batch's
+    ``query_start_loc`` and, for the replay layers' build, its ``kv_start`` (``g_out``'s
+    buffers: fresh slices of the same memory), for the first replay layer's the batch's
+    ``replay_start`` (``rs``, the same object)."""
+    kq, Dk, dk = g_out["query_start_loc"], kept.num_decode_tokens, kept.num_decodes
+    for build, clamp, gl_key in zip(kept.builds, (g_out["kv_start"], rs), kept.gather_lens):
+        if Dk:
+            answered[("swa_indices_and_lens", build[0].data_ptr(), Dk, 0)] = (kq, clamp, bt)
+        if n > Dk:
+            answered[("swa_indices_and_lens", build[2].data_ptr(), n - Dk, Dk)] = (kq, clamp, bt)
+        if B > dk:
+            answered.setdefault(("gather_lens", B - dk, dk, window), []).append(
+                (kq, clamp) + _storage_view(scratch, gl_key)[1:])
 
 
 # ---------------------------------------------------------------------------------------
@@ -577,7 +636,7 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
     return ran
 
 
-__all__ = ["CALLS", "VALIDATE", "WindowTarget", "answered_gather_lens", "answered_swa", "backend_for", "begin_step",
+__all__ = ["CALLS", "VALIDATE", "KeptTargets", "WindowTarget", "answered_gather_lens", "answered_swa", "backend_for", "begin_step",
            "dropped_before", "end_step", "flush_step", "gather_replay_batch", "gather_rows", "pad_replayed_slots",
            "predicted_kept", "predicted_split", "prefill_gather_lens", "prepare_step", "query_lens", "replay_plan",
            "scatter_rows", "swa_indices_and_lens", "swa_rows", "warm_up"]

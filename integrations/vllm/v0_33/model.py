@@ -324,6 +324,7 @@ class ModelStateMixin:
         self._swa_step_buffers = None
         self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
         self._swa_predicted = None  # (kept_lens, num_padded, gather args) the step's launch gathered
+        self._swa_kept_builders = None  # (replay groups, KV group, _kept_builders' answer)
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
@@ -511,12 +512,14 @@ class ModelStateMixin:
         target = self._swa_window_target(input_batch, q, block_tables, attn_groups, kv_cache_config)
         if target is None:
             return
-        gather = None
+        gather = kept = None
         if self._swa_gather and cudagraph_mode in (none, piecewise):
             gather = self._swa_predicted_gather(input_batch, q, slot_mappings, cudagraph_mode == piecewise)
+            if gather is not None:
+                kept = self._swa_kept_targets(input_batch, attn_groups, target)
         runtime.prepare_step(self._swa_backend, target, input_batch.query_start_loc, input_batch.seq_lens,
                              input_batch.positions, slot_mappings, replay_start, B, T, self._swa_scratch(),
-                             gather=gather)
+                             gather=gather, kept=kept)
 
     def _swa_window_target(self, input_batch, q, block_tables, attn_groups, kv_cache_config):
         """The first sparse-SWA builder whose build is vLLM's own (:func:`_known_swa_builds`),
@@ -564,6 +567,32 @@ class ModelStateMixin:
         self._swa_predicted = (kept, num_padded, args)
         return args[0], layers.window, args[1]
 
+    def _swa_kept_targets(self, input_batch, attn_groups, target):
+        """The sub-batch's window builds the step's launch can make too (``runtime.KeptTargets``):
+        the replay layers' sparse-SWA builder of the first window builder's KV group and, when
+        the first replay layer's is that group's too, its builder, from vLLM's replay groups
+        (``_replay_attn_groups``: made here as vLLM makes them in this step's
+        ``_prepare_replay_batch`` when it has none yet); the sub-batch's split from the kept
+        lengths the prediction made. None when the replay layers have no such builder."""
+        if self._replay_attn_groups is None:  # vLLM's own lazy copies, made a little earlier in the same step
+            layers = self.decoder_replay_layers
+            self._replay_attn_groups = (self._copy_attn_groups(attn_groups, layers.metadata_prefixes),
+                                        self._copy_attn_groups(attn_groups, {layers.first_swa_prefix}))
+        groups = self._replay_attn_groups
+        found = self._swa_kept_builders
+        if found is None or found[0] is not groups or found[1] != target.group:
+            found = self._swa_kept_builders = (groups, target.group, _kept_builders(groups, target))
+        builders = found[2]
+        if not builders:
+            return None
+        kept_lens, _, (_, _, kept_qsl_np, num_tokens) = self._swa_predicted
+        B = input_batch.num_reqs
+        max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)  # as the sub-batch says
+        d, D = runtime.predicted_split(runtime.query_lens(kept_qsl_np, B), kept_qsl_np, num_tokens, max_query_len,
+                                       builders[0][0].decode_threshold)
+        return runtime.KeptTargets(tuple(b[1] for b in builders), d, D,
+                                   ("kept_gather_lens", "first_gather_lens")[: len(builders)])
+
     def _swa_scratch(self) -> dict:
         scratch = self._swa_step_buffers
         if scratch is None:
@@ -574,8 +603,50 @@ class ModelStateMixin:
                 "replay_start": torch.zeros(n, dtype=torch.int32, device=dev),
                 "stale_replay": torch.zeros(n, dtype=torch.int32, device=dev),
                 "gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
+                "kept_gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
+                "first_gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
                 "no_groups": torch.zeros(0, dtype=torch.int32, device=dev), "views": {}}
         return scratch
+
+
+def _predictable(b, group) -> bool:
+    """A sparse-SWA builder whose window rows the step's launch can write: a ``build`` vLLM's
+    own (:func:`_known_swa_builds`), the group's own block table (no kernel-block mapping),
+    text windows only (prefill rows as wide as decode rows)."""
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as SWA
+
+    cls = type(b)
+    return (isinstance(b, SWA) and cls.build in _known_swa_builds()
+            and cls._build_deepseek_v4_metadata is SWA._build_deepseek_v4_metadata
+            and group.kernel_block_size is None and not b.max_image_tokens
+            and b.prefill_index_width == b.window_size)
+
+
+def _rows_of(b) -> tuple:
+    """A sparse-SWA builder's decode rows, decode lengths, prefill rows, prefill lengths (its
+    ``[N, 1, width]`` buffers as ``[N, width]`` rows: same address)."""
+    return b.decode_swa_indices[:, 0], b.decode_swa_lens, b.prefill_swa_indices[:, 0], b.prefill_swa_lens
+
+
+def _kept_builders(replay_attn_groups, target) -> list:
+    """``[(builder, its rows)]`` of the sub-batch builds of ``target``'s KV group the step's launch
+    makes: the replay layers' builder (vLLM's first replay group) and then, if it is there
+    too, the first replay layer's; the same window, block size and index width as ``target``'s.
+    Empty when the replay layers have no predictable builder in that group."""
+    replay_groups, first_groups = replay_attn_groups
+    found = []
+    for groups in (replay_groups, first_groups):
+        hit = None
+        for group in groups[target.group] if target.group < len(groups) else ():
+            b = group.get_metadata_builder(0)
+            if (_predictable(b, group) and b.window_size == target.window and b.block_size == target.block_size
+                    and b.decode_swa_indices.shape[-1] == target.decode_rows.shape[1]):
+                hit = (b, _rows_of(b))
+                break
+        if hit is None:
+            break  # the first replay layer's build only beside the replay layers' (kept_windows 2)
+        found.append(hit)
+    return found
 
 
 def _window_builder(attn_groups, kv_cache_config):
@@ -584,22 +655,13 @@ def _window_builder(attn_groups, kv_cache_config):
     a window group (not prefix-cacheable, so never padded: its slots are the step's validity
     row), a ``build`` vLLM's own, the group's own block table (no kernel-block mapping), text
     windows only (prefill rows as wide as decode rows); None if there is none."""
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as SWA
-
-    builds = _known_swa_builds()
     for gid, groups in enumerate(attn_groups):
         if getattr(kv_cache_config.kv_cache_groups[gid].kv_cache_spec, "prefix_cacheable", False):
             continue
         for group in groups:
             b = group.get_metadata_builder(0)
-            cls = type(b)
-            if (isinstance(b, SWA) and cls.build in builds
-                    and cls._build_deepseek_v4_metadata is SWA._build_deepseek_v4_metadata
-                    and group.kernel_block_size is None and not b.max_image_tokens
-                    and b.prefill_index_width == b.window_size):
-                return b, runtime.WindowTarget(gid, None, b.block_size, b.window_size, 0, 0,
-                                               b.decode_swa_indices[:, 0], b.decode_swa_lens,
-                                               b.prefill_swa_indices[:, 0], b.prefill_swa_lens)
+            if _predictable(b, group):
+                return b, runtime.WindowTarget(gid, None, b.block_size, b.window_size, 0, 0, *_rows_of(b))
     return None
 
 

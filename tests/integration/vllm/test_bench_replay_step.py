@@ -43,7 +43,7 @@ def test_smoke_against_vllm(tmp_path):
     # mixed steps (decodes, a replaying prefill, trimmed prefills): what real vLLM steps launch
     assert counts[("3x140+3d", 1)] == TABLE["eager, trimmed, 1 window group"]
     assert counts[("3x140+3d", 2)] == TABLE["eager, trimmed, 2 window groups"]
-    assert counts[("1x140", 1)] == (7, 5)  # one trimmed prefill, no replay: no padding
+    assert counts[("1x140", 1)] == (7, 1)  # one trimmed prefill, no replay: no padding
     assert "launches" in proc.stdout
 
 
