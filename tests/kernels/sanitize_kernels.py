@@ -16,7 +16,9 @@ lies 2**31 elements in. Those allocate up to 16 GiB a case; run with
 ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so that memcheck sees each allocation's own bounds (an
 overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leaves them out,
 ``--no-huge-strides`` only the huge-stride cases (``--huge-only START:STOP`` runs a slice of
-them alone: under memcheck each case's memory stays taken until the process ends).
+them alone: under memcheck each case's memory stays taken until the process ends); ``--kept-only``
+runs only ``prepare_replay_step``'s decoder sub-batch cases (resized by the device, and with the
+sub-batch's window builds).
 Exit 1 on a wrong result.
 """
 
@@ -95,15 +97,35 @@ def adaptive_verification_cases(be, dev) -> list[str]:
             bad.append(f"gather_replay_batch resized {device_qsl}: {why}")
         step = (R, torch.arange(3, dtype=i32), torch.tensor([False, False, True]), qsl, seq, positions, slots.clone(),
                 torch.tensor([0], dtype=i32), torch.arange(40, dtype=i32).view(1, 40).repeat(3, 1), 16, 4, 4)
-        want = OPS["prepare_replay_step"].reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in step],
-                                                    plan=plan)
-        with sb.validation(False):
-            got = be.prepare_replay_step(*to_device(step, dev), plan=plan)
-            torch.cuda.synchronize() if dev.type == "cuda" else None
+        # the plain step, then vLLM's layout with the sub-batch's two builds (exactly sized buffers)
+        for kw in ({}, dict(prefill_from=2, gather_lens_from=2, valid_group=1, kept_windows=2, kept_prefill_from=2,
+                            kept_gather_lens_from=2)):
+            want = OPS["prepare_replay_step"].reference(
+                *[a.clone() if isinstance(a, torch.Tensor) else a for a in step], plan=plan, **kw)
+            with sb.validation(False):
+                got = be.prepare_replay_step(*to_device(step, dev), plan=plan, **kw)
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+            why = mismatch("prepare_replay_step", got, want)
+            if why:
+                bad.append(f"prepare_replay_step resized {device_qsl} {sorted(kw)}: {why}")
+        print(f"ran adaptive verification {device_qsl}", flush=True)
+    return bad
+
+
+def kept_window_cases(be, dev, rng, n: int = 12) -> list[str]:
+    """``prepare_replay_step`` with the sub-batch's window builds (``kept_windows``), ``n`` random
+    steps (poisoned buffers longer than the step half the time) against the reference."""
+    bad, done = [], 0
+    while done < n:
+        args, kwargs = case_for("prepare_replay_step", rng, "cpu", poison=bool(done % 2))
+        if not kwargs.get("kept_windows"):
+            continue
+        got, want = run_op("prepare_replay_step", be.prepare_replay_step, args, kwargs, dev)
         why = mismatch("prepare_replay_step", got, want)
         if why:
-            bad.append(f"prepare_replay_step resized {device_qsl}: {why}")
-        print(f"ran adaptive verification {device_qsl}", flush=True)
+            bad.append(f"prepare_replay_step kept_windows={kwargs['kept_windows']}: {why}")
+        done += 1
+    print(f"ran prepare_replay_step with the sub-batch's builds, {n} steps", flush=True)
     return bad
 
 
@@ -171,6 +193,12 @@ def main(argv: list[str]) -> int:
     bad = []
     if "--huge-only" in argv:  # one slice of the huge-stride cases, alone (see huge_only)
         return huge_only(argv[argv.index("--huge-only") + 1], dev)
+    if "--kept-only" in argv:  # the sub-batch builds of prepare_replay_step alone
+        bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng)
+        for b in bad:
+            print("WRONG", b)
+        print(f"wrong results: {len(bad)}")
+        return 1 if bad else 0
     for op in METADATA_KERNELS:
         for i in range(2):
             args, kwargs = case_for(op, rng, "cpu", poison=bool(i))
@@ -179,6 +207,7 @@ def main(argv: list[str]) -> int:
             if why:
                 bad.append(f"{op}: {why}")
     bad += adaptive_verification_cases(be, dev)
+    bad += kept_window_cases(be, dev, rng)
     # sparse MLA: each variant directly, at shapes it takes
     from swa_backends.kernels import sparse_mla as tl
 
