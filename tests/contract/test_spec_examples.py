@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import numpy as np
 import torch
 
 import swa_backends as sb
@@ -254,6 +255,21 @@ def test_prepare_replay_step_worked_example(be):
     assert got.prefill_swa_indices[3].tolist() == [24, 25, 26, 27, PAD, PAD, PAD, PAD]  # block 6 of request 1
     assert got.gather_lens.tolist() == [4]
     assert slots[0].tolist() == [100, PAD, PAD, PAD, PAD] and slots[1, 1:].ne(PAD).all()
+    # the sub-batch's builds: a plan keeping the decode's row and the prefill's last two
+    from swa_backends.common.types import ReplayPlan
+
+    plan = ReplayPlan.from_kept(np.array([1, 2], dtype=np.int32), np.array([0, 1, 5], dtype=np.int32), 3, 8)
+    slots = torch.arange(15, dtype=i64).reshape(3, 5) + 100
+    got = be.prepare_replay_step(torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32),
+                                 torch.tensor([False, True]), qsl, seq, positions, slots, torch.tensor([0], dtype=i32),
+                                 table, 4, 8, 4, prefill_from=1, gather_lens_from=1, valid_group=2, plan=plan,
+                                 kept_windows=2, kept_prefill_from=1, kept_gather_lens_from=1)
+    assert got.replay_batch.kv_start.tolist() == [0, 8]
+    for build in (got.kept_windows, got.kept_first_windows):
+        assert build.swa_indices.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]] and build.swa_lens.tolist() == [8]
+        assert build.prefill_swa_lens.tolist() == [3, 4]
+        assert build.prefill_swa_indices.tolist() == [[24, 25, 26] + [PAD] * 5, [24, 25, 26, 27] + [PAD] * 4]
+        assert build.gather_lens.tolist() == [4]
 
 
 # --- the seeds' corners: stale replay starts (§0), the null block (§2.3), device-resized

@@ -101,19 +101,22 @@ def test_eager_step_bit_identical(be, seed, name):
     n = _compare(want, got)
     assert n > 10
     # the step went through the pack in one launch (runtime.prepare_step): the pad held for it,
-    # the first window group's decode rows, prefill rows and gather lengths and the sub-batch
-    # answered by it; the second window group's builder launches its own
+    # the first window group's decode rows, prefill rows and gather lengths, the sub-batch and
+    # that group's two sub-batch builds (the replay layers', the first replay layer's) answered
+    # by it; the second window group's builder launches its own
     assert called.get("prepare_step", 0) == 1
     D = int(batch.qsl_np[batch.num_decodes])
     T = int(batch.qsl_np[batch.num_reqs])
-    assert called.get("swa_indices_and_lens.answered", 0) == (D > 0) + (T > D)
+    sub = want["replay"] is not None
+    n = want["replay"]["rows"].numel() if sub else 0
+    assert called.get("swa_indices_and_lens.answered", 0) == (D > 0) + (T > D) + 2 * sub * ((D > 0) + (n > D))
     if batch.slots.shape[0] - len(batch.cacheable) > 1:  # a second window group: its own launches
         assert called.get("swa_indices_and_lens", 0) >= (D > 0) + (T > D)
     if batch.R[: batch.num_reqs].any():
         assert called.get("pad_replayed_slots.held", 0) == 1 and called.get("pad_replayed_slots", 0) == 0
         assert not torch.equal(want["slot_mappings"], batch.slots)
-    if batch.num_decodes < batch.num_reqs:
-        assert called.get("gather_lens.answered", 0) == 1
+    if batch.num_decodes < batch.num_reqs:  # the batch's, and the sub-batch's two builds'
+        assert called.get("gather_lens.answered", 0) == 1 + 2 * sub
     trims = (batch.q > batch.W)[batch.num_decodes: batch.num_reqs] & ~batch.keeps_rows[batch.num_decodes: batch.num_reqs]
     assert (want["replay"] is not None) == bool(trims.any())
     if want["replay"] is not None:
