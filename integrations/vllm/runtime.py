@@ -213,6 +213,7 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
         if (hit is not None and hit[0] is plan and _same(hit[1], query_start_loc) and _same(hit[2], slot_mappings)
                 and _same(hit[3], out["rows"])):
             CALLS["gather_replay_batch.answered"] += 1
+            step.gathered = plan
             return
     CALLS["gather_replay_batch"] += 1
     B = plan.num_reqs
@@ -356,12 +357,15 @@ def predicted_kept(query_lens: list[int] | np.ndarray, keeps_rows: np.ndarray | 
 
 
 class _Step:
-    __slots__ = ("pad", "pad_fallback", "answered")
+    __slots__ = ("pad", "pad_fallback", "answered", "gathered")
 
     def __init__(self) -> None:
         self.pad: tuple | None = None  # vLLM's pad call, held for the step's launch
         self.pad_fallback = None  # vLLM's kernel for the held call, if the pack's launch of it raises
         self.answered: dict = {}  # call key -> what answers it (True, the gather lengths' buffer, the plan)
+        # the plan whose sub-batch gather was answered: the sub-batch builds' answers hold only for it (vLLM's own
+        # gather, on another plan, rewrites the sub-batch buffers their answers are matched by)
+        self.gathered = None
 
 
 class _Local(threading.local):
@@ -428,7 +432,7 @@ def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_to
         return False
     hit = step.answered.get(("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset))
     if (hit is None or not _same(hit[0], query_start_loc) or not _same(hit[1], replay_start)
-            or not _same(hit[2], block_table)):
+            or not _same(hit[2], block_table) or len(hit) > 3 and step.gathered is not hit[3]):
         return False
     CALLS["swa_indices_and_lens.answered"] += 1
     return True
@@ -445,7 +449,8 @@ def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num
     hits = step.answered.get(("gather_lens", num_prefills, num_decodes, window))  # the batch's, the sub-batch's
     for hit in hits or ():
         if (_same(hit[0], query_start_loc) and _same(hit[1], replay_start)
-                and prefill_gather_lens.shape == (num_prefills,) and prefill_gather_lens.dtype == hit[4]):
+                and prefill_gather_lens.shape == (num_prefills,) and prefill_gather_lens.dtype == hit[4]
+                and (len(hit) == 5 or step.gathered is hit[5])):
             prefill_gather_lens.set_(hit[2], hit[3], (num_prefills,), (1,))  # the step's buffer: a view, no slice
             CALLS["gather_lens.answered"] += 1
             return True
@@ -528,25 +533,27 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     if plan is not None:
         answered[("gather_replay_batch", id(plan))] = (plan, qsl, slot_mappings, g_out["rows"])
         if k_args:
-            _answer_kept(answered, kept, scratch, g_out, rs, bt, plan.num_rows, B, t.window)
+            _answer_kept(answered, kept, scratch, g_out, rs, bt, plan, B, t.window)
     return True
 
 
-def _answer_kept(answered: dict, kept: KeptTargets, scratch: dict, g_out: dict, rs, bt, n: int, B: int,
+def _answer_kept(answered: dict, kept: KeptTargets, scratch: dict, g_out: dict, rs, bt, plan: ReplayPlan, B: int,
                  window: int) -> None:
     """Record the sub-batch builds the launch made: vLLM's calls pass the sub-batch's
     ``query_start_loc`` and, for the replay layers' build, its ``kv_start`` (``g_out``'s
     buffers: fresh slices of the same memory), for the first replay layer's the batch's
-    ``replay_start`` (``rs``, the same object)."""
-    kq, Dk, dk = g_out["query_start_loc"], kept.num_decode_tokens, kept.num_decodes
+    ``replay_start`` (``rs``, the same object). Each answer holds only once the gather of
+    ``plan`` was answered (``_Step.gathered``): the buffers are matched by address, and vLLM's
+    own gather of another plan rewrites them."""
+    kq, n, Dk, dk = g_out["query_start_loc"], plan.num_rows, kept.num_decode_tokens, kept.num_decodes
     for build, clamp, gl_key in zip(kept.builds, (g_out["kv_start"], rs), kept.gather_lens):
         if Dk:
-            answered[("swa_indices_and_lens", build[0].data_ptr(), Dk, 0)] = (kq, clamp, bt)
+            answered[("swa_indices_and_lens", build[0].data_ptr(), Dk, 0)] = (kq, clamp, bt, plan)
         if n > Dk:
-            answered[("swa_indices_and_lens", build[2].data_ptr(), n - Dk, Dk)] = (kq, clamp, bt)
+            answered[("swa_indices_and_lens", build[2].data_ptr(), n - Dk, Dk)] = (kq, clamp, bt, plan)
         if B > dk:
             answered.setdefault(("gather_lens", B - dk, dk, window), []).append(
-                (kq, clamp) + _storage_view(scratch, gl_key)[1:])
+                (kq, clamp) + _storage_view(scratch, gl_key)[1:] + (plan,))
 
 
 # ---------------------------------------------------------------------------------------
@@ -610,7 +617,7 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
                "kv_start": torch.empty(2, dtype=i32, device=dev)}
         be.gather_replay_batch(plan, qsl, seq_t, R, pos, slots, W, out=out)
         ran.append("gather_replay_batch")
-    if step:  # prepare_step's launches: with and without a held pad, with a sub-batch if gathered
+    if step:  # prepare_step's launches: with and without a held pad, with a sub-batch (and its builds) if gathered
         kept = np.array([1, 2], dtype=np.int32)
         plan = replay_plan(kept, np.array([0, 1, 4], dtype=np.int32), 5, W)
         ones = torch.ones(2, dtype=torch.bool, device=dev)
@@ -618,12 +625,13 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
         two = torch.arange(2 * T_pad, dtype=i64, device=dev).view(2, T_pad)  # group 0 cacheable, 1 the window's
         for tile in _launch_tiles(be):  # the Triton kernel's tile depends on the step's size
             for held in (True, False):
-                for p in (None, plan) if gather else (None,):
+                for p, kept in ((None, 0), (plan, 0), (plan, 1), (plan, 2)) if gather else ((None, 0),):
                     groups = torch.zeros(1 if held else 0, dtype=i32, device=dev)
+                    k_args = dict(kept_windows=kept, kept_prefill_from=1, kept_gather_lens_from=1) if kept else {}
                     with tile():
                         be.prepare_replay_step(R, idx, ones, qsl, seq_t, pos[:T], two.clone(), groups, table, bs, W,
                                                W if held else 0, index_width=width, plan=p, prefill_from=1,
-                                               gather_lens_from=1, valid_group=1)
+                                               gather_lens_from=1, valid_group=1, **k_args)
         ran.append("prepare_replay_step")
     if rows:
         idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)

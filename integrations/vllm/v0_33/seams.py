@@ -135,7 +135,7 @@ SEAMS: tuple[Seam, ...] = (
           "replay_start", "capture_desc"), "ae5766b818505463"),
     Seam(f"{_MS}:DeepseekV41ModelState._copy_attn_groups",
          "the model state calls it to make vLLM's replay groups a little earlier in the same step",
-         ("self", "attn_groups", "prefixes"), "6548b6dd5acac1b2"),
+         ("self", "attn_groups", "prefixes"), "9cea9d6a720916e4", platform="cuda"),
     Seam(f"{_MS}:DeepseekV41ModelState.capture_inner_cudagraphs", "the replay graphs' capture path",
          ("self", "input_buffers", "block_tables", "attn_groups", "kv_cache_config")),
     Seam(f"{_MS}:_pad_replayed_slots_kernel", "patch pad_replayed_slots replaces its launches (the same output)",

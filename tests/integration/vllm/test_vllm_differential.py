@@ -137,7 +137,9 @@ def test_eager_step_with_validation_on(name, monkeypatch):
     want = _vllm_run(batch, _eager)
     got, called = _pack_run(be, batch, _eager)
     _compare(want, got)
-    assert called.get("swa_indices_and_lens", 0) > 0
+    # through the validated backend: the step's one launch, and every other routed call answered or launched
+    assert called.get("prepare_step", 0) == 1
+    assert called.get("swa_indices_and_lens", 0) + called.get("swa_indices_and_lens.answered", 0) > 0
 
 
 def _eager_resized(state, setup, batch, *, host_q):
