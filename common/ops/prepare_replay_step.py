@@ -210,14 +210,8 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
     check_tensor(NAME, "idx_mapping", idx_mapping, ndim=1)
     check_tensor(NAME, "positions", positions, ndim=1)
     B, T = idx_mapping.shape[0], positions.shape[0]
-    if gather_lens_from is not None:
-        check_int(NAME, "gather_lens_from", gather_lens_from, min_value=0)
-        if gather_lens_from > B:
-            fail(NAME, "gather_lens_from", gather_lens_from, f"at most the number of requests, {B} (len(idx_mapping))")
-    if prefill_from is not None:
-        check_int(NAME, "prefill_from", prefill_from, min_value=0)
-        if prefill_from > T:
-            fail(NAME, "prefill_from", prefill_from, f"at most the number of tokens, {T} (len(positions))")
+    _check_split("gather_lens_from", gather_lens_from, B, "the number of requests", "len(idx_mapping)")
+    _check_split("prefill_from", prefill_from, T, "the number of tokens", "len(positions)")
     rows = _rows(B, T, prefill_from, gather_lens_from)
     for key in LEADING_ROWS:
         buf = o.get(key)
@@ -269,6 +263,14 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
                    kept_prefill_from, kept_gather_lens_from, out, o)
 
 
+def _check_split(name: str, value, bound: int, what: str, where: str) -> None:
+    """A split point (None, or an int in ``[0, bound]``)."""
+    if value is not None:
+        check_int(NAME, name, value, min_value=0)
+        if value > bound:
+            fail(NAME, name, value, f"at most {what}, {bound} ({where})")
+
+
 def _validate_kept(plan, B: int, width: int, dev, kept_windows, kept_prefill_from, kept_gather_lens_from, out,
                    o: dict) -> None:
     """The sub-batch builds' arguments and buffers (their inputs are the step's, checked above;
@@ -282,16 +284,8 @@ def _validate_kept(plan, B: int, width: int, dev, kept_windows, kept_prefill_fro
         return
     if plan is None:
         fail(NAME, "kept_windows", kept_windows, "0 without a plan (the builds are of the plan's sub-batch)")
-    n = plan.num_rows
-    if kept_prefill_from is not None:
-        check_int(NAME, "kept_prefill_from", kept_prefill_from, min_value=0)
-        if kept_prefill_from > n:
-            fail(NAME, "kept_prefill_from", kept_prefill_from, f"at most the sub-batch's rows, {n} (plan.num_rows)")
-    if kept_gather_lens_from is not None:
-        check_int(NAME, "kept_gather_lens_from", kept_gather_lens_from, min_value=0)
-        if kept_gather_lens_from > B:
-            fail(NAME, "kept_gather_lens_from", kept_gather_lens_from,
-                 f"at most the number of requests, {B} (len(idx_mapping))")
+    _check_split("kept_prefill_from", kept_prefill_from, plan.num_rows, "the sub-batch's rows", "plan.num_rows")
+    _check_split("kept_gather_lens_from", kept_gather_lens_from, B, "the number of requests", "len(idx_mapping)")
     if out is None:
         return
     shapes = _kept_shapes(B, width, plan, kept_prefill_from, kept_gather_lens_from)

@@ -233,6 +233,48 @@ def test_prepare_replay_step_serving_keywords_are_checked():
         assert torch.equal(long[name][:n], getattr(got, name)) and (long[name][n:] == -77).all(), name
 
 
+def test_prepare_replay_step_sub_batch_builds_are_checked():
+    """``kept_windows`` 0-2 and only with a plan, its split points in range (and None without
+    it), a buffer dict per build with every buffer at least as long as the step writes, int32 on
+    the device, no two sharing memory: each refused with the argument named, nothing written."""
+    import numpy as np
+
+    from swa_backends.common.ops.prepare_replay_step import allocate_out
+    from swa_backends.common.types import ReplayPlan
+
+    qsl = torch.tensor([0, 1, 5], dtype=i32)
+    seq = torch.tensor([9, 12], dtype=i32)
+    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
+    slots = torch.arange(15, dtype=i64).reshape(3, 5)
+    table = torch.arange(8, dtype=i32).reshape(2, 4)
+    args = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl, seq,
+            positions, slots, torch.tensor([0], dtype=i32), table, 4, 8, 4)
+    plan = ReplayPlan.from_kept(np.array([1, 2], dtype=np.int32), np.array([0, 1, 5], dtype=np.int32), 3, 8)
+    kw = {"prefill_from": 1, "gather_lens_from": 1, "valid_group": 2, "plan": plan, "kept_windows": 2,
+          "kept_prefill_from": 1, "kept_gather_lens_from": 1}
+    shape = dict(prefill_from=1, gather_lens_from=1, kept_windows=2, kept_prefill_from=1, kept_gather_lens_from=1)
+    got = BE.prepare_replay_step(*args, **kw, out=allocate_out(2, 5, 8, "cpu", plan, 3, **shape))
+    assert got.kept_first_windows.prefill_swa_lens.tolist() == [3, 4]
+    before = slots.clone()
+    no_first = allocate_out(2, 5, 8, "cpu", plan, 3, **(shape | {"kept_windows": 1}))
+    short = allocate_out(2, 5, 8, "cpu", plan, 3, **shape)
+    short["kept_windows"]["prefill_swa_indices"] = short["kept_windows"]["prefill_swa_indices"][:1]
+    wrong = allocate_out(2, 5, 8, "cpu", plan, 3, **shape)
+    wrong["kept_first_windows"]["gather_lens"] = torch.zeros(1, dtype=i64)
+    shared = allocate_out(2, 5, 8, "cpu", plan, 3, **shape)
+    shared["kept_first_windows"]["swa_lens"] = shared["kept_windows"]["swa_lens"]
+    bad = [({"kept_windows": 3}, "kept_windows"), ({"kept_windows": -1}, "kept_windows"),
+           ({"plan": None}, "kept_windows"), ({"kept_prefill_from": 4}, "kept_prefill_from"),
+           ({"kept_gather_lens_from": 3}, "kept_gather_lens_from"),
+           ({"kept_windows": 0}, "kept_prefill_from"),  # a split point without the builds it splits
+           ({"out": no_first}, "out"), ({"out": short}, r"out\['kept_windows'\]\['prefill_swa_indices'\]"),
+           ({"out": wrong}, r"out\['kept_first_windows'\]\['gather_lens'\]"), ({"out": shared}, r"out\['kept_first_windows'\]\['swa_lens'\]")]
+    for change, name in bad:
+        with pytest.raises(ValueError, match=rf"^prepare_replay_step: {name}.*expected"):
+            BE.prepare_replay_step(*args, **(kw | change))
+        assert torch.equal(slots, before)
+
+
 # ---------------------------------------------------------------------------------------
 # overlap by address: exact where a closed form or a list of runs decides, conservative past it
 # ---------------------------------------------------------------------------------------
