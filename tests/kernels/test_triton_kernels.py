@@ -259,6 +259,63 @@ def test_prepare_replay_step_each_launch_tile(tb, tile):
     assert kp._forced_tile is None
 
 
+@pytest.mark.parametrize("tile", ["small", "large"])
+def test_prepare_replay_step_sub_batch_builds(tb, tile):
+    """The sub-batch's window builds (``kept_windows`` 2) in each launch tile, windows one and
+    several column blocks wide, against the reference; then a restarted request (SPEC §0) whose
+    replay start is stale for the batch (above its first scheduled position) but not for its
+    sub-batch (at or below the kept rows' first position): the first replay layer's build, which
+    gets the replay start as the engine hands it, clamps there, as ``swa_indices_and_lens`` on
+    the sub-batch does, and the replay layers' build (the sub-batch's ``kv_start``) does not."""
+    from swa_backends.common.ops import prefill_gather_lens, swa_indices_and_lens
+    from swa_backends.common.types import ReplayPlan
+    from swa_backends.kernels import prepare_replay_step as kp
+
+    forced = kp.SMALL_TILE if tile == "small" else kp.TILE
+    rng = np.random.default_rng(71 if tile == "small" else 72)
+    done = 0
+    with kp.forced_tile(forced):
+        for W in (8, 130, 8, 130):
+            b = random_batch(rng, W=W, max_q=300, max_reqs=4, long_prefill=True, num_groups=3)
+            for _ in range(20):
+                args, kwargs = case_for("prepare_replay_step", rng, "cpu", batch=b, poison=True)
+                if kwargs.get("plan") is not None and "prefill_from" in kwargs:
+                    break
+            else:
+                continue
+            kwargs |= {"kept_windows": 2, "kept_prefill_from": int(rng.integers(0, kwargs["plan"].num_rows + 1)),
+                       "kept_gather_lens_from": int(rng.integers(0, b.B + 1))}
+            kwargs.pop("out", None)
+            _check(tb, "prepare_replay_step", args, kwargs)
+            done += 1
+        assert done >= 2
+        # a decode (seq 50) and a 12-token prefill (seq 40) restarted at R 34: stale for the batch (first position
+        # 28), live for its last 4 rows (first position 36); W 4, block 4, one cacheable group, group 1 the window's
+        i32, i64 = torch.int32, torch.int64
+        qsl, seq = torch.tensor([0, 1, 13], dtype=i32), torch.tensor([50, 40], dtype=i32)
+        positions = torch.tensor([49, *range(28, 40)], dtype=i64)
+        slots = torch.stack([positions + 1000, positions + 2000])
+        table = torch.arange(26, dtype=i32).view(2, 13)
+        plan = ReplayPlan.from_kept(np.array([1, 4], dtype=np.int32), np.array([0, 1, 13], dtype=np.int32), 5, 4)
+        step = (torch.tensor([0, 34], dtype=i32), torch.arange(2, dtype=i32), torch.tensor([False, True]), qsl, seq,
+                positions, slots, torch.tensor([0], dtype=i32), table, 4, 4, 4)
+        kw = dict(plan=plan, prefill_from=1, gather_lens_from=1, valid_group=1, kept_windows=2, kept_prefill_from=1,
+                  kept_gather_lens_from=1)
+        want = OPS["prepare_replay_step"].reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in step],
+                                                    **kw)
+        got = tb.prepare_replay_step(*step, **kw)
+    assert not mismatch("prepare_replay_step", got, want)
+    assert got.stale_replay.tolist() == [0, 1] and got.replay_batch.kv_start.tolist() == [0, 36]
+    kq = got.replay_batch.query_start_loc
+    assert kq.tolist() == [0, 1, 5]
+    for build, clamp in ((got.kept_windows, got.replay_batch.kv_start), (got.kept_first_windows, step[0])):
+        idx, lens = swa_indices_and_lens.reference(kq, seq, table, 4, 4, clamp, num_tokens=4, token_offset=1)
+        assert torch.equal(build.prefill_swa_indices, idx) and torch.equal(build.prefill_swa_lens, lens)
+        assert torch.equal(build.gather_lens, prefill_gather_lens.reference(kq[1:], seq[1:], clamp[1:], 4))
+    assert got.kept_windows.prefill_swa_lens.tolist() == [1, 2, 3, 4]  # clamped at kv_start 36
+    assert got.kept_first_windows.prefill_swa_lens.tolist() == [3, 4, 4, 4]  # clamped at 34, live for the sub-batch
+
+
 def test_prepare_replay_step_tile_follows_the_steps_size(tb):
     """Steps of at most ``SMALL_STEP_TOKENS`` tokens launch the small tile, longer ones the
     other (one cold prefill each), both equal to the reference."""
