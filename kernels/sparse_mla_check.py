@@ -26,30 +26,34 @@ from ..common.ops import _records
 from ..common.ops._records import ROWS
 from ._launch import Kernel, jit
 
-BLOCK_T, BLOCK_K, BLOCK_H = 32, 128, 128
+#: one tile of ``indices`` per program, over a 2-D grid (token tiles x column tiles): every load is
+#: independent of every other, so the pass runs at memory bandwidth rather than at one load latency
+#: per column tile (a program per token tile looping over the columns left fewer programs than SMs
+#: at T 4K)
+BLOCK_T, BLOCK_K, BLOCK_H = 16, 256, 128
 
 
 @jit
 def _sparse_mla_check(idx_ptr, lens_ptr, sink_ptr, flag_ptr, T, K, H, s_it, s_ik, s_l, s_h, num_rows,
                       HAS_SINK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     pid = tl.program_id(0)
+    kb = tl.program_id(1)
     rows = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     in_t = rows < T
-    lens = tl.load(lens_ptr + rows * s_l, mask=in_t, other=0)
-    bad = tl.max(((lens < 0) | (lens > K)).to(tl.int32), axis=0)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
-        m = in_t[:, None] & (cols < K)[None, :]
-        idx = tl.load(idx_ptr + rows[:, None] * s_it + cols[None, :] * s_ik, mask=m, other=0)
-        wrong = ((idx < -1) | (idx >= num_rows)).to(tl.int32)
-        bad = tl.maximum(bad, tl.max(tl.max(wrong, axis=1), axis=0))
-    if HAS_SINK:
-        if pid == 0:
-            for h0 in range(0, H, BLOCK_H):
-                hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
-                s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
-                wrong = ((s != s) | (s == float("inf"))).to(tl.int32)  # NaN, +inf (-inf: a head without sink)
-                bad = tl.maximum(bad, tl.max(wrong, axis=0))
+    cols = kb.to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K).to(tl.int64)
+    m = in_t[:, None] & (cols < K)[None, :]
+    idx = tl.load(idx_ptr + rows[:, None] * s_it + cols[None, :] * s_ik, mask=m, other=0)
+    bad = tl.max(tl.max(((idx < -1) | (idx >= num_rows)).to(tl.int32), axis=1), axis=0)
+    if kb == 0:
+        lens = tl.load(lens_ptr + rows * s_l, mask=in_t, other=0)
+        bad = tl.maximum(bad, tl.max(((lens < 0) | (lens > K)).to(tl.int32), axis=0))
+        if HAS_SINK:
+            if pid == 0:
+                for h0 in range(0, H, BLOCK_H):
+                    hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
+                    s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
+                    wrong = ((s != s) | (s == float("inf"))).to(tl.int32)  # NaN, +inf (-inf: a head without sink)
+                    bad = tl.maximum(bad, tl.max(wrong, axis=0))
     if bad > 0:
         tl.store(flag_ptr, 1)  # every program that finds one stores the same value
 
@@ -99,7 +103,8 @@ def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=
     has_sink = sink is not None
     if T > 0 or has_sink:  # no token: program 0 still checks the sink (the validator does)
         s = sink if has_sink else lens
-        _K((has_sink,), (max(1, (T + BLOCK_T - 1) // BLOCK_T), 1, 1), indices, lens, s, flag, T, K, H,
+        _K((has_sink,), (max(1, (T + BLOCK_T - 1) // BLOCK_T), max(1, (K + BLOCK_K - 1) // BLOCK_K), 1), indices,
+           lens, s, flag, T, K, H,
            indices.stride(0), indices.stride(1), lens.stride(0), s.stride(0), num_rows,
            has_sink, BLOCK_T, BLOCK_K, BLOCK_H)
     if flag.device.type != "cuda":

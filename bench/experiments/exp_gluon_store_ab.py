@@ -20,7 +20,6 @@ Writes ``exp_gluon_store_ab.json`` under ``--out``; prints a line per check and 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,24 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shar
 import swa_backends as sb  # noqa: E402
 from lib import results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
-from lib.sparse_mla import DV, D, check, load_module_copy, make_inputs, tflops  # noqa: E402
+from lib.sparse_mla import DV, D, before_after_args, check, load_module_copy, make_inputs, tflops  # noqa: E402
 from swa_backends.kernels import sparse_mla_gluon  # noqa: E402
 
 CELLS = [(H, K, T, S) for S in (1 << 20, 1 << 14) for H in (64, 128) for K in (640, 1152) for T in (4096, 16384)]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", type=Path, required=True, help="a copy of kernels/sparse_mla_gluon.py to compare")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--reps", type=int, default=7)
-    args = p.parse_args(argv)
-    if not args.before.is_file():
-        raise ValueError(f"--before: {str(args.before)!r} is not a file; expected a copy of "
-                         "kernels/sparse_mla_gluon.py")
-    if not torch.cuda.is_available():
-        raise SystemExit("exp_gluon_store_ab: needs a CUDA GPU (sm90)")
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = before_after_args(__doc__, "sparse_mla_gluon.py", argv, reps=7)
     before = load_module_copy("_exp_gluon_before", args.before)
     fns = {"before": before.sparse_mla, "after": sparse_mla_gluon.sparse_mla}
     sb.set_validation(False)

@@ -251,6 +251,26 @@ def time_configs(configs, launch, want, timer, deadline: float = math.inf) -> di
 # ---------------------------------------------------------------------------------------
 
 
+def before_after_args(doc: str, kernel_file: str, argv=None, **extra):
+    """The arguments of a before/after experiment (``--before`` a copy of ``kernels/<kernel_file>``,
+    ``--out``, ``extra``: ``{flag: default int}``), after its refusals: a ``--before`` that is no
+    file (ValueError), a machine without a CUDA GPU (SystemExit). ``--out`` is made then."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--before", type=Path, required=True, help=f"a copy of kernels/{kernel_file} to compare")
+    p.add_argument("--out", type=Path, required=True)
+    for flag, default in extra.items():
+        p.add_argument(f"--{flag}", type=int, default=default)
+    args = p.parse_args(argv)
+    if not args.before.is_file():
+        raise ValueError(f"--before: {str(args.before)!r} is not a file; expected a copy of kernels/{kernel_file}")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
 def load_module_copy(name: str, path: Path):
     """The module in ``path`` (a copy of one of ``kernels/*.py``, e.g. ``git show
     <rev>:kernels/sparse_mla_gluon_ws.py``) imported as ``swa_backends.kernels.<name>``, a sibling
