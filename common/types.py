@@ -114,14 +114,19 @@ class ReplayPlan:
         import numpy as np
 
         kept = np.asarray(kept).astype(np.int32, copy=False)
-        qsl = np.asarray(query_start_loc_host)[: kept.shape[0] + 1]
+        B = kept.shape[0]
+        qsl = np.asarray(query_start_loc_host)[: B + 1]
         if dropped_before is None:
             dropped_before = cls.dropped_before_of(kept, qsl)
-        plan = cls(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(kept < np.diff(qsl)),
-                   dropped_before=torch.from_numpy(np.asarray(dropped_before).astype(np.int32, copy=False)),
-                   num_rows=int(kept.sum()), num_rows_padded=int(num_rows_padded), window=int(window),
+        dropped = np.asarray(dropped_before).astype(np.int32, copy=False)
+        # from the rows dropped before each boundary (``qsl - [0, cumsum(kept)]``): a request is
+        # trimmed where they grow, and the kept rows are the last boundary less its drops (no
+        # np.diff or sum: this runs once per serving step)
+        plan = cls(kept=torch.from_numpy(kept), trimmed=torch.from_numpy(dropped[1:] > dropped[:-1]),
+                   dropped_before=torch.from_numpy(dropped), num_rows=int(qsl[B]) - int(dropped[B]),
+                   num_rows_padded=int(num_rows_padded), window=int(window),
                    prefilling=None if is_prefilling is None else torch.from_numpy(
-                       np.asarray(is_prefilling, dtype=bool)[: kept.shape[0]].copy()))
+                       np.asarray(is_prefilling, dtype=bool)[:B].copy()))
         if device_dropped_before is not None:
             plan._device_cache[str(device_dropped_before.device)] = device_dropped_before
         return plan
