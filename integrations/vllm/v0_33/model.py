@@ -588,8 +588,8 @@ class ModelStateMixin:
         kept_lens, _, (_, _, kept_qsl_np, num_tokens) = self._swa_predicted
         B = input_batch.num_reqs
         max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)  # as the sub-batch says
-        d, D = runtime.predicted_split(runtime.query_lens(kept_qsl_np, B), kept_qsl_np, num_tokens, max_query_len,
-                                       builders[0][0].decode_threshold)
+        q = kept_lens.tolist() if B <= runtime.SMALL_BATCH else kept_lens  # the sub-batch's query lengths
+        d, D = runtime.predicted_split(q, kept_qsl_np, num_tokens, max_query_len, builders[0][0].decode_threshold)
         return runtime.KeptTargets(tuple(b[1] for b in builders), d, D,
                                    ("kept_gather_lens", "first_gather_lens")[: len(builders)])
 
