@@ -432,7 +432,7 @@ def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_to
         return False
     hit = step.answered.get(("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset))
     if (hit is None or not _same(hit[0], query_start_loc) or not _same(hit[1], replay_start)
-            or not _same(hit[2], block_table) or len(hit) > 3 and step.gathered is not hit[3]):
+            or not _same(hit[2], block_table) or hit[3] is not None and step.gathered is not hit[3]):
         return False
     CALLS["swa_indices_and_lens.answered"] += 1
     return True
@@ -450,7 +450,7 @@ def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num
     for hit in hits or ():
         if (_same(hit[0], query_start_loc) and _same(hit[1], replay_start)
                 and prefill_gather_lens.shape == (num_prefills,) and prefill_gather_lens.dtype == hit[4]
-                and (len(hit) == 5 or step.gathered is hit[5])):
+                and (hit[5] is None or step.gathered is hit[5])):
             prefill_gather_lens.set_(hit[2], hit[3], (num_prefills,), (1,))  # the step's buffer: a view, no slice
             CALLS["gather_lens.answered"] += 1
             return True
@@ -525,11 +525,11 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     answered = step.answered
     bt = t.block_table
     if D:
-        answered[("swa_indices_and_lens", t.decode_rows.data_ptr(), D, 0)] = (qsl, rs, bt)
+        answered[("swa_indices_and_lens", t.decode_rows.data_ptr(), D, 0)] = (qsl, rs, bt, None)
     if T > D:
-        answered[("swa_indices_and_lens", t.prefill_rows.data_ptr(), T - D, D)] = (qsl, rs, bt)
+        answered[("swa_indices_and_lens", t.prefill_rows.data_ptr(), T - D, D)] = (qsl, rs, bt, None)
     if B > d:
-        answered[("gather_lens", B - d, d, t.window)] = [(qsl, rs) + gl_view[1:]]
+        answered[("gather_lens", B - d, d, t.window)] = [(qsl, rs, *gl_view[1:], None)]  # None: no plan to wait for
     if plan is not None:
         answered[("gather_replay_batch", id(plan))] = (plan, qsl, slot_mappings, g_out["rows"])
         if k_args:
@@ -553,7 +553,7 @@ def _answer_kept(answered: dict, kept: KeptTargets, scratch: dict, g_out: dict, 
             answered[("swa_indices_and_lens", build[2].data_ptr(), n - Dk, Dk)] = (kq, clamp, bt, plan)
         if B > dk:
             answered.setdefault(("gather_lens", B - dk, dk, window), []).append(
-                (kq, clamp) + _storage_view(scratch, gl_key)[1:] + (plan,))
+                (kq, clamp, *_storage_view(scratch, gl_key)[1:], plan))
 
 
 # ---------------------------------------------------------------------------------------
