@@ -394,15 +394,18 @@ class WholeStep:
         config = type("Config", (), {})()
         config.parallel_config = type("Parallel", (), {"data_parallel_size": 1})()
         state = cls(config, model, None, dev)
-        if getattr(state, "_swa_fuse", False):  # what model._window_builder finds: the first window group's builder
-            b = attn_groups[self.windows[0]][0]
-            state._swa_builder = (attn_groups, (b, runtime.WindowTarget(
-                b.group, None, b.block_size, b.window_size, 0, 0, b.decode_swa_indices[:, 0], b.decode_swa_lens,
-                b.prefill_swa_indices[:, 0], b.prefill_swa_lens)))
-            # what model._kept_builders finds: that group's replay builder, then the first replay layer's
-            kept = [(b, (b.decode_swa_indices[:, 0], b.decode_swa_lens, b.prefill_swa_indices[:, 0],
-                         b.prefill_swa_lens)) for b in (replay_groups[b.group][0], first[b.group][0])]
-            state._swa_kept_builders = (state._replay_attn_groups, b.group, kept)
+        if getattr(state, "_swa_fuse", False):  # what model._window_builder finds: each window group's builder
+            targets = []
+            for g in self.windows:
+                b = attn_groups[g][0]
+                targets.append((b, runtime.WindowTarget(b.group, None, b.block_size, b.window_size, 0, 0,
+                                                        *vllm_model._rows_of(b))))
+            state._swa_builder = (attn_groups, targets[0])
+            state._swa_second = (attn_groups, targets[1] if len(targets) > 1 else None)
+            # what model._kept_builders finds: each group's replay builder, then (the first group) the first
+            # replay layer's
+            kept = {g: [(b, vllm_model._rows_of(b)) for b in (replay_groups[g][0], *first[g])] for g in self.windows}
+            state._swa_kept_builders = (state._replay_attn_groups, kept)
         slots = self.s.slots0.clone()
         state.bench = {"slots": slots, "attn_groups": attn_groups, "replay_groups": replay_groups, "first": first}
 
@@ -440,9 +443,9 @@ class WholeStep:
         lens = int(s.P > 0)
         builds = nw + (nw + 1)  # the main builds, then the sub-batch's
         vllm = {"pad": int(s.replays), "swa": builds * rows, "prefill": builds * lens, "gather": 1}
-        # the first window group's builds in the step's launch, the sub-batch's included; another group's rows
-        # launch in the batch and the sub-batch, its gather lengths answered
-        pack = {"prepare_replay_step": 1, "swa_indices_and_lens": (nw - 1) * 2 * rows}
+        # each window group's builds in one launch, the sub-batch's included (the second group's gather lengths
+        # answered by the first's)
+        pack = {"prepare_replay_step": nw}
         return {k: v for k, v in vllm.items() if v}, {k: v for k, v in pack.items() if v}
 
 

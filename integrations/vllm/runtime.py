@@ -469,7 +469,8 @@ def _storage_view(scratch: dict, key: str) -> tuple:
 
 def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, positions, slot_mappings, replay_start,
                  num_reqs: int, num_tokens: int, scratch: dict, *, gather: tuple | None = None,
-                 kept: KeptTargets | None = None) -> bool:
+                 kept: KeptTargets | None = None, second: WindowTarget | None = None,
+                 second_kept: KeptTargets | None = None) -> bool:
     """One ``prepare_replay_step`` launch for the open step: the held pad (if vLLM made one),
     ``target``'s decode rows (tokens ``[0, num_decode_tokens)``) and prefill rows into its
     buffers, the prefills' gather lengths into ``scratch["gather_lens"]`` and, with ``gather =
@@ -477,7 +478,9 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
     that same plan object) and, with ``kept`` as well, the sub-batch's window builds into the
     replay builders' buffers (:class:`KeptTargets`; answered for vLLM's sub-batch builds, which
     pass the sub-batch's ``query_start_loc`` and ``kv_start`` -- ``out``'s -- or the batch's
-    ``replay_start``). ``scratch``: the model state's persistent ``arange`` (int32) and
+    ``replay_start``). ``second``: a second window group's builder, whose rows (and, with
+    ``second_kept``, its replay layers' sub-batch build) a second launch writes
+    (:func:`_second_launch`). ``scratch``: the model state's persistent ``arange`` (int32) and
     ``ones`` (bool) of ``max_num_reqs``, ``replay_start``, ``stale_replay`` and ``gather_lens`` (int32), an
     empty int32 ``no_groups`` and a dict ``views`` (kept: the first two's slices per batch
     size; under ``"gather_lens"`` that buffer's storage, which an answered call's tensor is set
@@ -534,7 +537,46 @@ def prepare_step(be: Backend, target: WindowTarget, query_start_loc, seq_lens, p
         answered[("gather_replay_batch", id(plan))] = (plan, qsl, slot_mappings, g_out["rows"])
         if k_args:
             _answer_kept(answered, kept, scratch, g_out, rs, bt, plan, B, t.window)
+    if second is not None:
+        _second_launch(be, second, rs, views, qsl, seq, _head(positions, T), slot_mappings, scratch, T,
+                       (plan, g_out, second_kept) if plan is not None and second.window == t.window else None)
     return True
+
+
+def _second_launch(be: Backend, t: WindowTarget, rs, views, qsl, seq, positions, slot_mappings, scratch: dict, T: int,
+                   sub: tuple | None) -> None:
+    """A second window group's builds in one more launch: its decode and prefill rows (its block
+    table, its slots' validity, its split) and, with ``sub = (plan, g_out, kept)``, its replay
+    layers' sub-batch build. The launch pads nothing (the first one did, and is ahead of it in
+    the stream) and, with a plan, gathers the sub-batch again into the same buffers: the same
+    inputs, the same window, already padded slots, so the same values. Its gather lengths are
+    the first group's (the same window over the same boundaries): answered already."""
+    D = t.num_decode_tokens
+    out = {"replay_start": scratch["replay_start"], "stale_replay": scratch["stale_replay"],
+           "swa_indices": t.decode_rows, "swa_lens": t.decode_lens, "prefill_swa_indices": t.prefill_rows,
+           "prefill_swa_lens": t.prefill_lens}
+    plan = g_out = kept = None
+    k_args = {}
+    if sub is not None:
+        plan, g_out, kept = sub
+        out["replay_batch"] = g_out
+        if kept is not None:
+            build = kept.builds[0]
+            out["kept_windows"] = {"swa_indices": build[0], "swa_lens": build[1], "prefill_swa_indices": build[2],
+                                   "prefill_swa_lens": build[3], "gather_lens": scratch[kept.gather_lens[0]]}
+            k_args = {"kept_windows": 1, "kept_prefill_from": kept.num_decode_tokens,
+                      "kept_gather_lens_from": kept.num_decodes}
+    CALLS["prepare_step.second"] += 1
+    be.prepare_replay_step(rs, views[0], views[1], qsl, seq, positions, slot_mappings, scratch["no_groups"],
+                           t.block_table, t.block_size, t.window, 0, index_width=t.decode_rows.shape[1], plan=plan,
+                           prefill_from=D, valid_group=t.group, out=out, **k_args)
+    answered = _local.step.answered
+    if D:
+        answered[("swa_indices_and_lens", t.decode_rows.data_ptr(), D, 0)] = (qsl, rs, t.block_table, None)
+    if T > D:
+        answered[("swa_indices_and_lens", t.prefill_rows.data_ptr(), T - D, D)] = (qsl, rs, t.block_table, None)
+    if k_args:
+        _answer_kept(answered, kept, scratch, g_out, rs, t.block_table, plan, views[0].shape[0], t.window)
 
 
 def _answer_kept(answered: dict, kept: KeptTargets, scratch: dict, g_out: dict, rs, bt, plan: ReplayPlan, B: int,
@@ -632,6 +674,10 @@ def warm_up(be: Backend, device, *, pad: bool = False, num_groups: int = 1, swa:
                         be.prepare_replay_step(R, idx, ones, qsl, seq_t, pos[:T], two.clone(), groups, table, bs, W,
                                                W if held else 0, index_width=width, plan=p, prefill_from=1,
                                                gather_lens_from=1, valid_group=1, **k_args)
+                        if not held and kept < 2:  # a second window group's launch: no pad, no gather lengths
+                            be.prepare_replay_step(R, idx, ones, qsl, seq_t, pos[:T], two.clone(), groups, table, bs,
+                                                   W, 0, index_width=width, plan=p, prefill_from=1, valid_group=1,
+                                                   **k_args)
         ran.append("prepare_replay_step")
     if rows:
         idx = torch.tensor([0, 2, 3], dtype=i64, device=dev)

@@ -324,7 +324,8 @@ class ModelStateMixin:
         self._swa_step_buffers = None
         self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
         self._swa_predicted = None  # (kept_lens, num_padded, gather args) the step's launch gathered
-        self._swa_kept_builders = None  # (replay groups, KV group, _kept_builders' answer)
+        self._swa_kept_builders = None  # (replay groups, {KV group: _kept_builders' answer})
+        self._swa_second = None  # (attn_groups, _window_builder's answer after the first's group)
         try:
             if route.any:
                 self._swa_backend = runtime.backend_for(device)
@@ -512,14 +513,17 @@ class ModelStateMixin:
         target = self._swa_window_target(input_batch, q, block_tables, attn_groups, kv_cache_config)
         if target is None:
             return
-        gather = kept = None
+        second = self._swa_second_target(input_batch, q, block_tables, attn_groups, kv_cache_config, target)
+        gather = kept = second_kept = None
         if self._swa_gather and cudagraph_mode in (none, piecewise):
             gather = self._swa_predicted_gather(input_batch, q, slot_mappings, cudagraph_mode == piecewise)
             if gather is not None:
                 kept = self._swa_kept_targets(input_batch, attn_groups, target)
+                if second is not None and kept is not None:
+                    second_kept = self._swa_kept_targets(input_batch, attn_groups, second, first_layer=False)
         runtime.prepare_step(self._swa_backend, target, input_batch.query_start_loc, input_batch.seq_lens,
                              input_batch.positions, slot_mappings, replay_start, B, T, self._swa_scratch(),
-                             gather=gather, kept=kept)
+                             gather=gather, kept=kept, second=second, second_kept=second_kept)
 
     def _swa_window_target(self, input_batch, q, block_tables, attn_groups, kv_cache_config):
         """The first sparse-SWA builder whose build is vLLM's own (:func:`_known_swa_builds`),
@@ -538,6 +542,24 @@ class ModelStateMixin:
             q, input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len, b.decode_threshold)
         target.block_table = block_tables[target.group]
         return target
+
+    def _swa_second_target(self, input_batch, q, block_tables, attn_groups, kv_cache_config, target):
+        """A second window group's sparse-SWA builder the step's second launch writes (the next
+        one :func:`_window_builder` finds after ``target``'s group, found once per ``attn_groups``),
+        with its own split (its builder's decode threshold) and block table; None if there is none."""
+        found = self._swa_second
+        if found is None or found[0] is not attn_groups:
+            found = self._swa_second = (attn_groups, _window_builder(attn_groups, kv_cache_config, after=target.group))
+        if found[1] is None:
+            return None
+        b, second = found[1]
+        max_query_len = input_batch.max_query_len
+        if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
+            max_query_len = int(input_batch.num_scheduled_tokens.max())
+        second.num_decodes, second.num_decode_tokens = runtime.predicted_split(
+            q, input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len, b.decode_threshold)
+        second.block_table = block_tables[second.group]
+        return second
 
     def _swa_predicted_gather(self, input_batch, q, slot_mappings, piecewise: bool):
         """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
@@ -567,22 +589,27 @@ class ModelStateMixin:
         self._swa_predicted = (kept, num_padded, args)
         return args[0], layers.window, args[1]
 
-    def _swa_kept_targets(self, input_batch, attn_groups, target):
+    def _swa_kept_targets(self, input_batch, attn_groups, target, *, first_layer: bool = True):
         """The sub-batch's window builds the step's launch can make too (``runtime.KeptTargets``):
         the replay layers' sparse-SWA builder of the first window builder's KV group and, when
         the first replay layer's is that group's too, its builder, from vLLM's replay groups
         (``_replay_attn_groups``: made here as vLLM makes them in this step's
         ``_prepare_replay_batch`` when it has none yet); the sub-batch's split from the kept
-        lengths the prediction made. None when the replay layers have no such builder."""
+        lengths the prediction made. None when the replay layers have no such builder.
+        ``first_layer=False``: the replay layers' build alone (a second window group's)."""
         if self._replay_attn_groups is None:  # vLLM's own lazy copies, made a little earlier in the same step
             layers = self.decoder_replay_layers
             self._replay_attn_groups = (self._copy_attn_groups(attn_groups, layers.metadata_prefixes),
                                         self._copy_attn_groups(attn_groups, {layers.first_swa_prefix}))
         groups = self._replay_attn_groups
-        found = self._swa_kept_builders
-        if found is None or found[0] is not groups or found[1] != target.group:
-            found = self._swa_kept_builders = (groups, target.group, _kept_builders(groups, target))
-        builders = found[2]
+        cache = self._swa_kept_builders
+        if cache is None or cache[0] is not groups:
+            cache = self._swa_kept_builders = (groups, {})
+        builders = cache[1].get(target.group)
+        if builders is None:
+            builders = cache[1][target.group] = _kept_builders(groups, target)
+        if not first_layer:
+            builders = builders[:1]
         if not builders:
             return None
         kept_lens, _, (_, _, kept_qsl_np, num_tokens) = self._swa_predicted
@@ -590,8 +617,8 @@ class ModelStateMixin:
         max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)  # as the sub-batch says
         q = kept_lens.tolist() if B <= runtime.SMALL_BATCH else kept_lens  # the sub-batch's query lengths
         d, D = runtime.predicted_split(q, kept_qsl_np, num_tokens, max_query_len, builders[0][0].decode_threshold)
-        return runtime.KeptTargets(tuple(b[1] for b in builders), d, D,
-                                   ("kept_gather_lens", "first_gather_lens")[: len(builders)])
+        gather_lens = ("kept_gather_lens", "first_gather_lens") if first_layer else ("second_gather_lens",)
+        return runtime.KeptTargets(tuple(b[1] for b in builders), d, D, gather_lens[: len(builders)])
 
     def _swa_scratch(self) -> dict:
         scratch = self._swa_step_buffers
@@ -605,6 +632,7 @@ class ModelStateMixin:
                 "gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
                 "kept_gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
                 "first_gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
+                "second_gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
                 "no_groups": torch.zeros(0, dtype=torch.int32, device=dev), "views": {}}
         return scratch
 
@@ -649,14 +677,14 @@ def _kept_builders(replay_attn_groups, target) -> list:
     return found
 
 
-def _window_builder(attn_groups, kv_cache_config):
+def _window_builder(attn_groups, kv_cache_config, *, after: int = -1):
     """``(builder, its runtime.WindowTarget)`` (block table and split set per step) of the
-    first sparse-SWA builder the one-launch step can predict:
+    first sparse-SWA builder in a KV group past ``after`` the one-launch step can predict:
     a window group (not prefix-cacheable, so never padded: its slots are the step's validity
     row), a ``build`` vLLM's own, the group's own block table (no kernel-block mapping), text
     windows only (prefill rows as wide as decode rows); None if there is none."""
     for gid, groups in enumerate(attn_groups):
-        if getattr(kv_cache_config.kv_cache_groups[gid].kv_cache_spec, "prefix_cacheable", False):
+        if gid <= after or getattr(kv_cache_config.kv_cache_groups[gid].kv_cache_spec, "prefix_cacheable", False):
             continue
         for group in groups:
             b = group.get_metadata_builder(0)
