@@ -115,8 +115,9 @@ NONE, PIECEWISE, FULL = GraphMode("NONE"), GraphMode("PIECEWISE"), GraphMode("FU
 
 @dataclass
 class InputBatch:
-    """The fields of vLLM's ``InputBatch`` the replay path reads (both ``_kept_input_batch``\\ s
-    make the sub-batch with ``dataclasses.replace``)."""
+    """vLLM 0.33's ``InputBatch``: the fields the replay path reads, then the others (None here)
+    -- vLLM's ``_kept_input_batch`` makes the sub-batch with ``dataclasses.replace``, whose cost
+    follows the number of fields (``test_bench_replay_step.py`` pins the names to vLLM's)."""
 
     num_reqs: int
     num_tokens: int
@@ -132,6 +133,29 @@ class InputBatch:
     max_query_len: int
     is_padding: object = None
     fast_prefill: object = None
+    req_ids: object = None
+    num_reqs_after_padding: object = None
+    idx_mapping: object = None
+    expanded_idx_mapping: object = None
+    expanded_local_pos: object = None
+    num_draft_tokens: object = None
+    num_draft_tokens_per_req: object = None
+    dcp_local_seq_lens: object = None
+    num_computed_tokens_np: object = None
+    prefill_len_np: object = None
+    num_computed_prefill_tokens_np: object = None
+    has_prefill: object = None
+    decode_graph_eligible: object = None
+    input_ids: object = None
+    logits_indices: object = None
+    cu_num_logits: object = None
+    cu_num_logits_np: object = None
+    has_structured_output_reqs: object = None
+    prompt_lens: object = None
+    max_seq_len_np: object = None
+    pcp: object = None
+    prefill_runs_as_decode_np: object = None
+    num_admitted_draft_tokens: object = None
 
 
 @dataclass

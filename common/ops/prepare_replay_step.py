@@ -28,6 +28,7 @@ split at ``kept_prefill_from`` sub-batch tokens, gather lengths from sub-batch r
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import NamedTuple
 
@@ -103,6 +104,35 @@ def _rows(B: int, T: int, prefill_from: int | None, gather_lens_from: int | None
 def _leading(o: dict, rows: dict) -> dict:
     """``o`` with each buffer of :data:`LEADING_ROWS` cut to the rows the step writes."""
     return {k: v[: rows[k]] if k in rows and v.shape[0] != rows[k] else v for k, v in o.items()}
+
+
+def _batch_extents(plan: ReplayPlan, num_groups: int) -> dict:
+    """What the step writes of each ``out["replay_batch"]`` buffer: the leading ``n_pad`` rows
+    of ``rows`` and ``positions``, ``B + 1`` of ``query_start_loc``, ``B`` of ``kv_start``, the
+    leading ``[G, n_pad]`` of ``slot_mappings`` (a serving engine's persistent sub-batch buffers,
+    sized for its largest step, pass whole)."""
+    n, B = plan.num_rows_padded, plan.num_reqs
+    return {"rows": (n,), "query_start_loc": (B + 1,), "positions": (n,), "slot_mappings": (num_groups, n),
+            "kv_start": (B,)}
+
+
+def _leading_batch(rb: dict, plan: ReplayPlan, num_groups: int, *, check: bool = False) -> dict:
+    """``out["replay_batch"]`` with each buffer cut to :func:`_batch_extents` (``check``: one
+    too small, or of another rank, fails naming it; a missing one is left for
+    ``gather_replay_batch``'s validation to name)."""
+    res = dict(rb)
+    for key, ext in _batch_extents(plan, num_groups).items():
+        buf = rb.get(key)
+        if buf is None:
+            continue
+        if check and (not isinstance(buf, torch.Tensor) or buf.dim() != len(ext)
+                      or any(have < want for have, want in zip(buf.shape, ext))):
+            fail(NAME, f"out['replay_batch'][{key!r}]", buf,
+                 f"a {len(ext)}-D tensor of at least {list(ext)} (the step writes its leading "
+                 f"{'rows' if len(ext) == 1 else 'rows and columns'})")
+        if tuple(buf.shape) != ext:
+            res[key] = buf[: ext[0]] if len(ext) == 1 else buf[: ext[0], : ext[1]]
+    return res
 
 
 def _kept_shapes(num_reqs: int, index_width: int, plan: ReplayPlan, kept_prefill_from: int | None,
@@ -257,8 +287,10 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         g = gather_lens_from
         prefill_gather_lens.validate(query_start_loc[g:], seq_lens[g:], R[g:], W, out=o.get("gather_lens"))
     if plan is not None:
-        gather_replay_batch.validate(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
-                                     out=o.get("replay_batch"))
+        rb = o.get("replay_batch")
+        if isinstance(rb, dict):
+            rb = _leading_batch(rb, plan, slot_mappings.shape[0], check=True)
+        gather_replay_batch.validate(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W, out=rb)
     _validate_kept(plan, B, W if index_width is None else index_width, R_per_request.device, kept_windows,
                    kept_prefill_from, kept_gather_lens_from, out, o)
 
@@ -352,8 +384,10 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
                                                     out=o.get("gather_lens"))
     batch = None
     if plan is not None:
+        rb = o.get("replay_batch")
         batch = gather_replay_batch.reference(plan, query_start_loc, seq_lens, R, positions, slot_mappings, W,
-                                              out=o.get("replay_batch"))
+                                              out=None if rb is None else _leading_batch(rb, plan,
+                                                                                         slot_mappings.shape[0]))
     windows = [None, None]
     if plan is not None and kept_windows:
         windows = _kept_reference(plan, batch, seq_lens, block_table, block_size, W, raw, index_width, valid_group,
@@ -365,6 +399,8 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
             pidx, plens = given["prefill_swa_indices"], given["prefill_swa_lens"]
         if gather_lens_from is not None:
             gather_lens = given["gather_lens"]
+        if batch is not None:
+            batch = dataclasses.replace(batch, **{k: given["replay_batch"][k] for k in _batch_extents(plan, 0)})
     return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens, stale, *windows)
 
 
@@ -477,11 +513,13 @@ def random_case(rng: np.random.Generator, dev, *, batch: Batch | None = None, po
     if poison:
         longer = rng.random() < 0.5 and not exact_out  # persistent buffers (SPEC §3.6): rows past the step's
 
-        def fill(spec, key=None):
+        def fill(spec, key=None, parent=None):
             if isinstance(spec, dict):
-                return {k: fill(v, k) for k, v in spec.items()}
+                return {k: fill(v, k, key) for k, v in spec.items()}
             shape = spec[0]
-            if longer and key in LEADING_ROWS:
+            if longer and parent == "replay_batch":  # every extent of the sub-batch's buffers
+                shape = tuple(n + int(rng.integers(1, 6)) for n in shape)
+            elif longer and key in LEADING_ROWS:
                 shape = (shape[0] + int(rng.integers(1, 6)), *shape[1:])
             return poisoned(shape, spec[1], dev)
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
+import itertools
 import os
 import threading
 from dataclasses import dataclass
@@ -205,8 +207,9 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
     fill of the padded slot columns: one launch of the pack's op into ``out`` (vLLM's
     ``_kept_rows``, ``_kept_query_start_loc``, ``_kept_positions``, the kept slot mappings
     and ``_kept_kv_start``). Padded rows (``num_rows .. num_rows_padded``) get row 0, its
-    position and PAD slots (vLLM leaves rows and positions there as they were). ``out["slot_mappings"]``
-    may be vLLM's own ``[:, :n_pad]`` slice of its ``[G, max_num_tokens]`` buffer (row-strided)."""
+    position and PAD slots (vLLM leaves rows and positions there as they were). ``out`` may hold
+    vLLM's whole persistent buffers (``[G', max_num_tokens]`` slot mappings included): the
+    launch takes the plan's extents of them."""
     step = _local.step
     if step is not None:  # answered for this very plan, on these tensors
         hit = step.answered.get(("gather_replay_batch", id(plan)))
@@ -216,9 +219,13 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
             step.gathered = plan
             return
     CALLS["gather_replay_batch"] += 1
-    B = plan.num_reqs
+    B, n = plan.num_reqs, plan.num_rows_padded
+    exact = {"rows": _head(out["rows"], n), "query_start_loc": _head(out["query_start_loc"], B + 1),
+             "positions": _head(out["positions"], n), "kv_start": _head(out["kv_start"], B)}
+    sm = out["slot_mappings"]
+    exact["slot_mappings"] = sm if sm.shape == (slot_mappings.shape[0], n) else sm[: slot_mappings.shape[0], :n]
     be.gather_replay_batch(plan, _head(query_start_loc, B + 1), _head(seq_lens, B), _head(replay_start, B), positions,
-                           slot_mappings, window, out=out)
+                           slot_mappings, window, out=exact)
 
 
 def gather_rows(be: Backend, x: torch.Tensor, rows: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -297,6 +304,67 @@ def query_lens(query_start_loc_np: np.ndarray, num_reqs: int) -> list[int] | np.
         return [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
     # not np.diff: it makes this same subtraction behind a Python wrapper
     return query_start_loc_np[1: num_reqs + 1] - query_start_loc_np[:num_reqs]
+
+
+def kept_query_start_loc(kept_lens: np.ndarray, kept_list: list[int] | None = None) -> np.ndarray:
+    """int32 ``[B+1]``: ``[0, cumsum(kept_lens)]``, the sub-batch's host ``query_start_loc`` as
+    vLLM's ``_kept_input_batch`` makes it (for at most :data:`SMALL_BATCH` requests through a
+    list, ``kept_list`` when the caller has it: numpy's cumsum into a slice costs more at these
+    sizes)."""
+    B = kept_lens.shape[0]
+    if B <= SMALL_BATCH:
+        return np.array([0, *itertools.accumulate(kept_lens.tolist() if kept_list is None else kept_list)],
+                        dtype=np.int32)
+    out = np.zeros(B + 1, dtype=np.int32)
+    kept_lens.cumsum(out=out[1:])
+    return out
+
+
+def same_lens(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal(a, b)`` for two host int arrays, by their bytes when the dtypes agree
+    (a tenth of ``array_equal``'s host time)."""
+    if a.dtype != b.dtype:
+        return bool(np.array_equal(a, b))
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def replaced(obj, **changes):
+    """``dataclasses.replace(obj, **changes)`` for vLLM's ``InputBatch`` (a plain dataclass of
+    some 45 fields, whose ``replace`` calls ``__init__`` with every one of them): a new instance
+    with ``obj``'s fields, then ``changes``, set straight into its ``__dict__``. The same object
+    ``replace`` makes, for a class that is a dataclass with no ``__post_init__``, ``__slots__``
+    or ``init=False`` field (checked once per class); any other class, or a change that is not
+    a field, goes through ``dataclasses.replace``."""
+    cls = type(obj)
+    names = _PLAIN_FIELDS.get(cls)
+    if names is None:
+        names = _PLAIN_FIELDS[cls] = _plain_fields(cls)
+    if not names or not changes.keys() <= names:
+        return dataclasses.replace(obj, **changes)
+    new = _new(cls)
+    fields = new.__dict__
+    fields.update(obj.__dict__)
+    if len(fields) != len(names):  # attributes set on ``obj`` after construction: replace leaves them out
+        for key in [k for k in fields if k not in names]:
+            del fields[key]
+    fields.update(changes)
+    return new
+
+
+def _plain_fields(cls: type) -> frozenset:
+    """The field names of ``cls`` when :func:`replaced` may copy it through ``__dict__``;
+    empty otherwise."""
+    if (not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__") or hasattr(cls, "__slots__")
+            or getattr(cls, "__setattr__", object.__setattr__) is not object.__setattr__):
+        return frozenset()
+    fields = dataclasses.fields(cls)
+    if not all(f.init for f in fields):
+        return frozenset()
+    return frozenset(f.name for f in fields)
+
+
+_PLAIN_FIELDS: dict = {}
+_new = object.__new__
 
 
 def predicted_split(query_lens: list[int] | np.ndarray, query_start_loc_np: np.ndarray, num_tokens: int,
@@ -431,8 +499,13 @@ def answered_swa(swa_indices, query_start_loc, replay_start, block_table, num_to
     if step is None or not step.answered:
         return False
     hit = step.answered.get(("swa_indices_and_lens", swa_indices.data_ptr(), num_tokens, token_offset))
-    if (hit is None or not _same(hit[0], query_start_loc) or not _same(hit[1], replay_start)
-            or not _same(hit[2], block_table) or hit[3] is not None and step.gathered is not hit[3]):
+    if hit is None:
+        return False
+    q, r, bt, plan = hit  # _same inlined: three of these per answered call, six calls a step
+    if (q is not query_start_loc and q.data_ptr() != query_start_loc.data_ptr()
+            or r is not replay_start and r.data_ptr() != replay_start.data_ptr()
+            or bt is not block_table and bt.data_ptr() != block_table.data_ptr()
+            or plan is not None and step.gathered is not plan):
         return False
     CALLS["swa_indices_and_lens.answered"] += 1
     return True
@@ -447,11 +520,22 @@ def answered_gather_lens(prefill_gather_lens, query_start_loc, replay_start, num
     if step is None:
         return False
     hits = step.answered.get(("gather_lens", num_prefills, num_decodes, window))  # the batch's, the sub-batch's
-    for hit in hits or ():
-        if (_same(hit[0], query_start_loc) and _same(hit[1], replay_start)
-                and prefill_gather_lens.shape == (num_prefills,) and prefill_gather_lens.dtype == hit[4]
-                and (hit[5] is None or step.gathered is hit[5])):
-            prefill_gather_lens.set_(hit[2], hit[3], (num_prefills,), (1,))  # the step's buffer: a view, no slice
+    if not hits:
+        return False
+    q_ptr = r_ptr = None  # read once, when an answer's tensors are not the call's own objects
+    for q, r, storage, offset, dtype, plan in hits:
+        if q is not query_start_loc:
+            q_ptr = query_start_loc.data_ptr() if q_ptr is None else q_ptr
+            if q.data_ptr() != q_ptr:
+                continue
+        if r is not replay_start:
+            r_ptr = replay_start.data_ptr() if r_ptr is None else r_ptr
+            if r.data_ptr() != r_ptr:
+                continue
+        if plan is not None and step.gathered is not plan:
+            continue
+        if prefill_gather_lens.dtype == dtype and prefill_gather_lens.shape == (num_prefills,):
+            prefill_gather_lens.set_(storage, offset, (num_prefills,), (1,))  # the step's buffer: a view, no slice
             CALLS["gather_lens.answered"] += 1
             return True
     return False

@@ -275,6 +275,55 @@ def test_prepare_replay_step_sub_batch_builds_are_checked():
         assert torch.equal(slots, before)
 
 
+def test_prepare_replay_step_sub_batch_buffers_may_be_persistent():
+    """``out["replay_batch"]`` as a serving engine keeps it (SPEC §3.6): buffers longer than the
+    step, slot mappings with more groups and columns, are written in their leading extents and
+    returned as given; one smaller than the step writes is refused naming it, nothing written."""
+    import numpy as np
+
+    from swa_backends.common.ops.prepare_replay_step import allocate_out
+    from swa_backends.common.types import ReplayPlan
+
+    qsl = torch.tensor([0, 1, 5], dtype=i32)
+    seq = torch.tensor([9, 12], dtype=i32)
+    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
+    slots = torch.arange(15, dtype=i64).reshape(3, 5)
+    table = torch.arange(8, dtype=i32).reshape(2, 4)
+    args = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl, seq,
+            positions, slots, torch.tensor([0], dtype=i32), table, 4, 8, 4)
+    plan = ReplayPlan.from_kept(np.array([1, 2], dtype=np.int32), np.array([0, 1, 5], dtype=np.int32), 4, 8)
+    got = BE.prepare_replay_step(*args, plan=plan)
+    exact = got.replay_batch
+    extents = {"rows": (4,), "query_start_loc": (3,), "positions": (4,), "slot_mappings": (3, 4), "kv_start": (2,)}
+    for name, ext in extents.items():
+        assert tuple(getattr(exact, name).shape) == ext, name
+    out = allocate_out(2, 5, 8, "cpu", plan, 3)
+    rb = out["replay_batch"]
+    out["replay_batch"] = {k: torch.full(tuple(n + 2 for n in v.shape), -77, dtype=v.dtype) for k, v in rb.items()}
+    slots.copy_(torch.arange(15, dtype=i64).reshape(3, 5))
+    done = BE.prepare_replay_step(*args, plan=plan, out=out)
+    for name, ext in extents.items():
+        buf = out["replay_batch"][name]
+        assert getattr(done.replay_batch, name) is buf, name
+        lead = buf[: ext[0]] if len(ext) == 1 else buf[: ext[0], : ext[1]]
+        assert torch.equal(lead, getattr(exact, name)), name
+        rest = buf.clone()
+        if len(ext) == 1:
+            rest[: ext[0]] = -77
+        else:
+            rest[: ext[0], : ext[1]] = -77
+        assert (rest == -77).all(), name
+    for name, ext in extents.items():
+        short = allocate_out(2, 5, 8, "cpu", plan, 3)
+        cut = tuple(n - 1 if i == len(ext) - 1 else n for i, n in enumerate(ext))
+        short["replay_batch"][name] = torch.zeros(cut, dtype=short["replay_batch"][name].dtype)
+        before = slots.clone()
+        with pytest.raises(ValueError, match=rf"^prepare_replay_step: out\['replay_batch'\]\['{name}'\]=.*expected a "
+                                             rf"{len(ext)}-D tensor of at least"):
+            BE.prepare_replay_step(*args, plan=plan, out=short)
+        assert torch.equal(slots, before), name
+
+
 # ---------------------------------------------------------------------------------------
 # overlap by address: exact where a closed form or a list of runs decides, conservative past it
 # ---------------------------------------------------------------------------------------

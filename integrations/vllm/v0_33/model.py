@@ -322,8 +322,9 @@ class ModelStateMixin:
         self._swa_gather = False  # the decoder sub-batch gathered by the pack
         self._swa_fuse = False  # the step's replay metadata in one launch (runtime.prepare_step)
         self._swa_step_buffers = None
+        self._swa_batch_out = None  # vLLM's sub-batch buffers as the step's launch takes them (_swa_gather_args)
         self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
-        self._swa_predicted = None  # (kept_lens, num_padded, gather args) the step's launch gathered
+        self._swa_predicted = None  # (kept_lens, num_padded, gather args, longest kept, kept_lens as a list or None)
         self._swa_kept_builders = None  # (replay groups, {KV group: _kept_builders' answer})
         self._swa_second = None  # (attn_groups, _window_builder's answer after the first's group)
         try:
@@ -415,42 +416,48 @@ class ModelStateMixin:
                      "from now on", type(exc).__name__, exc)
             return super()._kept_input_batch(input_batch, slot_mappings, replay_start, kept_lens, num_padded)
 
-    def _swa_gather_args(self, input_batch, slot_mappings, kept_lens, num_padded) -> tuple:
+    def _swa_gather_args(self, input_batch, slot_mappings, kept_lens, num_padded, kept_list=None) -> tuple:
         """``(plan, out, kept query_start_loc (host), kept rows)`` of the sub-batch gather:
-        vLLM's ``dropped_before`` uploaded to its UVA buffer, ``out`` vLLM's ``_kept_*``
-        buffers."""
+        vLLM's ``dropped_before`` uploaded to its UVA buffer, ``out`` vLLM's whole ``_kept_*``
+        buffers (the step's launch writes their leading rows, SPEC §3.6; a gather of its own
+        takes the plan's extents of them, ``runtime.gather_replay_batch``). ``kept_list``:
+        ``kept_lens`` as a list, when the caller has one (a small batch)."""
         num_reqs = input_batch.num_reqs
         window = self.decoder_replay_layers.window
         qsl_np = input_batch.query_start_loc_np[: num_reqs + 1]
-        kept_query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
-        np.cumsum(kept_lens, out=kept_query_start_loc_np[1:])
+        kept_query_start_loc_np = runtime.kept_query_start_loc(kept_lens, kept_list)
         num_tokens = int(kept_query_start_loc_np[-1])
-        dropped_np = (qsl_np - kept_query_start_loc_np).astype(np.int32, copy=False)  # rows dropped before each boundary
+        dropped_np = np.subtract(qsl_np, kept_query_start_loc_np, dtype=np.int32)  # rows dropped before each boundary
         dropped = self._dropped_before.copy_to_uva(dropped_np)
+        # the host prefill flags are for validation alone (a checked backend holds prefills to their host length)
+        pre = input_batch.is_prefilling_np[:num_reqs] if self._swa_backend.checked else None
         plan = runtime.replay_plan(kept_lens, qsl_np, num_padded, window, dropped=dropped_np, device_dropped=dropped,
-                                   is_prefilling=input_batch.is_prefilling_np[:num_reqs])
-        G = slot_mappings.shape[0]
-        kept_slot_mappings = self._kept_slot_mappings[:G, :num_padded]  # vLLM's own view (row-strided)
-        out = {"rows": self._kept_rows[:num_padded], "query_start_loc": self._kept_query_start_loc[: num_reqs + 1],
-               "positions": self._kept_positions[:num_padded], "slot_mappings": kept_slot_mappings,
-               "kv_start": self._kept_kv_start[:num_reqs]}
+                                   is_prefilling=pre)
+        out = self._swa_batch_out
+        if (out is None or out["rows"] is not self._kept_rows  # vLLM's persistent buffers, named once
+                or out["query_start_loc"] is not self._kept_query_start_loc
+                or out["positions"] is not self._kept_positions
+                or out["slot_mappings"] is not self._kept_slot_mappings or out["kv_start"] is not self._kept_kv_start):
+            out = self._swa_batch_out = {"rows": self._kept_rows, "query_start_loc": self._kept_query_start_loc,
+                                         "positions": self._kept_positions, "slot_mappings": self._kept_slot_mappings,
+                                         "kv_start": self._kept_kv_start}
         return plan, out, kept_query_start_loc_np, num_tokens
 
     def _swa_kept_input_batch(self, input_batch, slot_mappings, replay_start, kept_lens, num_padded):
-        from dataclasses import replace
-
         num_reqs = input_batch.num_reqs
         window = self.decoder_replay_layers.window
         predicted = self._swa_predicted
-        if predicted is not None and predicted[1] == num_padded and np.array_equal(predicted[0], kept_lens):
+        if predicted is not None and predicted[1] == num_padded and runtime.same_lens(predicted[0], kept_lens):
             args = predicted[2]  # the step's launch gathered it: runtime.gather_replay_batch finds it answered
+            longest = predicted[3]
         else:
             args = self._swa_gather_args(input_batch, slot_mappings, kept_lens, num_padded)
+            longest = int(kept_lens.max())
         plan, out, kept_query_start_loc_np, num_tokens = args
         runtime.gather_replay_batch(self._swa_backend, plan, input_batch.query_start_loc, input_batch.seq_lens,
                                     replay_start, input_batch.positions, slot_mappings, window, out)
-        max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)
-        kept_batch = replace(
+        max_query_len = max(longest, input_batch.max_query_len or 0)
+        kept_batch = runtime.replaced(
             input_batch,
             num_tokens=num_tokens,
             num_tokens_after_padding=num_padded,
@@ -461,7 +468,7 @@ class ModelStateMixin:
             is_padding=input_batch.is_padding,
             fast_prefill=None,
         )
-        return kept_batch, out["slot_mappings"]
+        return kept_batch, self._kept_slot_mappings[: slot_mappings.shape[0], :num_padded]  # vLLM's own view
 
     # -- one launch per step ----------------------------------------------------------
 
@@ -580,13 +587,15 @@ class ModelStateMixin:
         kept = runtime.predicted_kept(q, keeps, input_batch.is_prefilling_np[:B], layers.window, forced=piecewise)
         if kept is None:
             return None
-        num_padded = int(kept.sum())
+        kept_list = kept.tolist() if B <= runtime.SMALL_BATCH else None  # then sums and maxima in Python
+        num_padded = sum(kept_list) if kept_list is not None else int(kept.sum())
+        longest = max(kept_list) if kept_list is not None else int(kept.max())
         if self.replay_cudagraphs is not None:
             desc = self.replay_cudagraphs.dispatch(B, num_padded, None, 0)
             if desc.cg_mode == _graph_modes()[1]:  # a PIECEWISE replay graph: vLLM pads to its size
                 num_padded = desc.num_tokens
-        args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded)
-        self._swa_predicted = (kept, num_padded, args)
+        args = self._swa_gather_args(input_batch, slot_mappings, kept, num_padded, kept_list)
+        self._swa_predicted = (kept, num_padded, args, longest, kept_list)
         return args[0], layers.window, args[1]
 
     def _swa_kept_targets(self, input_batch, attn_groups, target, *, first_layer: bool = True):
@@ -612,10 +621,9 @@ class ModelStateMixin:
             builders = builders[:1]
         if not builders:
             return None
-        kept_lens, _, (_, _, kept_qsl_np, num_tokens) = self._swa_predicted
-        B = input_batch.num_reqs
-        max_query_len = max(int(kept_lens.max()), input_batch.max_query_len or 0)  # as the sub-batch says
-        q = kept_lens.tolist() if B <= runtime.SMALL_BATCH else kept_lens  # the sub-batch's query lengths
+        kept_lens, _, (_, _, kept_qsl_np, num_tokens), longest, kept_list = self._swa_predicted
+        max_query_len = max(longest, input_batch.max_query_len or 0)  # as the sub-batch says
+        q = kept_lens if kept_list is None else kept_list  # the sub-batch's query lengths
         d, D = runtime.predicted_split(q, kept_qsl_np, num_tokens, max_query_len, builders[0][0].decode_threshold)
         gather_lens = ("kept_gather_lens", "first_gather_lens") if first_layer else ("second_gather_lens",)
         return runtime.KeptTargets(tuple(b[1] for b in builders), d, D, gather_lens[: len(builders)])

@@ -86,3 +86,18 @@ def test_launchers_from_source_files_are_vllms():
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     assert (outs[0][1][: T - D] > 0).all() and (outs[0][2] > 0).all()
+
+
+def test_the_input_batch_stand_in_has_vllms_fields():
+    """The benchmark's ``InputBatch`` carries every field of the installed vLLM's (vLLM's
+    ``_kept_input_batch`` copies them all with ``dataclasses.replace``: the stand-in's cost
+    follows theirs) and nothing else."""
+    import ast
+    import dataclasses
+
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+
+    tree = ast.parse((ROOT / "bench" / "bench_replay_step.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "InputBatch")
+    names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    assert names == {f.name for f in dataclasses.fields(InputBatch)}

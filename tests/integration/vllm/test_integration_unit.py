@@ -530,3 +530,102 @@ def test_a_shim_keeps_its_backend_until_the_route_changes():
         assert shim._backend(dev) is tri  # another route
         patches._routes["swa_indices_and_lens"] = None
         assert shim._backend(dev) is None  # route off: vLLM's kernel
+
+
+def test_host_helpers_equal_numpy_and_dataclasses():
+    """The model state's per-step host helpers give what the calls they stand for give:
+    ``kept_query_start_loc`` = vLLM's ``np.zeros`` + ``np.cumsum`` (both sides of
+    :data:`runtime.SMALL_BATCH`), ``same_lens`` = ``np.array_equal`` (dtypes, shapes, values),
+    ``replaced`` = ``dataclasses.replace`` (field for field, an attribute set after construction
+    left out as ``replace`` leaves it; a class with ``__post_init__``, ``__slots__`` or an
+    ``init=False`` field, or a change that is not a field, through ``replace`` itself)."""
+    import dataclasses
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        B = int(rng.integers(0, 3 * runtime.SMALL_BATCH))
+        kept = rng.integers(0, 300, B).astype(rng.choice([np.int32, np.int64]))
+        want = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(kept, out=want[1:])
+        got = runtime.kept_query_start_loc(kept)
+        assert got.dtype == np.int32 and np.array_equal(got, want)
+        other = kept.copy()
+        if B and rng.random() < 0.5:
+            other[int(rng.integers(0, B))] += 1
+        if rng.random() < 0.3:
+            other = other.astype(np.int64 if other.dtype == np.int32 else np.int32)
+        if rng.random() < 0.2:
+            other = other[: max(B - 1, 0)]
+        assert runtime.same_lens(kept, other) == np.array_equal(kept, other)
+
+    @dataclasses.dataclass
+    class Plain:
+        a: int
+        b: list
+        c: object = None
+        d: list = dataclasses.field(default_factory=list)
+
+    x = Plain(1, [2], d=[3])
+    x.cached = "set after construction"
+    y = runtime.replaced(x, a=5, c="c")
+    z = dataclasses.replace(x, a=5, c="c")
+    assert type(y) is Plain and vars(y) == vars(z) and y.b is x.b and y.d is x.d and not hasattr(y, "cached")
+
+    @dataclasses.dataclass
+    class Post(Plain):
+        def __post_init__(self):
+            self.d = self.d + ["post"]
+
+    @dataclasses.dataclass
+    class NoInit(Plain):
+        e: int = dataclasses.field(default=7, init=False)
+
+    @dataclasses.dataclass(slots=True)
+    class Slotted:
+        a: int
+        b: int = 0
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        a: int
+        b: int = 0
+
+    for obj in (Post(1, [2]), NoInit(1, [2]), Slotted(1), Frozen(1)):
+        assert runtime.replaced(obj, a=9) == dataclasses.replace(obj, a=9)
+    with pytest.raises(TypeError):
+        runtime.replaced(x, not_a_field=1)  # dataclasses.replace's own error
+
+
+def test_a_plan_from_kept_is_the_dataclass_it_constructs():
+    """``ReplayPlan.from_kept`` fills the frozen dataclass's fields straight into its
+    ``__dict__``: every field is set, to what the constructor would hold, for lists and arrays
+    of other dtypes alike."""
+    import dataclasses
+
+    import numpy as np
+
+    from swa_backends.common.types import ReplayPlan
+
+    qsl = np.array([0, 1, 300, 302, 700], dtype=np.int32)
+    for kept, pre in (([1, 128, 2, 128], [False, True, True, True]),
+                      (np.array([1, 128, 2, 128], dtype=np.int64), np.array([0, 1, 1, 1])),
+                      (np.array([1, 128, 2, 128], dtype=np.int32), np.array([False, True, True, True])),
+                      (np.array([1, 128, 2, 128], dtype=np.int32), None)):
+        dev = torch.arange(5, dtype=torch.int32)
+        plan = ReplayPlan.from_kept(kept, qsl, 300, 128, device_dropped_before=dev, is_prefilling=pre)
+        assert set(vars(plan)) == {f.name for f in dataclasses.fields(ReplayPlan)}
+        dropped = qsl - np.concatenate([[0], np.cumsum(kept)])
+        want = ReplayPlan(torch.tensor(np.asarray(kept), dtype=torch.int32),
+                          torch.from_numpy(dropped[1:] > dropped[:-1]), torch.tensor(dropped, dtype=torch.int32),
+                          int(np.sum(kept)), 300, 128,
+                          None if pre is None else torch.tensor(np.asarray(pre), dtype=torch.bool))
+        for f in ("kept", "trimmed", "dropped_before", "prefilling"):
+            a, b = getattr(plan, f), getattr(want, f)
+            assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and torch.equal(a, b))), f
+        assert (plan.num_rows, plan.num_rows_padded, plan.window) == (want.num_rows, 300, 128)
+        assert plan.trimmed.tolist() == [False, True, False, True]
+        assert plan.device_dropped_before(torch.device("cpu")) is dev and plan._launch_cache == {}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plan.num_rows = 0
