@@ -194,19 +194,24 @@ def test_a_plan_whose_trimmed_disagrees_with_its_rows_is_rejected():
         BE.gather_replay_batch(bad, *args)
 
 
+def _two_request_step() -> tuple:
+    """``prepare_replay_step``'s positional arguments for a decode (q 1, seq 9) and a replaying
+    prefill (q 4, seq 12, R 8), W 8, Wr 4, block 4, three slot groups (group 0 cacheable): SPEC
+    §3.6's worked example."""
+    return (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]),
+            torch.tensor([0, 1, 5], dtype=i32), torch.tensor([9, 12], dtype=i32),
+            torch.tensor([8, 8, 9, 10, 11], dtype=i64), torch.arange(15, dtype=i64).reshape(3, 5),
+            torch.tensor([0], dtype=i32), torch.arange(8, dtype=i32).reshape(2, 4), 4, 8, 4)
+
+
 def test_prepare_replay_step_serving_keywords_are_checked():
     """``prefill_from`` / ``gather_lens_from`` in range, ``valid_group`` a row that is never
     padded, their ``out=`` buffers present: each refused with the argument named, nothing
     written (the slot mappings stay as they were)."""
     from swa_backends.common.ops.prepare_replay_step import allocate_out
 
-    qsl = torch.tensor([0, 1, 5], dtype=i32)
-    seq = torch.tensor([9, 12], dtype=i32)
-    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
-    slots = torch.arange(15, dtype=i64).reshape(3, 5)
-    table = torch.arange(8, dtype=i32).reshape(2, 4)
-    args = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl, seq,
-            positions, slots, torch.tensor([0], dtype=i32), table, 4, 8, 4)
+    args = _two_request_step()
+    slots = args[6]
     kw = {"prefill_from": 1, "gather_lens_from": 1, "valid_group": 2}
     got = BE.prepare_replay_step(*args, **kw)
     assert got.swa_indices.shape == (1, 8) and got.prefill_swa_indices.shape == (4, 8)
@@ -242,13 +247,8 @@ def test_prepare_replay_step_sub_batch_builds_are_checked():
     from swa_backends.common.ops.prepare_replay_step import allocate_out
     from swa_backends.common.types import ReplayPlan
 
-    qsl = torch.tensor([0, 1, 5], dtype=i32)
-    seq = torch.tensor([9, 12], dtype=i32)
-    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
-    slots = torch.arange(15, dtype=i64).reshape(3, 5)
-    table = torch.arange(8, dtype=i32).reshape(2, 4)
-    args = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl, seq,
-            positions, slots, torch.tensor([0], dtype=i32), table, 4, 8, 4)
+    args = _two_request_step()
+    slots = args[6]
     plan = ReplayPlan.from_kept(np.array([1, 2], dtype=np.int32), np.array([0, 1, 5], dtype=np.int32), 3, 8)
     kw = {"prefill_from": 1, "gather_lens_from": 1, "valid_group": 2, "plan": plan, "kept_windows": 2,
           "kept_prefill_from": 1, "kept_gather_lens_from": 1}
@@ -284,13 +284,8 @@ def test_prepare_replay_step_sub_batch_buffers_may_be_persistent():
     from swa_backends.common.ops.prepare_replay_step import allocate_out
     from swa_backends.common.types import ReplayPlan
 
-    qsl = torch.tensor([0, 1, 5], dtype=i32)
-    seq = torch.tensor([9, 12], dtype=i32)
-    positions = torch.tensor([8, 8, 9, 10, 11], dtype=i64)
-    slots = torch.arange(15, dtype=i64).reshape(3, 5)
-    table = torch.arange(8, dtype=i32).reshape(2, 4)
-    args = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl, seq,
-            positions, slots, torch.tensor([0], dtype=i32), table, 4, 8, 4)
+    args = _two_request_step()
+    slots = args[6]
     plan = ReplayPlan.from_kept(np.array([1, 2], dtype=np.int32), np.array([0, 1, 5], dtype=np.int32), 4, 8)
     got = BE.prepare_replay_step(*args, plan=plan)
     exact = got.replay_batch
@@ -643,11 +638,7 @@ def test_an_earlier_arguments_value_error_comes_first():
     # prepare_replay_step names itself in its parts' value errors, read after its validator returned
     from swa_backends.common.ops.prepare_replay_step import allocate_out  # noqa: F401 (the op's own module)
 
-    qsl = torch.tensor([0, 1, 5], dtype=i32)
-    step = (torch.tensor([0, 8], dtype=i32), torch.tensor([0, 1], dtype=i32), torch.tensor([False, True]), qsl,
-            torch.tensor([9, 12], dtype=i32), torch.tensor([8, 8, 9, 10, 11], dtype=i64),
-            torch.arange(15, dtype=i64).reshape(3, 5), torch.tensor([0], dtype=i32), torch.arange(8, dtype=i32).reshape(2, 4),
-            4, 8, 4)
+    step = _two_request_step()
     BE.prepare_replay_step(*step)
     with pytest.raises(ValueError, match=r"^prepare_replay_step: cacheable_groups=7: expected values in \[0, 3\)"):
         BE.prepare_replay_step(*step[:7], torch.tensor([7], dtype=i32), *step[8:])
