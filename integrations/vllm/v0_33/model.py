@@ -539,16 +539,7 @@ class ModelStateMixin:
         found = self._swa_builder
         if found is None or found[0] is not attn_groups:
             found = self._swa_builder = (attn_groups, _window_builder(attn_groups, kv_cache_config))
-        if found[1] is None:
-            return None
-        b, target = found[1]
-        max_query_len = input_batch.max_query_len
-        if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
-            max_query_len = int(input_batch.num_scheduled_tokens.max())
-        target.num_decodes, target.num_decode_tokens = runtime.predicted_split(
-            q, input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len, b.decode_threshold)
-        target.block_table = block_tables[target.group]
-        return target
+        return _for_batch(found[1], input_batch, q, block_tables)
 
     def _swa_second_target(self, input_batch, q, block_tables, attn_groups, kv_cache_config, target):
         """A second window group's sparse-SWA builder the step's second launch writes (the next
@@ -557,16 +548,7 @@ class ModelStateMixin:
         found = self._swa_second
         if found is None or found[0] is not attn_groups:
             found = self._swa_second = (attn_groups, _window_builder(attn_groups, kv_cache_config, after=target.group))
-        if found[1] is None:
-            return None
-        b, second = found[1]
-        max_query_len = input_batch.max_query_len
-        if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
-            max_query_len = int(input_batch.num_scheduled_tokens.max())
-        second.num_decodes, second.num_decode_tokens = runtime.predicted_split(
-            q, input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len, b.decode_threshold)
-        second.block_table = block_tables[second.group]
-        return second
+        return _for_batch(found[1], input_batch, q, block_tables)
 
     def _swa_predicted_gather(self, input_batch, q, slot_mappings, piecewise: bool):
         """``(plan, window, out)`` of the sub-batch vLLM's ``_prepare_replay_batch`` will ask
@@ -643,6 +625,22 @@ class ModelStateMixin:
                 "second_gather_lens": torch.zeros(n, dtype=torch.int32, device=dev),
                 "no_groups": torch.zeros(0, dtype=torch.int32, device=dev), "views": {}}
         return scratch
+
+
+def _for_batch(found, input_batch, q, block_tables):
+    """``found`` (:func:`_window_builder`'s ``(builder, WindowTarget)``, or None) set for this
+    batch: vLLM's decode/prefill split by the builder's decode threshold, the group's block
+    table. Returns the target (None for None)."""
+    if found is None:
+        return None
+    b, target = found
+    max_query_len = input_batch.max_query_len
+    if max_query_len is None:  # as DefaultModelState.prepare_attn computes it
+        max_query_len = int(input_batch.num_scheduled_tokens.max())
+    target.num_decodes, target.num_decode_tokens = runtime.predicted_split(
+        q, input_batch.query_start_loc_np, input_batch.num_tokens, max_query_len, b.decode_threshold)
+    target.block_table = block_tables[target.group]
+    return target
 
 
 def _predictable(b, group) -> bool:
