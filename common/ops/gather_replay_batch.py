@@ -28,6 +28,18 @@ def out_shapes(plan: ReplayPlan, num_groups: int) -> dict[str, tuple[tuple[int, 
     }
 
 
+def leading_out(out: dict, plan: ReplayPlan, num_groups: int) -> dict:
+    """``out`` with each buffer cut to its leading :func:`out_shapes` extents (a serving engine's
+    persistent sub-batch buffers, sized for its largest step: ``prepare_replay_step`` takes them
+    whole, this op exact); a buffer already of that shape stays the same object."""
+    res = dict(out)
+    for key, (shape, _) in out_shapes(plan, num_groups).items():
+        buf = out.get(key)
+        if isinstance(buf, torch.Tensor) and tuple(buf.shape) != shape:
+            res[key] = buf[: shape[0]] if len(shape) == 1 else buf[: shape[0], : shape[1]]
+    return res
+
+
 def allocate_out(plan: ReplayPlan, num_groups: int, device) -> dict[str, torch.Tensor]:
     """Buffers for ``out=``; reuse them across steps for stable addresses."""
     return {k: torch.empty(s, dtype=d, device=device) for k, (s, d) in out_shapes(plan, num_groups).items()}

@@ -92,6 +92,8 @@ KEPT_OUTPUTS = tuple(f"{b}.{f}" for b in KEPT_BUILDS for f in KEPT_FIELDS)
 #: the outputs whose ``out=`` buffers may have more rows than the step writes (a serving
 #: engine's persistent buffers, sized for its largest step): the step writes their leading rows
 LEADING_ROWS = ("replay_start", "swa_indices", "swa_lens", "stale_replay") + OPTIONAL_OUTPUTS
+#: the sub-batch's buffers (``out["replay_batch"]``), whose leading extents the step writes
+BATCH_FIELDS = ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start")
 
 
 def _rows(B: int, T: int, prefill_from: int | None, gather_lens_from: int | None) -> dict:
@@ -106,33 +108,20 @@ def _leading(o: dict, rows: dict) -> dict:
     return {k: v[: rows[k]] if k in rows and v.shape[0] != rows[k] else v for k, v in o.items()}
 
 
-def _batch_extents(plan: ReplayPlan, num_groups: int) -> dict:
-    """What the step writes of each ``out["replay_batch"]`` buffer: the leading ``n_pad`` rows
-    of ``rows`` and ``positions``, ``B + 1`` of ``query_start_loc``, ``B`` of ``kv_start``, the
-    leading ``[G, n_pad]`` of ``slot_mappings`` (a serving engine's persistent sub-batch buffers,
-    sized for its largest step, pass whole)."""
-    n, B = plan.num_rows_padded, plan.num_reqs
-    return {"rows": (n,), "query_start_loc": (B + 1,), "positions": (n,), "slot_mappings": (num_groups, n),
-            "kv_start": (B,)}
-
-
 def _leading_batch(rb: dict, plan: ReplayPlan, num_groups: int, *, check: bool = False) -> dict:
-    """``out["replay_batch"]`` with each buffer cut to :func:`_batch_extents` (``check``: one
-    too small, or of another rank, fails naming it; a missing one is left for
-    ``gather_replay_batch``'s validation to name)."""
-    res = dict(rb)
-    for key, ext in _batch_extents(plan, num_groups).items():
-        buf = rb.get(key)
-        if buf is None:
-            continue
-        if check and (not isinstance(buf, torch.Tensor) or buf.dim() != len(ext)
-                      or any(have < want for have, want in zip(buf.shape, ext))):
-            fail(NAME, f"out['replay_batch'][{key!r}]", buf,
-                 f"a {len(ext)}-D tensor of at least {list(ext)} (the step writes its leading "
-                 f"{'rows' if len(ext) == 1 else 'rows and columns'})")
-        if tuple(buf.shape) != ext:
-            res[key] = buf[: ext[0]] if len(ext) == 1 else buf[: ext[0], : ext[1]]
-    return res
+    """``out["replay_batch"]`` cut to what the step writes (``gather_replay_batch.leading_out``:
+    a serving engine's persistent sub-batch buffers, sized for its largest step, pass whole).
+    ``check``: one too small, or of another rank, fails naming it first (a missing one is left
+    for ``gather_replay_batch``'s validation to name)."""
+    if check:
+        for key, (ext, _) in gather_replay_batch.out_shapes(plan, num_groups).items():
+            buf = rb.get(key)
+            if buf is not None and (not isinstance(buf, torch.Tensor) or buf.dim() != len(ext)
+                                    or any(have < want for have, want in zip(buf.shape, ext))):
+                fail(NAME, f"out['replay_batch'][{key!r}]", buf,
+                     f"a {len(ext)}-D tensor of at least {list(ext)} (the step writes its leading "
+                     f"{'rows' if len(ext) == 1 else 'rows and columns'})")
+    return gather_replay_batch.leading_out(rb, plan, num_groups)
 
 
 def _kept_shapes(num_reqs: int, index_width: int, plan: ReplayPlan, kept_prefill_from: int | None,
@@ -400,7 +389,7 @@ def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         if gather_lens_from is not None:
             gather_lens = given["gather_lens"]
         if batch is not None:
-            batch = dataclasses.replace(batch, **{k: given["replay_batch"][k] for k in _batch_extents(plan, 0)})
+            batch = dataclasses.replace(batch, **{k: given["replay_batch"][k] for k in BATCH_FIELDS})
     return PreparedStep(R, slot_mappings, idx, lens, batch, pidx, plens, gather_lens, stale, *windows)
 
 
@@ -469,8 +458,7 @@ def _pack(t: dict, a) -> PreparedStep:
 
 
 RESULTS = Results(("replay_start", "swa_indices", "swa_lens", "stale_replay"), _result_shapes, out="dict", pack=_pack,
-                  plan_names=tuple(f"replay_batch.{f}" for f in ("rows", "query_start_loc", "positions",
-                                                                 "slot_mappings", "kv_start")),
+                  plan_names=tuple(f"replay_batch.{f}" for f in BATCH_FIELDS),
                   optional_names=OPTIONAL_OUTPUTS + KEPT_OUTPUTS)
 
 

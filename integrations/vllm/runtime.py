@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...common.ops.gather_replay_batch import leading_out
 from ...common.types import ReplayPlan
 from ...common.validation import env_setting
 from ...dispatch import Backend
@@ -219,13 +220,9 @@ def gather_replay_batch(be: Backend, plan: ReplayPlan, query_start_loc, seq_lens
             step.gathered = plan
             return
     CALLS["gather_replay_batch"] += 1
-    B, n = plan.num_reqs, plan.num_rows_padded
-    exact = {"rows": _head(out["rows"], n), "query_start_loc": _head(out["query_start_loc"], B + 1),
-             "positions": _head(out["positions"], n), "kv_start": _head(out["kv_start"], B)}
-    sm = out["slot_mappings"]
-    exact["slot_mappings"] = sm if sm.shape == (slot_mappings.shape[0], n) else sm[: slot_mappings.shape[0], :n]
+    B = plan.num_reqs
     be.gather_replay_batch(plan, _head(query_start_loc, B + 1), _head(seq_lens, B), _head(replay_start, B), positions,
-                           slot_mappings, window, out=exact)
+                           slot_mappings, window, out=leading_out(out, plan, slot_mappings.shape[0]))
 
 
 def gather_rows(be: Backend, x: torch.Tensor, rows: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -330,8 +327,8 @@ def same_lens(a: np.ndarray, b: np.ndarray) -> bool:
 
 def replaced(obj, **changes):
     """``dataclasses.replace(obj, **changes)`` for vLLM's ``InputBatch`` (a plain dataclass of
-    some 45 fields, whose ``replace`` calls ``__init__`` with every one of them): a new instance
-    with ``obj``'s fields, then ``changes``, set straight into its ``__dict__``. The same object
+    37 fields in vLLM 0.33, whose ``replace`` calls ``__init__`` with every one of them): a new
+    instance with ``obj``'s fields, then ``changes``, set straight into its ``__dict__``. The same object
     ``replace`` makes, for a class that is a dataclass with no ``__post_init__``, ``__slots__``
     or ``init=False`` field (checked once per class); any other class, or a change that is not
     a field, goes through ``dataclasses.replace``."""

@@ -308,6 +308,14 @@ def test_prepare_replay_step_sub_batch_buffers_may_be_persistent():
         else:
             rest[: ext[0], : ext[1]] = -77
         assert (rest == -77).all(), name
+    # gather_replay_batch alone takes them exact: leading_out cuts views of the same memory, exact ones kept
+    from swa_backends.common.ops.gather_replay_batch import leading_out
+
+    cut = leading_out(out["replay_batch"], plan, 3)
+    exact_out = leading_out(rb, plan, 3)
+    for name, ext in extents.items():
+        assert tuple(cut[name].shape) == ext and cut[name].data_ptr() == out["replay_batch"][name].data_ptr(), name
+        assert exact_out[name] is rb[name], name
     for name, ext in extents.items():
         short = allocate_out(2, 5, 8, "cpu", plan, 3)
         cut = tuple(n - 1 if i == len(ext) - 1 else n for i, n in enumerate(ext))
