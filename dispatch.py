@@ -109,6 +109,39 @@ def platform_input_check(platform: str, op: str) -> str | None:
     return p.input_checks.get(op) if p else None
 
 
+def platform_value_reader(platform: str) -> str | None:
+    """How a validated call on the platform's device reads its value checks
+    (``Platform.value_reader``), None: torch's reductions and one copy."""
+    p = get_platform(platform)
+    return p.value_reader if p else None
+
+
+def _value_reader(device: DeviceInfo):
+    """The reader a backend's validated calls hand :func:`~swa_backends.common.validation.one_read`:
+    the platform's, loaded on first use; one that fails to load or to read leaves torch's way with
+    one warning (a validated call never fails for it)."""
+    path = platform_value_reader(device.platform) if device.runnable else None
+    if path is None:
+        return None
+    fn = None
+
+    def read(items):
+        nonlocal fn
+        if fn is False:
+            return None
+        try:
+            if fn is None:
+                fn = load_attr(path)
+            return fn(items)
+        except Exception as exc:  # a vendor failure (Triton missing, a compile error): torch's way from now on
+            fn = False
+            warnings.warn(f"validation on {device}: value reader {path} failed ({type(exc).__name__}: {exc}); "
+                          "reading value checks with torch from now on", RuntimeWarning, stacklevel=2)
+            return None
+
+    return read
+
+
 def variant(op: str, name: str) -> Variant | None:
     return all_variants().get(op, {}).get(name)
 
@@ -178,6 +211,8 @@ class Explanation:
     table: tuple[Candidate, ...]
     #: op -> the platform's own input check (``Platform.input_checks``), run with the op's validation
     input_checks: Mapping[str, str] = field(default_factory=dict)
+    #: how validated calls read their value checks on this device (``Platform.value_reader``)
+    value_reader: str | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -186,6 +221,7 @@ class Explanation:
             "table": [c.__dict__ | {"reasons": list(c.reasons), "ahead": list(c.ahead), "checks": list(c.checks)}
                       for c in self.table],
             "input_checks": dict(self.input_checks),
+            "value_reader": self.value_reader,
         }
 
     def __str__(self) -> str:
@@ -304,6 +340,10 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
             lines.append("input checks (the platform's own, run with the op's validation):")
             lines += _bullets([f"{op}: {check}" for op, check in e.input_checks.items()], 2)
         lines.append("")
+        lines.append("value checks of validated calls, read by: " + (
+            f"{e.value_reader} (one device pass and one copy; torch's reductions where it declines a read)"
+            if e.value_reader else "torch's reductions and one copy"))
+        lines.append("")
         lines.append("every variant:")
         colours = {"chosen": "32", "per-call": "36", "rejected": "2"}
         for c in e.table:
@@ -420,6 +460,10 @@ def _input_checks(device: DeviceInfo) -> dict[str, str]:
     return {op: check for op in OPS if (check := platform_input_check(device.platform, op)) is not None}
 
 
+def _reader_path(device: DeviceInfo) -> str | None:
+    return platform_value_reader(device.platform)
+
+
 def _decide(device: DeviceInfo, config: ServingConfig, matrix: Matrix, row: Row | None, fallback: str | None,
             chains: Mapping[str, tuple[Variant, ...]]) -> Capabilities:
     values = dict(config.fields_for_rules(), platform=device.platform, arch=device.arch)
@@ -479,7 +523,7 @@ def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanatio
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
     return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
-                       _input_checks(info))
+                       _input_checks(info), _reader_path(info))
 
 
 def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool = True) -> "Backend":
@@ -500,7 +544,7 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
     expl = Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
-                       _input_checks(info))
+                       _input_checks(info), _reader_path(info))
     return Backend(info, chains, caps, expl, checked=checked)
 
 
@@ -565,6 +609,8 @@ class Backend(_Declared):
         self.failures: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
         self.variants = {op: tuple(v.name for v in chain) for op, chain in chains.items()}
+        #: what validated calls hand one_read to read their value checks (None: torch's way)
+        self._reader = _value_reader(device)
         #: op -> {name: ((variant, "module:attr"), ...)}: variants run before ``name`` when the predicate
         #: gives a reason for the call (the platform's ``Ahead`` rules; explain() shows them)
         self._ahead: dict[str, dict[str, tuple]] = {}
@@ -639,11 +685,12 @@ class Backend(_Declared):
         device = self.device
         check_path = platform_input_check(device.platform, op)
         platform_check = load_attr(check_path) if check_path is not None else None
+        reader = self._reader
 
         def validate(*args, **kwargs):
             # the value checks' one device read comes at the end of the block: the host work
             # before it (the checks of writes, the platform's check) overlaps the device's queue
-            with one_read():
+            with one_read(reader):
                 spec.validate(*args, **kwargs)
                 spec.check_writes(args, kwargs)
                 if platform_check is not None:
@@ -685,9 +732,9 @@ class Backend(_Declared):
                         if v.gated:
                             gate = load_attr(gate_fn)(*args, **kwargs)
                         else:
-                            run_held(held)  # an ungated pick: the held value checks, one read
+                            run_held(held, reader)  # an ungated pick: the held value checks, one read
                     else:
-                        with one_read():  # the pick, host work too, before the one device read
+                        with one_read(reader):  # the pick, host work too, before the one device read
                             validate(*args, **kwargs)
                             v = self._pick(op, args, kwargs)
                 while True:

@@ -62,7 +62,10 @@ class Platform:
     variant names, first with no reasons wins; ``"*"`` for every other op); ``ahead`` (op ->
     :class:`Ahead` rules: the only per-call exceptions to that order); ``input_checks`` (op ->
     ``"module:attr"`` called as ``check(device, *args, **kwargs)`` with the op's validation: inputs
-    valid in general but not on this platform raise ``ValueError``).
+    valid in general but not on this platform raise ``ValueError``); ``value_reader``
+    (``"module:attr"`` of ``read(items) -> list of numpy arrays, or None to decline``: how a
+    validated call's value checks are read from its devices, in place of torch's reductions and
+    copy; see ``common/validation.py``'s ``to_host``).
 
     Emulation: ``emulation``, the module of its vendor contract doubles (``contract_doubles(device)``),
     or None when it has no vendor package to emulate.
@@ -79,6 +82,7 @@ class Platform:
     variants: tuple[Variant, ...] = ()
     ahead: Mapping[str, tuple[Ahead, ...]] = field(default_factory=dict)
     input_checks: Mapping[str, str] = field(default_factory=dict)
+    value_reader: str | None = None
     emulation: str | None = None
 
     @property

@@ -137,10 +137,10 @@ def value_check(fn: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def run_held(held: list) -> None:
+def run_held(held: list, reader: Callable | None = None) -> None:
     """The value checks :func:`values_on_device` held, read with one transfer (their errors as
-    they would have been raised in place)."""
-    with one_read():
+    they would have been raised in place; ``reader``: as :func:`one_read`'s)."""
+    with one_read(reader):
         for label, check in held:
             previous = getattr(_state, "label", None)
             _state.label = label
@@ -185,21 +185,27 @@ def check_tensor(
     """Metadata check of one tensor argument (no device work). A tensor with a lazy conjugate
     or negative bit (``x.conj()`` of a complex tensor, its ``.imag``) is refused unless
     ``lazy_bits``: kernels read memory, where the bit is not applied."""
+    # (every validated call runs this for each tensor argument: plain comparisons, no generators)
     if not isinstance(t, torch.Tensor):
         fail(op, name, t, "a torch.Tensor")
     if not lazy_bits and (t.is_conj() or t.is_neg()):
         fail(op, name, t, "a tensor without a lazy conjugate or negative bit (call .resolve_conj() / "
                           ".resolve_neg() first)")
-    if dtypes is not None:
-        allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
-        if t.dtype not in allowed:
-            fail(op, name, t, f"dtype {_dtype_names(allowed)}")
+    if dtypes is not None and t.dtype is not dtypes and (dtypes.__class__ is torch.dtype or t.dtype not in dtypes):
+        fail(op, name, t, f"dtype {_dtype_names((dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes))}")
     if ndim is not None and t.dim() != ndim:
         fail(op, name, t, f"{ndim} dimension(s)")
     if min_ndim is not None and t.dim() < min_ndim:
         fail(op, name, t, f"at least {min_ndim} dimension(s)")
     if shape is not None:
-        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        dims = t.shape
+        wrong = len(dims) != len(shape)
+        if not wrong:
+            for s, d in zip(shape, dims):
+                if s is not None and s != d:
+                    wrong = True
+                    break
+        if wrong:
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             fail(op, name, t, f"shape {want}")
     if device is not None and t.device != device:
@@ -415,6 +421,41 @@ def checks_writes(fn):
 RAW_BYTES = 4096
 
 
+class Reduced:
+    """A read of a device tensor's min and max instead of its values (a value check's test gets
+    ``[min, max]`` in the tensor's dtype; NaN in both when the tensor holds one). ``pad_as``: -1
+    counts as this value (PAD allowed below a range that starts above 0); ``limit`` and ``step``
+    (a 2-D table): column ``c`` of row ``r`` counts only when ``c * step < limit[r]``, the others
+    read as 0 (a block table's entries that no position reads)."""
+
+    __slots__ = ("t", "pad_as", "limit", "step")
+
+    def __init__(self, t: torch.Tensor, *, pad_as: int | None = None, limit: torch.Tensor | None = None,
+                 step: int = 0):
+        self.t, self.pad_as, self.limit, self.step = t, pad_as, limit, step
+
+    @property
+    def device(self) -> torch.device:
+        return self.t.device
+
+    def on_device(self) -> torch.Tensor:
+        """The min and max as one device tensor, by torch ops."""
+        t = self.t.detach()
+        if self.limit is not None:
+            cols = torch.arange(0, t.shape[1] * self.step, self.step, device=t.device) if self.step else \
+                torch.zeros(t.shape[1], dtype=torch.int64, device=t.device)
+            t = torch.where(cols[None, :] < self.limit[:, None], t, 0)
+        if self.pad_as is not None:
+            t = torch.where(t == -1, self.pad_as, t)
+        return torch.stack(torch.aminmax(t))
+
+
+def numpy_dtype(dtype: torch.dtype):
+    """The numpy dtype a read gives a tensor of ``dtype`` (float32 for a floating dtype numpy
+    lacks: bf16, fp8)."""
+    return _NUMPY.get(dtype, np.float32)
+
+
 def readable(op: str, name: str, t: torch.Tensor) -> None:
     """A tensor whose values a value check reads: a meta tensor has none (trace shapes with
     validation off, or through the custom ops' fake kernels)."""
@@ -424,11 +465,11 @@ def readable(op: str, name: str, t: torch.Tensor) -> None:
 
 def defer(op: str, reads: Sequence[tuple[str, torch.Tensor]], test: Callable[..., None]) -> None:
     """A value check: ``test(*values)`` runs on the host, ``values`` the numpy copies of the
-    tensors of ``reads`` (``(argument name, tensor)``; a reduction made on the device is named
-    after its argument). Inside :func:`one_read` every check of the call is read by one
+    tensors of ``reads`` (``(argument name, tensor or Reduced)``; a reduction is named after its
+    argument). Inside :func:`one_read` every check of the call is read by one
     transfer at its end; outside, now."""
     for name, t in reads:
-        readable(op, name, t)
+        readable(op, name, t.t if isinstance(t, Reduced) else t)
     tensors = [t for _, t in reads]
     label = getattr(_state, "label", None)
     if label is not None:
@@ -457,7 +498,10 @@ def checked_before(op: str, *key) -> bool:
 
 
 class _OneRead:
-    __slots__ = ("outer",)
+    __slots__ = ("outer", "reader")
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
 
     def __enter__(self) -> None:
         self.outer = getattr(_state, "pending", None) is None
@@ -469,25 +513,31 @@ class _OneRead:
             return False
         pending = _state.pending
         _state.pending = _state.capturing = _state.seen = None
-        if exc is None:
-            _run(pending)
-        elif isinstance(exc, Exception):
-            try:
-                _run(pending)  # an earlier check's error comes first (this one as its context)
-            except ValueError:
-                raise
-            except Exception:  # the checks could not be read (a broken device): the first failure stands
-                pass
+        previous = getattr(_state, "reader", None)
+        _state.reader = self.reader
+        try:
+            if exc is None:
+                _run(pending)
+            elif isinstance(exc, Exception):
+                try:
+                    _run(pending)  # an earlier check's error comes first (this one as its context)
+                except ValueError:
+                    raise
+                except Exception:  # the checks could not be read (a broken device): the first failure stands
+                    pass
+        finally:
+            _state.reader = previous
         return False
 
 
-def one_read() -> _OneRead:
+def one_read(reader: Callable | None = None) -> _OneRead:
     """``with one_read():`` collects the value checks (:func:`defer`) run inside and reads their
     values with one device->host transfer when the block ends; a test that fails raises its
     ``ValueError`` then. An exception inside the block first lets the checks registered before
     it run (an earlier argument's error comes first, as when each check read at once). Nested
-    blocks collect into the outermost."""
-    return _OneRead()
+    blocks collect into the outermost. ``reader``: what makes a device's read (see
+    :func:`to_host`), given by the dispatcher of a device that has one."""
+    return _OneRead(reader)
 
 
 @contextlib.contextmanager
@@ -538,21 +588,31 @@ def _run(pending: list) -> None:
         i += len(tensors)
 
 
-def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    """numpy copies of ``tensors`` (views of CPU tensors), the device ones read by one transfer
-    per device: their bytes joined on the device, copied once, split on the host."""
+def to_host(tensors: Sequence) -> list[np.ndarray]:
+    """numpy copies of ``tensors`` (views of CPU tensors; a :class:`Reduced` as ``[min, max]``),
+    the device ones read by one transfer per device: by the device's reader where the
+    dispatcher gave one (:func:`one_read`; it may decline a read, returning None), else their
+    bytes joined on the device by torch (a reduction by torch ops), copied once, split on the
+    host."""
     out: list = [None] * len(tensors)
     by_device: dict = {}
+    reader = getattr(_state, "reader", None)
     for i, t in enumerate(tensors):
-        if t.requires_grad:
-            t = t.detach()
-        if t.dtype not in _NUMPY:
-            t = t.float()  # bf16, fp8: no numpy dtype
-        if t.is_cpu:
-            out[i] = t.resolve_conj().resolve_neg().numpy() if t.is_conj() or t.is_neg() else t.numpy()
-        else:
+        if t.device.type != "cpu" or reader is not None and _for_reader(t.device):
             by_device.setdefault(t.device, []).append((i, t))
-    for items in by_device.values():
+        else:
+            out[i] = _host_values(t.on_device() if isinstance(t, Reduced) else t)
+    for device, items in by_device.items():
+        got = reader([t for _, t in items]) if reader is not None and _for_reader(device) else None
+        if got is not None:
+            for (i, _), v in zip(items, got):
+                out[i] = v
+            continue
+        items = [(i, _readable(t.on_device() if isinstance(t, Reduced) else t)) for i, t in items]
+        if device.type == "cpu":  # (a reader declined the host's tensors: tests)
+            for i, t in items:
+                out[i] = _host_values(t)
+            continue
         flat = []
         for _, t in items:
             flat.append(flat_bytes(t))
@@ -563,6 +623,25 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
             out[i] = host[at:at + n].view(_NUMPY[t.dtype]).reshape(t.shape)
             at += n
     return out
+
+
+def _readable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as numpy can hold it: detached, a dtype numpy lacks (bf16, fp8) as float32."""
+    if t.requires_grad:
+        t = t.detach()
+    return t if t.dtype in _NUMPY else t.float()
+
+
+def _host_values(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's values (a view where it can be)."""
+    t = _readable(t)
+    return t.resolve_conj().resolve_neg().numpy() if t.is_conj() or t.is_neg() else t.numpy()
+
+
+def _for_reader(device: torch.device) -> bool:
+    """Whether a device's reads go to the reader: not a host's (its values are read in place;
+    the tests point the reader at the host to run it in Triton's interpreter)."""
+    return device.type != "cpu"
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -643,17 +722,14 @@ def check_range(op: str, name: str, t: torch.Tensor, *, low: int, high: int | No
     if not value_checks_enabled() or t.numel() == 0:
         return
     readable(op, name, t)
-    floor = low
-    if allow_pad:
-        if low == 0:
-            floor = -1
-        else:
-            t = torch.where(t == -1, low, t)
+    floor = -1 if allow_pad and low == 0 else low  # PAD: the one value allowed below a range from 0
+    pad_as = low if allow_pad and low != 0 else None
 
     def bad(lo, hi) -> bool:
         return int(lo) < floor or high is not None and int(hi) >= high
 
-    _min_max(op, name, t, bad, lambda values: host_range(op, name, values, low=low, high=high, allow_pad=allow_pad))
+    _min_max(op, name, t, bad, lambda values: host_range(op, name, values, low=low, high=high, allow_pad=allow_pad),
+             pad_as=pad_as)
 
 
 def host_range(op: str, name: str, values: np.ndarray, *, low: int, high: int | None, allow_pad: bool = False) -> None:
@@ -669,12 +745,17 @@ def host_range(op: str, name: str, values: np.ndarray, *, low: int, high: int | 
         fail(op, name, int(v[first_true(wrong)]), f"values in {span}" + (" or PAD (-1)" if allow_pad else ""))
 
 
-def _min_max(op: str, name: str, t: torch.Tensor, bad: Callable, explain: Callable[[np.ndarray], None]) -> None:
+def _min_max(op: str, name: str, t: torch.Tensor, bad: Callable, explain: Callable[[np.ndarray], None], *,
+             pad_as: int | None = None) -> None:
     """``bad(min, max)`` decides; ``explain(values)`` raises (on the host copy of ``t``). A small
-    tensor travels whole, a large one as its min and max (read again whole only to explain)."""
+    tensor travels whole, a large one as its min and max (:class:`Reduced`; read again whole
+    only to explain). ``pad_as``: -1 counts as this value in the min and max."""
     if reads_whole(t):
-        defer(op, ((name, t),), lambda v: explain(v) if bad(np.minimum.reduce(v, axis=None),
-                                                           np.maximum.reduce(v, axis=None)) else None)
+        def test(v: np.ndarray) -> None:
+            w = v if pad_as is None else np.where(v == -1, pad_as, v)
+            if bad(np.minimum.reduce(w, axis=None), np.maximum.reduce(w, axis=None)):
+                explain(v)
+
+        defer(op, ((name, t),), test)
         return
-    lo, hi = torch.aminmax(t.detach())
-    defer(op, ((name, lo), (name, hi)), lambda lo, hi: explain(to_host([t])[0]) if bad(lo, hi) else None)
+    defer(op, ((name, Reduced(t, pad_as=pad_as)),), lambda mm: explain(to_host([t])[0]) if bad(mm[0], mm[1]) else None)

@@ -125,6 +125,10 @@ PORTABLE: tuple[Variant, ...] = METADATA + ATTENTION
 #: Every variant declared here, in the order tables list them.
 VARIANTS: tuple[Variant, ...] = METADATA + GLUON + ATTENTION
 
+#: How a validated call reads its value checks on a device that runs these kernels
+#: (``Platform.value_reader``): one Triton pass and one copy.
+VALUE_READER = "swa_backends.kernels.value_read:read"
+
 
 def _gluon_probe(module: str) -> str | None:
     """The Gluon API a kernel module needs, asked of this Triton (imports Triton; only run

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels import VALUE_READER
 from ...kernels import VARIANTS as KERNELS
 from ...common.platforms import Ahead, Platform
 from ...common.registry import Variant
@@ -84,5 +85,6 @@ PLATFORM = Platform(
     variants=(*KERNELS, *VENDOR),
     priority=PRIORITY,
     ahead=AHEAD,
+    value_reader=VALUE_READER,
     emulation="swa_backends.testing.emulation.cuda",
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels import PORTABLE
+from ...kernels import PORTABLE, VALUE_READER
 from ...common.platforms import Platform
 from ...common.registry import Variant
 from . import device, probes  # noqa: F401  (probes registers the AITER probe; neither imports a vendor package)
@@ -56,5 +56,6 @@ PLATFORM = Platform(
     variants=(*PORTABLE, *VENDOR),
     priority=PRIORITY,
     input_checks=INPUT_CHECKS,
+    value_reader=VALUE_READER,
     emulation="swa_backends.testing.emulation.rocm",
 )

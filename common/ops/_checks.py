@@ -8,6 +8,7 @@ import torch
 from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, SLOT_DTYPE
 from ..validation import (
     INT32_MAX,
+    Reduced,
     first_true,
     check_int,
     check_query_start_loc,
@@ -31,7 +32,7 @@ def check_extents(op: str, name: str, t: torch.Tensor) -> None:
     launch key, ``kernels/_launch.py``, does not take) and walk a dimension in 32-bit lane
     indices ``program * BLOCK + lane``, which must not wrap past its end. An offset inside a
     tensor may pass 2**31: the kernels compute index times stride in int64."""
-    if any(n > MAX_POSITION for n in t.shape) or any(s > INT32_MAX for s in t.stride()):
+    if max(t.shape, default=0) > MAX_POSITION or max(t.stride(), default=0) > INT32_MAX:
         fail(op, name, f"sizes {tuple(t.shape)}, strides {tuple(t.stride())}",
              f"sizes <= MAX_POSITION={MAX_POSITION} and strides <= {INT32_MAX} elements (32-bit kernel arguments)")
 
@@ -121,9 +122,7 @@ def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *,
         reads = ((name, table),)
     else:
         # column c holds positions [c * block_size, ...): read by a request when c * block_size < seq_len
-        used = torch.arange(0, cols * block_size, block_size, device=table.device)[None, :] < seq_lens[:, None]
-        lo, hi = torch.aminmax(torch.where(used, table, 0))
-        reads = ((name, lo), (name, hi))
+        reads = ((name, Reduced(table, limit=seq_lens, step=block_size)),)
 
     def test(seq: np.ndarray, *table_values: np.ndarray) -> None:
         need = (seq.astype(np.int64) + block_size - 1) // block_size
@@ -133,7 +132,7 @@ def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *,
         if int(need.max()) <= 0:
             return
         if not small:
-            lo, hi = table_values
+            lo, hi = table_values[0]
             if int(lo) >= 0 and int(hi) <= top:
                 return
             table_values = (to_host([table])[0],)

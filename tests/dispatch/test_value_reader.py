@@ -1,0 +1,67 @@
+"""How a backend reads its validated calls' value checks (``Platform.value_reader``): CUDA and ROCm
+name the one-pass Triton reader and explain() shows it; a reader that cannot load or read leaves
+torch's way for the rest of the process with one warning, the call still validated."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import swa_backends as sb
+from swa_backends import dispatch
+from swa_backends.common import validation
+from swa_backends.common.device import DeviceInfo
+from swa_backends.kernels import VALUE_READER
+
+
+def test_gpu_platforms_name_the_one_pass_reader():
+    assert dispatch.platform_value_reader("cuda") == VALUE_READER
+    assert dispatch.platform_value_reader("rocm") == VALUE_READER
+    assert dispatch.platform_value_reader("cpu") is None
+    assert dispatch.platform_value_reader("ascend") is None
+
+
+def test_explain_says_how_value_checks_are_read():
+    from swa_backends.dispatch import format_explanation
+
+    gpu = sb.explain("cuda:sm90")
+    assert gpu.value_reader == VALUE_READER and gpu.as_dict()["value_reader"] == VALUE_READER
+    assert f"read by: {VALUE_READER}" in format_explanation(gpu, full=True)
+    cpu = sb.explain("cpu")
+    assert cpu.value_reader is None
+    assert "read by: torch's reductions and one copy" in format_explanation(cpu, full=True)
+
+
+def test_no_reader_where_nothing_runs():
+    assert dispatch._value_reader(DeviceInfo(platform="cuda", arch="sm90", fake=True)) is None
+    assert dispatch._value_reader(DeviceInfo(platform="cpu", arch="cpu", torch_device="cpu")) is None
+
+
+@pytest.mark.parametrize("failure", ["load", "read"])
+def test_a_failing_reader_leaves_torchs_way_with_one_warning(monkeypatch, failure):
+    """A reader that cannot be imported, or raises while reading (a compile error, say): one
+    RuntimeWarning naming it, then None (torch's way) for every later read without another."""
+    gpu = DeviceInfo(platform="cuda", arch="sm90", torch_device="cuda:0")
+    if failure == "load":
+        monkeypatch.setattr(dispatch, "platform_value_reader", lambda p: "swa_backends.no_such_module:read")
+    else:
+        monkeypatch.setattr(dispatch, "load_attr", lambda path: lambda items: 1 / 0)
+    read = dispatch._value_reader(gpu)
+    with pytest.warns(RuntimeWarning, match=r"value reader .* failed .*torch from now on"):
+        assert read([torch.zeros(1)]) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read([torch.zeros(1)]) is None
+
+
+def test_a_declined_read_goes_the_torch_way(monkeypatch):
+    """to_host with a reader that declines (None): the values torch's way, in order."""
+    monkeypatch.setattr(validation, "_for_reader", lambda device: True)
+    seen = []
+    a, b = torch.tensor([3, 1, 2], dtype=torch.int32), torch.arange(5, dtype=torch.int64)
+    with validation.one_read(lambda items: seen.append(len(items))):
+        validation.defer("op", (("a", a), ("b", validation.Reduced(b))),
+                         lambda x, y: seen.append((x.tolist(), y.tolist())))
+    assert seen == [2, ([3, 1, 2], [0, 4])]
