@@ -107,6 +107,15 @@ def main(argv: list[str]) -> int:
         for _ in range(4):
             args, kwargs = case_for(op, rng, "cpu")
             fn(*args, **kwargs)
+    # the reader of validated calls' value checks (a CUDA or ROCm backend's): whole reads and
+    # every kind of reduction, integer and floating, one launch and two
+    from swa_backends.common.validation import Reduced
+    from swa_backends.kernels import value_read
+
+    i32, i64 = torch.arange(8, dtype=torch.int32), torch.arange(5000, dtype=torch.int64)
+    table, lens = torch.zeros(4, 9, dtype=torch.int32), torch.ones(4, dtype=torch.int32)
+    value_read.read([i32, Reduced(i64), Reduced(table, limit=lens, step=64), Reduced(i32, pad_as=3)])
+    value_read.read([Reduced(torch.zeros(9)), i32, torch.ones(3, dtype=torch.bool), i64[:7], Reduced(i32)])
     missing = set(_launch.KERNELS) - {name for _, name, _ in done}
     if missing:
         print(f"never compiled: {sorted(missing)}", file=sys.stderr)

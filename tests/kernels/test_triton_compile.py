@@ -24,4 +24,5 @@ def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
     for kernel in ("prepare_replay_step.", "gather_replay_batch.", "swa_indices_and_lens."):
         assert any(line.startswith(f"cuda:90 {kernel}") for line in lines), kernel
     assert any(line.startswith("hip:gfx942 rows._copy_rows") for line in lines)
+    assert any(line.startswith("cuda:90 value_read._value_read") for line in lines)
 
