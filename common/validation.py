@@ -359,10 +359,16 @@ def _tensors(name: str, value, depth: int = 0) -> list[tuple[str, torch.Tensor]]
         return [item for i, v in enumerate(value) for item in _tensors(f"{name}[{i}]", v, depth + 1)]
     if isinstance(value, dict):
         return [item for k, v in value.items() for item in _tensors(f"{name}[{k!r}]", v, depth + 1)]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [item for f in dataclasses.fields(value)
-                for item in _tensors(f"{name}.{f.name}", getattr(value, f.name, None), depth + 1)]
-    return []
+    names = _FIELD_NAMES.get(value.__class__)
+    if names is None:
+        is_dc = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        names = _FIELD_NAMES[value.__class__] = tuple(f.name for f in dataclasses.fields(value)) if is_dc else ()
+    return [item for f in names for item in _tensors(f"{name}.{f}", getattr(value, f, None), depth + 1)]
+
+
+#: class -> its dataclass field names (() for any other class): :func:`_tensors` meets a plan on
+#: every validated call
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def check_writes(op: str, signature, args: tuple, kwargs: dict, mutates: Sequence[str] = ()) -> None:

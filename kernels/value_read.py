@@ -198,12 +198,18 @@ def _buffers(device: torch.device, words: int):
 
 def read(items) -> list[np.ndarray] | None:
     """numpy values of ``items`` (tensors read whole, :class:`Reduced` pieces as ``[min, max]``),
-    all on one device, by one pass of this kernel and one copy; None when an item is not for it
-    (a tensor over :data:`COPY_BYTES` read whole, a layout of more than two strided dims, an int past
-    32 bits): the caller reads them the torch way."""
+    all on one device, by one pass of this kernel and one copy; None (the caller reads them the
+    torch way) when none is a reduction (torch's copy of whole tensors launches no more than this)
+    or an item is not for it (a tensor over :data:`COPY_BYTES` read whole, a layout of more than two
+    strided dims, an int past 32 bits)."""
     device = items[0].device
     if device.type == "cuda" and device.index != _current_device():
         return None  # the kernel launches on the current device
+    for it in items:
+        if isinstance(it, Reduced):
+            break
+    else:  # whole tensors alone: torch's way is one copy (and a cat), no fewer launches than this
+        return None
     plan = _Plan()
     for it in items:
         if isinstance(it, Reduced):

@@ -18,7 +18,7 @@ overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leave
 ``--no-huge-strides`` only the huge-stride cases (``--huge-only START:STOP`` runs a slice of
 them alone: under memcheck each case's memory stays taken until the process ends); ``--kept-only``
 runs only ``prepare_replay_step``'s decoder sub-batch cases (resized by the device, and with the
-sub-batch's window builds).
+sub-batch's window builds) and the value reader's.
 Exit 1 on a wrong result.
 """
 
@@ -185,6 +185,31 @@ def gated_cases(dev, rng, sms: int) -> list[str]:
     return bad
 
 
+def value_read_cases(dev, rng) -> list[str]:
+    """The reader of validated calls' value checks (kernels/value_read.py) on pieces of every kind
+    at sizes whose last program is partly masked: strided and transposed views, a table read up
+    to each row's limit, PAD substitution, floats with a NaN, more pieces than one launch takes;
+    against torch (the metadata ops above ran validated: the reader read their checks too)."""
+    from swa_backends.common.validation import Reduced, _host_values
+    from swa_backends.kernels import value_read
+
+    base = torch.from_numpy(rng.integers(-1, 10**6, (300, 77))).to(torch.int32).to(dev)
+    f = torch.randn(4099, device=dev)
+    f[4098] = float("nan")
+    lim = torch.from_numpy(rng.integers(0, 77 * 16, 300)).to(torch.int32).to(dev)
+    items = [base[:, ::3], Reduced(base.t()), Reduced(base, limit=lim, step=16), Reduced(base[1:, 1:], pad_as=5),
+             Reduced(f), f[:1023], base[7], Reduced(base[:, 5].to(torch.int64))]
+    got = value_read.read(items)
+    torch.cuda.synchronize()
+    bad = []
+    for i, (g, it) in enumerate(zip(got, items)):
+        want = _host_values((it.on_device() if isinstance(it, Reduced) else it).cpu())
+        if not np.array_equal(g, want, equal_nan=True):
+            bad.append(f"value_read piece {i}: {g.ravel()[:4]} != {want.ravel()[:4]}")
+    print("ran value_read (8 pieces, two launches)", flush=True)
+    return bad
+
+
 def main(argv: list[str]) -> int:
     skip = set(argv[argv.index("--skip") + 1].split(",")) if "--skip" in argv else set()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -193,8 +218,8 @@ def main(argv: list[str]) -> int:
     bad = []
     if "--huge-only" in argv:  # one slice of the huge-stride cases, alone (see huge_only)
         return huge_only(argv[argv.index("--huge-only") + 1], dev)
-    if "--kept-only" in argv:  # the sub-batch builds of prepare_replay_step alone
-        bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng)
+    if "--kept-only" in argv:  # the sub-batch builds of prepare_replay_step alone (and the value reader)
+        bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng) + value_read_cases(dev, rng)
         for b in bad:
             print("WRONG", b)
         print(f"wrong results: {len(bad)}")
@@ -208,6 +233,7 @@ def main(argv: list[str]) -> int:
                 bad.append(f"{op}: {why}")
     bad += adaptive_verification_cases(be, dev)
     bad += kept_window_cases(be, dev, rng)
+    bad += value_read_cases(dev, rng)
     # sparse MLA: each variant directly, at shapes it takes
     from swa_backends.kernels import sparse_mla as tl
 
