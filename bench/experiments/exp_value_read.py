@@ -1,0 +1,183 @@
+#!/usr/bin/env python
+"""The value reader (``kernels/value_read.py``) against torch's way, and where a validated
+metadata call's host time goes, on one device::
+
+    . bench/gpu_env.sh && python3 bench/experiments/exp_value_read.py --out $OUT
+    python bench/experiments/exp_value_read.py --out /tmp/vr --smoke          # CPU wiring, one round
+
+Host time per call, median of ``--reps`` with the device idle before each call (fresh arguments
+made outside the timing), per metadata op at ``bench_validation.py``'s serving-sized step:
+
+* ``off``: the call unvalidated; ``reader``: validated, the backend's value reads by the reader
+  (the default on CUDA and ROCm); ``torch``: validated by a backend built without it (torch's
+  ``aminmax`` / ``where`` / ``cat`` and one copy); ``host_checks``: the validator's host checks
+  alone (``values_on_device``: shapes, dtypes, devices, scalars, overlaps; no value read);
+* ``pieces``: what the op's value checks read (``W`` whole, ``R`` reduced: shape, dtype).
+
+And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
+piece, split into its plan, its launch and its copy; ``torch.aminmax`` of 20K int32; ``torch.cat``
+of four small tensors. Writes ``exp_value_read.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lib import smoke  # noqa: E402
+
+smoke.use_interpreter()  # before anything imports Triton
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import swa_backends as sb  # noqa: E402
+from lib import results  # noqa: E402
+from swa_backends import dispatch  # noqa: E402
+from swa_backends.common import validation as V  # noqa: E402
+from swa_backends.common.ops import OPS  # noqa: E402
+from swa_backends.common.ops._steps import random_batch  # noqa: E402
+from swa_backends.testing.conformance import case_for  # noqa: E402
+
+
+def med_us(fn, reps: int, gpu: bool, fresh=None, sync: bool = True) -> float:
+    times = []
+    for _ in range(reps):
+        call = fresh() if fresh is not None else fn
+        if gpu and sync:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e6)
+    if gpu:
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def reader_off():
+    """Backends selected inside read their value checks torch's way."""
+    real = dispatch._value_reader
+    dispatch._value_reader = lambda device: None
+    try:
+        yield
+    finally:
+        dispatch._value_reader = real
+
+
+def _clone(v):
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def pieces_of(spec, args, kwargs) -> list:
+    """What the op's value checks read: ``(W|R, shape, dtype)`` per piece."""
+    seen: list = []
+    real = V.to_host
+
+    def spy(items):
+        seen.extend(items)
+        return real(items)
+
+    V.to_host = spy
+    try:
+        with V.one_read():
+            spec.validate(*args, **kwargs)
+    finally:
+        V.to_host = real
+    return [("R" if isinstance(t, V.Reduced) else "W", list((t.t if isinstance(t, V.Reduced) else t).shape),
+             str((t.t if isinstance(t, V.Reduced) else t).dtype).replace("torch.", "")) for t in seen]
+
+
+def per_op(dev, reps: int, gpu: bool) -> dict:
+    be = sb.select(str(dev))
+    with reader_off():
+        be_torch = sb.select(str(dev))
+    out = {}
+    for k, op in enumerate(OPS):
+        if op == "sparse_mla":
+            continue
+        rng = np.random.default_rng(k)
+        batch = random_batch(rng, max_reqs=64, max_q=256, W=128, block_size=64, num_groups=3, long_prefill=True)
+        args, kwargs = case_for(op, rng, dev, batch=batch, poison=False)
+        spec = OPS[op]
+
+        def fresh(b, on):
+            def make():
+                a, kw = tuple(_clone(x) for x in args), {n: _clone(x) for n, x in kwargs.items()}
+
+                def call():
+                    with sb.validation(on):
+                        getattr(b, op)(*a, **kw)
+                return call
+            return make
+
+        def host_checks():
+            with V.values_on_device():
+                spec.validate(*args, **kwargs)
+                spec.check_writes(args, kwargs)
+
+        for b in (be, be_torch):  # warm: every specialisation compiled, both paths
+            for on in (True, False):
+                fresh(b, on)()()
+        row = {"off": med_us(None, reps, gpu, fresh(be, False)), "reader": med_us(None, reps, gpu, fresh(be, True)),
+               "torch": med_us(None, reps, gpu, fresh(be_torch, True)),
+               "host_checks": med_us(host_checks, reps, gpu, sync=False), "pieces": pieces_of(spec, args, kwargs)}
+        row["reader_ratio"], row["torch_ratio"] = row["reader"] / row["off"], row["torch"] / row["off"]
+        out[op] = row
+        print(f"{op:<24} off {row['off']:7.1f}  reader {row['reader']:7.1f} ({row['reader_ratio']:5.2f}x)  torch "
+              f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f} us", flush=True)
+    return out
+
+
+def primitives(dev, reps: int, gpu: bool) -> dict:
+    from swa_backends.kernels import value_read
+
+    small = torch.randint(0, 100, (64,), dtype=torch.int32, device=dev)
+    big = torch.randint(0, 100, (20000,), dtype=torch.int32, device=dev)
+    items = [small, V.Reduced(big)]
+
+    def plan():
+        p = value_read._Plan()
+        p.add(small, value_read.COPY)
+        p.add(big, value_read.MINMAX)
+        return p
+
+    p = plan()
+    dev_buf, host_buf = value_read._buffers(dev, p.size)
+    value_read.read(items)
+    res = {"read_few_bytes": med_us(lambda: small[:4].cpu(), reps, gpu),
+           "reader": med_us(lambda: value_read.read(items), reps, gpu),
+           "reader_plan": med_us(plan, reps, gpu, sync=False),
+           "reader_launch": med_us(lambda: value_read._launch(dev_buf, p.pieces), reps, gpu, sync=False),
+           "reader_copy": med_us(lambda: host_buf[:p.size].copy_(dev_buf[:p.size]), reps, gpu),
+           "torch_way": med_us(lambda: V.to_host(items), reps, gpu),
+           "aminmax_20k": med_us(lambda: torch.aminmax(big), reps, gpu, sync=False),
+           "cat_4_small": med_us(lambda: torch.cat([small, small, small, small]), reps, gpu, sync=False)}
+    print("\n".join(f"{k:>16}: {v:8.1f} us" for k, v in res.items()), flush=True)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--reps", type=int, default=100)
+    p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
+    a = p.parse_args(argv)
+    gpu = torch.cuda.is_available() and not a.smoke
+    dev = torch.device("cuda" if gpu else "cpu")
+    reps = a.reps if gpu else 1
+    res = {"meta": results.machine(dev), "reps": reps, "primitives": primitives(dev, reps, gpu),
+           "ops": per_op(dev, reps, gpu)}
+    a.out.mkdir(parents=True, exist_ok=True)
+    results.write_json(a.out / "exp_value_read.json", res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The value-reader experiment's wiring on the CPU (``--smoke``: one round, numbers meaningless):
+every primitive and every metadata op's four timings and the pieces its checks read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "experiments" / "exp_value_read.py"
+
+
+def test_smoke_writes_every_measurement(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads((tmp_path / "exp_value_read.json").read_text())
+    assert set(res["primitives"]) == {"read_few_bytes", "reader", "reader_plan", "reader_launch", "reader_copy",
+                                      "torch_way", "aminmax_20k", "cat_4_small"}
+    assert all(v > 0 for v in res["primitives"].values())
+    ops = res["ops"]
+    assert len(ops) == 13, sorted(ops)
+    for op, row in ops.items():
+        assert all(row[k] > 0 for k in ("off", "reader", "torch", "host_checks")), (op, row)
+        assert all(kind in ("W", "R") for kind, _, _ in row["pieces"]), (op, row["pieces"])
+    assert sum(bool(row["pieces"]) for row in ops.values()) >= 10  # (host tensors: every piece read whole)
