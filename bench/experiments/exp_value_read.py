@@ -10,8 +10,9 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
 
 * ``off``: the call unvalidated; ``reader``: validated, the backend's value reads by the reader
   (the default on CUDA and ROCm); ``torch``: validated by a backend built without it (torch's
-  ``aminmax`` / ``where`` / ``cat`` and one copy); ``host_checks``: the validator's host checks
-  alone (``values_on_device``: shapes, dtypes, devices, scalars, overlaps; no value read);
+  ``aminmax`` / ``where`` / ``cat`` and one copy); ``host_checks``: the validator under
+  ``values_on_device`` (shapes, dtypes, devices, scalars, overlaps; the range checks held
+  unread; the per-request checks a validator defers itself still read, once, torch's way);
 * ``pieces``: what the op's value checks read (``W`` whole, ``R`` reduced: shape, dtype).
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
