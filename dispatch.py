@@ -340,9 +340,9 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
             lines.append("input checks (the platform's own, run with the op's validation):")
             lines += _bullets([f"{op}: {check}" for op, check in e.input_checks.items()], 2)
         lines.append("")
-        lines.append("value checks of validated calls, read by: " + (
-            f"{e.value_reader} (one device pass and one copy; torch's reductions where it declines a read)"
-            if e.value_reader else "torch's reductions and one copy"))
+        lines.append("value checks of validated calls:")
+        lines += _bullets([f"read by: {e.value_reader} (one device pass and one copy; torch's reductions where it "
+                           "declines a read)" if e.value_reader else "read by: torch's reductions and one copy"], 2)
         lines.append("")
         lines.append("every variant:")
         colours = {"chosen": "32", "per-call": "36", "rejected": "2"}
