@@ -13,6 +13,9 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
   ``aminmax`` / ``where`` / ``cat`` and one copy); ``host_checks``: the validator under
   ``values_on_device`` (shapes, dtypes, devices, scalars, overlaps; the range checks held
   unread; the per-request checks a validator defers itself still read, once, torch's way);
+* ``no_read``: the whole validator (value checks included) with its value reads answered from a copy
+  of their first answer: the validators' host work alone (the device torch ops they launch
+  included), without the read's transfer and wait;
 * ``pieces``: what the op's value checks read (``W`` whole, ``R`` reduced: shape, dtype).
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
@@ -95,6 +98,32 @@ def pieces_of(spec, args, kwargs) -> list:
              str((t.t if isinstance(t, V.Reduced) else t).dtype).replace("torch.", "")) for t in seen]
 
 
+@contextlib.contextmanager
+def reads_answered(spec, args, kwargs):
+    """Inside, ``validation.to_host`` answers each read of a validation of this call with what the
+    same read returned once, in order, without touching the device."""
+    answers: list = []
+    real = V.to_host
+    V.to_host = lambda items: answers.append(real(items)) or answers[-1]
+    try:
+        with V.one_read():
+            spec.validate(*args, **kwargs)
+    finally:
+        V.to_host = real
+    at = [0]
+
+    def replay(items):
+        got = answers[at[0] % len(answers)]
+        at[0] += 1
+        return got
+
+    V.to_host = replay
+    try:
+        yield
+    finally:
+        V.to_host = real
+
+
 def per_op(dev, reps: int, gpu: bool) -> dict:
     be = sb.select(str(dev))
     with reader_off():
@@ -123,16 +152,24 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
                 spec.validate(*args, **kwargs)
                 spec.check_writes(args, kwargs)
 
+        def no_read():
+            with V.one_read():
+                spec.validate(*args, **kwargs)
+                spec.check_writes(args, kwargs)
+
         for b in (be, be_torch):  # warm: every specialisation compiled, both paths
             for on in (True, False):
                 fresh(b, on)()()
         row = {"off": med_us(None, reps, gpu, fresh(be, False)), "reader": med_us(None, reps, gpu, fresh(be, True)),
                "torch": med_us(None, reps, gpu, fresh(be_torch, True)),
                "host_checks": med_us(host_checks, reps, gpu, sync=False), "pieces": pieces_of(spec, args, kwargs)}
+        with reads_answered(spec, args, kwargs):
+            row["no_read"] = med_us(no_read, reps, gpu, sync=False)
         row["reader_ratio"], row["torch_ratio"] = row["reader"] / row["off"], row["torch"] / row["off"]
         out[op] = row
         print(f"{op:<24} off {row['off']:7.1f}  reader {row['reader']:7.1f} ({row['reader_ratio']:5.2f}x)  torch "
-              f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f} us", flush=True)
+              f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f}  no read "
+              f"{row['no_read']:7.1f} us", flush=True)
     return out
 
 
