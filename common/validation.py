@@ -599,7 +599,17 @@ def to_host(tensors: Sequence) -> list[np.ndarray]:
     the device ones read by one transfer per device: by the device's reader where the
     dispatcher gave one (:func:`one_read`; it may decline a read, returning None), else their
     bytes joined on the device by torch (a reduction by torch ops), copied once, split on the
-    host."""
+    host. A tensor several checks read (the same object) travels once."""
+    first: dict[int, int] = {}
+    for t in tensors:
+        first.setdefault(id(t), len(first))
+    if len(first) < len(tensors):
+        once = _to_host(list({id(t): t for t in tensors}.values()))
+        return [once[first[id(t)]] for t in tensors]
+    return _to_host(tensors)
+
+
+def _to_host(tensors: Sequence) -> list[np.ndarray]:
     out: list = [None] * len(tensors)
     by_device: dict = {}
     reader = getattr(_state, "reader", None)

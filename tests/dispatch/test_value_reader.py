@@ -65,3 +65,20 @@ def test_a_declined_read_goes_the_torch_way(monkeypatch):
         validation.defer("op", (("a", a), ("b", validation.Reduced(b))),
                          lambda x, y: seen.append((x.tolist(), y.tolist())))
     assert seen == [2, ([3, 1, 2], [0, 4])]
+
+
+def test_a_tensor_several_checks_read_travels_once(monkeypatch):
+    """Two checks reading one tensor object: the reader gets it once, each check its values."""
+    monkeypatch.setattr(validation, "_for_reader", lambda device: True)
+    got, seen = [], []
+    a, b = torch.tensor([3, 1, 2], dtype=torch.int32), torch.arange(4, dtype=torch.int64)
+
+    def reader(items):
+        seen.append([id(t) for t in items])
+        return None  # torch's way reads them
+
+    with validation.one_read(reader):
+        validation.defer("op", (("a", a), ("b", b)), lambda x, y: got.append((x.tolist(), y.tolist())))
+        validation.defer("op", (("a", a),), lambda x: got.append(x.tolist()))
+    assert seen == [[id(a), id(b)]]
+    assert got == [([3, 1, 2], [0, 1, 2, 3]), [3, 1, 2]]
