@@ -35,7 +35,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from lib import smoke
@@ -46,8 +45,8 @@ import swa_backends as sb  # noqa: E402
 from lib import results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
 from lib.sparse_mla import CELLS, DV, D, make_inputs, parse_cells  # noqa: E402 (the grid)
-from swa_backends.common.ops import OPS  # noqa: E402
-from swa_backends.testing.conformance import case_for, mismatch, random_batch  # noqa: E402
+from lib.steps import validation_cases  # noqa: E402
+from swa_backends.testing.conformance import mismatch  # noqa: E402
 from swa_backends.testing.host_reads import count_host_reads  # noqa: E402
 
 SMOKE_CELLS = [(16, 64, 48, 1 << 10)]
@@ -100,13 +99,7 @@ def reads_per_call(fn, args, kwargs) -> tuple[int, list[str]]:
 
 def metadata_ops(be, dev, smoke: bool, rounds: int) -> list[dict]:
     rows = []
-    for k, op in enumerate(OPS):
-        if op == "sparse_mla":
-            continue
-        rng = np.random.default_rng(k)
-        batch = None if smoke else random_batch(rng, max_reqs=64, max_q=256, W=128, block_size=64, num_groups=3,
-                                                long_prefill=True)
-        args, kwargs = case_for(op, rng, dev, batch=batch, poison=False)
+    for op, args, kwargs in validation_cases(dev, smoke):
         fn = getattr(be, op)
         got = _call(fn, *_fresh(args, kwargs), True)
         want = _call(fn, *_fresh(args, kwargs), False)

@@ -47,6 +47,15 @@ COPY, MINMAX, MASKED, FLOAT, PAD = 1, 2, 3, 4, 8
 
 
 @jit
+def _elements(x_ptr, i, n, cols, s_r, s_c):
+    """Elements ``i`` (flat, in order) of a ``[rows, cols]`` piece: ``(values, in range, row, column)``."""
+    m = i < n
+    r = i // cols
+    c = i - r * cols
+    return tl.load(x_ptr + r * s_r + c * s_c, mask=m, other=0), m, r, c
+
+
+@jit
 def _piece(out_ptr, q, x_ptr, rows, cols, s_r, s_c, pad, lim_ptr, s_l, step, o, chunk,
            KIND: tl.constexpr, BLOCK: tl.constexpr):
     n = rows.to(tl.int64) * cols
@@ -55,10 +64,7 @@ def _piece(out_ptr, q, x_ptr, rows, cols, s_r, s_c, pad, lim_ptr, s_l, step, o, 
     if (KIND & 3) == 1:  # COPY
         for k in range(0, chunk, BLOCK):
             i = start + k + lane
-            m = i < n
-            r = i // cols
-            c = i - r * cols
-            x = tl.load(x_ptr + r * s_r + c * s_c, mask=m, other=0)
+            x, m, r, c = _elements(x_ptr, i, n, cols, s_r, s_c)
             if (KIND & 4) != 0:  # FLOAT
                 v = x.to(tl.float64).to(tl.int64, bitcast=True)
             else:
@@ -74,10 +80,7 @@ def _piece(out_ptr, q, x_ptr, rows, cols, s_r, s_c, pad, lim_ptr, s_l, step, o, 
             hi = tl.full((BLOCK,), -9223372036854775808, tl.int64)
         for k in range(0, chunk, BLOCK):
             i = start + k + lane
-            m = i < n
-            r = i // cols
-            c = i - r * cols
-            x = tl.load(x_ptr + r * s_r + c * s_c, mask=m, other=0)
+            x, m, r, c = _elements(x_ptr, i, n, cols, s_r, s_c)
             if (KIND & 4) != 0:  # FLOAT
                 v = x.to(tl.float64)
                 nan = tl.maximum(nan, ((v != v) & m).to(tl.int32))

@@ -31,15 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import swa_backends as sb  # noqa: E402
 from lib import results  # noqa: E402
+from lib.steps import validation_cases  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
-from swa_backends.common.ops._steps import random_batch  # noqa: E402
 from swa_backends.common.validation import values_on_device  # noqa: E402
-from swa_backends.testing.conformance import case_for  # noqa: E402
 
 
 def host_us(fn, reps: int, sync: bool) -> float:
@@ -59,12 +57,7 @@ def validators_us(dev, reps: int, sync: bool) -> dict:
     """Per metadata op: its validator's host checks alone and whole, median us (the batches of
     ``bench_validation.py``: one seed per op)."""
     out = {}
-    for k, op in enumerate(OPS):
-        if op == "sparse_mla":
-            continue
-        rng = np.random.default_rng(k)
-        batch = random_batch(rng, max_reqs=64, max_q=256, W=128, block_size=64, num_groups=3, long_prefill=True)
-        args, kwargs = case_for(op, rng, dev, batch=batch, poison=False)
+    for op, args, kwargs in validation_cases(dev):
         spec = OPS[op]
 
         def run():

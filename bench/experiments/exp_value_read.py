@@ -38,16 +38,14 @@ from lib import smoke  # noqa: E402
 
 smoke.use_interpreter()  # before anything imports Triton
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import swa_backends as sb  # noqa: E402
 from lib import results  # noqa: E402
+from lib.steps import validation_cases  # noqa: E402
 from swa_backends import dispatch  # noqa: E402
 from swa_backends.common import validation as V  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
-from swa_backends.common.ops._steps import random_batch  # noqa: E402
-from swa_backends.testing.conformance import case_for  # noqa: E402
 
 
 def med_us(fn, reps: int, gpu: bool, fresh=None, sync: bool = True) -> float:
@@ -129,12 +127,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
     with reader_off():
         be_torch = sb.select(str(dev))
     out = {}
-    for k, op in enumerate(OPS):
-        if op == "sparse_mla":
-            continue
-        rng = np.random.default_rng(k)
-        batch = random_batch(rng, max_reqs=64, max_q=256, W=128, block_size=64, num_groups=3, long_prefill=True)
-        args, kwargs = case_for(op, rng, dev, batch=batch, poison=False)
+    for op, args, kwargs in validation_cases(dev):
         spec = OPS[op]
 
         def fresh(b, on):

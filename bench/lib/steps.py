@@ -12,6 +12,25 @@ import re
 
 W, BS, G = 128, 64, 5
 
+
+def validation_cases(dev, smoke: bool = False):
+    """``(op, args, kwargs)`` of every metadata op at the serving-sized step the validation
+    benchmarks time (up to 64 requests, a long prefill, one seed per op; ``smoke``: the case
+    generator's small steps)."""
+    import numpy as np
+
+    from swa_backends.common.ops import OPS
+    from swa_backends.common.ops._steps import random_batch
+    from swa_backends.testing.conformance import case_for
+
+    for k, op in enumerate(OPS):
+        if op == "sparse_mla":
+            continue
+        rng = np.random.default_rng(k)
+        batch = None if smoke else random_batch(rng, max_reqs=64, max_q=256, W=W, block_size=BS, num_groups=3,
+                                                long_prefill=True)
+        yield (op, *case_for(op, rng, dev, batch=batch, poison=False))
+
 #: the five steps of ``bench_triton_ops.py`` and ``bench_replay_step.py``: (prefills, tokens, decodes)
 STEPS = {
     "1x1K": (1, 1024, 0),

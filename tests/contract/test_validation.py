@@ -599,14 +599,9 @@ def test_a_validated_call_reads_the_device_once(seed):
 
 
 def _fuzz_cases():
-    import importlib.util
-    from pathlib import Path
+    import fuzz_module
 
-    path = Path(__file__).resolve().parents[1] / "dispatch" / "fuzz_cases.py"
-    spec = importlib.util.spec_from_file_location("fuzz_cases_for_validation", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return fuzz_module.load("fuzz_cases_for_validation")
 
 
 def test_device_reductions_give_the_same_errors(monkeypatch):

@@ -136,14 +136,9 @@ def test_declines_what_it_does_not_take():
 
 
 def _fuzz_cases():
-    import importlib.util
-    from pathlib import Path
+    import fuzz_module
 
-    path = Path(__file__).resolve().parents[1] / "dispatch" / "fuzz_cases.py"
-    spec = importlib.util.spec_from_file_location("fuzz_cases_for_value_read", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return fuzz_module.load("fuzz_cases_for_value_read")
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="the fuzz cases' tensors are host tensors (the reader runs on the host "
