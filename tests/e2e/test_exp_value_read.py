@@ -3,20 +3,11 @@ every primitive and every metadata op's five timings and the pieces its checks r
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "experiments" / "exp_value_read.py"
+from bench_smoke import smoke
 
 
 def test_smoke_writes_every_measurement(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    res = json.loads((tmp_path / "exp_value_read.json").read_text())
+    res = smoke("experiments/exp_value_read.py", tmp_path, "exp_value_read.json", timeout=600)
     assert set(res["primitives"]) == {"read_few_bytes", "reader", "reader_plan", "reader_launch", "reader_copy",
                                       "torch_way", "aminmax_20k", "cat_4_small"}
     assert all(v > 0 for v in res["primitives"].values())
