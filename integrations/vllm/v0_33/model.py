@@ -323,6 +323,7 @@ class ModelStateMixin:
         self._swa_fuse = False  # the step's replay metadata in one launch (runtime.prepare_step)
         self._swa_step_buffers = None
         self._swa_batch_out = None  # vLLM's sub-batch buffers as the step's launch takes them (_swa_gather_args)
+        self._swa_heads = None  # the last sub-batch views of vLLM's buffers handed out (_swa_kept_views)
         self._swa_builder = None  # (attn_groups, _window_builder's answer): the step's window builder
         self._swa_predicted = None  # (kept_lens, num_padded, gather args, longest kept, kept_lens as a list or None)
         self._swa_kept_builders = None  # (replay groups, {KV group: _kept_builders' answer})
@@ -457,18 +458,34 @@ class ModelStateMixin:
         runtime.gather_replay_batch(self._swa_backend, plan, input_batch.query_start_loc, input_batch.seq_lens,
                                     replay_start, input_batch.positions, slot_mappings, window, out)
         max_query_len = max(longest, input_batch.max_query_len or 0)
+        kept_qsl, kept_positions, kept_slots = self._swa_kept_views(num_reqs, num_padded, slot_mappings.shape[0])
         kept_batch = runtime.replaced(
             input_batch,
             num_tokens=num_tokens,
             num_tokens_after_padding=num_padded,
-            query_start_loc=self._kept_query_start_loc[: num_reqs + 1],
+            query_start_loc=kept_qsl,
             query_start_loc_np=kept_query_start_loc_np,
             max_query_len=max_query_len,
-            positions=self._kept_positions[:num_padded],
+            positions=kept_positions,
             is_padding=input_batch.is_padding,
             fast_prefill=None,
         )
-        return kept_batch, self._kept_slot_mappings[: slot_mappings.shape[0], :num_padded]  # vLLM's own view
+        return kept_batch, kept_slots
+
+    def _swa_kept_views(self, num_reqs: int, num_padded: int, num_groups: int) -> tuple:
+        """vLLM's views of its sub-batch buffers, ``(_kept_query_start_loc[:B+1],
+        _kept_positions[:n], _kept_slot_mappings[:G, :n])``, the last sizes' made once: a slice
+        is a new tensor object (host time), and the steps of one long prefill ask for the same
+        sizes one after another. The same views of the same memory vLLM's method makes; no
+        caller changes a view's sizes (vLLM's builders read them)."""
+        heads = self._swa_heads
+        if (heads is None or heads[0] != num_reqs or heads[1] != num_padded or heads[2] != num_groups
+                or heads[3] is not self._kept_query_start_loc or heads[4] is not self._kept_positions
+                or heads[5] is not self._kept_slot_mappings):
+            qsl, pos, slots = self._kept_query_start_loc, self._kept_positions, self._kept_slot_mappings
+            heads = self._swa_heads = (num_reqs, num_padded, num_groups, qsl, pos, slots,
+                                       (qsl[: num_reqs + 1], pos[:num_padded], slots[:num_groups, :num_padded]))
+        return heads[6]
 
     # -- one launch per step ----------------------------------------------------------
 

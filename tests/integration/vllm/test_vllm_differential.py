@@ -271,6 +271,34 @@ def test_two_steps_reuse_the_persistent_buffers(be):
     _compare(want, got)
 
 
+def test_repeated_steps_reuse_the_sub_batch_views(be):
+    """Steps of the same sizes one after another (a long prefill's chunks) hand vLLM's builders
+    the same sub-batch views of its buffers (made once: ``_swa_kept_views``); a step of other
+    sizes gets its own, and every step's metadata stays vLLM's."""
+    b1, b2 = (dict(_cases.mixed_batches(s))["mixed"] for s in (6, 7))
+    heads = []
+
+    def steps(state, setup, batch):
+        out = {}
+        for i, b in enumerate((b1, b1, b2, b1)):
+            h.add_requests(state, b)
+            out[str(i)] = h.run_step(state, setup, b)
+            heads.append(getattr(state, "_swa_heads", None))
+        return out
+
+    want = _vllm_run(b1, steps)
+    heads.clear()
+    got, _ = _pack_run(be, b1, steps)
+    _compare(want, got)
+    views = [hd[6] for hd in heads]
+    assert all(a is b for a, b in zip(views[0], views[1]))  # the same sizes: the same objects
+    for (B, n, G, qsl, pos, slots, v) in heads:  # each step's: vLLM's slices of its buffers
+        for got_view, want_view in zip(v, (qsl[: B + 1], pos[:n], slots[:G, :n])):
+            assert (got_view.data_ptr(), got_view.shape, got_view.stride()) == (
+                want_view.data_ptr(), want_view.shape, want_view.stride())
+    assert heads[2][:2] != heads[1][:2] and not any(a is b for a, b in zip(views[2], views[3]))
+
+
 def test_predicted_split_is_vllms_split():
     """``runtime.predicted_split`` (the one-launch step's prediction) against vLLM's own
     ``split_decodes_and_prefills`` on random decode-first batches: decodes, short extends and
