@@ -46,7 +46,10 @@ the whole step, median of 200 steps, L2 flushed and warm (``lib.timing.gpu_pair`
 asleep ~2 ms before each step so that all of its launches are queued before it starts (device time,
 not host time). Host time: back-to-back steps without a sync, validation off, the columns timed in
 interleaved rounds; the ratio to vLLM's as the ratio of the medians and as the median of each
-round's ratio (the host's drift between rounds cancels there).
+round's ratio (the host's drift between rounds cancels there). In the same rounds, vLLM's column with
+its four kernels doing nothing (``vllm_no_kernels``: vLLM's Python around its launches, which the
+pack's column runs too but for ``_kept_input_batch``'s body): what vLLM's kernel calls cost its
+column, and what the pack's column costs past that Python.
 
 The step's inputs (``ServingStep``) and the first window group's main batch alone (``vllm_step``,
 ``pack_step``, ...: this script's scope before the whole step, and the experiments') are in
@@ -473,6 +476,19 @@ class WholeStep:
         return {k: v for k, v in vllm.items() if v}, {k: v for k, v in pack.items() if v}
 
 
+class _Nothing:
+    """A kernel object whose launches (``obj[grid](...)``, ``obj(...)``) do nothing."""
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs) -> None:
+        return None
+
+
+_NOTHING = _Nothing()
+
+
 class _Counting:
     """One kernel object with its launches (``obj[grid](...)`` or ``obj(...)``) counted."""
 
@@ -564,15 +580,26 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
             if L is not None:
                 row["pack_vs_vllm_host_us"] = once["pack"] / once["vllm"]
             return row
+        if L is not None:
+            # vLLM's column with its kernels doing nothing: vLLM's Python around its launches, most of which
+            # the pack's column runs too (timed with the columns; it writes no metadata)
+            _, bare_call = w.model_state(types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING,
+                                                                 gather=_NOTHING))
         for col, f in fns.items():
             # ~2 ms of GPU sleep before each step: its launches take up to a few hundred us of host
             # time, and GPU time is to be device time
             row.update({f"{col}_{k}": v for k, v in tm.gpu_pair(f, lead_cycles=tm.LONG_LEAD_CYCLES).items()})
-        tm.host_interleaved_us(fns, calls=300, rounds=2)  # untimed: the first shape timed came out 1.3-2x slower
+        host_fns = {**fns, "vllm_no_kernels": bare_call} if L is not None else fns
+        tm.host_interleaved_us(host_fns, calls=300, rounds=2)  # untimed: the first shape timed came out 1.3-2x slower
         rounds: dict = {}
-        host = tm.host_interleaved_us(fns, calls=300, rounds=7, per_round=rounds)
+        host = tm.host_interleaved_us(host_fns, calls=300, rounds=7, per_round=rounds)
     row.update({f"{col}_host_us": v for col, v in host.items()})
     if L is not None:
+        # what vLLM's kernel calls cost its column on the host, and the pack's column past vLLM's Python
+        bare = row["vllm_no_kernels_host_us"]
+        row["vllm_kernel_calls_host_us"] = row["vllm_host_us"] - bare
+        row["pack_over_vllm_no_kernels_host_us"] = row["pack_host_us"] - bare
+        row["vllm_no_kernels_vs_vllm_host_us"] = bare / row["vllm_host_us"]
         for k in ("gpu_us_flushed", "gpu_us_warm", "host_us"):
             row[f"pack_vs_vllm_{k}"] = row[f"pack_{k}"] / row[f"vllm_{k}"]
         paired = [a / b for a, b in zip(rounds["pack"], rounds["vllm"])]
@@ -602,6 +629,12 @@ def print_table(res) -> None:
     if paired:
         print("host ratio, the median of each round's ratio: "
               + "; ".join(f"{step}/{w}w {r:.2f}" for step, w, r in paired))
+    bare = [row for row in res["steps"] if "vllm_no_kernels_host_us" in row]
+    if bare:
+        print("host us: vLLM's column with its kernels doing nothing / its kernel calls / the pack's column past the "
+              "former: " + "; ".join(f"{row['step']}/{row['window_groups']}w {row['vllm_no_kernels_host_us']:.1f} / "
+                                     f"{row['vllm_kernel_calls_host_us']:.1f} / "
+                                     f"{row['pack_over_vllm_no_kernels_host_us']:.1f}" for row in bare))
 
 
 def main(argv=None) -> int:
