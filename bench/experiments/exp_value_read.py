@@ -16,6 +16,8 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
 * ``no_read``: the whole validator (value checks included) with its value reads answered from a copy
   of their first answer: the validators' host work alone (the device torch ops they launch
   included), without the read's transfer and wait;
+* ``in_read``: the host time a validated call (the reader's backend) spends inside
+  ``validation.to_host``, its value read (plan, launch, copy with its wait, decode; or torch's way);
 * ``pieces``: what the op's value checks read (``W`` whole, ``R`` reduced: shape, dtype).
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
@@ -122,6 +124,34 @@ def reads_answered(spec, args, kwargs):
         V.to_host = real
 
 
+def in_read_us(make, reps: int, gpu: bool) -> float:
+    """Median host us a validated call spends inside ``validation.to_host`` (its value read:
+    the reader's plan, launch, copy and decode, or torch's way), the device idle before each call."""
+    spent = [0.0]
+    real = V.to_host
+
+    def timed(items):
+        t = time.perf_counter()
+        try:
+            return real(items)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    times = []
+    V.to_host = timed
+    try:
+        for _ in range(reps):
+            call = make()
+            if gpu:
+                torch.cuda.synchronize()
+            spent[0] = 0.0
+            call()
+            times.append(spent[0] * 1e6)
+    finally:
+        V.to_host = real
+    return statistics.median(times)
+
+
 def per_op(dev, reps: int, gpu: bool) -> dict:
     be = sb.select(str(dev))
     with reader_off():
@@ -158,11 +188,12 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
                "host_checks": med_us(host_checks, reps, gpu, sync=False), "pieces": pieces_of(spec, args, kwargs)}
         with reads_answered(spec, args, kwargs):
             row["no_read"] = med_us(no_read, reps, gpu, sync=False)
+        row["in_read"] = in_read_us(fresh(be, True), reps, gpu)
         row["reader_ratio"], row["torch_ratio"] = row["reader"] / row["off"], row["torch"] / row["off"]
         out[op] = row
         print(f"{op:<24} off {row['off']:7.1f}  reader {row['reader']:7.1f} ({row['reader_ratio']:5.2f}x)  torch "
               f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f}  no read "
-              f"{row['no_read']:7.1f} us", flush=True)
+              f"{row['no_read']:7.1f}  in the read {row['in_read']:7.1f} us", flush=True)
     return out
 
 
