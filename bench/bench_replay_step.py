@@ -44,8 +44,9 @@ column's kernel launches in one step are counted and checked against the step's 
 ``tests/integration/vllm/test_launch_counts.py`` checks in real vLLM steps). GPU time: events around
 the whole step, median of 200 steps, L2 flushed and warm (``lib.timing.gpu_pair``), the GPU
 asleep ~2 ms before each step so that all of its launches are queued before it starts (device time,
-not host time). Host time: back-to-back steps without a sync, validation off, the columns timed in
-interleaved rounds; the ratio to vLLM's as the ratio of the medians and as the median of each
+not host time). Host time: back-to-back steps without a sync, validation off, in rounds over every
+step shape, each shape's columns interleaved within a round (every shape is timed early and late in
+the run alike); the ratio to vLLM's as the ratio of the medians and as the median of each
 round's ratio (the host's drift between rounds cancels there). In the same rounds, vLLM's column with
 its four kernels doing nothing (``vllm_no_kernels``: vLLM's Python around its launches, which the
 pack's column runs too but for ``_kept_input_batch``'s body): what vLLM's kernel calls cost its
@@ -534,67 +535,96 @@ def compare(want: dict, got: dict) -> None:
             raise AssertionError(f"{key}: the pack's step differs from the oracle's")
 
 
-def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
-    """One step shape: the equality check, the launch counts, then the timings."""
+def run_config(name: str, windows: int, shape, L, ref, dev, rng, shims: dict) -> tuple[dict, dict]:
+    """One step shape: the equality check, the launch counts, the GPU timings; returns the row and
+    the callables whose host time :func:`host_rounds` measures (the routes of ``shims``, the pack's
+    shims, must stay where they are until then)."""
     w = WholeStep(*shape, windows, dev, rng)
     pack_cls = vllm_model.model_state_class(VllmModelState)
-    with routed_shims(runtime.backend_for) as shims:
-        shim_kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
-                                             prefill=shims["prefill_gather_lens"], gather=None)
-        pack_state, pack_call = w.model_state(shim_kernels, pack_cls)
-        assert pack_state._swa_fuse and pack_state._swa_gather, "the pack's model state is off"
-        before = dict(runtime.CALLS)
-        t0 = time.perf_counter()
-        got_launches = pack_launches(pack_call)
-        once = {"pack": (time.perf_counter() - t0) * 1e6}
-        called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
-        fns = {"pack": pack_call}
-        want_vllm, want_pack = w.expected_launches()
-        if got_launches != want_pack:
-            raise AssertionError(f"the pack's launches {got_launches}, expected {want_pack} ({called})")
-        row = {"step": name, "window_groups": windows, "B": w.B, "T": w.T, "decodes": w.s.D, "prefills": w.s.P,
-               "kept_rows": w.n, "launches": {"pack": got_launches}, "pack_calls": called}
-        if L is not None:
-            kernels = types.SimpleNamespace(pad=L.pad, swa=L.swa, prefill=L.prefill, gather=L.gather)
-            vllm_state, vllm_call = w.model_state(kernels)
-            counts: collections.Counter = collections.Counter()
-            with counting(kernels, counts):
-                t0 = time.perf_counter()
-                vllm_call()  # also the oracle: every output of the pack's step compared with vLLM's
-                once["vllm"] = (time.perf_counter() - t0) * 1e6
-            if dict(counts) != want_vllm:
-                raise AssertionError(f"vLLM's launches {dict(counts)}, expected {want_vllm}")
-            row["launches"]["vllm"] = dict(counts)
-            compare(w.outputs(vllm_state), w.outputs(pack_state))
-            row["checked_against"] = "vllm"
-            fns = {"vllm": vllm_call, **fns}
-        else:  # the pack's torch reference, one call at a time, stands in as the oracle
-            with routed_shims(lambda device: ref):
-                ref_state, ref_call = w.model_state(shim_kernels, pack_cls)
-                ref_state._swa_fuse, ref_state._swa_backend = False, ref
-                ref_call()
-            compare(w.outputs(ref_state), w.outputs(pack_state))
-            row["checked_against"] = "reference"
-        if tm.smoke():  # the wiring only: the host time of the checked calls above, no timing loops
-            row.update({f"{col}_host_us": v for col, v in once.items()})
-            if L is not None:
-                row["pack_vs_vllm_host_us"] = once["pack"] / once["vllm"]
-            return row
-        if L is not None:
-            # vLLM's column with its kernels doing nothing: vLLM's Python around its launches, most of which
-            # the pack's column runs too (timed with the columns; it writes no metadata)
-            _, bare_call = w.model_state(types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING,
-                                                                 gather=_NOTHING))
-        for col, f in fns.items():
-            # ~2 ms of GPU sleep before each step: its launches take up to a few hundred us of host
-            # time, and GPU time is to be device time
-            row.update({f"{col}_{k}": v for k, v in tm.gpu_pair(f, lead_cycles=tm.LONG_LEAD_CYCLES).items()})
-        host_fns = {**fns, "vllm_no_kernels": bare_call} if L is not None else fns
-        tm.host_interleaved_us(host_fns, calls=300, rounds=2)  # untimed: the first shape timed came out 1.3-2x slower
-        rounds: dict = {}
-        host = tm.host_interleaved_us(host_fns, calls=300, rounds=7, per_round=rounds)
-    row.update({f"{col}_host_us": v for col, v in host.items()})
+    shim_kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
+                                         prefill=shims["prefill_gather_lens"], gather=None)
+    pack_state, pack_call = w.model_state(shim_kernels, pack_cls)
+    assert pack_state._swa_fuse and pack_state._swa_gather, "the pack's model state is off"
+    before = dict(runtime.CALLS)
+    t0 = time.perf_counter()
+    got_launches = pack_launches(pack_call)
+    once = {"pack": (time.perf_counter() - t0) * 1e6}
+    called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
+    fns = {"pack": pack_call}
+    want_vllm, want_pack = w.expected_launches()
+    if got_launches != want_pack:
+        raise AssertionError(f"the pack's launches {got_launches}, expected {want_pack} ({called})")
+    row = {"step": name, "window_groups": windows, "B": w.B, "T": w.T, "decodes": w.s.D, "prefills": w.s.P,
+           "kept_rows": w.n, "launches": {"pack": got_launches}, "pack_calls": called}
     if L is not None:
+        kernels = types.SimpleNamespace(pad=L.pad, swa=L.swa, prefill=L.prefill, gather=L.gather)
+        vllm_state, vllm_call = w.model_state(kernels)
+        counts: collections.Counter = collections.Counter()
+        with counting(kernels, counts):
+            t0 = time.perf_counter()
+            vllm_call()  # also the oracle: every output of the pack's step compared with vLLM's
+            once["vllm"] = (time.perf_counter() - t0) * 1e6
+        if dict(counts) != want_vllm:
+            raise AssertionError(f"vLLM's launches {dict(counts)}, expected {want_vllm}")
+        row["launches"]["vllm"] = dict(counts)
+        compare(w.outputs(vllm_state), w.outputs(pack_state))
+        row["checked_against"] = "vllm"
+        fns = {"vllm": vllm_call, **fns}
+    else:  # the pack's torch reference, one call at a time, stands in as the oracle
+        with routed_shims(lambda device: ref):
+            ref_state, ref_call = w.model_state(shim_kernels, pack_cls)
+            ref_state._swa_fuse, ref_state._swa_backend = False, ref
+            ref_call()
+        compare(w.outputs(ref_state), w.outputs(pack_state))
+        row["checked_against"] = "reference"
+    if tm.smoke():  # the wiring only: the host time of the checked calls above, no timing loops
+        row.update({f"{col}_host_us": v for col, v in once.items()})
+        if L is not None:
+            row["pack_vs_vllm_host_us"] = once["pack"] / once["vllm"]
+        return row, {}
+    if L is not None:
+        # vLLM's column with its kernels doing nothing: vLLM's Python around its launches, most of which
+        # the pack's column runs too (timed with the columns; it writes no metadata)
+        _, bare_call = w.model_state(types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING,
+                                                             gather=_NOTHING))
+    for col, f in fns.items():
+        # ~2 ms of GPU sleep before each step: its launches take up to a few hundred us of host
+        # time, and GPU time is to be device time
+        row.update({f"{col}_{k}": v for k, v in tm.gpu_pair(f, lead_cycles=tm.LONG_LEAD_CYCLES).items()})
+    return row, ({**fns, "vllm_no_kernels": bare_call} if L is not None else fns)
+
+
+#: host timing: rounds over every step shape (untimed, then timed), each round timing each shape's
+#: columns in turn for this many back-to-back steps
+HOST_WARM_ROUNDS, HOST_ROUNDS, HOST_CALLS = 2, 9, 300
+
+
+def host_rounds(configs: list[tuple[dict, dict]]) -> None:
+    """Host µs per step of every shape's columns, into each row: rounds over all the shapes, each
+    shape's columns interleaved within a round (``lib.timing.host_interleaved_us``, one round), the
+    median over the rounds. Every shape is timed early and late in the run alike: timed one shape
+    after another, the first shapes came out slower, the pack's column more than vLLM's (a process
+    warming up)."""
+    timed = [(row, fns) for row, fns in configs if fns]
+    times: list[dict] = [{k: [] for k in fns} for _, fns in timed]
+    for r in range(HOST_WARM_ROUNDS + HOST_ROUNDS):
+        for i in range(len(timed)):
+            j = (i + r) % len(timed)  # the shapes' order rotates too
+            got: dict = {}
+            tm.host_interleaved_us(timed[j][1], calls=HOST_CALLS, rounds=1, per_round=got, rotate=r)
+            if r >= HOST_WARM_ROUNDS:
+                for k, v in got.items():
+                    times[j][k] += v
+    for (row, _), t in zip(timed, times):
+        _host_row(row, t)
+
+
+def _host_row(row: dict, rounds: dict) -> None:
+    """A row's host columns from each column's round times."""
+    host = {k: statistics.median(v) for k, v in rounds.items()}
+    L = "vllm" in host
+    row.update({f"{col}_host_us": v for col, v in host.items()})
+    if L:
         # what vLLM's kernel calls cost its column on the host, and the pack's column past vLLM's Python
         bare = row["vllm_no_kernels_host_us"]
         row["vllm_kernel_calls_host_us"] = row["vllm_host_us"] - bare
@@ -605,7 +635,6 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng) -> dict:
         paired = [a / b for a, b in zip(rounds["pack"], rounds["vllm"])]
         row["pack_vs_vllm_host_us_rounds"] = paired
         row["pack_vs_vllm_host_us_paired"] = statistics.median(paired)
-    return row
 
 
 def print_table(res) -> None:
@@ -670,13 +699,15 @@ def main(argv=None) -> int:
         "vllm_kernels": origin, "vllm_ran": L is not None, "W": W, "block_size": BS, "groups": G,
         "pack_variants": {op: be.variants[op][0] for op in ("prepare_replay_step", "swa_indices_and_lens")},
         "method": "GPU us: events around the whole step, median of 200 steps, L2 flushed (256 MB zeroed before each) "
-                  "and warm (a GPU sleep instead); host us: back-to-back steps without sync, validation off, the "
-                  "columns in interleaved rounds (median of 7 rounds of 300 steps, after 2 untimed rounds)",
+                  "and warm (a GPU sleep instead); host us: back-to-back steps without sync, validation off, "
+                  f"rounds over every step shape, each shape's columns interleaved within a round (median of "
+                  f"{HOST_ROUNDS} rounds of {HOST_CALLS} steps, after {HOST_WARM_ROUNDS} untimed rounds)",
     }, "steps": []}
     rng = np.random.default_rng(0)
-    with graph_modes():
-        for name, windows in configs:
-            res["steps"].append(run_config(name, windows, steps[name], L, ref, dev, rng))
+    with graph_modes(), routed_shims(runtime.backend_for) as shims:
+        done = [run_config(name, windows, steps[name], L, ref, dev, rng, shims) for name, windows in configs]
+        host_rounds(done)
+    res["steps"] = [row for row, _ in done]
     results.write_json(path, res)
     print_table(res)
     print(f"\nwrote {path}")

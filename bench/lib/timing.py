@@ -297,18 +297,18 @@ def host_us(fn: Callable, *, calls: int = 3000, rounds: int = 5) -> float:
 
 
 def host_interleaved_us(fns: dict, *, calls: int, rounds: int, per_round: dict | None = None, warm: int = 1,
-                        before: dict | None = None, until_done: bool = False) -> dict:
+                        before: dict | None = None, until_done: bool = False, rotate: int = 0) -> dict:
     """Host µs per call of each callable, the median over ``rounds`` interleaved rounds (the
     order rotating each round, so drift of the host hits every callable alike): ``warm`` untimed
     calls and a sync, then ``calls`` back-to-back calls timed. ``before``: ``{name: setting()}``
     called before that callable's timing in each round; ``until_done``: the timing waits for
     the device (its work included); ``per_round``: filled with each callable's list of round
-    times."""
+    times; ``rotate``: where the rotation starts (a caller running one round at a time)."""
     times = {} if per_round is None else per_round
     times.update({k: [] for k in fns})
     keys = list(fns)
     for r in range(1 if _smoke else rounds):
-        for k in _rotated(keys, r):
+        for k in _rotated(keys, r + rotate):
             if before and k in before:
                 before[k]()
             f = fns[k]

@@ -105,3 +105,38 @@ def test_check_catches_a_difference():
     got["gl"][1] += 1
     with pytest.raises(AssertionError, match="gather lengths"):
         rs.check(s, want, kept_want, got, rs.gather_out_view(s, got))
+
+
+def test_host_rounds_time_every_shape_in_every_round(monkeypatch):
+    """The host timing goes round all the step shapes: each round times every shape's columns
+    (the shapes' order rotating), so no shape is timed only early in the run; each row gets its
+    columns' medians over the timed rounds, the ratios and the paired ratio."""
+    bench = _load_bench()
+    monkeypatch.setattr(bench, "HOST_WARM_ROUNDS", 1)
+    monkeypatch.setattr(bench, "HOST_ROUNDS", 3)
+    monkeypatch.setattr(bench, "HOST_CALLS", 2)
+    order: list[str] = []
+
+    def column(tag: str):
+        def call():
+            order.append(tag)
+        return call
+
+    rows = [{"step": s, "gpu": 1.0} for s in ("a", "b")]
+    for row in rows:
+        row.update({f"{c}_{k}": 1.0 for c in ("vllm", "pack") for k in ("gpu_us_flushed", "gpu_us_warm")})
+    configs = [(row, {c: column(f"{row['step']}.{c}") for c in ("vllm", "pack", "vllm_no_kernels")}) for row in rows]
+    configs.append(({"step": "smoke"}, {}))  # a shape with nothing to time is left as it is
+    bench.host_rounds(configs)
+    # 4 rounds (1 untimed), each shape's 3 columns in each: warm call + timed calls
+    per_column = 4 * (1 + 2)
+    for row in rows:
+        for c in ("vllm", "pack", "vllm_no_kernels"):
+            assert order.count(f"{row['step']}.{c}") == per_column
+            assert row[f"{c}_host_us"] >= 0
+        assert len(row["pack_vs_vllm_host_us_rounds"]) == 3
+        assert row["pack_vs_vllm_host_us"] == row["pack_host_us"] / row["vllm_host_us"]
+        assert row["pack_over_vllm_no_kernels_host_us"] == row["pack_host_us"] - row["vllm_no_kernels_host_us"]
+    firsts = [order[i * 2 * 3 * 3].split(".")[0] for i in range(4)]  # the shape each round starts with
+    assert firsts == ["a", "b", "a", "b"]
+    assert configs[-1][0] == {"step": "smoke"}
