@@ -18,7 +18,15 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
   included), without the read's transfer and wait;
 * ``in_read``: the host time a validated call (the reader's backend) spends inside
   ``validation.to_host``, its value read (plan, launch, copy with its wait, decode; or torch's way);
-* ``pieces``: what the op's value checks read (``W`` whole, ``R`` reduced: shape, dtype).
+* ``pieces``: what the op's value checks read (``W`` whole, ``R`` reduced: shape, dtype);
+* ``gated_floor``: the host time a validated call could not go below if its host checks were
+  skipped on a repeat of the same argument metadata and its value checks ran on the device ahead of
+  a gated kernel (the design of ``kernels/sparse_mla_check.py``, which no metadata op has): the
+  memo's key of the call (every tensor's dtype, device, shape, strides, address and lazy bits, the
+  other arguments as they are) and its lookup, one device pass over the op's pieces (the reader's
+  launches into its device buffer, in place of a check kernel that reads the same), a one-word copy
+  to a pinned host word and an event, the unvalidated call, the event's wait. The same arguments
+  each call (a memo's hit); ``key`` alone beside it.
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
 piece, split into its plan, its launch and its copy; ``torch.aminmax`` of 20K int32; ``torch.cat``
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import statistics
 import sys
 import time
@@ -189,12 +198,84 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         with reads_answered(spec, args, kwargs):
             row["no_read"] = med_us(no_read, reps, gpu, sync=False)
         row["in_read"] = in_read_us(fresh(be, True), reps, gpu)
+        row.update(gated_floor_us(be, op, spec, args, kwargs, reps, gpu))
         row["reader_ratio"], row["torch_ratio"] = row["reader"] / row["off"], row["torch"] / row["off"]
+        row["gated_floor_ratio"] = row["gated_floor"] / row["off"]
         out[op] = row
         print(f"{op:<24} off {row['off']:7.1f}  reader {row['reader']:7.1f} ({row['reader_ratio']:5.2f}x)  torch "
               f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f}  no read "
-              f"{row['no_read']:7.1f}  in the read {row['in_read']:7.1f} us", flush=True)
+              f"{row['no_read']:7.1f}  in the read {row['in_read']:7.1f}  key {row['key']:5.1f}  gated floor "
+              f"{row['gated_floor']:7.1f} ({row['gated_floor_ratio']:4.2f}x) us", flush=True)
     return out
+
+
+def metadata_key(args: tuple, kwargs: dict) -> tuple:
+    """What a memo of a call's host checks would be keyed by: per argument, its tensors' (a plan's
+    and a dict's included) dtype, device, shape, strides, address and lazy bits, any other value
+    as it is (by repr when it cannot be hashed)."""
+    key = []
+    for name, v in itertools.chain(enumerate(args), kwargs.items()):
+        tensors = V._tensors(str(name), v)
+        if tensors:
+            key.append(tuple((n, t.dtype, t.device, t.shape, t.stride(), t.data_ptr(), t.is_conj(), t.is_neg())
+                             for n, t in tensors))
+        else:
+            try:
+                hash(v)
+                key.append((name, v))
+            except TypeError:
+                key.append((name, repr(v)))
+    return tuple(key)
+
+
+def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dict:
+    """``{"gated_floor": us, "key": us}``: see the module docstring (``gated_floor``). On the CPU
+    (``--smoke``) the wiring alone: the host's tensors are read in place, so nothing launches, and
+    the word is copied without an event."""
+    from swa_backends.kernels import value_read
+
+    items: list = []
+    real = V.to_host
+    V.to_host = lambda got: items.extend(got) or real(got)
+    try:
+        with V.one_read():
+            spec.validate(*args, **kwargs)
+    finally:
+        V.to_host = real
+    plan = value_read._Plan()
+    for it in items:
+        if (it.t if isinstance(it, V.Reduced) else it).device.type == "cpu":
+            continue  # a host tensor's values are read in place (a plan's)
+        if isinstance(it, V.Reduced):
+            plan.add(it.t, value_read.MASKED if it.limit is not None else
+                     value_read.MINMAX | (value_read.PAD if it.pad_as is not None else 0), it.pad_as or 0, it.limit,
+                     it.step)
+        else:
+            plan.add(it, value_read.COPY)
+    pieces, slots = plan.pieces, value_read.SLOTS
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    dev_buf, _ = value_read._buffers(device, max(plan.size, 1))
+    word, host = dev_buf[:1], torch.empty(1, dtype=torch.int64, pin_memory=gpu)
+    event = torch.cuda.Event() if gpu else None
+    memo = {metadata_key(args, kwargs): True}
+    fn = getattr(be, op)
+
+    def call():
+        with sb.validation(False):
+            memo.get(metadata_key(args, kwargs))
+            for at in range(0, len(pieces), slots):
+                value_read._launch(dev_buf, pieces[at:at + slots])
+            host.copy_(word, non_blocking=gpu)
+            if event is not None:
+                event.record()
+            fn(*args, **kwargs)
+            if event is not None:
+                event.synchronize()
+            return int(host[0])
+
+    call()
+    return {"gated_floor": med_us(call, reps, gpu), "key": med_us(lambda: metadata_key(args, kwargs), reps, gpu,
+                                                                  sync=False)}
 
 
 def primitives(dev, reps: int, gpu: bool) -> dict:

@@ -1,5 +1,6 @@
 """The value-reader experiment's wiring on the CPU (``--smoke``: one round, numbers meaningless):
-every primitive and every metadata op's five timings and the pieces its checks read."""
+every primitive and every metadata op's timings (the gated design's floor and its memo key among
+them) and the pieces its checks read."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def test_smoke_writes_every_measurement(tmp_path):
     ops = res["ops"]
     assert len(ops) == 13, sorted(ops)
     for op, row in ops.items():
-        assert all(row[k] > 0 for k in ("off", "reader", "torch", "host_checks", "no_read")), (op, row)
+        assert all(row[k] > 0 for k in ("off", "reader", "torch", "host_checks", "no_read", "in_read", "key",
+                                        "gated_floor", "gated_floor_ratio")), (op, row)
         assert all(kind in ("W", "R") for kind, _, _ in row["pieces"]), (op, row["pieces"])
     assert sum(bool(row["pieces"]) for row in ops.values()) >= 10  # (host tensors: every piece read whole)
