@@ -45,8 +45,8 @@ column's kernel launches in one step are counted and checked against the step's 
 the whole step, median of 200 steps, L2 flushed and warm (``lib.timing.gpu_pair``), the GPU
 asleep ~2 ms before each step so that all of its launches are queued before it starts (device time,
 not host time). Host time: back-to-back steps without a sync, validation off, in rounds over every
-step shape, each shape's columns interleaved within a round (every shape is timed early and late in
-the run alike); the ratio to vLLM's as the ratio of the medians and as the median of each
+step shape, each shape's columns taking turns of 25 steps within a round (every shape is timed early
+and late in the run alike, and a slow stretch of the host falls on every column); the ratio to vLLM's as the ratio of the medians and as the median of each
 round's ratio (the host's drift between rounds cancels there). In the same rounds, vLLM's column with
 its four kernels doing nothing (``vllm_no_kernels``: vLLM's Python around its launches, which the
 pack's column runs too but for ``_kept_input_batch``'s body): what vLLM's kernel calls cost its
@@ -595,26 +595,26 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng, shims: dict) ->
 
 
 #: host timing: rounds over every step shape (untimed, then timed), each round timing each shape's
-#: columns in turn for this many back-to-back steps
-HOST_WARM_ROUNDS, HOST_ROUNDS, HOST_CALLS = 2, 9, 300
+#: columns for this many back-to-back steps, in turns of HOST_TURN steps
+HOST_WARM_ROUNDS, HOST_ROUNDS, HOST_CALLS, HOST_TURN = 2, 9, 300, 25
 
 
 def host_rounds(configs: list[tuple[dict, dict]]) -> None:
     """Host µs per step of every shape's columns, into each row: rounds over all the shapes, each
-    shape's columns interleaved within a round (``lib.timing.host_interleaved_us``, one round), the
-    median over the rounds. Every shape is timed early and late in the run alike: timed one shape
-    after another, the first shapes came out slower, the pack's column more than vLLM's (a process
-    warming up)."""
+    shape's columns taking turns of :data:`HOST_TURN` steps within a round
+    (``lib.timing.host_alternating_us``), the median over the rounds. Every shape is timed early
+    and late in the run alike (timed one shape after another, the first shapes came out slower, the
+    pack's column more than vLLM's), and a slow stretch of the host within a round falls on every
+    column (timed one column after another, single rounds' ratios at one shape spread 0.25-0.78)."""
     timed = [(row, fns) for row, fns in configs if fns]
     times: list[dict] = [{k: [] for k in fns} for _, fns in timed]
     for r in range(HOST_WARM_ROUNDS + HOST_ROUNDS):
         for i in range(len(timed)):
             j = (i + r) % len(timed)  # the shapes' order rotates too
-            got: dict = {}
-            tm.host_interleaved_us(timed[j][1], calls=HOST_CALLS, rounds=1, per_round=got, rotate=r)
+            got = tm.host_alternating_us(timed[j][1], calls=HOST_CALLS, turn=HOST_TURN, rotate=r)
             if r >= HOST_WARM_ROUNDS:
                 for k, v in got.items():
-                    times[j][k] += v
+                    times[j][k].append(v)
     for (row, _), t in zip(timed, times):
         _host_row(row, t)
 
@@ -700,8 +700,9 @@ def main(argv=None) -> int:
         "pack_variants": {op: be.variants[op][0] for op in ("prepare_replay_step", "swa_indices_and_lens")},
         "method": "GPU us: events around the whole step, median of 200 steps, L2 flushed (256 MB zeroed before each) "
                   "and warm (a GPU sleep instead); host us: back-to-back steps without sync, validation off, "
-                  f"rounds over every step shape, each shape's columns interleaved within a round (median of "
-                  f"{HOST_ROUNDS} rounds of {HOST_CALLS} steps, after {HOST_WARM_ROUNDS} untimed rounds)",
+                  f"rounds over every step shape, each shape's columns taking turns of {HOST_TURN} steps within a "
+                  f"round (median of {HOST_ROUNDS} rounds of {HOST_CALLS} steps a column, after "
+                  f"{HOST_WARM_ROUNDS} untimed rounds)",
     }, "steps": []}
     rng = np.random.default_rng(0)
     with graph_modes(), routed_shims(runtime.backend_for) as shims:

@@ -21,6 +21,9 @@ Host time (``time.perf_counter``):
 * :func:`host_interleaved_us` -- the same for several callables in interleaved rounds whose
   order rotates each round (``before``: a setting made before a callable's timing, e.g. a
   launch path), optionally with the device's work included;
+* :func:`host_alternating_us` -- several callables within one round in turns of a few calls
+  each, every callable's time summed over its turns: a slow stretch of the host shorter than a
+  round falls on all of them alike;
 * :func:`one_call_us` -- one call at a time with the device idle before it (host: until the
   call returns; wall: until the device is done), callables alternating;
 * :func:`settle_host` -- back-to-back calls for a few seconds before the first host timing.
@@ -326,6 +329,38 @@ def host_interleaved_us(fns: dict, *, calls: int, rounds: int, per_round: dict |
             times[k].append((time.perf_counter() - t0) / calls * 1e6)
             sync()
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def host_alternating_us(fns: dict, *, calls: int, turn: int, per_round: dict | None = None,
+                        rotate: int = 0) -> dict:
+    """Host µs per call of each callable in one round: one untimed call of each and a sync, then
+    ``calls`` back-to-back calls of each, made in turns of ``turn`` calls (``fns`` in order, from
+    the ``rotate``-th), each callable's turns summed; no sync between turns. ``per_round``: each
+    callable's time appended to its list. Timed one after another (:func:`host_interleaved_us`), a
+    stretch of the host slower than usual for a tenth of a second lands on one callable and moves
+    the round's ratio; here it lands on all of them."""
+    keys = _rotated(list(fns), rotate)
+    spent = dict.fromkeys(keys, 0.0)
+    if _smoke:
+        spent = {k: _once_us(fns[k]) * 1e-6 * calls for k in keys}
+    else:
+        for k in keys:
+            fns[k]()
+        sync()
+        for at in range(0, calls, turn):
+            n = min(turn, calls - at)
+            for k in keys:
+                f = fns[k]
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    f()
+                spent[k] += time.perf_counter() - t0
+        sync()
+    out = {k: spent[k] / calls * 1e6 for k in fns}
+    if per_round is not None:
+        for k, v in out.items():
+            per_round.setdefault(k, []).append(v)
+    return out
 
 
 def one_call_us(prepares: dict, rounds: int) -> dict:

@@ -52,6 +52,7 @@ def test_smoke_mode_calls_each_callable_once(smoke_mode):
     measures = [tm.gpu_us(f), tm.gpu_us(f, flush=False, calls=500), tm.gpu_pair(f)["gpu_us_warm"],
                 tm.event_ms(f, reps=9) * 1e3, tm.host_us(f, calls=3000), tm.interleaved_ms({"f": f}, 9)["f"] * 1e3,
                 tm.host_interleaved_us({"f": f, "g": g}, calls=300, rounds=7)["f"],
+                tm.host_alternating_us({"f": f, "g": g}, calls=300, turn=25)["f"],
                 tm.gpu_pair_rounds({"f": f}, rounds=5)["f"]["warm"]]
     if not torch.cuda.is_available():  # on a GPU smoke mode still captures (and replays) a one-call graph
         measures.append(tm.graph_us(f))
@@ -62,6 +63,19 @@ def test_smoke_mode_calls_each_callable_once(smoke_mode):
     tm.set_smoke(True)  # a new run forgets the times
     tm.host_us(f)
     assert f.calls == 2
+
+
+def test_host_alternating_takes_turns(timing_mode):
+    """Each callable gets one untimed call, then its calls in turns (the last one short), the
+    order starting at ``rotate``; every callable's time is its turns' sum per call."""
+    order: list[str] = []
+    fns = {k: (lambda k=k: order.append(k)) for k in "abc"}
+    rounds: dict = {}
+    got = tm.host_alternating_us(fns, calls=5, turn=2, per_round=rounds, rotate=1)
+    assert order == ["b", "c", "a"] + ["b"] * 2 + ["c"] * 2 + ["a"] * 2 + ["b"] * 2 + ["c"] * 2 + ["a"] * 2 \
+        + ["b", "c", "a"]
+    assert list(got) == ["a", "b", "c"] and all(v > 0 for v in got.values())
+    assert rounds == {k: [v] for k, v in got.items()}
 
 
 def test_host_timing_calls_warmup_calls_and_rounds(timing_mode):

@@ -109,12 +109,14 @@ def test_check_catches_a_difference():
 
 def test_host_rounds_time_every_shape_in_every_round(monkeypatch):
     """The host timing goes round all the step shapes: each round times every shape's columns
-    (the shapes' order rotating), so no shape is timed only early in the run; each row gets its
+    (the shapes' order rotating), the columns taking turns of a few steps, so no shape is timed
+    only early in the run and a slow stretch of the host falls on every column; each row gets its
     columns' medians over the timed rounds, the ratios and the paired ratio."""
     bench = _load_bench()
     monkeypatch.setattr(bench, "HOST_WARM_ROUNDS", 1)
     monkeypatch.setattr(bench, "HOST_ROUNDS", 3)
-    monkeypatch.setattr(bench, "HOST_CALLS", 2)
+    monkeypatch.setattr(bench, "HOST_CALLS", 5)
+    monkeypatch.setattr(bench, "HOST_TURN", 2)
     order: list[str] = []
 
     def column(tag: str):
@@ -122,21 +124,25 @@ def test_host_rounds_time_every_shape_in_every_round(monkeypatch):
             order.append(tag)
         return call
 
-    rows = [{"step": s, "gpu": 1.0} for s in ("a", "b")]
+    cols = ("vllm", "pack", "vllm_no_kernels")
+    rows = [{"step": s} for s in ("a", "b")]
     for row in rows:
         row.update({f"{c}_{k}": 1.0 for c in ("vllm", "pack") for k in ("gpu_us_flushed", "gpu_us_warm")})
-    configs = [(row, {c: column(f"{row['step']}.{c}") for c in ("vllm", "pack", "vllm_no_kernels")}) for row in rows]
+    configs = [(row, {c: column(f"{row['step']}.{c}") for c in cols}) for row in rows]
     configs.append(({"step": "smoke"}, {}))  # a shape with nothing to time is left as it is
     bench.host_rounds(configs)
-    # 4 rounds (1 untimed), each shape's 3 columns in each: warm call + timed calls
-    per_column = 4 * (1 + 2)
+    per_shape_round = len(cols) * (1 + 5)  # one untimed call of each column, then 5 timed
+    assert len(order) == 4 * 2 * per_shape_round
     for row in rows:
-        for c in ("vllm", "pack", "vllm_no_kernels"):
-            assert order.count(f"{row['step']}.{c}") == per_column
-            assert row[f"{c}_host_us"] >= 0
+        for c in cols:
+            assert order.count(f"{row['step']}.{c}") == 4 * (1 + 5)
+            assert row[f"{c}_host_us"] > 0
         assert len(row["pack_vs_vllm_host_us_rounds"]) == 3
         assert row["pack_vs_vllm_host_us"] == row["pack_host_us"] / row["vllm_host_us"]
         assert row["pack_over_vllm_no_kernels_host_us"] == row["pack_host_us"] - row["vllm_no_kernels_host_us"]
-    firsts = [order[i * 2 * 3 * 3].split(".")[0] for i in range(4)]  # the shape each round starts with
-    assert firsts == ["a", "b", "a", "b"]
+    # the shape each round starts with rotates; within a shape's round, turns of 2, 2 and 1 steps
+    assert [order[i * 2 * per_shape_round].split(".")[0] for i in range(4)] == ["a", "b", "a", "b"]
+    first = [t.split(".")[1] for t in order[:per_shape_round]]
+    assert first == ["vllm", "pack", "vllm_no_kernels"] + ["vllm"] * 2 + ["pack"] * 2 + ["vllm_no_kernels"] * 2 \
+        + ["vllm"] * 2 + ["pack"] * 2 + ["vllm_no_kernels"] * 2 + ["vllm", "pack", "vllm_no_kernels"]
     assert configs[-1][0] == {"step": "smoke"}
