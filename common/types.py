@@ -86,7 +86,28 @@ class ReplayPlan:
 
     @property
     def num_reqs(self) -> int:
-        return self.kept.shape[0]
+        host = self.__dict__.get("_host")
+        return host[0].shape[0] if host is not None else self.kept.shape[0]
+
+    def longest_kept(self) -> int:
+        """The most rows one request keeps (0 without requests), a host int."""
+        host = self.__dict__.get("_host")
+        if host is None:  # a plan built field by field
+            return max(self.kept.tolist(), default=0)
+        kept = host[0]
+        # a list's maximum for a few requests, numpy's past that (either a fraction of a torch op's host cost)
+        return max(kept.tolist(), default=0) if kept.shape[0] <= 32 else int(kept.max())
+
+    def __getattr__(self, name: str):
+        # a plan of from_kept makes its host tensors on first use: a serving step's launch reads
+        # its sizes and its device copy of dropped_before, none of them (three tensors from numpy
+        # are a third of from_kept's host time); the same tensors, made once
+        make = _LAZY_FIELDS.get(name)
+        host = self.__dict__.get("_host") if make is not None else None
+        if host is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = make(*host)
+        return value
 
     @staticmethod
     def dropped_before_of(kept, query_start_loc_host):
@@ -134,9 +155,7 @@ class ReplayPlan:
         # object.__setattr__, a fifth of this method's host time): the same object.
         plan = _new(cls)
         fields = plan.__dict__
-        fields["kept"] = torch.from_numpy(kept)
-        fields["trimmed"] = torch.from_numpy(dropped[1:] > dropped[:-1])
-        fields["dropped_before"] = torch.from_numpy(dropped)
+        fields["_host"] = (kept, dropped)  # kept, trimmed and dropped_before: made on first use (__getattr__)
         fields["num_rows"] = int(qsl[B]) - int(dropped[B])
         fields["num_rows_padded"] = int(num_rows_padded)
         fields["window"] = int(window)
@@ -155,6 +174,15 @@ class ReplayPlan:
         if cached is None:
             cached = self._device_cache[key] = self.dropped_before.to(device)
         return cached
+
+
+#: ReplayPlan's host tensors a plan of ``from_kept`` makes on first use, from its numpy ``(kept,
+#: dropped_before)``
+_LAZY_FIELDS = {
+    "kept": lambda kept, dropped: torch.from_numpy(kept),
+    "trimmed": lambda kept, dropped: torch.from_numpy(dropped[1:] > dropped[:-1]),
+    "dropped_before": lambda kept, dropped: torch.from_numpy(dropped),
+}
 
 
 @dataclass(frozen=True, eq=False)

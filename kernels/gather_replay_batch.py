@@ -115,8 +115,7 @@ def plan_launch(plan, positions) -> tuple:
         return entry
     dropped = plan.device_dropped_before(positions.device)
     n, n_pad, B = plan.num_rows, plan.num_rows_padded, plan.num_reqs
-    # host maxima: a list's for a few requests, numpy's past that (either a fraction of a torch op's host cost)
-    longest = (max(plan.kept.tolist()) if B <= 32 else int(plan.kept.numpy().max())) if B else 0
+    longest = plan.longest_kept()
     S = max(1, min(-(-longest // BLOCK), MAX_REQUEST_PROGRAMS // max(B, 1)))
     # at least one padding program: the device's kept count may fall below the host's
     req_progs, pad_progs = max(B, 1) * S, max(-(-(n_pad - n) // BLOCK), 1 if n_pad else 0)

@@ -601,7 +601,8 @@ def test_host_helpers_equal_numpy_and_dataclasses():
 def test_a_plan_from_kept_is_the_dataclass_it_constructs():
     """``ReplayPlan.from_kept`` fills the frozen dataclass's fields straight into its
     ``__dict__``: every field is set, to what the constructor would hold, for lists and arrays
-    of other dtypes alike."""
+    of other dtypes alike; its three host tensors are made on first use, once each (the sizes
+    and the longest kept run read none of them)."""
     import dataclasses
 
     import numpy as np
@@ -615,7 +616,13 @@ def test_a_plan_from_kept_is_the_dataclass_it_constructs():
                       (np.array([1, 128, 2, 128], dtype=np.int32), None)):
         dev = torch.arange(5, dtype=torch.int32)
         plan = ReplayPlan.from_kept(kept, qsl, 300, 128, device_dropped_before=dev, is_prefilling=pre)
-        assert set(vars(plan)) == {f.name for f in dataclasses.fields(ReplayPlan)}
+        lazy = {"kept", "trimmed", "dropped_before"}
+        assert set(vars(plan)) == {f.name for f in dataclasses.fields(ReplayPlan)} - lazy | {"_host"}
+        assert (plan.num_reqs, plan.longest_kept()) == (4, 128) and not lazy & set(vars(plan))
+        with pytest.raises(AttributeError, match="no attribute 'kept_lens'"):
+            plan.kept_lens  # noqa: B018 - an unknown name is not made
+        assert plan.kept is plan.kept and plan.trimmed is plan.trimmed and plan.dropped_before is plan.dropped_before
+        assert set(vars(plan)) == {f.name for f in dataclasses.fields(ReplayPlan)} | {"_host"}
         dropped = qsl - np.concatenate([[0], np.cumsum(kept)])
         want = ReplayPlan(torch.tensor(np.asarray(kept), dtype=torch.int32),
                           torch.from_numpy(dropped[1:] > dropped[:-1]), torch.tensor(dropped, dtype=torch.int32),
