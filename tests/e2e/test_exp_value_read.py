@@ -16,6 +16,7 @@ def test_smoke_writes_every_measurement(tmp_path):
     assert len(ops) == 13, sorted(ops)
     for op, row in ops.items():
         assert all(row[k] > 0 for k in ("off", "reader", "torch", "host_checks", "no_read", "in_read", "key",
-                                        "gated_floor", "gated_floor_ratio")), (op, row)
+                                        "gated_floor", "gated_floor_ratio", "gated_floor_mapped",
+                                        "gated_floor_mapped_ratio")), (op, row)
         assert all(kind in ("W", "R") for kind, _, _ in row["pieces"]), (op, row["pieces"])
     assert sum(bool(row["pieces"]) for row in ops.values()) >= 10  # (host tensors: every piece read whole)
