@@ -3,6 +3,7 @@ vLLM 0.33: vLLM's own kernels as vLLM calls them against the pack as it runs ins
 
     . bench/gpu_env.sh && SWA_VLLM_KERNELS_DIR=.vllm_kernels python3 bench/bench_replay_step.py --out DIR
     python bench/bench_replay_step.py --out DIR --smoke   # no GPU: tiny steps, Triton's interpreter
+    python bench/bench_replay_step.py --out DIR --parts 1x1K   # where the pack's own part goes (run_parts)
 
 A step is ``DeepseekV41ModelState.prepare_attn``'s replay work for an eager step without PCP or
 DP (:class:`VllmModelState`, the same code in both columns): the replay starts' upload, the slot
@@ -68,10 +69,12 @@ import sys
 import time
 import types
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from lib import smoke
 
-smoke.use_interpreter()  # before anything imports Triton
+if not smoke.use_interpreter() and "--parts" in sys.argv[1:] and not smoke._has_gpu():  # before Triton's import
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # --parts off a GPU: its one real call runs interpreted
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -666,6 +669,103 @@ def print_table(res) -> None:
                                      f"{row['pack_over_vllm_no_kernels_host_us']:.1f}" for row in bare))
 
 
+#: the model state's methods and the runtime's functions timed as pieces
+MODEL_PIECES = ("_swa_prepare_step", "_swa_window_target", "_swa_second_target", "_swa_predicted_gather",
+                "_swa_gather_args", "_swa_kept_targets", "_swa_kept_input_batch", "_swa_kept_views")
+RUNTIME_PIECES = ("begin_step", "prepare_step", "flush_step", "end_step", "answered_swa", "answered_gather_lens",
+                  "gather_replay_batch", "replay_plan", "predicted_kept", "predicted_split", "query_lens", "replaced")
+
+
+def _timed_pieces(pack_cls, be, calls: int, call) -> dict:
+    """Host µs per step inside each piece over ``calls`` steps (wrappers put back after)."""
+    spent: dict = {}
+    saved = []  # (owner, name, what its own __dict__ held under name, or None)
+
+    def wrap(owner, name: str, label: str) -> None:
+        real = getattr(owner, name)
+        own = vars(owner).get(name)
+        saved.append((owner, name, own))
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, name, timed)
+
+    for name in MODEL_PIECES:
+        wrap(pack_cls, name, f"model.{name}")
+    for name in RUNTIME_PIECES:
+        wrap(runtime, name, f"runtime.{name}")
+    wrap(be, "prepare_replay_step", "backend.prepare_replay_step")
+    try:
+        for _ in range(calls):
+            call()
+    finally:
+        for owner, name, own in reversed(saved):
+            if own is None:
+                delattr(owner, name)  # inherited, or looked up on the class: as before
+            else:
+                setattr(owner, name, own)
+    return {k: v / calls * 1e6 for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+
+
+def run_parts(step: str, rounds: int, out: Path, smoke_run: bool) -> int:
+    """``--parts``: where the pack's own part of the step goes, one step shape, one window group:
+    the pack's column against vLLM's column with its kernels doing nothing, in rounds of 300 steps a
+    column taking turns of 25 (two more untimed; ``own``: the median of each round's difference),
+    then the host µs per step spent inside each of the pack's functions of the step (inclusive; a
+    clock read around every call of them adds about 0.1-0.3 µs to a piece), over 3000 steps. On a
+    GPU the pack's launch is real; off one every launch of the pack's kernels is a no-op after one
+    real call through Triton's interpreter: the host's Python alone. Writes
+    ``bench_replay_step_parts.json``."""
+    gpu = torch.cuda.is_available() and not smoke_run
+    dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    if not gpu:
+        os.environ.setdefault(runtime.PREFER_ENV, "triton")  # the integration's backend runs the Triton kernels
+    set_validation(False)
+    rounds, calls, pieces_calls = (1, 4, 4) if smoke_run else (rounds, 300, 3000)
+    w = WholeStep(*STEPS[step], 1, dev, np.random.default_rng(0))
+    pack_cls = vllm_model.model_state_class(VllmModelState)
+    noop = not gpu
+    real_call = _launch.Kernel.__call__
+    with graph_modes(), routed_shims(runtime.backend_for) as shims:
+        kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
+                                        prefill=shims["prefill_gather_lens"], gather=None)
+        _, pack = w.model_state(kernels, pack_cls)
+        before = dict(runtime.CALLS)
+        pack()  # one real call (the interpreter's off a GPU): the launch compiled, the answers found
+        answered = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
+        _, bare = w.model_state(types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING, gather=_NOTHING))
+        if noop:
+            _launch.Kernel.__call__ = lambda self, key, grid, *args: None
+        try:
+            times: dict = {}
+            warm = 0 if smoke_run else 2
+            for r in range(rounds + warm):
+                got = tm.host_alternating_us({"pack": pack, "vllm_no_kernels": bare}, calls=calls, turn=HOST_TURN,
+                                             rotate=r)
+                if r >= warm:
+                    for k, v in got.items():
+                        times.setdefault(k, []).append(v)
+            own = [p - b for p, b in zip(times["pack"], times["vllm_no_kernels"])]
+            pieces = _timed_pieces(pack_cls, runtime.backend_for(dev), pieces_calls, pack)
+        finally:
+            _launch.Kernel.__call__ = real_call
+    res = {"meta": results.machine(dev), "step": step, "launches": "no-ops after one real call" if noop else "real",
+           "calls_in_the_step": answered, "rounds": len(own),
+           "pack_host_us": statistics.median(times["pack"]),
+           "vllm_no_kernels_host_us": statistics.median(times["vllm_no_kernels"]),
+           "own_us": statistics.median(own), "own_us_rounds": own, "pieces_us": pieces}
+    print(f"{step}: pack {res['pack_host_us']:.1f} us, vLLM's column without kernels "
+          f"{res['vllm_no_kernels_host_us']:.1f}, the pack's own part {res['own_us']:.1f} (launches: {res['launches']})")
+    for k, v in pieces.items():
+        print(f"  {k:34s} {v:7.2f}")
+    results.write_json(results.out_file(out, "bench_replay_step_parts.json"), res)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="What each column measures: the module docstring and bench/README.md.")
@@ -673,10 +773,16 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the first step shape only")
     ap.add_argument("--smoke", action="store_true",
                     help="no GPU: tiny steps through Triton's interpreter (checks the script; numbers mean nothing)")
+    ap.add_argument("--parts", metavar="STEP", default=None, choices=sorted(STEPS),
+                    help="instead of the benchmark: where the pack's own part of one step shape goes "
+                         "(bench_replay_step_parts.json; off a GPU every launch a no-op)")
+    ap.add_argument("--rounds", type=int, default=11, help="--parts: timed rounds")
     ap.add_argument("--vllm-kernels", default=None,
                     help=f"folder with vLLM's model_state.py, sparse_swa.py, jit_warmup.py and "
                          f"jit_warmup_triton_helper.py (default: ${vk.ENV}, else the installed vLLM)")
     a = ap.parse_args(argv)
+    if a.parts:
+        return run_parts(a.parts, a.rounds, Path(a.out), a.smoke)
     why = smoke.refusal(a.smoke)
     if why:
         print(why, file=sys.stderr)

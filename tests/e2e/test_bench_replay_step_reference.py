@@ -146,3 +146,25 @@ def test_host_rounds_time_every_shape_in_every_round(monkeypatch):
     assert first == ["vllm", "pack", "vllm_no_kernels"] + ["vllm"] * 2 + ["pack"] * 2 + ["vllm_no_kernels"] * 2 \
         + ["vllm"] * 2 + ["pack"] * 2 + ["vllm_no_kernels"] * 2 + ["vllm", "pack", "vllm_no_kernels"]
     assert configs[-1][0] == {"step": "smoke"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the parts run with real launches")
+def test_parts_time_the_pack_pieces_and_put_them_back(tmp_path):
+    """``--parts``: the pack's column against vLLM's without kernels, and the time inside each of the
+    pack's functions of the step; every function it wrapped to time it is the same object after."""
+    bench = _load_bench()
+    from swa_backends.integrations.vllm import runtime
+
+    before = {name: getattr(runtime, name) for name in bench.RUNTIME_PIECES}
+    pack_cls = bench.vllm_model.model_state_class(bench.VllmModelState)
+    assert bench.run_parts("1x1K", 1, tmp_path, smoke_run=True) == 0
+    res = json.loads((tmp_path / "bench_replay_step_parts.json").read_text())
+    assert res["calls_in_the_step"]["prepare_step"] == 1 and res["calls_in_the_step"]["gather_lens.answered"] == 3
+    assert res["launches"] == "no-ops after one real call" and res["rounds"] == 1
+    assert res["pack_host_us"] > 0 and res["vllm_no_kernels_host_us"] > 0
+    pieces = res["pieces_us"]
+    assert {"model._swa_prepare_step", "runtime.prepare_step", "backend.prepare_replay_step",
+            "runtime.answered_gather_lens"} <= set(pieces) and all(v > 0 for v in pieces.values())
+    assert pieces["model._swa_prepare_step"] >= pieces["runtime.prepare_step"]  # inclusive
+    assert {name: getattr(runtime, name) for name in bench.RUNTIME_PIECES} == before
+    assert not set(bench.MODEL_PIECES) & set(vars(pack_cls))
