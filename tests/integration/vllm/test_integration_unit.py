@@ -636,3 +636,14 @@ def test_a_plan_from_kept_is_the_dataclass_it_constructs():
         assert plan.device_dropped_before(torch.device("cpu")) is dev and plan._launch_cache == {}
         with pytest.raises(dataclasses.FrozenInstanceError):
             plan.num_rows = 0
+    # a plan whose tensors are not made yet copies, pickles and is replaced as any other
+    import copy
+    import pickle
+
+    fresh = ReplayPlan.from_kept(np.array([1, 128, 2, 128], dtype=np.int32), qsl, 300, 128)
+    for other in (copy.copy(fresh), pickle.loads(pickle.dumps(fresh)),
+                  dataclasses.replace(fresh, num_rows_padded=301)):
+        assert other.kept.tolist() == [1, 128, 2, 128] and other.trimmed.tolist() == [False, True, False, True]
+        assert other.dropped_before.tolist() == [0, 0, 171, 171, 441] and other.num_reqs == 4
+        assert other.longest_kept() == 128
+    assert "kept=tensor([  1, 128,   2, 128]" in repr(fresh)
