@@ -84,7 +84,7 @@ from lib import results, timing as tm  # noqa: E402
 from lib.replay_step import ServingStep  # noqa: E402
 from lib.steps import BS, G, STEPS, W  # noqa: E402
 from swa_backends.common.types import INDEX_DTYPE  # noqa: E402
-from swa_backends.common.validation import set_validation  # noqa: E402
+from swa_backends.common.validation import set_validation, validation  # noqa: E402
 from swa_backends.integrations.vllm import runtime  # noqa: E402
 from swa_backends.integrations.vllm.v0_33 import model as vllm_model  # noqa: E402
 from swa_backends.kernels import _launch  # noqa: E402
@@ -722,9 +722,19 @@ def run_parts(step: str, rounds: int, out: Path, smoke_run: bool) -> int:
     ``bench_replay_step_parts.json``."""
     gpu = torch.cuda.is_available() and not smoke_run
     dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    if not gpu:
-        os.environ.setdefault(runtime.PREFER_ENV, "triton")  # the integration's backend runs the Triton kernels
-    set_validation(False)
+    # the settings this needs, put back after (a test calls it in its own process)
+    prefer = os.environ.get(runtime.PREFER_ENV)
+    if not gpu and prefer is None:
+        os.environ[runtime.PREFER_ENV] = "triton"  # the integration's backend runs the Triton kernels
+    try:
+        with validation(False):
+            return _parts(step, rounds, out, smoke_run, gpu, dev)
+    finally:
+        if prefer is None:
+            os.environ.pop(runtime.PREFER_ENV, None)
+
+
+def _parts(step: str, rounds: int, out: Path, smoke_run: bool, gpu: bool, dev: torch.device) -> int:
     rounds, calls, pieces_calls = (1, 4, 4) if smoke_run else (rounds, 300, 3000)
     w = WholeStep(*STEPS[step], 1, dev, np.random.default_rng(0))
     pack_cls = vllm_model.model_state_class(VllmModelState)

@@ -155,9 +155,16 @@ def test_parts_time_the_pack_pieces_and_put_them_back(tmp_path):
     bench = _load_bench()
     from swa_backends.integrations.vllm import runtime
 
+    import os
+
+    from swa_backends.common.validation import validation_enabled
+
     before = {name: getattr(runtime, name) for name in bench.RUNTIME_PIECES}
     pack_cls = bench.vllm_model.model_state_class(bench.VllmModelState)
+    env = os.environ.get(runtime.PREFER_ENV)
+    assert validation_enabled()
     assert bench.run_parts("1x1K", 1, tmp_path, smoke_run=True) == 0
+    assert validation_enabled() and os.environ.get(runtime.PREFER_ENV) == env  # the process's settings put back
     res = json.loads((tmp_path / "bench_replay_step_parts.json").read_text())
     assert res["calls_in_the_step"]["prepare_step"] == 1 and res["calls_in_the_step"]["gather_lens.answered"] == 3
     assert res["launches"] == "no-ops after one real call" and res["rounds"] == 1
