@@ -100,8 +100,8 @@ class ReplayPlan:
 
     def __getattr__(self, name: str):
         # a plan of from_kept makes its host tensors on first use: a serving step's launch reads
-        # its sizes and its device copy of dropped_before, none of them (three tensors from numpy
-        # are a third of from_kept's host time); the same tensors, made once
+        # its sizes and its device copy of dropped_before, none of them (bench/README.md, "2026-12-03
+        # evening"); each is made once, so every read gets the same tensor
         make = _LAZY_FIELDS.get(name)
         host = self.__dict__.get("_host") if make is not None else None
         if host is None:
@@ -131,7 +131,9 @@ class ReplayPlan:
         ``plan_replay_batch``, or a serving engine's own planning). ``device_dropped_before``:
         the same values already on a device (an engine's own upload): the plan's device copy
         there, so :meth:`device_dropped_before` copies nothing. ``is_prefilling`` (host bools,
-        optional): the plan's ``prefilling``."""
+        optional): the plan's ``prefilling``. ``kept`` and ``dropped_before``, as int32 arrays,
+        are taken as they are, not copied (the plan's tensors are views of them, made on first
+        use): the caller leaves them unchanged."""
         import numpy as np
 
         if type(kept) is not np.ndarray or kept.dtype != np.int32:  # noqa: E721 - the common case, checked cheaply
