@@ -213,15 +213,9 @@ def read(items) -> list[np.ndarray] | None:
             break
     else:  # whole tensors alone: torch's way is one copy (and a cat), no fewer launches than this
         return None
-    plan = _Plan()
-    for it in items:
-        if isinstance(it, Reduced):
-            ok = plan.add(it.t, MASKED if it.limit is not None else MINMAX | (PAD if it.pad_as is not None else 0),
-                          it.pad_as or 0, it.limit, it.step)
-        else:
-            ok = it.numel() * it.element_size() <= COPY_BYTES and plan.add(it, COPY)
-        if not ok:
-            return None
+    plan = plan_of(items)
+    if plan is None:
+        return None
     dev_buf, host_buf = _buffers(device, plan.size)
     pieces = plan.pieces
     for at in range(0, len(pieces), SLOTS):
@@ -243,6 +237,22 @@ def read(items) -> list[np.ndarray] | None:
                 part = part.view(np.float64)
             out.append(np.array([part[0::2].min(), part[1::2].max()]).astype(dtype))
     return out
+
+
+def plan_of(items) -> _Plan | None:
+    """The pieces of one read of ``items`` (tensors read whole, :class:`Reduced` pieces), or None
+    when one is not for this kernel (a tensor over :data:`COPY_BYTES` read whole, a layout of more
+    than two strided dims, an int past 32 bits)."""
+    plan = _Plan()
+    for it in items:
+        if isinstance(it, Reduced):
+            ok = plan.add(it.t, MASKED if it.limit is not None else MINMAX | (PAD if it.pad_as is not None else 0),
+                          it.pad_as or 0, it.limit, it.step)
+        else:
+            ok = it.numel() * it.element_size() <= COPY_BYTES and plan.add(it, COPY)
+        if not ok:
+            return None
+    return plan
 
 
 def _launch(buf: torch.Tensor, pieces: list) -> None:

@@ -257,16 +257,9 @@ def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dic
             spec.validate(*args, **kwargs)
     finally:
         V.to_host = real
-    plan = value_read._Plan()
-    for it in items:
-        if (it.t if isinstance(it, V.Reduced) else it).device.type == "cpu":
-            continue  # a host tensor's values are read in place (a plan's)
-        if isinstance(it, V.Reduced):
-            plan.add(it.t, value_read.MASKED if it.limit is not None else
-                     value_read.MINMAX | (value_read.PAD if it.pad_as is not None else 0), it.pad_as or 0, it.limit,
-                     it.step)
-        else:
-            plan.add(it, value_read.COPY)
+    on_device = [it for it in items if (it.t if isinstance(it, V.Reduced) else it).device.type != "cpu"]
+    plan = value_read.plan_of(on_device)  # (a host tensor's values are read in place: a plan's)
+    assert plan is not None, f"{op}: a piece the reader declines"
     pieces, slots = plan.pieces, value_read.SLOTS
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     dev_buf, _ = value_read._buffers(device, max(plan.size, 1))
