@@ -47,11 +47,12 @@ the whole step, median of 200 steps, L2 flushed and warm (``lib.timing.gpu_pair`
 asleep ~2 ms before each step so that all of its launches are queued before it starts (device time,
 not host time). Host time: back-to-back steps without a sync, validation off, in rounds over every
 step shape, each shape's columns taking turns of 25 steps within a round (every shape is timed early
-and late in the run alike, and a slow stretch of the host falls on every column); the ratio to vLLM's as the ratio of the medians and as the median of each
-round's ratio (the host's drift between rounds cancels there). In the same rounds, vLLM's column with
-its four kernels doing nothing (``vllm_no_kernels``: vLLM's Python around its launches, which the
-pack's column runs too but for ``_kept_input_batch``'s body): what vLLM's kernel calls cost its
-column, and what the pack's column costs past that Python.
+and late in the run alike, and a slow stretch of the host falls on every column); the ratio to
+vLLM's as the ratio of the medians and as the median of each round's ratio (the host's drift
+between rounds cancels there). In the same rounds, vLLM's column with its four kernels doing
+nothing (``vllm_no_kernels``: vLLM's Python around its launches, which the pack's column runs too
+but for ``_kept_input_batch``'s body): what vLLM's kernel calls cost its column, and what the
+pack's column costs past that Python.
 
 The step's inputs (``ServingStep``) and the first window group's main batch alone (``vllm_step``,
 ``pack_step``, ...: this script's scope before the whole step, and the experiments') are in
@@ -480,6 +481,17 @@ class WholeStep:
         return {k: v for k, v in vllm.items() if v}, {k: v for k, v in pack.items() if v}
 
 
+def shim_kernels(shims: dict) -> types.SimpleNamespace:
+    """The kernels the pack's column finds where vLLM's code looks (``routed_shims``' shims)."""
+    return types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
+                                 prefill=shims["prefill_gather_lens"], gather=None)
+
+
+def calls_since(before: dict) -> dict:
+    """The routed calls counted (``runtime.CALLS``) since the copy ``before`` was taken."""
+    return {k: n - before.get(k, 0) for k, n in runtime.CALLS.items() if n != before.get(k, 0)}
+
+
 class _Nothing:
     """A kernel object whose launches (``obj[grid](...)``, ``obj(...)``) do nothing."""
 
@@ -491,6 +503,8 @@ class _Nothing:
 
 
 _NOTHING = _Nothing()
+#: vLLM's four kernels doing nothing (the ``vllm_no_kernels`` column: vLLM's Python around its launches)
+NO_KERNELS = types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING, gather=_NOTHING)
 
 
 class _Counting:
@@ -544,15 +558,14 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng, shims: dict) ->
     shims, must stay where they are until then)."""
     w = WholeStep(*shape, windows, dev, rng)
     pack_cls = vllm_model.model_state_class(VllmModelState)
-    shim_kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
-                                         prefill=shims["prefill_gather_lens"], gather=None)
-    pack_state, pack_call = w.model_state(shim_kernels, pack_cls)
+    pack_kernels = shim_kernels(shims)
+    pack_state, pack_call = w.model_state(pack_kernels, pack_cls)
     assert pack_state._swa_fuse and pack_state._swa_gather, "the pack's model state is off"
     before = dict(runtime.CALLS)
     t0 = time.perf_counter()
     got_launches = pack_launches(pack_call)
     once = {"pack": (time.perf_counter() - t0) * 1e6}
-    called = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
+    called = calls_since(before)
     fns = {"pack": pack_call}
     want_vllm, want_pack = w.expected_launches()
     if got_launches != want_pack:
@@ -575,7 +588,7 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng, shims: dict) ->
         fns = {"vllm": vllm_call, **fns}
     else:  # the pack's torch reference, one call at a time, stands in as the oracle
         with routed_shims(lambda device: ref):
-            ref_state, ref_call = w.model_state(shim_kernels, pack_cls)
+            ref_state, ref_call = w.model_state(pack_kernels, pack_cls)
             ref_state._swa_fuse, ref_state._swa_backend = False, ref
             ref_call()
         compare(w.outputs(ref_state), w.outputs(pack_state))
@@ -588,8 +601,7 @@ def run_config(name: str, windows: int, shape, L, ref, dev, rng, shims: dict) ->
     if L is not None:
         # vLLM's column with its kernels doing nothing: vLLM's Python around its launches, most of which
         # the pack's column runs too (timed with the columns; it writes no metadata)
-        _, bare_call = w.model_state(types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING,
-                                                             gather=_NOTHING))
+        _, bare_call = w.model_state(NO_KERNELS)
     for col, f in fns.items():
         # ~2 ms of GPU sleep before each step: its launches take up to a few hundred us of host
         # time, and GPU time is to be device time
@@ -741,13 +753,11 @@ def _parts(step: str, rounds: int, out: Path, smoke_run: bool, gpu: bool, dev: t
     noop = not gpu
     real_call = _launch.Kernel.__call__
     with graph_modes(), routed_shims(runtime.backend_for) as shims:
-        kernels = types.SimpleNamespace(pad=shims["pad_replayed_slots"], swa=shims["swa_indices_and_lens"],
-                                        prefill=shims["prefill_gather_lens"], gather=None)
-        _, pack = w.model_state(kernels, pack_cls)
+        _, pack = w.model_state(shim_kernels(shims), pack_cls)
         before = dict(runtime.CALLS)
         pack()  # one real call (the interpreter's off a GPU): the launch compiled, the answers found
-        answered = {k: runtime.CALLS[k] - before.get(k, 0) for k in runtime.CALLS if runtime.CALLS[k] != before.get(k, 0)}
-        _, bare = w.model_state(types.SimpleNamespace(pad=_NOTHING, swa=_NOTHING, prefill=_NOTHING, gather=_NOTHING))
+        answered = calls_since(before)
+        _, bare = w.model_state(NO_KERNELS)
         if noop:
             _launch.Kernel.__call__ = lambda self, key, grid, *args: None
         try:
@@ -769,7 +779,8 @@ def _parts(step: str, rounds: int, out: Path, smoke_run: bool, gpu: bool, dev: t
            "vllm_no_kernels_host_us": statistics.median(times["vllm_no_kernels"]),
            "own_us": statistics.median(own), "own_us_rounds": own, "pieces_us": pieces}
     print(f"{step}: pack {res['pack_host_us']:.1f} us, vLLM's column without kernels "
-          f"{res['vllm_no_kernels_host_us']:.1f}, the pack's own part {res['own_us']:.1f} (launches: {res['launches']})")
+          f"{res['vllm_no_kernels_host_us']:.1f}, the pack's own part {res['own_us']:.1f} "
+          f"(launches: {res['launches']})")
     for k, v in pieces.items():
         print(f"  {k:34s} {v:7.2f}")
     results.write_json(results.out_file(out, "bench_replay_step_parts.json"), res)

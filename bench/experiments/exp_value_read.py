@@ -93,8 +93,9 @@ def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) else v
 
 
-def pieces_of(spec, args, kwargs) -> list:
-    """What the op's value checks read: ``(W|R, shape, dtype)`` per piece."""
+def read_items(spec, args, kwargs) -> list:
+    """What one validation of the call reads: its tensors read whole and its :class:`Reduced`
+    pieces, as ``validation.to_host`` gets them."""
     seen: list = []
     real = V.to_host
 
@@ -108,8 +109,14 @@ def pieces_of(spec, args, kwargs) -> list:
             spec.validate(*args, **kwargs)
     finally:
         V.to_host = real
+    return seen
+
+
+def pieces_of(spec, args, kwargs) -> list:
+    """What the op's value checks read: ``(W|R, shape, dtype)`` per piece."""
     return [("R" if isinstance(t, V.Reduced) else "W", list((t.t if isinstance(t, V.Reduced) else t).shape),
-             str((t.t if isinstance(t, V.Reduced) else t).dtype).replace("torch.", "")) for t in seen]
+             str((t.t if isinstance(t, V.Reduced) else t).dtype).replace("torch.", ""))
+            for t in read_items(spec, args, kwargs)]
 
 
 @contextlib.contextmanager
@@ -244,20 +251,13 @@ _WORD = Kernel(_store_word, name="exp_value_read.store_word")
 
 
 def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dict:
-    """``{"gated_floor": us, "key": us}``: see the module docstring (``gated_floor``). On the CPU
-    (``--smoke``) the wiring alone: the host's tensors are read in place, so nothing launches, and
-    the word is copied without an event."""
+    """``{"gated_floor": us, "gated_floor_mapped": us, "key": us}``: see the module docstring. On
+    the CPU (``--smoke``) the wiring alone: the host's tensors are read in place, so nothing
+    launches, and the word is copied without an event."""
     from swa_backends.kernels import value_read
 
-    items: list = []
-    real = V.to_host
-    V.to_host = lambda got: items.extend(got) or real(got)
-    try:
-        with V.one_read():
-            spec.validate(*args, **kwargs)
-    finally:
-        V.to_host = real
-    on_device = [it for it in items if (it.t if isinstance(it, V.Reduced) else it).device.type != "cpu"]
+    on_device = [it for it in read_items(spec, args, kwargs)
+                 if (it.t if isinstance(it, V.Reduced) else it).device.type != "cpu"]
     plan = value_read.plan_of(on_device)  # (a host tensor's values are read in place: a plan's)
     assert plan is not None, f"{op}: a piece the reader declines"
     pieces, slots = plan.pieces, value_read.SLOTS
@@ -268,11 +268,14 @@ def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dic
     memo = {metadata_key(args, kwargs): True}
     fn = getattr(be, op)
 
+    def checks_ahead() -> None:  # the memo's lookup and the device pass, ahead of the unvalidated call
+        memo.get(metadata_key(args, kwargs))
+        for at in range(0, len(pieces), slots):
+            value_read._launch(dev_buf, pieces[at:at + slots])
+
     def call():
         with sb.validation(False):
-            memo.get(metadata_key(args, kwargs))
-            for at in range(0, len(pieces), slots):
-                value_read._launch(dev_buf, pieces[at:at + slots])
+            checks_ahead()
             host.copy_(word, non_blocking=gpu)
             if event is not None:
                 event.record()
@@ -286,9 +289,7 @@ def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dic
 
     def mapped():
         with sb.validation(False):
-            memo.get(metadata_key(args, kwargs))
-            for at in range(0, len(pieces), slots):
-                value_read._launch(dev_buf, pieces[at:at + slots])
+            checks_ahead()
             seq[0] += 1
             _WORD((), (1, 1, 1), host, seq[0])  # the host word, written by the device behind the pass
             fn(*args, **kwargs)

@@ -340,10 +340,10 @@ def host_alternating_us(fns: dict, *, calls: int, turn: int, per_round: dict | N
     stretch of the host slower than usual for a tenth of a second lands on one callable and moves
     the round's ratio; here it lands on all of them."""
     keys = _rotated(list(fns), rotate)
-    spent = dict.fromkeys(keys, 0.0)
     if _smoke:
-        spent = {k: _once_us(fns[k]) * 1e-6 * calls for k in keys}
+        out = {k: _once_us(fns[k]) for k in fns}
     else:
+        spent = dict.fromkeys(keys, 0.0)
         for k in keys:
             fns[k]()
         sync()
@@ -356,7 +356,7 @@ def host_alternating_us(fns: dict, *, calls: int, turn: int, per_round: dict | N
                     f()
                 spent[k] += time.perf_counter() - t0
         sync()
-    out = {k: spent[k] / calls * 1e6 for k in fns}
+        out = {k: spent[k] / calls * 1e6 for k in fns}
     if per_round is not None:
         for k, v in out.items():
             per_round.setdefault(k, []).append(v)
