@@ -1,0 +1,70 @@
+"""``bench/experiments/exp_ws_floor.py`` takes out of its copies of the ws kernel exactly what it says
+(the producer's four KV gathers; the consumers' math, their waits and frees kept), refuses a kernel
+whose code it no longer recognises, and stops with the reason on a machine without a GPU."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
+
+import exp_ws_floor as floor  # noqa: E402
+from lib.smoke import run_script  # noqa: E402
+
+TEXT = floor.KERNEL.read_text()
+
+
+def _function(text: str, name: str) -> str:
+    tree = ast.parse(text)
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(text, node)
+
+
+def test_no_gather_drops_the_four_kv_gathers_and_keeps_q():
+    out = floor.variant_source(TEXT, True, False)
+    producer = _function(out, "_produce_item")
+    assert "_gather_half(KV" not in producer
+    assert producer.count("_gather_half(Q, q_smem.index(") == 2
+    assert producer.count("_cp_arrive(bars.index(_READY") == 4  # the ready barriers still complete
+    assert _function(out, "_consume_item") == _function(TEXT, "_consume_item")
+
+
+def test_no_math_keeps_every_wait_and_free_of_the_kernel():
+    out = floor.variant_source(TEXT, False, True)
+    consumer = _function(out, "_consume_item")
+    assert "_wgmma" not in consumer and "exp2(s -" not in consumer
+    # consumer 0 frees A lo and B lo (halves 0, 2), consumer 1 B hi and A hi (3, 1), as in the kernel;
+    # each after waiting for that half
+    zero, one = consumer.split("if W == 0:")[1].split("else:")[:2]
+    for body, halves in ((zero, "02"), (one, "31")):
+        assert re.findall(r"_READY \+ (\d)", body) == re.findall(r"_FREE \+ (\d)", body) == list(halves)
+    assert "_QFREE" in consumer and "# row sums" in consumer  # Q released; the epilogue stays
+    assert _function(out, "_produce_item") == _function(TEXT, "_produce_item")
+    compile(out, "ws_no_math.py", "exec")
+
+
+def test_neither_is_both():
+    both = floor.variant_source(TEXT, True, True)
+    assert both == floor.variant_source(floor.variant_source(TEXT, True, False), False, True)
+    compile(both, "ws_neither.py", "exec")
+
+
+@pytest.mark.parametrize("drop", [(True, False), (False, True)])
+def test_code_it_does_not_recognise_is_refused(drop):
+    changed = TEXT.replace("_gather_half(KV, kv_smem", "_gather(KV, kv_smem").replace("# row sums", "# sums")
+    with pytest.raises(ValueError, match=r"variant_source: found 0 .*; expected"):
+        floor.variant_source(changed, *drop)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+def test_without_a_gpu_it_stops_with_the_reason(tmp_path, capsys):
+    assert run_script(ROOT / "bench" / "experiments" / "exp_ws_floor.py", "--out", str(tmp_path / "o")) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
