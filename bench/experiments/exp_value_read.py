@@ -29,7 +29,12 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
   each call (a memo's hit); ``key`` alone beside it;
 * ``gated_floor_mapped``: the same, but the host learns that the device pass is done from a word a
   one-program kernel queued behind it writes straight into pinned host memory (mapped into the
-  device's address space), which the host polls after the unvalidated call: no copy, no event.
+  device's address space), which the host polls after the unvalidated call: no copy, no event;
+* ``fused_floor``: the floor of any validated call that learns its values' verdict before it returns,
+  however its checks are built: the memo's lookup, the unvalidated call, an event behind it and the
+  event's wait -- as if the op's own kernel checked every value before it wrote and left its verdict
+  in host memory, its checks costing nothing (no check launch, no copy). Not reachable by any design
+  that keeps the ``ValueError`` before the call returns; ``key`` not included (a lookup is).
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
 piece, split into its plan, its launch and its copy; ``torch.aminmax`` of 20K int32; ``torch.cat``
@@ -214,12 +219,14 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         row["reader_ratio"], row["torch_ratio"] = row["reader"] / row["off"], row["torch"] / row["off"]
         row["gated_floor_ratio"] = row["gated_floor"] / row["off"]
         row["gated_floor_mapped_ratio"] = row["gated_floor_mapped"] / row["off"]
+        row["fused_floor_ratio"] = row["fused_floor"] / row["off"]
         out[op] = row
         print(f"{op:<24} off {row['off']:7.1f}  reader {row['reader']:7.1f} ({row['reader_ratio']:5.2f}x)  torch "
               f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f}  no read "
               f"{row['no_read']:7.1f}  in the read {row['in_read']:7.1f}  key {row['key']:5.1f}  gated floor "
               f"{row['gated_floor']:7.1f} ({row['gated_floor_ratio']:4.2f}x)  mapped {row['gated_floor_mapped']:7.1f} "
-              f"({row['gated_floor_mapped_ratio']:4.2f}x) us", flush=True)
+              f"({row['gated_floor_mapped_ratio']:4.2f}x)  fused {row['fused_floor']:7.1f} "
+              f"({row['fused_floor_ratio']:4.2f}x) us", flush=True)
     return out
 
 
@@ -251,7 +258,7 @@ _WORD = Kernel(_store_word, name="exp_value_read.store_word")
 
 
 def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dict:
-    """``{"gated_floor": us, "gated_floor_mapped": us, "key": us}``: see the module docstring. On
+    """``{"gated_floor": us, "gated_floor_mapped": us, "fused_floor": us, "key": us}``: see the module docstring. On
     the CPU (``--smoke``) the wiring alone: the host's tensors are read in place, so nothing
     launches, and the word is copied without an event."""
     from swa_backends.kernels import value_read
@@ -298,9 +305,19 @@ def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dic
                     return
             raise RuntimeError("the device never wrote the host word")
 
+    def fused():  # the op's own kernel as the check: nothing ahead of it, its completion waited for
+        with sb.validation(False):
+            memo.get(metadata_key(args, kwargs))
+            fn(*args, **kwargs)
+            if event is not None:
+                event.record()
+                event.synchronize()
+
     call()
     mapped()
+    fused()
     return {"gated_floor": med_us(call, reps, gpu), "gated_floor_mapped": med_us(mapped, reps, gpu),
+            "fused_floor": med_us(fused, reps, gpu),
             "key": med_us(lambda: metadata_key(args, kwargs), reps, gpu, sync=False)}
 
 
