@@ -31,10 +31,11 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
   one-program kernel queued behind it writes straight into pinned host memory (mapped into the
   device's address space), which the host polls after the unvalidated call: no copy, no event;
 * ``fused_floor``: the floor of any validated call that learns its values' verdict before it returns,
-  however its checks are built: the memo's lookup, the unvalidated call, an event behind it and the
-  event's wait -- as if the op's own kernel checked every value before it wrote and left its verdict
-  in host memory, its checks costing nothing (no check launch, no copy). Not reachable by any design
-  that keeps the ``ValueError`` before the call returns; ``key`` not included (a lookup is).
+  however its checks are built: the memo's key and lookup (as above), the unvalidated call, an event
+  behind it and the event's wait -- as if the op's own kernel checked every value before it wrote and
+  left its verdict in host memory, its checks costing nothing (no check launch, no copy). No design
+  that raises the ``ValueError`` before the call returns and skips repeated host checks by a memo
+  goes below it.
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
 piece, split into its plan, its launch and its copy; ``torch.aminmax`` of 20K int32; ``torch.cat``
