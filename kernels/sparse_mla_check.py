@@ -31,6 +31,13 @@ from ._launch import Kernel, jit
 #: per column tile (a program per token tile looping over the columns left fewer programs than SMs
 #: at T 4K)
 BLOCK_T, BLOCK_K, BLOCK_H = 16, 256, 128
+#: a contiguous ``indices`` (what serving passes) is read as one flat run instead, BLOCK entries a
+#: program: its strides are runtime ints the compiler cannot see as 1 (``_launch.jit``), so the tiled
+#: kernel loads one 4-byte entry at a time through 64-bit index arithmetic; the flat one, its base's
+#: 16-byte alignment in the launch key and every program but the last unmasked, loads 16 bytes a
+#: thread. Only while the run's length fits an i32 argument
+BLOCK = BLOCK_T * BLOCK_K
+FLAT_MAX = 2**31 - 1 - BLOCK
 
 
 @jit
@@ -58,7 +65,40 @@ def _sparse_mla_check(idx_ptr, lens_ptr, sink_ptr, flag_ptr, T, K, H, s_it, s_ik
         tl.store(flag_ptr, 1)  # every program that finds one stores the same value
 
 
+@jit(align=("idx_ptr",))
+def _sparse_mla_check_flat(idx_ptr, lens_ptr, sink_ptr, flag_ptr, N, T, K, H, s_l, s_h, num_rows,
+                           HAS_SINK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
+    # program p: entries [p * BLOCK, p * BLOCK + BLOCK) of the flat indices, and the same span of lens
+    pid = tl.program_id(0)
+    start = pid.to(tl.int64) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    if start + BLOCK <= N:
+        idx = tl.load(idx_ptr + start + offs)
+    else:  # the last program's part of a block
+        idx = tl.load(idx_ptr + start + offs, mask=offs < N - start, other=0)
+    bad = tl.max(((idx < -1) | (idx >= num_rows)).to(tl.int32), axis=0)
+    if start < T:
+        rows = start + offs
+        lens = tl.load(lens_ptr + rows * s_l, mask=rows < T, other=0)
+        bad = tl.maximum(bad, tl.max(((lens < 0) | (lens > K)).to(tl.int32), axis=0))
+    if HAS_SINK:
+        if pid == 0:
+            for h0 in range(0, H, BLOCK_H):
+                hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
+                s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
+                wrong = ((s != s) | (s == float("inf"))).to(tl.int32)  # NaN, +inf (-inf: a head without sink)
+                bad = tl.maximum(bad, tl.max(wrong, axis=0))
+    if bad > 0:
+        tl.store(flag_ptr, 1)  # every program that finds one stores the same value
+
+
 _K = Kernel(_sparse_mla_check)
+_K_FLAT = Kernel(_sparse_mla_check_flat)
+
+
+def flat(indices: torch.Tensor) -> bool:
+    """Whether ``gate`` reads ``indices`` as one flat run (contiguous, and short enough)."""
+    return indices.is_contiguous() and indices.numel() <= FLAT_MAX
 
 
 class Gate:
@@ -103,10 +143,16 @@ def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=
     has_sink = sink is not None
     if T > 0 or has_sink:  # no token: program 0 still checks the sink (the validator does)
         s = sink if has_sink else lens
-        _K((has_sink,), (max(1, (T + BLOCK_T - 1) // BLOCK_T), max(1, (K + BLOCK_K - 1) // BLOCK_K), 1), indices,
-           lens, s, flag, T, K, H,
-           indices.stride(0), indices.stride(1), lens.stride(0), s.stride(0), num_rows,
-           has_sink, BLOCK_T, BLOCK_K, BLOCK_H)
+        if flat(indices):
+            N = T * K
+            grid = (max(1, (N + BLOCK - 1) // BLOCK, (T + BLOCK - 1) // BLOCK), 1, 1)  # every entry, every length
+            _K_FLAT((has_sink, indices.data_ptr() % 16 == 0), grid, indices, lens, s, flag, N, T, K, H, lens.stride(0),
+                    s.stride(0), num_rows, has_sink, BLOCK, BLOCK_H)
+        else:
+            _K((has_sink,), (max(1, (T + BLOCK_T - 1) // BLOCK_T), max(1, (K + BLOCK_K - 1) // BLOCK_K), 1), indices,
+               lens, s, flag, T, K, H,
+               indices.stride(0), indices.stride(1), lens.stride(0), s.stride(0), num_rows,
+               has_sink, BLOCK_T, BLOCK_K, BLOCK_H)
     if flag.device.type != "cuda":
         return Gate(flag, None, None)
     host, event = _staging(flag.device)

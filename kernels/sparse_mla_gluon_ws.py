@@ -598,9 +598,10 @@ def warmup(backend, *, num_heads=(64, 128), attn_dtypes=(torch.bfloat16,), attn_
                     for gated in (False, True) if backend.checked else (False,):
                         _shared.build("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink_on, wide, gated), True, q, kv,
                                       idx, lens, 1.0 / D ** 0.5, D, sink, out, lse, _BUILT)
-                if backend.checked:
+                if backend.checked:  # both forms of the check: a contiguous index tensor and a strided view
                     from . import sparse_mla_check
 
-                    sparse_mla_check.gate(q, kv, idx, lens, 1.0 / D ** 0.5, D, sink=sink).failed()
+                    for ix in (idx, torch.zeros(T, 2 * K, dtype=torch.int32, device=dev)[:, ::2]):
+                        sparse_mla_check.gate(q, kv, ix, lens, 1.0 / D ** 0.5, D, sink=sink).failed()
                 ran = ["sparse_mla"]
     return ran

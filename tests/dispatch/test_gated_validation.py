@@ -267,14 +267,15 @@ def test_gluon_ws_warmup_builds_the_gated_kernels_for_a_validating_backend(monke
         checked=checked, variants={"sparse_mla": ("gluon_ws", "reference")},
         device=SimpleNamespace(runnable=True, torch_device="cpu"),
         variant_for=lambda op, *a, **k: "gluon_ws")
-    before = _launch.KERNELS["sparse_mla_check._sparse_mla_check"].launches
+    checks = ("sparse_mla_check._sparse_mla_check", "sparse_mla_check._sparse_mla_check_flat")
+    before = {k: _launch.KERNELS[k].launches for k in checks}
     assert ws.warmup(backend, num_heads=(64,), attn_sink=(False, True)) == ["sparse_mla"]
     gated = sorted((m["HAS_SINK"], m["WIDE"]) for m in built if m["GATED"])
     plain = sorted((m["HAS_SINK"], m["WIDE"]) for m in built if not m["GATED"])
     every = [(False, False), (False, True), (True, False), (True, True)]
     assert plain == every and gated == (every if checked else [])
-    launched = _launch.KERNELS["sparse_mla_check._sparse_mla_check"].launches - before
-    assert launched == (2 if checked else 0)
+    for k in checks:  # each form once per sink setting
+        assert _launch.KERNELS[k].launches - before[k] == (2 if checked else 0), k
 
 
 def toy_plain(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="rows", fp8=None, return_lse=True):
@@ -312,3 +313,30 @@ def test_held_checks_keep_their_label():
             validation.check_range("swa_indices_and_lens", "R", t, low=0, high=3)
     with pytest.raises(ValueError, match=r"^prepare_replay_step: R=5"):
         validation.run_held(held)
+
+
+@pytest.mark.parametrize("K", [0, 1, 3])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_flat_check_reads_every_length_and_entry(K, offset):
+    """A contiguous index tensor is read flat (``sparse_mla_check.flat``), a program's span of the
+    entries and of the lengths alike: with more tokens than a program's span, a bad value in the
+    last length or the last entry is found, whatever K (0: no entry, the lengths alone), from a
+    16-byte aligned base or not (``offset``: one entry into its storage)."""
+    T, S, D = 2 * sparse_mla_check.BLOCK + 5, 40, 8
+    q, kv = torch.zeros(T, 1, D, dtype=torch.bfloat16), torch.zeros(S, D, dtype=torch.bfloat16)
+    idx = torch.randint(-1, S, (T * K + offset,), dtype=torch.int32)[offset:].view(T, K)
+    lens = torch.randint(0, K + 1, (T,), dtype=torch.int32)
+    assert sparse_mla_check.flat(idx)
+    assert not sparse_mla_check.gate(q, kv, idx, lens, 0.5, D).failed()
+    lens[T - 1] = K + 1
+    assert sparse_mla_check.gate(q, kv, idx, lens, 0.5, D).failed()
+    lens[T - 1] = K
+    if K:
+        idx[T - 1, K - 1] = S
+        assert sparse_mla_check.gate(q, kv, idx, lens, 0.5, D).failed()
+
+
+def test_flat_is_for_contiguous_runs_an_i32_can_count():
+    assert not sparse_mla_check.flat(torch.zeros(4, 6, dtype=torch.int32)[:, ::2])
+    assert not sparse_mla_check.flat(torch.empty(2**16, 2**16, dtype=torch.int32, device="meta"))
+    assert sparse_mla_check.flat(torch.empty(2**15, 2**15, dtype=torch.int32, device="meta"))
