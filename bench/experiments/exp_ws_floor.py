@@ -150,7 +150,8 @@ def main(argv=None) -> int:
             fn(q, kv, idx, lens, sink)  # compiled and warm
         torch.cuda.synchronize()
         ms = tm.interleaved_ms({n: (lambda f=f: f(q, kv, idx, lens, sink)) for n, f in fns.items()}, args.reps)
-        row = {"H": H, "K": K, "T": T, "S": S, "ms": ms, "tflops": {n: tflops(T, H, K, D, DV, v) for n, v in ms.items()}}
+        row = {"H": H, "K": K, "T": T, "S": S, "ms": ms,
+               "tflops": {n: tflops(T, H, K, D, DV, v) for n, v in ms.items()}}
         row.update(summarise(row))
         result["cells"].append(row)
         tf = row["tflops"]
