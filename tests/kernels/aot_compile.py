@@ -116,6 +116,15 @@ def main(argv: list[str]) -> int:
     table, lens = torch.zeros(4, 9, dtype=torch.int32), torch.ones(4, dtype=torch.int32)
     value_read.read([i32, Reduced(i64), Reduced(table, limit=lens, step=64), Reduced(i32, pad_as=3)])
     value_read.read([Reduced(torch.zeros(9)), i32, torch.ones(3, dtype=torch.bool), i64[:7], Reduced(i32)])
+    # the device check of validated sparse_mla calls to a gated variant (sm90's gluon_ws): the flat
+    # form (a contiguous index tensor) and the tiled one (a strided view), with and without a sink
+    from swa_backends.kernels import sparse_mla_check
+
+    q, kv = torch.zeros(2, 64, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16)
+    lens = torch.full((2,), 8, dtype=torch.int32)
+    for sink in (None, torch.zeros(64)):
+        for ix in (torch.zeros(2, 8, dtype=torch.int32), torch.zeros(2, 16, dtype=torch.int32)[:, ::2]):
+            sparse_mla_check.gate(q, kv, ix, lens, 0.5, 8, sink=sink)
     missing = set(_launch.KERNELS) - {name for _, name, _ in done}
     if missing:
         print(f"never compiled: {sorted(missing)}", file=sys.stderr)

@@ -25,4 +25,6 @@ def test_every_kernel_compiles_offline_for_sm90_and_gfx942(python):
         assert any(line.startswith(f"cuda:90 {kernel}") for line in lines), kernel
     assert any(line.startswith("hip:gfx942 rows._copy_rows") for line in lines)
     assert any(line.startswith("cuda:90 value_read._value_read") for line in lines)
+    for kernel in ("_sparse_mla_check ", "_sparse_mla_check_flat "):
+        assert any(line.startswith(f"cuda:90 sparse_mla_check.{kernel}") for line in lines), kernel
 
