@@ -18,7 +18,8 @@ overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leave
 ``--no-huge-strides`` only the huge-stride cases (``--huge-only START:STOP`` runs a slice of
 them alone: under memcheck each case's memory stays taken until the process ends); ``--kept-only``
 runs only ``prepare_replay_step``'s decoder sub-batch cases (resized by the device, and with the
-sub-batch's window builds) and the value reader's.
+sub-batch's window builds) and the value reader's; ``--gated-only`` only the validated sparse-MLA call
+gated behind its device check (both forms of the check: a contiguous index tensor and a strided view).
 Exit 1 on a wrong result.
 """
 
@@ -155,33 +156,42 @@ def gated_cases(dev, rng, sms: int) -> list[str]:
     kernel gated on its flag; once on valid input (against the reference), then with an index,
     a length and a sink that fail the check, where the gated kernel must read and write nothing
     (the bad index lies 2**31 - 1 rows past the cache) and the call raises the host checks'
-    ValueError."""
+    ValueError. Each with the index tensor contiguous (the check's flat form) and as a strided view
+    (its tiled form)."""
     checked = sb.select(str(dev))
     args, kw = sparse_mla_case(rng, dev, T=2 * sms, H=128, D=512, d_v=512, K=640, S=4096, dtype=torch.bfloat16)
     kw["sink"] = torch.randn(128, device=dev)
     if checked.variant_for("sparse_mla", *args, **kw) != "gluon_ws":
         return []  # the gated variant does not run here
     bad = []
-    got = checked.sparse_mla(*args, **kw)
-    torch.cuda.synchronize()
-    want = OPS["sparse_mla"].reference(*to_device(args, "cpu"), **to_device(kw, "cpu"))
-    why = mismatch("sparse_mla", got, want)
-    if why:
-        bad.append(f"sparse_mla/gated: {why}")
     q, kv, idx, lens, scale, dv = args
+    want = OPS["sparse_mla"].reference(*to_device(args, "cpu"), **to_device(kw, "cpu"))
     bad_idx, bad_lens, bad_sink = idx.clone(), lens.clone(), kw["sink"].clone()
     bad_idx[sms, 600] = 2**31 - 1
     bad_lens[7] = idx.shape[1] + 1
     bad_sink[5] = float("nan")
-    for what, a, k in (("index", (q, kv, bad_idx, lens, scale, dv), kw), ("length", (q, kv, idx, bad_lens, scale, dv), kw),
-                       ("sink", args, {"sink": bad_sink})):
-        try:
-            checked.sparse_mla(*a, **k)
-            bad.append(f"sparse_mla/gated: a bad {what} passed")
-        except ValueError:
-            pass
+
+    def strided(t):
+        wide = torch.empty(t.shape[0], 2 * t.shape[1], dtype=t.dtype, device=t.device)
+        wide[:, ::2] = t
+        return wide[:, ::2]
+
+    for form, view in (("flat", lambda t: t.contiguous()), ("strided", strided)):
+        got = checked.sparse_mla(q, kv, view(idx), lens, scale, dv, **kw)
         torch.cuda.synchronize()
-    print("ran sparse_mla/gated (valid, bad index, bad length, bad sink)", flush=True)
+        why = mismatch("sparse_mla", got, want)
+        if why:
+            bad.append(f"sparse_mla/gated ({form}): {why}")
+        for what, a, k in (("index", (q, kv, view(bad_idx), lens, scale, dv), kw),
+                           ("length", (q, kv, view(idx), bad_lens, scale, dv), kw),
+                           ("sink", (q, kv, view(idx), lens, scale, dv), {"sink": bad_sink})):
+            try:
+                checked.sparse_mla(*a, **k)
+                bad.append(f"sparse_mla/gated ({form}): a bad {what} passed")
+            except ValueError:
+                pass
+            torch.cuda.synchronize()
+    print("ran sparse_mla/gated (valid, bad index, bad length, bad sink; flat and strided)", flush=True)
     return bad
 
 
@@ -218,8 +228,11 @@ def main(argv: list[str]) -> int:
     bad = []
     if "--huge-only" in argv:  # one slice of the huge-stride cases, alone (see huge_only)
         return huge_only(argv[argv.index("--huge-only") + 1], dev)
-    if "--kept-only" in argv:  # the sub-batch builds of prepare_replay_step alone (and the value reader)
-        bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng) + value_read_cases(dev, rng)
+    if "--kept-only" in argv or "--gated-only" in argv:  # (see the module docstring)
+        if "--gated-only" in argv:
+            bad = gated_cases(dev, rng, torch.cuda.get_device_properties(dev).multi_processor_count)
+        else:
+            bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng) + value_read_cases(dev, rng)
         for b in bad:
             print("WRONG", b)
         print(f"wrong results: {len(bad)}")
