@@ -41,6 +41,17 @@ FLAT_MAX = 2**31 - 1 - BLOCK
 
 
 @jit
+def _bad_sink(sink_ptr, H, s_h, BLOCK_H: tl.constexpr):
+    """1 when a sink is NaN or +inf (-inf: a head without sink), else 0."""
+    bad = 0
+    for h0 in range(0, H, BLOCK_H):
+        hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
+        s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
+        bad = tl.maximum(bad, tl.max(((s != s) | (s == float("inf"))).to(tl.int32), axis=0))
+    return bad
+
+
+@jit
 def _sparse_mla_check(idx_ptr, lens_ptr, sink_ptr, flag_ptr, T, K, H, s_it, s_ik, s_l, s_h, num_rows,
                       HAS_SINK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     pid = tl.program_id(0)
@@ -56,11 +67,7 @@ def _sparse_mla_check(idx_ptr, lens_ptr, sink_ptr, flag_ptr, T, K, H, s_it, s_ik
         bad = tl.maximum(bad, tl.max(((lens < 0) | (lens > K)).to(tl.int32), axis=0))
         if HAS_SINK:
             if pid == 0:
-                for h0 in range(0, H, BLOCK_H):
-                    hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
-                    s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
-                    wrong = ((s != s) | (s == float("inf"))).to(tl.int32)  # NaN, +inf (-inf: a head without sink)
-                    bad = tl.maximum(bad, tl.max(wrong, axis=0))
+                bad = tl.maximum(bad, _bad_sink(sink_ptr, H, s_h, BLOCK_H))
     if bad > 0:
         tl.store(flag_ptr, 1)  # every program that finds one stores the same value
 
@@ -83,11 +90,7 @@ def _sparse_mla_check_flat(idx_ptr, lens_ptr, sink_ptr, flag_ptr, N, T, K, H, s_
         bad = tl.maximum(bad, tl.max(((lens < 0) | (lens > K)).to(tl.int32), axis=0))
     if HAS_SINK:
         if pid == 0:
-            for h0 in range(0, H, BLOCK_H):
-                hs = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
-                s = tl.load(sink_ptr + hs * s_h, mask=hs < H, other=0.0)
-                wrong = ((s != s) | (s == float("inf"))).to(tl.int32)  # NaN, +inf (-inf: a head without sink)
-                bad = tl.maximum(bad, tl.max(wrong, axis=0))
+            bad = tl.maximum(bad, _bad_sink(sink_ptr, H, s_h, BLOCK_H))
     if bad > 0:
         tl.store(flag_ptr, 1)  # every program that finds one stores the same value
 
