@@ -11,7 +11,9 @@ events by keeping the device busy while the host enqueues):
 * :func:`graph_us` -- per call, ``calls`` calls captured in one CUDA graph and replayed.
 * :func:`event_ms` -- events around each call with nothing before it (long calls: prefill).
 * :func:`interleaved_ms` -- several callables, one call of each per round after a GPU sleep,
-  median per callable: a slow stretch of the machine hits all alike.
+  median per callable: a slow stretch of the machine hits all alike (``calls``: a loop of that
+  many calls per round instead; :func:`lead_cycles_for`: a sleep long enough for a given host
+  work).
 * :func:`copy_us` -- a device-to-device copy of the same bytes: the bandwidth baseline.
 
 Host time (``time.perf_counter``):
@@ -57,6 +59,9 @@ LONG_LEAD_CYCLES = 4_000_000
 #: kernel (the torch baseline's is the longest); without it a path's host overhead sat inside
 #: its GPU time (up to 4% of a T 4K cell on the H200 machines with torch 2.11).
 LEAD_CYCLES = 1_000_000
+#: the H200's SM clock under load (1.98 GHz), for turning host µs into sleep cycles; a slower clock
+#: makes the sleep longer, never shorter
+CYCLES_PER_US = 2_000
 FLUSH_BYTES = 256 * 1024 * 1024
 
 _smoke = False
@@ -236,9 +241,14 @@ def event_ms(fn: Callable, *, reps: int = 3, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def interleaved_ms(fns: dict, rounds: int, *, lead_cycles: int = LEAD_CYCLES) -> dict:
-    """Median device ms per call of each callable, every callable once per round in turn, each
-    call after a GPU sleep of ``lead_cycles`` (its launch work queued before the device starts)."""
+def interleaved_ms(fns: dict, rounds: int, *, lead_cycles: int = LEAD_CYCLES, calls: int = 1) -> dict:
+    """Median device ms per call of each callable, every callable in turn once per round, after a
+    GPU sleep of ``lead_cycles`` (its launch work queued before the device starts). ``calls``:
+    that many calls back to back between the round's two events (ms per call: the span over
+    ``calls``), so that from the second call on the host works while the device does: what a
+    caller timing a loop sees, host work longer than a call included."""
+    if calls < 1:
+        raise ValueError(f"calls={calls}; expected at least 1")
     if _smoke or not on_gpu():
         return {n: _once_us(f) / 1e3 for n, f in fns.items()}
     times: dict = {n: [] for n in fns}
@@ -248,11 +258,19 @@ def interleaved_ms(fns: dict, rounds: int, *, lead_cycles: int = LEAD_CYCLES) ->
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(lead_cycles)
             s.record()
-            fn()
+            for _ in range(calls):
+                fn()
             e.record()
             e.synchronize()
-            times[name].append(s.elapsed_time(e))
+            times[name].append(s.elapsed_time(e) / calls)
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+def lead_cycles_for(host_us: float) -> int:
+    """The GPU sleep (cycles) to put ahead of a call whose host work takes ``host_us`` µs, so that
+    none of it shows in the device time: twice that work at :data:`CYCLES_PER_US`, at least
+    :data:`LEAD_CYCLES`."""
+    return max(LEAD_CYCLES, int(2 * host_us * CYCLES_PER_US))
 
 
 def copy_us(nbytes_traffic: int, dev, *, flush: bool = True) -> tuple[float, float]:
