@@ -22,7 +22,13 @@ TFLOP/s = 2*T*H*K*(D_qk + d_v) / time. The paths of a cell are timed in interlea
 (one call of each path per round, CUDA events around the call after a GPU sleep that keeps the
 device behind the host, so host overhead is not counted; the median per path:
 ``lib.timing.interleaved_ms``), so a slow stretch of
-the machine hits every path alike and the ratios compare like with like. Every path is first
+the machine hits every path alike and the ratios compare like with like. The sleep is set per cell to
+twice the slowest path's host work (``host_us``: one call on an idle device until it returns; at least
+about 0.5 ms; ``lead_cycles``): the validated call's host checks and its wait for the device check
+take 0.4-0.7 ms on the H200's host, longer than a fixed 0.5 ms sleep, and a sleep shorter than a
+path's host work counts part of that work as device time. The default call, unvalidated and
+validated, is also timed as a loop of 8 calls a round (``loop_ms``, ms per call: from the second
+call on the host works while the device does, as a caller timing a loop sees it). Every path is first
 checked against the fp32 torch reference on PAD patterns (holes inside the length, short and
 empty rows) and at each cell on its first tokens; a wrong path is recorded, not timed. Writes
 ``bench_flashmla.json`` and ``bench_flashmla.png`` (TFLOP/s per cell and path) to ``--out``;
@@ -52,6 +58,13 @@ from lib.sparse_mla import (CELLS, DV, D, check, load_module_copy, make_inputs, 
 CHECK = {"H": (16, 64, 128), "T": 300, "K": 1152, "rows": 8192}
 SMOKE_CHECK = {"H": (16,), "T": 20, "K": 64, "rows": 1024}
 SMOKE_CELLS = [(16, 64, 8, 1024)]
+#: the default call unvalidated and validated: also timed as a loop of LOOP_CALLS calls a round
+DEFAULT_PAIR = ("pack_default", "pack_default_validated")
+LOOP_CALLS = 8
+#: one call of each path on an idle device, this many times (median): the host work the sleep must outlast
+HOST_ROUNDS = 5
+#: issue 38: the validated default call at this fraction of the unvalidated one's speed, or better
+VALIDATED_GOAL = 0.97
 GLUON_INTERPRETED = "TRITON_INTERPRET=1: Gluon kernels do not run in Triton's interpreter"
 
 
@@ -150,7 +163,9 @@ def main(argv=None) -> int:
     result = {"meta": {**results.machine(dev), "cells": "H x K x T x cache rows", "unavailable": reasons,
                        "default_chain": list(backend.variants["sparse_mla"]), "variants": files, "smoke": args.smoke,
                        "method": "paths interleaved per cell, one call each per round after a GPU sleep, CUDA events, "
-                                 "median per path (lib/timing.py interleaved_ms)"},
+                                 "median per path (lib/timing.py interleaved_ms); the sleep per cell twice the slowest "
+                                 f"path's host work (host_us, lead_cycles); the default pair also as a loop of {LOOP_CALLS} "
+                                 "calls (loop_ms)"},
               "checks": {}, "cells": []}
     failed = False
     sb.set_validation(False)  # the hot path; pack_default_validated turns it on for its own calls
@@ -196,9 +211,17 @@ def main(argv=None) -> int:
             except Exception as exc:
                 row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 failed = True
-        for name, ms in tm.interleaved_ms({n: (lambda f=f: f(q, kv, idx, lens, scale, sink)) for n, f in ready.items()},
-                                          args.reps).items():
+        calls = {n: (lambda f=f: f(q, kv, idx, lens, scale, sink)) for n, f in ready.items()}
+        # the sleep ahead of each timed call outlasts every path's host work, measured here: the validated
+        # call's host checks and its wait for the device check take longer than the fixed sleep
+        row["host_us"] = {n: v["host"] for n, v in tm.one_call_us({n: (lambda c=c: c) for n, c in calls.items()},
+                                                                   HOST_ROUNDS).items()}
+        lead = row["lead_cycles"] = tm.lead_cycles_for(max(row["host_us"].values(), default=0.0))
+        for name, ms in tm.interleaved_ms(calls, args.reps, lead_cycles=lead).items():
             row["ms"][name], row["tflops"][name] = ms, tflops(T, H, K, D, DV, ms)
+        if all(n in calls for n in DEFAULT_PAIR):  # the default call in a loop, validated and not
+            row["loop_ms"] = tm.interleaved_ms({n: calls[n] for n in DEFAULT_PAIR}, args.reps, lead_cycles=lead,
+                                               calls=LOOP_CALLS)
         if "pack_default" in row["ms"]:
             row["default_variant"] = backend.variant_for("sparse_mla", q, kv, idx, lens, scale, DV, sink=sink)
         result["cells"].append(row)
@@ -208,6 +231,7 @@ def main(argv=None) -> int:
     results.write_json(args.out / "bench_flashmla.json", result)
     plot(result, args.out / "bench_flashmla.png")
     print_table(result)
+    print_validated(result)
     print_variants(result)
     return 1 if failed else 0
 
@@ -261,6 +285,26 @@ def print_table(result: dict) -> None:
         print(f"| {size} | " + " | ".join(cells) + f" | {ratio('pack_flashmla')} | {ratio('pack_gluon_ws')} |")
     if result["meta"]["unavailable"]:
         print("unavailable:", result["meta"]["unavailable"])
+
+
+def validated_speeds(result: dict) -> dict:
+    """``{"call": [...], "loop": [...]}``: per cell, the unvalidated default call's time over the
+    validated one's, one call a round and in a loop (cells that timed both)."""
+    got: dict = {"call": [], "loop": []}
+    for r in result["cells"]:
+        for key, ms in (("call", r["ms"]), ("loop", r.get("loop_ms", {}))):
+            if all(n in ms for n in DEFAULT_PAIR):
+                got[key].append(ms[DEFAULT_PAIR[0]] / ms[DEFAULT_PAIR[1]])
+    return got
+
+
+def print_validated(result: dict) -> None:
+    """The validated default call against the unvalidated one: min, geometric mean, cells below the goal."""
+    for key, vals in validated_speeds(result).items():
+        if vals:
+            gm = math.exp(sum(map(math.log, vals)) / len(vals))
+            print(f"validated / unvalidated default call ({key}): min {min(vals):.3f}, gm {gm:.3f}, "
+                  f"{sum(v < VALIDATED_GOAL for v in vals)} of {len(vals)} cells below {VALIDATED_GOAL}")
 
 
 def print_variants(result: dict) -> None:

@@ -12,8 +12,9 @@ most 2x the unvalidated one's.
 
 * **sparse MLA**, per cell, ``speed = unvalidated time / validated time`` two ways, both through
   ``swa_backends.select(device).sparse_mla``: ``device``, CUDA events around one call after a GPU
-  sleep that keeps the device behind the host (so the time is the device's, and a validated call's
-  read, which makes the device wait for the host, is inside it), median of interleaved rounds; and
+  sleep that keeps the device behind the host (twice the slower call's host work, measured per
+  cell: so the time is the device's, and a validated call's read, which makes the device wait for
+  the host, is inside it), median of interleaved rounds; and
   ``loop``, back-to-back calls timed on the host over a round (what a user who times the op as it
   comes sees: the host may run ahead of the device only without the read).
 * **every other op** at a serving-sized step (B up to 64 requests, T a few thousand tokens, from
@@ -142,8 +143,9 @@ def sparse_mla_cells(be, dev, cells, rounds: int, per_round: int) -> list[dict]:
         row = {"H": H, "K": K, "T": T, "S": S, "variant": be.variant_for("sparse_mla", *args, **kwargs),
                "same_result": why is None, "why": why, "reads": reads, "read_what": what,
                "loop_ms": loop, "loop_speed": loop["unvalidated"] / loop["validated"]}
-        if dev.type == "cuda":
-            ev = tm.interleaved_ms(calls, rounds)
+        if dev.type == "cuda":  # after a sleep longer than either call's host work (bench_flashmla's method)
+            host = tm.one_call_us({n: (lambda c=c: c) for n, c in calls.items()}, 5)
+            ev = tm.interleaved_ms(calls, rounds, lead_cycles=tm.lead_cycles_for(max(v["host"] for v in host.values())))
             row["device_ms"], row["device_speed"] = ev, ev["unvalidated"] / ev["validated"]
         rows.append(row)
         log(f"sparse_mla H {H:>3} K {K:>4} T {T:>5} S {S:>7} ({row['variant']}): loop {row['loop_speed']:.3f}x"

@@ -36,6 +36,11 @@ def test_smoke_as_started_from_the_checkout(tmp_path):
     (cell,) = res["cells"]
     assert (cell["H"], cell["K"], cell["T"], cell["S"]) == (16, 64, 8, 1024) and not cell["errors"]
     assert set(cell["ms"]) == {"torch", "pack_default", "pack_default_validated"}
+    assert set(cell["host_us"]) == {"pack_default", "pack_default_validated"}  # the timed paths' host work
+    assert all(v > 0 for v in cell["host_us"].values()) and cell["lead_cycles"] >= 1_000_000
+    assert set(cell["loop_ms"]) == {"pack_default", "pack_default_validated"}
+    assert "validated / unvalidated default call (call): min" in proc.stdout
+    assert "validated / unvalidated default call (loop): min" in proc.stdout
     assert cell["default_variant"] == "reference"
     assert "| 16 / 64 / 8 / 1K |" in proc.stdout
 
@@ -90,6 +95,18 @@ def test_variant_summary(bench, capsys):
     assert "/flashmla_direct 1M min 0.800 gm 0.872" in line  # sqrt(0.95 * 0.8)
     assert "/flashmla_direct 16K min 1.000 gm 1.000" in line
     assert "/pack_gluon_ws 1M min 0.889" in line
+
+
+def test_validated_summary(bench, capsys):
+    pair = ("pack_default", "pack_default_validated")
+    cells = [{"ms": dict(zip(pair, (1.0, 1.05))), "loop_ms": dict(zip(pair, (1.0, 1.0)))},
+             {"ms": dict(zip(pair, (2.0, 2.0))), "loop_ms": dict(zip(pair, (2.0, 2.02)))},
+             {"ms": {"pack_default": 1.0}}]  # the validated call not timed: left out
+    assert bench.validated_speeds({"cells": cells}) == {"call": [1 / 1.05, 1.0], "loop": [1.0, 2 / 2.02]}
+    bench.print_validated({"cells": cells})
+    call, loop = capsys.readouterr().out.strip().splitlines()
+    assert call == "validated / unvalidated default call (call): min 0.952, gm 0.976, 1 of 2 cells below 0.97"
+    assert loop == "validated / unvalidated default call (loop): min 0.990, gm 0.995, 0 of 2 cells below 0.97"
 
 
 def test_variants_leave_the_direct_path_alone(bench, monkeypatch):
