@@ -4,11 +4,20 @@ A validated call reads its value checks on the host before it launches (``common
 the read waits for the device's queue, and the kernel is launched only after it, onto an idle
 device. Here instead the checks of ``sparse_mla``'s values -- ``lens`` in ``[0, K]``, every
 entry of ``indices`` in ``[0, num_rows)`` or PAD (-1), ``sink`` free of NaN and +inf -- run as
-one kernel that sets a device flag; the attention kernel is launched right behind it, *gated*
-(it reads the flag first and computes nothing when it is set); the flag's copy to the host is
-queued between the two, so the host waits for the check alone, while the attention kernel
-already sits in the queue. A flag that is set makes dispatch run the host checks, which raise
-the same ``ValueError`` as ever; the gated kernel wrote nothing and read no index.
+one kernel that sets a flag; the attention kernel is launched right behind it, *gated* (it reads
+the flag first and computes nothing when it is set), and an event behind the check, so the host
+waits for the check alone, while the attention kernel already sits in the queue. A flag that is
+set makes dispatch run the host checks, which raise the same ``ValueError`` as ever; the gated
+kernel wrote nothing and read no index.
+
+On a GPU the flag is a word of pinned host memory, which the check writes and the gated kernel
+reads through the device's mapping of it, and the host reads after the event: the check and the
+attention kernel are then the only work a validated call adds to the stream. A flag in device
+memory needed a fill before the check and a copy to the host between the two kernels, each one
+more operation the stream runs in turn. One word per thread and stream, zeroed by the host before
+each check: the call before on the same thread and stream has had its verdict read (its event
+waited for) and, when the flag was set, its gated kernel run (the stream waited for), so no kernel
+still to read the word sees the new call's verdict.
 
 The conditions are exactly the validator's value checks (``common/ops/sparse_mla.py``:
 ``validate``); the shape, dtype and device checks stay on the host, before anything launches.
@@ -105,44 +114,78 @@ def flat(indices: torch.Tensor) -> bool:
 
 
 class Gate:
-    """One validated call's device check: ``flag`` (int32 [1] on the call's device) for the gated
-    kernel; :meth:`failed` waits for the check (not for what was queued after it) and says
-    whether a value is out of range."""
+    """One validated call's device check: ``flag`` (int32 [1]: on a GPU, the pinned host word the
+    check writes, for the gated kernel) and :meth:`failed`, which waits for the check (not for
+    what was queued after it) and says whether a value is out of range."""
 
-    __slots__ = ("flag", "_host", "_event")
+    __slots__ = ("flag", "_slot", "_done")
 
-    def __init__(self, flag: torch.Tensor, host: torch.Tensor | None, event):
-        self.flag, self._host, self._event = flag, host, event
+    def __init__(self, flag: torch.Tensor, slot: "_Slot | None"):
+        self.flag, self._slot, self._done = flag, slot, None
 
     def failed(self) -> bool:
-        if self._event is None:  # CPU tensors: the check ran before this returns
-            return bool(self.flag.item())
-        self._event.synchronize()
-        return bool(self._host.item())
+        if self._done is None:
+            if self._slot is None:  # CPU tensors: the check ran before this returns
+                self._done = bool(self.flag.item())
+            else:
+                self._done = self._slot.verdict()
+        return self._done
+
+
+class _Slot:
+    """A thread's pinned host word for one device and stream, the event behind its last check,
+    and that check's gate while its verdict is unread."""
+
+    __slots__ = ("word", "view", "event", "stream", "pending")
+
+    def __init__(self, stream):
+        self.word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self.view = self.word.numpy()  # the host's reads and writes of the word, without a torch op
+        self.event, self.stream, self.pending = torch.cuda.Event(), stream, None
+
+    def verdict(self) -> bool:
+        self.pending = None
+        self.event.synchronize()
+        if self.view[0] == 0:
+            return False
+        # the gated kernel queued after the check reads the word too: it must have run before a
+        # later check on this slot zeroes the word
+        self.stream.synchronize()
+        return True
 
 
 _local = threading.local()
 
 
-def _staging(device: torch.device):
-    """This thread's pinned host word and event for ``device`` (reused: a call waits for its
-    copy before it returns, so a thread has at most one in flight)."""
-    cache = getattr(_local, "staging", None)
+def _slot(device: torch.device) -> _Slot:
+    """This thread's slot for ``device`` and its current stream; a verdict left unread there (a
+    call that stopped between its check and its wait) is read first."""
+    stream = torch.cuda.current_stream(device)
+    cache = getattr(_local, "slots", None)
     if cache is None:
-        cache = _local.staging = {}
-    got = cache.get(device)
-    if got is None:
-        got = cache[device] = (torch.empty(1, dtype=torch.int32, pin_memory=True), torch.cuda.Event())
-    return got
+        cache = _local.slots = {}
+    key = (device.index, stream.cuda_stream)
+    slot = cache.get(key)
+    if slot is None:
+        slot = cache[key] = _Slot(stream)
+    elif slot.pending is not None:
+        slot.pending.failed()
+    return slot
 
 
 def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=None, return_lse=True) -> Gate:
-    """Launch the value checks of this (shape-validated) ``sparse_mla`` call into a fresh device
-    flag and queue the flag's copy to the host; the op's signature (``OpSpec.gate``)."""
+    """Launch the value checks of this (shape-validated) ``sparse_mla`` call into this thread's
+    flag for the current stream (a fresh one on the CPU) and record an event behind them; the op's
+    signature (``OpSpec.gate``)."""
     T, K = indices.shape
     H = q.shape[1]
     num_rows = kv.shape[0] if kv_format == ROWS else _records.num_slots(kv)
-    flag = torch.zeros(1, dtype=torch.int32, device=indices.device)
+    slot = _slot(indices.device) if indices.is_cuda else None
+    if slot is None:
+        flag = torch.zeros(1, dtype=torch.int32, device=indices.device)
+    else:
+        slot.view[0] = 0
+        flag = slot.word
     has_sink = sink is not None
     if T > 0 or has_sink:  # no token: program 0 still checks the sink (the validator does)
         s = sink if has_sink else lens
@@ -156,9 +199,8 @@ def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=
                lens, s, flag, T, K, H,
                indices.stride(0), indices.stride(1), lens.stride(0), s.stride(0), num_rows,
                has_sink, BLOCK_T, BLOCK_K, BLOCK_H)
-    if flag.device.type != "cuda":
-        return Gate(flag, None, None)
-    host, event = _staging(flag.device)
-    host.copy_(flag, non_blocking=True)
-    event.record(torch.cuda.current_stream(flag.device))
-    return Gate(flag, host, event)
+    if slot is None:
+        return Gate(flag, None)
+    slot.event.record(slot.stream)
+    slot.pending = Gate(flag, slot)
+    return slot.pending

@@ -559,9 +559,9 @@ def _meta(has_sink: bool, wide: bool, gated: bool = False) -> dict:
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, gate=None):
     """``(out [T, H, d_v] q.dtype, lse [T, H] fp32)`` through the persistent warp-specialised
-    kernel (variant ``gluon_ws``): same signature and semantics as the reference. ``gate``: a
-    device int32 flag written by the call's device check before this launch (nonzero: compute
-    nothing; see :mod:`swa_backends.kernels.sparse_mla_check`)."""
+    kernel (variant ``gluon_ws``): same signature and semantics as the reference. ``gate``: an
+    int32 flag the device reads (a pinned host word), written by the call's device check before
+    this launch (nonzero: compute nothing; see :mod:`swa_backends.kernels.sparse_mla_check`)."""
     return _shared.run("gluon_ws", _sparse_mla_gluon_ws_fwd, _meta(sink is not None, wide_gathers(kv), gate is not None),
                        True, q, kv, indices, lens, sm_scale, d_v, sink, _BUILT, gate=gate)
 

@@ -206,6 +206,36 @@ def test_a_kernel_that_fails_to_build_is_a_reason_and_the_next_variant_runs(mods
     warnings.resetwarnings()
 
 
+def test_gate_flag_is_one_host_word_per_thread_and_stream(mods, cache):
+    """The device check's flag is a pinned host word the gated kernel reads, one per thread and
+    stream: consecutive checks on a stream share it, another stream has its own. A check whose
+    verdict was never read (a call that stopped between its check and its wait) is read by the
+    next check on that word before the word is zeroed: the bad one still reports its failure, the
+    gated kernel behind it ran before the word changed, and the next check's verdict is its own."""
+    from swa_backends.kernels import sparse_mla_check as chk
+
+    ws = mods["gluon_ws"]
+    args, kw = case(cache, 300, 128, 640, torch.bfloat16, sink=True, seed=31)
+    q, kv, idx, lens, scale, dv = args
+    bad_idx = idx.clone()
+    bad_idx[299, 639] = 2**31 - 1  # terabytes past the cache: a gated kernel that read it would fault
+    first = chk.gate(*args, **kw)
+    assert first.flag.device.type == "cpu" and first.flag.is_pinned() and not first.failed()
+    bad = chk.gate(q, kv, bad_idx, lens, scale, dv, **kw)
+    assert bad.flag.data_ptr() == first.flag.data_ptr()  # the same word: the stream did not change
+    ws.sparse_mla(q, kv, bad_idx, lens, scale, dv, gate=bad.flag, **kw)  # computes nothing
+    good = chk.gate(*args, **kw)  # reads the bad verdict first, then zeroes the word
+    got = ws.sparse_mla(*args, gate=good.flag, **kw)
+    assert bad.failed() and not good.failed()
+    check(got, args, kw)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        other = chk.gate(q, kv, bad_idx, lens, scale, dv, **kw)
+        assert other.flag.data_ptr() != good.flag.data_ptr() and other.failed()
+    torch.cuda.synchronize()
+    assert not chk.gate(*args, **kw).failed()  # the default stream's word, zeroed again
+
+
 def test_validated_default_call_is_gated(mods, cache):
     """The validated default call (``select("cuda")``) on a gluon_ws call: its value checks run on
     the device ahead of the kernel (gated), with the unvalidated call's results; a poisoned
