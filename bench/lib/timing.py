@@ -244,8 +244,8 @@ def event_ms(fn: Callable, *, reps: int = 3, warmup: int = 1) -> float:
 def interleaved_ms(fns: dict, rounds: int, *, lead_cycles: int = LEAD_CYCLES, calls: int = 1) -> dict:
     """Median device ms per call of each callable, every callable in turn once per round, after a
     GPU sleep of ``lead_cycles`` (its launch work queued before the device starts); the order
-    rotates each round, so no callable always runs after the same ones (on the H200 the last of a
-    round of 10 ms calls measured up to 4.5% slower than in other runs). ``calls``:
+    rotates each round, so no callable always runs right after the same ones (a device warmed or
+    throttled by the calls before it would otherwise bias the same callable every round). ``calls``:
     that many calls back to back between the round's two events (ms per call: the span over
     ``calls``), so that from the second call on the host works while the device does: what a
     caller timing a loop sees, host work longer than a call included."""
