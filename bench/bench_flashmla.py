@@ -23,7 +23,7 @@ TFLOP/s = 2*T*H*K*(D_qk + d_v) / time. The paths of a cell are timed in interlea
 device behind the host, so host overhead is not counted; the median per path:
 ``lib.timing.interleaved_ms``), so a slow stretch of
 the machine hits every path alike and the ratios compare like with like. The sleep is set per cell to
-twice the slowest path's host work (``host_us``: one call on an idle device until it returns; at least
+four times the slowest path's host work (``host_us``: one call on an idle device until it returns; at least
 about 0.5 ms; ``lead_cycles``): the validated call's host checks and its wait for the device check
 take 0.4-0.7 ms on the H200's host, longer than a fixed 0.5 ms sleep, and a sleep shorter than a
 path's host work counts part of that work as device time. The default call, unvalidated and
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     result = {"meta": {**results.machine(dev), "cells": "H x K x T x cache rows", "unavailable": reasons,
                        "default_chain": list(backend.variants["sparse_mla"]), "variants": files, "smoke": args.smoke,
                        "method": "paths interleaved per cell, one call each per round after a GPU sleep, CUDA events, "
-                                 "median per path (lib/timing.py interleaved_ms); the sleep per cell twice the slowest "
+                                 "median per path (lib/timing.py interleaved_ms); the sleep per cell four times the slowest "
                                  f"path's host work (host_us, lead_cycles); the default pair also as a loop of {LOOP_CALLS} "
                                  "calls (loop_ms)"},
               "checks": {}, "cells": []}

@@ -12,7 +12,7 @@ most 2x the unvalidated one's.
 
 * **sparse MLA**, per cell, ``speed = unvalidated time / validated time`` two ways, both through
   ``swa_backends.select(device).sparse_mla``: ``device``, CUDA events around one call after a GPU
-  sleep that keeps the device behind the host (twice the slower call's host work, measured per
+  sleep that keeps the device behind the host (four times the slower call's host work, measured per
   cell: so the time is the device's, and a validated call's read, which makes the device wait for
   the host, is inside it), median of interleaved rounds; and
   ``loop``, back-to-back calls timed on the host over a round (what a user who times the op as it

@@ -15,7 +15,7 @@ the gated kernel behind it and waits for the check's verdict. Timed per cell in 
   not): the same with that check, to compare a change of the check in the same rounds;
 * ``validated``: the same default call with validation on, as it comes.
 
-These rounds run after a GPU sleep longer than twice the slowest path's host work, measured first
+These rounds run after a GPU sleep of four times the slowest path's host work, measured first
 (``host_us``: one call on an idle device, until it returns; ``lib.timing.lead_cycles_for``), so
 that no host work shows. Then ``unvalidated`` and ``validated`` again, twice: after
 ``bench_flashmla.py``'s fixed sleep (``lib.timing.LEAD_CYCLES``, about 0.5 ms; ``*_lead05``), and as

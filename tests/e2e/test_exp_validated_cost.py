@@ -61,10 +61,10 @@ def test_without_a_gpu_it_stops_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_lead_covers_twice_the_host_work_and_never_less_than_the_fixed_sleep():
+def test_lead_covers_four_times_the_host_work_and_never_less_than_the_fixed_sleep():
     assert tm.lead_cycles_for(0.0) == tm.LEAD_CYCLES
-    assert tm.lead_cycles_for(100.0) == tm.LEAD_CYCLES  # 0.4M cycles: under the fixed sleep
-    assert tm.lead_cycles_for(1000.0) == 2 * 1000 * tm.CYCLES_PER_US
+    assert tm.lead_cycles_for(100.0) == tm.LEAD_CYCLES  # 0.8M cycles: under the fixed sleep
+    assert tm.lead_cycles_for(1000.0) == 4 * 1000 * tm.CYCLES_PER_US
 
 
 def test_interleaved_ms_refuses_a_loop_of_no_calls():
