@@ -25,7 +25,7 @@ device behind the host, so host overhead is not counted; the median per path:
 the machine hits every path alike and the ratios compare like with like. The sleep is set per cell to
 four times the slowest path's host work (``host_us``: one call on an idle device until it returns; at least
 about 0.5 ms; ``lead_cycles``): the validated call's host checks and its wait for the device check
-take 0.4-0.7 ms on the H200's host, longer than a fixed 0.5 ms sleep, and a sleep shorter than a
+take 0.2-0.7 ms on the H200's host (a median; single calls twice that), up to longer than a fixed 0.5 ms sleep, and a sleep shorter than a
 path's host work counts part of that work as device time. The default call, unvalidated and
 validated, is also timed as a loop of 8 calls a round (``loop_ms``, ms per call: from the second
 call on the host works while the device does, as a caller timing a loop sees it). Every path is first
