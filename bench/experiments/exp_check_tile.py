@@ -9,8 +9,9 @@ at T 4K: fewer than the H200's SMs, each waiting on one load per column tile in 
 grid of 16 x 256 tiles, one load each. Per ``bench_flashmla.py`` cell shape (T 4K / 16K, K 640 /
 1152, H 128 sink; the check reads only indices, lengths and sink): first each module's verdict on
 valid indices and on one bad index, length and sink; then the device µs of one ``gate()`` (the
-flag's fill, the check, the flag's copy to the host), L2 flushed and warm, in interleaved rounds
-(``lib.timing.gpu_pair_rounds``), beside the bytes the check reads over that time.
+check and an event behind it; before b0abf50 also the flag's fill and its copy to the host), L2
+flushed and warm, in interleaved rounds (``lib.timing.gpu_pair_rounds``), beside the bytes the
+check reads over that time.
 
 Writes ``exp_check_tile.json`` under ``--out``; prints a line per check and cell.
 """

@@ -4,8 +4,8 @@ grid (issue 38: the validated call at >= 0.97x the unvalidated one in every cell
     . bench/gpu_env.sh && python3 bench/experiments/exp_validated_cost.py --out $OUT [--check LABEL=FILE ...]
 
 A validated call picked for the gated ``gluon_ws`` (``kernels/sparse_mla_check.py``) runs its host
-checks, launches the device check (the flag's fill, the check, the flag's copy to the host), launches
-the gated kernel behind it and waits for the check's verdict. Timed per cell in interleaved rounds
+checks, launches the device check (and an event behind it), launches the gated kernel behind it and
+waits for the check's verdict. Timed per cell in interleaved rounds
 (``lib.timing.interleaved_ms``), each path once per round, every call of the cell on the same inputs:
 
 * ``unvalidated``: ``select(device).sparse_mla`` with validation off (the hot path);
