@@ -38,7 +38,6 @@ the table prints last, with each path's ratio to FlashMLA direct.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -302,7 +301,7 @@ def print_validated(result: dict) -> None:
     """The validated default call against the unvalidated one: min, geometric mean, cells below the goal."""
     for key, vals in validated_speeds(result).items():
         if vals:
-            gm = math.exp(sum(map(math.log, vals)) / len(vals))
+            gm = results.gmean(vals)
             print(f"validated / unvalidated default call ({key}): min {min(vals):.3f}, gm {gm:.3f}, "
                   f"{sum(v < VALIDATED_GOAL for v in vals)} of {len(vals)} cells below {VALIDATED_GOAL}")
 
@@ -318,7 +317,7 @@ def print_variants(result: dict) -> None:
                 rs = [r["tflops"][n] / r["tflops"][base] for r in result["cells"]
                       if pick(r) and n in r["tflops"] and r["tflops"].get(base)]
                 if rs:
-                    gm = math.exp(sum(map(math.log, rs)) / len(rs))
+                    gm = results.gmean(rs)
                     parts.append(f"/{base} {cls} min {min(rs):.3f} gm {gm:.3f}")
         print(f"{n}: " + "; ".join(parts))
 

@@ -31,7 +31,6 @@ gated), ``host and wait`` (validated - check+gated). Writes ``exp_validated_cost
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -158,7 +157,7 @@ def main(argv=None) -> int:
     for t in TIMINGS:
         vals = [r["speed"][t] for r in timed if t in r["speed"]]
         if vals:
-            result[f"speed {t}"] = {"min": min(vals), "gm": math.exp(sum(map(math.log, vals)) / len(vals)),
+            result[f"speed {t}"] = {"min": min(vals), "gm": results.gmean(vals),
                                     "cells below goal": sum(v < GOAL for v in vals)}
             log(f"speed {t}: min {min(vals):.3f}, geometric mean {result[f'speed {t}']['gm']:.3f}, "
                 f"{result[f'speed {t}']['cells below goal']} of {len(vals)} cells below {GOAL}")

@@ -26,7 +26,6 @@ sleep. Writes ``exp_ws_floor.json`` under ``--out``; prints a line per cell and 
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 import tempfile
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
             f" overlap {row['overlap']:.3f}")
     for key in ("ws/flashmla", "floor/flashmla", "overlap"):
         vals = [r[key] for r in result["cells"]]
-        result[f"gm {key}"] = math.exp(sum(map(math.log, vals)) / len(vals))
+        result[f"gm {key}"] = results.gmean(vals)
         log(f"geometric mean {key}: {result[f'gm {key}']:.3f}")
     results.write_json(args.out / "exp_ws_floor.json", result)
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -20,6 +21,14 @@ import torch
 
 #: the repository root (this file is bench/lib/results.py)
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def gmean(values) -> float:
+    """Geometric mean of positive ``values`` (the ratios a summary averages)."""
+    values = list(values)
+    if not values:
+        raise ValueError("values: empty; expected at least one ratio")
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def log(*a) -> None:

@@ -193,3 +193,10 @@ def test_no_benchmark_imports_another_and_each_uses_the_library():
             assert "lib" in imported, f"{path.relative_to(ROOT)} does not use bench/lib"
     for path in (BENCH / "lib").glob("*.py"):
         assert not _imported_modules(path) & scripts, path.name
+
+
+def test_gmean_is_the_geometric_mean_and_refuses_nothing_to_average():
+    assert results.gmean([2.0, 8.0]) == pytest.approx(4.0)
+    assert results.gmean(iter([0.97])) == pytest.approx(0.97)
+    with pytest.raises(ValueError, match="values: empty"):
+        results.gmean([])
