@@ -23,10 +23,11 @@ TFLOP/s = 2*T*H*K*(D_qk + d_v) / time. The paths of a cell are timed in interlea
 device behind the host, so host overhead is not counted; the median per path:
 ``lib.timing.interleaved_ms``), so a slow stretch of
 the machine hits every path alike and the ratios compare like with like. The sleep is set per cell to
-four times the slowest path's host work (``host_us``: one call on an idle device until it returns; at least
-about 0.5 ms; ``lead_cycles``): the validated call's host checks and its wait for the device check
-take 0.2-0.7 ms on the H200's host (a median; single calls twice that), up to longer than a fixed 0.5 ms sleep, and a sleep shorter than a
-path's host work counts part of that work as device time. The default call, unvalidated and
+four times the slowest path's host work (``host_us``: one call on an idle device until it returns;
+at least about 0.5 ms; ``lead_cycles``): the validated call's host checks and its wait for the
+device check take 0.2-0.7 ms on the H200's host (medians; single calls up to twice that), often
+longer than a fixed 0.5 ms sleep, and a sleep shorter than a path's host work counts part of that
+work as device time. The default call, unvalidated and
 validated, is also timed as a loop of 8 calls a round (``loop_ms``, ms per call: from the second
 call on the host works while the device does, as a caller timing a loop sees it). Every path is first
 checked against the fp32 torch reference on PAD patterns (holes inside the length, short and
@@ -213,9 +214,8 @@ def main(argv=None) -> int:
         calls = {n: (lambda f=f: f(q, kv, idx, lens, scale, sink)) for n, f in ready.items()}
         # the sleep ahead of each timed call outlasts every path's host work, measured here: the validated
         # call's host checks and its wait for the device check take longer than the fixed sleep
-        row["host_us"] = {n: v["host"] for n, v in tm.one_call_us({n: (lambda c=c: c) for n, c in calls.items()},
-                                                                   HOST_ROUNDS).items()}
-        lead = row["lead_cycles"] = tm.lead_cycles_for(max(row["host_us"].values(), default=0.0))
+        row["host_us"], lead = tm.host_lead(calls, HOST_ROUNDS)
+        row["lead_cycles"] = lead
         for name, ms in tm.interleaved_ms(calls, args.reps, lead_cycles=lead).items():
             row["ms"][name], row["tflops"][name] = ms, tflops(T, H, K, D, DV, ms)
         if all(n in calls for n in DEFAULT_PAIR):  # the default call in a loop, validated and not

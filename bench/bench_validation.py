@@ -144,8 +144,7 @@ def sparse_mla_cells(be, dev, cells, rounds: int, per_round: int) -> list[dict]:
                "same_result": why is None, "why": why, "reads": reads, "read_what": what,
                "loop_ms": loop, "loop_speed": loop["unvalidated"] / loop["validated"]}
         if dev.type == "cuda":  # after a sleep longer than either call's host work (bench_flashmla's method)
-            host = tm.one_call_us({n: (lambda c=c: c) for n, c in calls.items()}, 5)
-            ev = tm.interleaved_ms(calls, rounds, lead_cycles=tm.lead_cycles_for(max(v["host"] for v in host.values())))
+            ev = tm.interleaved_ms(calls, rounds, lead_cycles=tm.host_lead(calls)[1])
             row["device_ms"], row["device_speed"] = ev, ev["unvalidated"] / ev["validated"]
         rows.append(row)
         log(f"sparse_mla H {H:>3} K {K:>4} T {T:>5} S {S:>7} ({row['variant']}): loop {row['loop_speed']:.3f}x"

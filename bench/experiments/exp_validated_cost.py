@@ -16,7 +16,7 @@ waits for the check's verdict. Timed per cell in interleaved rounds
 * ``validated``: the same default call with validation on, as it comes.
 
 These rounds run after a GPU sleep of four times the slowest path's host work, measured first
-(``host_us``: one call on an idle device, until it returns; ``lib.timing.lead_cycles_for``), so
+(``host_us``: one call on an idle device, until it returns; ``lib.timing.host_lead``), so
 that no host work shows. Then ``unvalidated`` and ``validated`` again, twice: after
 ``bench_flashmla.py``'s fixed sleep (``lib.timing.LEAD_CYCLES``, about 0.5 ms; ``*_lead05``), and as
 a loop of ``--calls`` calls back to back between two events (``*_loop``, ms per call: a host that
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
             continue
         torch.cuda.synchronize()
         pair = {n: fns[n] for n in ("unvalidated", "validated")}
-        row["host_us"] = tm.one_call_us({n: (lambda f=f: f) for n, f in fns.items()}, args.reps)
-        lead = tm.lead_cycles_for(max(v["host"] for v in row["host_us"].values()))
+        row["host_us"], lead = tm.host_lead(fns, args.reps)
         row["lead_cycles"] = lead
         ms = tm.interleaved_ms(fns, args.reps, lead_cycles=lead)
         ms.update({f"{n}_lead05": v for n, v in tm.interleaved_ms(pair, args.reps).items()})
@@ -150,8 +149,8 @@ def main(argv=None) -> int:
         log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7} ({row['variant']}): speed "
             + " ".join(f"{t} {v:.3f}" for t, v in row["speed"].items()) + "; us: "
             + ", ".join(f"{k} {v:+.1f}" for k, v in row["split_us"].items())
-            + f"; host us unvalidated {row['host_us']['unvalidated']['host']:.0f}, validated "
-            f"{row['host_us']['validated']['host']:.0f}")
+            + f"; host us unvalidated {row['host_us']['unvalidated']:.0f}, validated "
+            f"{row['host_us']['validated']:.0f}")
         results.write_json(args.out / "exp_validated_cost.json", result)
     timed = [r for r in result["cells"] if "speed" in r]
     for t in TIMINGS:

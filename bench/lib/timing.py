@@ -11,9 +11,9 @@ events by keeping the device busy while the host enqueues):
 * :func:`graph_us` -- per call, ``calls`` calls captured in one CUDA graph and replayed.
 * :func:`event_ms` -- events around each call with nothing before it (long calls: prefill).
 * :func:`interleaved_ms` -- several callables, one call of each per round (the order rotating)
-  after a GPU sleep, median per callable: a slow stretch of the machine hits all alike (``calls``: a loop of that
-  many calls per round instead; :func:`lead_cycles_for`: a sleep long enough for a given host
-  work).
+  after a GPU sleep, median per callable: a slow stretch of the machine hits all alike
+  (``calls``: a loop of that many calls per round instead; :func:`host_lead`: each callable's
+  host time and a sleep long enough for the slowest).
 * :func:`copy_us` -- a device-to-device copy of the same bytes: the bandwidth baseline.
 
 Host time (``time.perf_counter``):
@@ -267,6 +267,14 @@ def interleaved_ms(fns: dict, rounds: int, *, lead_cycles: int = LEAD_CYCLES, ca
             e.synchronize()
             times[name].append(s.elapsed_time(e) / calls)
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+def host_lead(fns: dict, rounds: int = 5) -> tuple[dict, int]:
+    """``({name: host µs}, lead cycles)``: each callable's host time (one call on an idle device
+    until it returns, median of ``rounds``: :func:`one_call_us`) and :func:`lead_cycles_for` the
+    slowest, the sleep to put ahead of each of them in :func:`interleaved_ms`."""
+    host = {n: v["host"] for n, v in one_call_us({n: (lambda f=f: f) for n, f in fns.items()}, rounds).items()}
+    return host, lead_cycles_for(max(host.values(), default=0.0))
 
 
 def lead_cycles_for(host_us: float) -> int:

@@ -200,3 +200,22 @@ def test_gmean_is_the_geometric_mean_and_refuses_nothing_to_average():
     assert results.gmean(iter([0.97])) == pytest.approx(0.97)
     with pytest.raises(ValueError, match="values: empty"):
         results.gmean([])
+
+
+def test_host_lead_times_each_callable_and_sleeps_for_the_slowest(monkeypatch):
+    monkeypatch.setattr(tm, "one_call_us", lambda prepares, rounds: {
+        n: {"host": {"fast": 50.0, "slow": 1000.0}[n], "wall": 0.0} for n in prepares})
+    host, lead = tm.host_lead({"fast": lambda: None, "slow": lambda: None})
+    assert host == {"fast": 50.0, "slow": 1000.0}
+    assert lead == tm.lead_cycles_for(1000.0) == 4 * 1000 * tm.CYCLES_PER_US
+    assert tm.host_lead({}) == ({}, tm.LEAD_CYCLES)
+
+
+def test_host_lead_calls_each_callable(monkeypatch):
+    counters = {"a": Counter(), "b": Counter()}
+    previous = tm.set_smoke(True)
+    try:
+        host, lead = tm.host_lead(counters, rounds=3)
+    finally:
+        tm.set_smoke(previous)
+    assert set(host) == {"a", "b"} and all(c.calls == 1 for c in counters.values()) and lead >= tm.LEAD_CYCLES
