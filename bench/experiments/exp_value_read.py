@@ -36,6 +36,14 @@ made outside the timing), per metadata op at ``bench_validation.py``'s serving-s
   left its verdict in host memory, its checks costing nothing (no check launch, no copy). No design
   that raises the ``ValueError`` before the call returns and skips repeated host checks by a memo
   goes below it.
+* ``fused_mapped``: the same floor with the wait of ``gated_floor_mapped``: the memo's key and lookup,
+  the unvalidated call, then a one-program kernel queued behind it that writes a word into mapped
+  pinned host memory, which the host polls (an event's wait replaced by a poll of host memory).
+  ``word_launch``: that kernel's launch alone, the part a fused design would not pay (its own kernel
+  would write the word last): ``fused_mapped - word_launch`` is that design's floor;
+  ``wait_mapped``: ``fused_mapped`` without the key (no memo: the call and the wait alone);
+  ``off_same``: the unvalidated call on the same arguments as these floors (``off`` makes fresh
+  copies of them before each call, outside the timing).
 
 And the primitives: a read of a few bytes (``.cpu()``); the reader on one whole and one reduced
 piece, split into its plan, its launch and its copy; ``torch.aminmax`` of 20K int32; ``torch.cat``
@@ -221,13 +229,22 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         row["gated_floor_ratio"] = row["gated_floor"] / row["off"]
         row["gated_floor_mapped_ratio"] = row["gated_floor_mapped"] / row["off"]
         row["fused_floor_ratio"] = row["fused_floor"] / row["off"]
+        # the fused design with the polled word, less the word's own launch (its kernel would write it)
+        row["fused_mapped_floor"] = row["fused_mapped"] - row["word_launch"]
+        for name in ("fused_mapped", "wait_mapped", "fused_mapped_floor"):
+            row[f"{name}_ratio"] = row[name] / row["off"]
+            row[f"{name}_ratio_same"] = row[name] / row["off_same"]
         out[op] = row
         print(f"{op:<24} off {row['off']:7.1f}  reader {row['reader']:7.1f} ({row['reader_ratio']:5.2f}x)  torch "
               f"{row['torch']:7.1f} ({row['torch_ratio']:5.2f}x)  host checks {row['host_checks']:7.1f}  no read "
               f"{row['no_read']:7.1f}  in the read {row['in_read']:7.1f}  key {row['key']:5.1f}  gated floor "
               f"{row['gated_floor']:7.1f} ({row['gated_floor_ratio']:4.2f}x)  mapped {row['gated_floor_mapped']:7.1f} "
               f"({row['gated_floor_mapped_ratio']:4.2f}x)  fused {row['fused_floor']:7.1f} "
-              f"({row['fused_floor_ratio']:4.2f}x) us", flush=True)
+              f"({row['fused_floor_ratio']:4.2f}x)  off same {row['off_same']:6.1f}  fused mapped "
+              f"{row['fused_mapped']:6.1f} ({row['fused_mapped_ratio']:4.2f}x)  less its launch "
+              f"{row['fused_mapped_floor']:6.1f} ({row['fused_mapped_floor_ratio']:4.2f}x, same args "
+              f"{row['fused_mapped_floor_ratio_same']:4.2f}x)  wait alone {row['wait_mapped']:6.1f} "
+              f"({row['wait_mapped_ratio']:4.2f}x) us", flush=True)
     return out
 
 
@@ -259,7 +276,8 @@ _WORD = Kernel(_store_word, name="exp_value_read.store_word")
 
 
 def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dict:
-    """``{"gated_floor": us, "gated_floor_mapped": us, "fused_floor": us, "key": us}``: see the module docstring. On
+    """``{"gated_floor": us, "gated_floor_mapped": us, "fused_floor": us, "fused_mapped": us, "wait_mapped": us,
+    "off_same": us, "word_launch": us, "key": us}``: see the module docstring. On
     the CPU (``--smoke``) the wiring alone: the host's tensors are read in place, so nothing
     launches, and the word is copied without an event."""
     from swa_backends.kernels import value_read
@@ -306,6 +324,31 @@ def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dic
                     return
             raise RuntimeError("the device never wrote the host word")
 
+    spare = torch.zeros(1, dtype=torch.int64, pin_memory=gpu)
+
+    def done_word():  # the call's completion, seen as a word the device writes into host memory
+        seq[0] += 1
+        _WORD((), (1, 1, 1), host, seq[0])
+        for _ in range(10_000_000):
+            if seen[0] == seq[0]:
+                return
+        raise RuntimeError("the device never wrote the host word")
+
+    def fused_mapped():
+        with sb.validation(False):
+            memo.get(metadata_key(args, kwargs))
+            fn(*args, **kwargs)
+            done_word()
+
+    def wait_mapped():
+        with sb.validation(False):
+            fn(*args, **kwargs)
+            done_word()
+
+    def off_same():
+        with sb.validation(False):
+            fn(*args, **kwargs)
+
     def fused():  # the op's own kernel as the check: nothing ahead of it, its completion waited for
         with sb.validation(False):
             memo.get(metadata_key(args, kwargs))
@@ -314,11 +357,12 @@ def gated_floor_us(be, op: str, spec, args, kwargs, reps: int, gpu: bool) -> dic
                 event.record()
                 event.synchronize()
 
-    call()
-    mapped()
-    fused()
+    for f in (call, mapped, fused, fused_mapped, wait_mapped):
+        f()
     return {"gated_floor": med_us(call, reps, gpu), "gated_floor_mapped": med_us(mapped, reps, gpu),
-            "fused_floor": med_us(fused, reps, gpu),
+            "fused_floor": med_us(fused, reps, gpu), "fused_mapped": med_us(fused_mapped, reps, gpu),
+            "wait_mapped": med_us(wait_mapped, reps, gpu), "off_same": med_us(off_same, reps, gpu),
+            "word_launch": med_us(lambda: _WORD((), (1, 1, 1), spare, 0), reps, gpu),
             "key": med_us(lambda: metadata_key(args, kwargs), reps, gpu, sync=False)}
 
 
