@@ -60,6 +60,8 @@ SMOKE_CHECK = {"H": (16,), "T": 20, "K": 64, "rows": 1024}
 SMOKE_CELLS = [(16, 64, 8, 1024)]
 #: the default call unvalidated and validated: also timed as a loop of LOOP_CALLS calls a round
 DEFAULT_PAIR = ("pack_default", "pack_default_validated")
+#: calls per round of the host timing back to back (host_loop_us)
+HOST_LOOP_CALLS = 10
 LOOP_CALLS = 8
 #: one call of each path on an idle device, this many times (median): the host work the sleep must outlast
 HOST_ROUNDS = 5
@@ -165,7 +167,8 @@ def main(argv=None) -> int:
                        "method": "paths interleaved per cell, one call each per round after a GPU sleep, CUDA events, "
                                  "median per path (lib/timing.py interleaved_ms); the sleep per cell four times the slowest "
                                  f"path's host work (host_us, lead_cycles); the default pair also as a loop of {LOOP_CALLS} "
-                                 "calls (loop_ms)"},
+                                 f"calls (loop_ms); host µs per call of each unvalidated path, {HOST_LOOP_CALLS} calls back "
+                                 f"to back, median of {HOST_ROUNDS} interleaved rounds (host_loop_us)"},
               "checks": {}, "cells": []}
     failed = False
     sb.set_validation(False)  # the hot path; pack_default_validated turns it on for its own calls
@@ -221,6 +224,10 @@ def main(argv=None) -> int:
         if all(n in calls for n in DEFAULT_PAIR):  # the default call in a loop, validated and not
             row["loop_ms"] = tm.interleaved_ms({n: calls[n] for n in DEFAULT_PAIR}, args.reps, lead_cycles=lead,
                                                calls=LOOP_CALLS)
+        # the host's own time per call, back to back (a caller's loop with the device behind it); not the
+        # validated call's, which waits for its device check, behind the calls queued before it
+        row["host_loop_us"] = tm.host_interleaved_us({n: f for n, f in calls.items() if n != DEFAULT_PAIR[1]},
+                                                     calls=HOST_LOOP_CALLS, rounds=HOST_ROUNDS)
         if "pack_default" in row["ms"]:
             row["default_variant"] = backend.variant_for("sparse_mla", q, kv, idx, lens, scale, DV, sink=sink)
         result["cells"].append(row)
@@ -231,6 +238,7 @@ def main(argv=None) -> int:
     plot(result, args.out / "bench_flashmla.png")
     print_table(result)
     print_validated(result)
+    print_host(result)
     print_variants(result)
     return 1 if failed else 0
 
@@ -304,6 +312,16 @@ def print_validated(result: dict) -> None:
             gm = results.gmean(vals)
             print(f"validated / unvalidated default call ({key}): min {min(vals):.3f}, gm {gm:.3f}, "
                   f"{sum(v < VALIDATED_GOAL for v in vals)} of {len(vals)} cells below {VALIDATED_GOAL}")
+
+
+def print_host(result: dict) -> None:
+    """Host µs per call back to back of each path against FlashMLA direct's: min / geometric mean / max."""
+    rows = [r["host_loop_us"] for r in result["cells"] if r.get("host_loop_us", {}).get("flashmla_direct")]
+    for n in sorted({n for h in rows for n in h if n != "flashmla_direct"}):
+        rs = [h[n] / h["flashmla_direct"] for h in rows if n in h]
+        us = [h[n] for h in rows if n in h]
+        print(f"host us per call, back to back, {n}: {min(us):.1f}-{max(us):.1f}; / flashmla_direct min "
+              f"{min(rs):.2f} gm {results.gmean(rs):.2f} max {max(rs):.2f}")
 
 
 def print_variants(result: dict) -> None:

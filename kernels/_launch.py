@@ -159,14 +159,18 @@ class Kernel:
     specialisation (constexprs + varying dtypes + declared alignments, and any compile
     option ``options`` reads from it), ``grid`` a 3-tuple, ``args`` every kernel parameter in
     order, constexprs included. ``options``: ``key -> {compile option: value}`` (e.g.
-    ``num_warps``) for the launch that compiles a key; None: Triton's defaults.
+    ``num_warps``) for the launch that compiles a key; None: Triton's defaults. ``by_name``:
+    the last parameters, which the first launch of a key passes by keyword: a Gluon kernel
+    declares ``num_warps`` as a constexpr parameter, and Triton takes the compile option of
+    that name only from a keyword.
     """
 
-    __slots__ = ("fn", "name", "options", "launches", "_compiled", "_direct", "_runtime")
+    __slots__ = ("fn", "name", "options", "by_name", "launches", "_compiled", "_direct", "_runtime")
 
-    def __init__(self, fn, name: str | None = None, options=None):
+    def __init__(self, fn, name: str | None = None, options=None, by_name: tuple[str, ...] = ()):
         self.fn = fn
         self.options = options
+        self.by_name = tuple(by_name)
         inner = getattr(fn, "fn", fn)
         self.name = name or f"{inner.__module__.rsplit('.', 1)[-1]}.{inner.__qualname__}"
         self.launches = 0  # every launch of this kernel in this process (tests count them)
@@ -204,7 +208,13 @@ class Kernel:
         self._first(key, grid, args)
 
     def _first(self, key: tuple, grid: tuple, args: tuple) -> None:
-        ck = self.fn[grid](*args, **self.options(key)) if self.options is not None else self.fn[grid](*args)
+        kwargs = self.options(key) if self.options is not None else {}
+        if self.by_name:
+            n = len(self.by_name)
+            kwargs = {**kwargs, **dict(zip(self.by_name, args[-n:]))}
+            ck = self.fn[grid](*args[:-n], **kwargs)
+        else:
+            ck = self.fn[grid](*args, **kwargs)
         LAUNCHED.add((self.name, key))
         if ck is None or not hasattr(ck, "packed_metadata"):  # the interpreter compiles nothing
             return
@@ -238,6 +248,24 @@ class Kernel:
         """Number of compiled variants Triton holds for this kernel (all devices)."""
         caches = getattr(self.fn, "device_caches", None)
         return sum(len(entry[0]) for entry in caches.values()) if caches else 0
+
+
+def specialization(args) -> tuple:
+    """A launch key part at least as fine as what Triton specialises a kernel's runtime arguments on,
+    for a kernel whose parameters keep Triton's defaults (:func:`jit` declares them otherwise):
+    per tensor its dtype and whether its address is 16-byte aligned, per ``int`` whether it is 1,
+    whether 16 divides it and whether it needs 64 bits, per other value its type (a float's value
+    is not specialised on). Finer than Triton's where a parameter is ``do_not_specialize``: more
+    keys, each still mapping to one compiled kernel."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif a.__class__ is int:
+            key.append((a == 1, a % 16 == 0, not -2**31 <= a < 2**31))
+        else:
+            key.append(a.__class__)
+    return tuple(key)
 
 
 def total_launches() -> int:

@@ -75,6 +75,29 @@ def test_ws_both_gather_widths(mods, cache, monkeypatch, H, K, wide):
         check(_run(mods, "gluon_ws", args, kw), args, kw)
 
 
+@pytest.mark.parametrize("which", VARIANTS)
+def test_each_launch_key_maps_to_one_compiled_kernel(mods, cache, monkeypatch, which):
+    """The Gluon kernels launch through the pack's ``Kernel`` (a compiled key's launcher, no
+    binding): with ``check_keys`` every launch takes Triton's path and fails if one of the pack's
+    keys (the meta and ``_launch.specialization``) met two compiled kernels; index widths with
+    and without 16 | K, with and without a sink, both gather widths; then the same calls through
+    the compiled launchers give the same results."""
+    from swa_backends.kernels import _launch
+
+    calls = []
+    for K in (640, 77, 128):
+        for sink in (False, True):
+            calls.append(case(cache, 300, 64, K, torch.bfloat16, sink=sink, seed=K + sink))
+    widths = (False, True) if which == "gluon_ws" else (None,)
+    for checked in (True, False):
+        monkeypatch.setattr(_launch, "check_keys", checked)
+        for wide in widths:
+            if wide is not None:
+                monkeypatch.setattr(mods["gluon_ws"], "wide_gathers", lambda kv, wide=wide: wide)
+            for args, kw in calls:
+                check(_run(mods, which, args, kw), args, kw)
+
+
 def test_ws_gather_width_follows_the_cache_size(mods, cache):
     ws = mods["gluon_ws"]
     row = D * 2  # bf16 bytes per row

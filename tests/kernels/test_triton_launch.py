@@ -115,6 +115,77 @@ def test_compile_options_come_from_the_key_on_its_first_launch(kernel):
         _launch.KERNELS.pop("test_launch.fake_options", None)
 
 
+def test_parameters_by_name_go_by_keyword_on_the_first_launch_and_in_order_after(kernel):
+    """A Gluon kernel's constexprs (``num_warps`` among them, which Triton reads as the compile
+    option only from a keyword) are passed by name when a key compiles, with the key's compile
+    options; a compiled key's launcher gets them in place, as Triton's own launch binds them."""
+    from swa_backends.kernels import _launch
+
+    plain, jit, ck, _ = kernel
+    k = _launch.Kernel(jit, name="test_launch.fake_by_name", options=lambda key: {"maxnreg": key[-1]},
+                       by_name=("z_ptr", "BLOCK"))
+    k._runtime = plain._runtime
+    try:
+        x, y = torch.arange(4), torch.ones(3)
+        k(("a", 168), (2, 1, 1), x, 1, y, None, 64)
+        k(("a", 168), (3, 1, 1), x, 5, y, None, 64)
+        assert jit.slow_launches == [((2, 1, 1), (x, 1, y), {"maxnreg": 168, "z_ptr": None, "BLOCK": 64})]
+        assert ck.calls == [(3, 1, 1, 777, 1234, (4, 1, 0), None, None, None, x, 5, y, None, 64)]
+    finally:
+        _launch.KERNELS.pop("test_launch.fake_by_name", None)
+
+
+def test_a_constexpr_by_keyword_binds_in_declaration_order_and_sets_the_compile_option():
+    """What ``Kernel(by_name=...)`` assumes of the Triton this runs under (the vLLM stage's 3.8
+    too): a constexpr parameter given by keyword is bound in its place among the parameters, and
+    one named ``num_warps`` also sets that compile option."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime import jit
+
+    def probe(x_ptr, n, BLOCK: "tl.constexpr", num_warps: "tl.constexpr"):  # noqa: F821 - read as text
+        pass
+
+    probe = jit.JITFunction(probe)
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = jit.create_function_from_signature(probe.signature, probe.params, backend)
+    x = torch.empty(1)
+    bound, _, _ = binder(x, 3, BLOCK=64, num_warps=8)
+    assert list(bound) == ["x_ptr", "n", "BLOCK", "num_warps"] and list(bound.values())[1:] == [3, 64, 8]
+    assert backend.parse_options({"num_warps": 8, "BLOCK": 64}).num_warps == 8
+
+
+def test_specialization_is_at_least_as_fine_as_tritons():
+    """Two launches with one ``_launch.specialization`` key get one Triton specialisation (the
+    binder of the Triton this runs under, a kernel with Triton's default specialisation): over
+    tensors of each alignment and dtype, ints around 1, 16 and 2**31, floats, None."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime import jit
+
+    from swa_backends.kernels._launch import specialization
+
+    def probe(a_ptr, b_ptr, n, m, s):
+        pass
+
+    probe = jit.JITFunction(probe)
+    binder = jit.create_function_from_signature(probe.signature, probe.params, make_backend(GPUTarget("cuda", 90, 32)))
+    base = torch.zeros(64, dtype=torch.int32)
+    tensors = [base, base[1:], base[4:], base.view(torch.float32)[4:], torch.zeros(8, dtype=torch.bfloat16)[3:]]
+    ints = [0, 1, 2, 15, 16, 17, 32, 2**31 - 16, 2**31, 2**31 + 16, -16, -1]
+    seen: dict = {}
+    for a in tensors:
+        for b in (tensors[0], tensors[1], None):
+            for n in ints:
+                for m in (1, 16, 33):
+                    for s in (0.5, 1.0):
+                        args = (a, b, n, m, s)
+                        _, spec, _ = binder(*args)
+                        triton_key = repr(spec)
+                        assert seen.setdefault(specialization(args), triton_key) == triton_key, args
+    assert len(set(seen.values())) > 20  # the cases do reach many of Triton's specialisations
+
+
 def test_launch_hooks_get_launch_metadata(kernel):
     k, _, ck, hooks = kernel
     x, y = torch.arange(4), torch.ones(3)
