@@ -327,14 +327,8 @@ def _options(names: frozenset, key: tuple) -> dict:
     return {k: v for k, v in key[0] if k not in names}
 
 
-def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale, d_v, sink, out, lse,
-           *, warmup: bool = False, gate=None):
-    """Run (``warmup``: only compile, returning the compiled kernel) one of the two Gluon
-    kernels into ``out``/``lse``; both take the same runtime arguments, the persistent one
-    also the item count and a gate flag (``gate``; unread unless ``meta["GATED"]``: ``lens``
-    stands in). Inputs were validated and passed :func:`input_check`. A launch's key is the
-    meta (constexprs and compile options) and what Triton specialises the runtime arguments
-    on (:func:`~._launch.specialization`)."""
+def launch_args(persistent: bool, q, kv, indices, lens, sm_scale, sink, out, lse, gate=None) -> tuple[tuple, tuple]:
+    """``(runtime arguments, grid)`` of a launch of one of the two Gluon kernels (see :func:`launch`)."""
     T, H, D = q.shape
     num_hb = triton.cdiv(H, BLOCK_H)
     args = (q, kv, indices, lens, sink if sink is not None else lse, out, lse,
@@ -346,6 +340,18 @@ def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale,
         args = args + (T * num_hb, gate if gate is not None else lens)
         if q.is_cuda:  # offline compiles pass CPU tensors: the grid does not matter there
             grid = (max(1, min(T * num_hb, num_sms(cuda_index(q)))),)
+    return args, grid
+
+
+def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale, d_v, sink, out, lse,
+           *, warmup: bool = False, gate=None):
+    """Run (``warmup``: only compile, returning the compiled kernel) one of the two Gluon
+    kernels into ``out``/``lse``; both take the same runtime arguments, the persistent one
+    also the item count and a gate flag (``gate``; unread unless ``meta["GATED"]``: ``lens``
+    stands in). Inputs were validated and passed :func:`input_check`. A launch's key is the
+    meta (constexprs and compile options) and what Triton specialises the runtime arguments
+    on (:func:`~._launch.specialization`)."""
+    args, grid = launch_args(persistent, q, kv, indices, lens, sm_scale, sink, out, lse, gate)
     if warmup:
         return kernel.warmup(*args, grid=grid, **meta)
     k, names = _launcher(kernel)
