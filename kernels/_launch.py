@@ -52,6 +52,7 @@ launch takes Triton's path. Nothing here decorates a kernel or reads the environ
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 
@@ -266,6 +267,48 @@ def specialization(args) -> tuple:
         else:
             key.append(a.__class__)
     return tuple(key)
+
+
+_BY_META: dict = {}
+
+
+def _meta_kernel(fn) -> tuple[Kernel, tuple[str, ...], tuple]:
+    """The :class:`Kernel` over a JIT function launched by :func:`launch_meta`, the names of
+    its constexpr parameters (its last ones) and their defaults, made on first use."""
+    got = _BY_META.get(fn)
+    if got is None:
+        # the signature, not fn.params: the interpreter's function has none
+        params = list(inspect.signature(getattr(fn, "fn", fn)).parameters.values())
+        names = tuple(p.name for p in params if "constexpr" in str(p.annotation))
+        if tuple(p.name for p in params[len(params) - len(names):]) != names:
+            raise TypeError(f"launch_meta: {fn}: its constexpr parameters must come last")
+        defaults = tuple(p.default for p in params[len(params) - len(names):])
+        got = _BY_META[fn] = (Kernel(fn, options=functools.partial(_compile_options, frozenset(names)),
+                                     by_name=names), names, defaults)
+    return got
+
+
+def _compile_options(names: frozenset, key: tuple) -> dict:
+    """The compile options in a :func:`launch_meta` key: its meta's items that are no parameter."""
+    return {k: v for k, v in key[0] if k not in names}
+
+
+def launch_meta(fn, grid: tuple, args: tuple, meta: dict) -> None:
+    """Launch a JIT function whose parameters keep Triton's specialisation (a ``triton.jit`` or
+    ``gluon.jit`` kernel, not :func:`jit`'s) as ``fn[grid](*args, **meta)`` would, through
+    :class:`Kernel`: ``args`` its runtime arguments in order, ``meta`` its constexprs by name
+    (one left out takes its default) and its compile options (``num_warps``, ...). The key is
+    the meta's items and :func:`specialization` of ``args``, so a launch after a key's first
+    calls the compiled kernel's launcher, without Triton's per-call binding (bench/README.md,
+    "The default call's host time")."""
+    k, names, defaults = _meta_kernel(fn)
+    consts = []
+    for name, default in zip(names, defaults):
+        value = meta.get(name, default)
+        if value is inspect.Parameter.empty:
+            raise TypeError(f"launch_meta: {k.name}: constexpr {name} has no value and no default")
+        consts.append(value)
+    k((tuple(meta.items()), specialization(args)), (*grid, 1, 1)[:3], *args, *consts)
 
 
 def total_launches() -> int:

@@ -76,6 +76,7 @@ import triton.language as tl
 from ..common.errors import KernelUnavailable
 from ..common.ops import _records
 from ..common.types import head_block_items
+from ._launch import launch_meta
 
 LOG2E = 1.4426950408889634
 # Fixed when this module is imported, as Triton fixes it when the kernels are decorated. Triton 3.9's
@@ -812,7 +813,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
         if warmup:
             compiled.append(kernel.warmup(*a, grid=grid, **kw))
         else:
-            kernel[grid](*a, **kw)
+            launch_meta(kernel, grid, a, kw)
 
     # rows: the row stride; records: the block stride (bytes from one page to the next)
     stride_kv = kv.stride(0) if not r["kv_fmt"] else _records.block_stride(kv)

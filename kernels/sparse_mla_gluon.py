@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _asyn
 from ..common.device import cuda_index
 from ..common.types import HEAD_BLOCK, head_block_items
 from ..common.errors import KernelUnavailable
-from ._launch import Kernel, specialization
+from ._launch import launch_meta
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -304,29 +304,6 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
     return why
 
 
-_LAUNCHERS: dict = {}
-
-
-def _launcher(kernel) -> tuple[Kernel, tuple[str, ...]]:
-    """The pack's :class:`~._launch.Kernel` over a Gluon kernel and the names of its constexpr
-    parameters (its last ones), made on first use: a launch after the first of a specialisation
-    then calls the compiled kernel's launcher, without Triton's per-call binding and
-    specialisation (most of a call's host time through ``kernel[grid]``: bench/README.md,
-    "The default call's host time")."""
-    got = _LAUNCHERS.get(kernel)
-    if got is None:
-        names = tuple(p.name for p in kernel.params if p.is_constexpr)
-        assert tuple(p.name for p in kernel.params[-len(names):]) == names, "constexprs last"
-        # the key's first part: the meta's items; what is not a parameter is a compile option
-        options = functools.partial(_options, frozenset(names))
-        got = _LAUNCHERS[kernel] = (Kernel(kernel, options=options, by_name=names), names)
-    return got
-
-
-def _options(names: frozenset, key: tuple) -> dict:
-    return {k: v for k, v in key[0] if k not in names}
-
-
 def launch_args(persistent: bool, q, kv, indices, lens, sm_scale, sink, out, lse, gate=None) -> tuple[tuple, tuple]:
     """``(runtime arguments, grid)`` of a launch of one of the two Gluon kernels (see :func:`launch`)."""
     T, H, D = q.shape
@@ -348,14 +325,12 @@ def launch(kernel, meta: dict, persistent: bool, q, kv, indices, lens, sm_scale,
     """Run (``warmup``: only compile, returning the compiled kernel) one of the two Gluon
     kernels into ``out``/``lse``; both take the same runtime arguments, the persistent one
     also the item count and a gate flag (``gate``; unread unless ``meta["GATED"]``: ``lens``
-    stands in). Inputs were validated and passed :func:`input_check`. A launch's key is the
-    meta (constexprs and compile options) and what Triton specialises the runtime arguments
-    on (:func:`~._launch.specialization`)."""
+    stands in). Inputs were validated and passed :func:`input_check`. Launched through
+    :func:`~._launch.launch_meta` (a key's later launches skip Triton's per-call binding)."""
     args, grid = launch_args(persistent, q, kv, indices, lens, sm_scale, sink, out, lse, gate)
     if warmup:
         return kernel.warmup(*args, grid=grid, **meta)
-    k, names = _launcher(kernel)
-    k((tuple(meta.items()), specialization(args)), (grid[0], 1, 1), *args, *(meta[n] for n in names))
+    launch_meta(kernel, grid, args, meta)
     return None
 
 

@@ -135,6 +135,68 @@ def test_parameters_by_name_go_by_keyword_on_the_first_launch_and_in_order_after
         _launch.KERNELS.pop("test_launch.fake_by_name", None)
 
 
+def test_launch_meta_passes_constexprs_in_order_with_defaults_and_options_from_the_meta(kernel):
+    """``launch_meta(fn, grid, args, meta)``: the constexprs by name from the meta (a default
+    where the meta leaves one out), the meta's other items as compile options, one key per
+    meta and argument specialisation; a constexpr with no value and no default is refused
+    before anything launches."""
+    from swa_backends.kernels import _launch
+
+    plain, _, ck, _ = kernel
+
+    def f(x_ptr, n, BLOCK: "tl.constexpr", FLAG: "tl.constexpr" = 3):  # noqa: F821 - read as text
+        pass
+
+    jit = FakeJit(["x_ptr", "n", "BLOCK", "FLAG"], ck)
+    jit.fn = f
+    k, names, _ = _launch._meta_kernel(jit)
+    k._runtime = plain._runtime
+    try:
+        x = torch.arange(4)
+        _launch.launch_meta(jit, (2,), (x, 5), {"BLOCK": 64, "num_warps": 8})
+        _launch.launch_meta(jit, (3,), (x, 7), {"BLOCK": 64, "num_warps": 8})
+        assert names == ("BLOCK", "FLAG")
+        assert jit.slow_launches == [((2, 1, 1), (x, 5), {"num_warps": 8, "BLOCK": 64, "FLAG": 3})]
+        assert ck.calls == [(3, 1, 1, 777, 1234, (4, 1, 0), None, None, None, x, 7, 64, 3)]
+        _launch.launch_meta(jit, (1, 2), (x, 5), {"BLOCK": 32, "num_warps": 8})  # another meta: another key
+        _launch.launch_meta(jit, (1,), (x, 16), {"BLOCK": 64, "num_warps": 8})  # 16 divides n: another key
+        assert [launch[0] for launch in jit.slow_launches[1:]] == [(1, 2, 1), (1, 1, 1)]
+        with pytest.raises(TypeError, match="BLOCK"):
+            _launch.launch_meta(jit, (1,), (x, 5), {"num_warps": 8})
+        assert len(jit.slow_launches) == 3 and len(ck.calls) == 1
+    finally:
+        _launch.KERNELS.pop(k.name, None)
+        _launch._BY_META.pop(jit, None)
+
+
+def test_launch_meta_runs_a_triton_kernel_as_its_own_launch_does():
+    """A real ``triton.jit`` kernel (here Triton's interpreter, on a GPU compiled) through
+    ``launch_meta`` writes what ``kernel[grid](*args, **meta)`` writes, its defaulted
+    constexpr included, on every launch of a key."""
+    import triton
+    import triton.language as tl
+
+    from swa_backends.kernels import _launch
+
+    @triton.jit
+    def affine(x_ptr, y_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr = 1):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * SCALE + OFFSET, mask=i < n)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.arange(50, dtype=torch.int32, device=dev)
+    want = torch.full_like(x, -7)
+    affine[(4,)](x, want, 50, SCALE=3, BLOCK=16, num_warps=4)
+    try:
+        for _ in range(2):
+            got = torch.full_like(x, -7)
+            _launch.launch_meta(affine, (4,), (x, got, 50), {"SCALE": 3, "BLOCK": 16, "num_warps": 4})
+            assert torch.equal(got, want) and torch.equal(want, x * 3 + 1)
+    finally:
+        k = _launch._BY_META.pop(affine)[0]
+        _launch.KERNELS.pop(k.name, None)
+
+
 def test_a_constexpr_by_keyword_binds_in_declaration_order_and_sets_the_compile_option():
     """What ``Kernel(by_name=...)`` assumes of the Triton this runs under (the vLLM stage's 3.8
     too): a constexpr parameter given by keyword is bound in its place among the parameters, and
