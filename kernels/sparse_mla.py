@@ -76,7 +76,7 @@ import triton.language as tl
 from ..common.errors import KernelUnavailable
 from ..common.ops import _records
 from ..common.types import head_block_items
-from ._launch import launch_meta
+from ._launch import cdiv, launch_meta
 
 LOG2E = 1.4426950408889634
 # Fixed when this module is imported, as Triton fixes it when the kernels are decorated. Triton 3.9's
@@ -608,11 +608,11 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     # a record tile is dequantized whole (512 columns): K and V are the same registers
     dv_split = 1 if kvs.fmt else max(1, min(cfg.dv_split, _pow2(d_v) // 16))
     block_dv = max(16, _pow2(d_v) // dv_split)
-    num_dvb = triton.cdiv(d_v, block_dv)
+    num_dvb = cdiv(d_v, block_dv)
     block_h = max(16, min(_pow2(cfg.block_h), _pow2(H)))
-    num_hb = triton.cdiv(H, block_h)
+    num_hb = cdiv(H, block_h)
     block_n = max(16, _pow2(cfg.block_n))
-    tiles = triton.cdiv(max(K, 1), block_n)
+    tiles = cdiv(max(K, 1), block_n)
     programs = T * num_hb * num_dvb
     if cfg.splits is None:
         # split the index list only when the grid would leave SMs idle, and only as far as
@@ -624,8 +624,8 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     else:
         splits = cfg.splits
     splits = max(1, min(splits, tiles, MAX_SPLITS))
-    chunk = triton.cdiv(tiles, splits) * block_n
-    splits = triton.cdiv(max(K, 1), chunk)
+    chunk = cdiv(tiles, splits) * block_n
+    splits = cdiv(max(K, 1), chunk)
     return dict(block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv,
                 num_dvb=num_dvb, splits=splits, chunk=chunk, same_tile=(num_dvb == 1 and block_dv == block_d),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, skip_empty=cfg.skip_empty,
@@ -835,7 +835,7 @@ def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: b
        o_part.stride(1), o_part.stride(2), l_part.stride(1), o_part.stride(0), l_part.stride(0),
        qk_scale, PARTIAL=True, **meta)
     block_dvc = min(_pow2(d_v), COMBINE_BLOCK_DV)
-    go(_sparse_mla_combine, (T, H, triton.cdiv(d_v, block_dvc)),
+    go(_sparse_mla_combine, (T, H, cdiv(d_v, block_dvc)),
        o_part, l_part, sink_arg, out, lse_arg,
        H, d_v, S,
        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),

@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _asyn
 from ..common.device import cuda_index
 from ..common.types import HEAD_BLOCK, head_block_items
 from ..common.errors import KernelUnavailable
-from ._launch import launch_meta
+from ._launch import cdiv, launch_meta
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -307,7 +307,7 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None) -> list[str]:
 def launch_args(persistent: bool, q, kv, indices, lens, sm_scale, sink, out, lse, gate=None) -> tuple[tuple, tuple]:
     """``(runtime arguments, grid)`` of a launch of one of the two Gluon kernels (see :func:`launch`)."""
     T, H, D = q.shape
-    num_hb = triton.cdiv(H, BLOCK_H)
+    num_hb = cdiv(H, BLOCK_H)
     args = (q, kv, indices, lens, sink if sink is not None else lse, out, lse,
             H, num_hb,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
