@@ -64,10 +64,13 @@ of a few tokens from :data:`DECODE_TUNED`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import triton
@@ -601,9 +604,12 @@ def kv_spec(kv, kv_format: str, fp8: str | None, return_lse: bool, device: torch
     return KVSpec(fmt.code, mode, int(kv.shape[1]), bool(return_lse))
 
 
+@functools.lru_cache(maxsize=4096)
 def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch.device,
-            kvs: KVSpec = ROWS) -> dict:
-    """Concrete launch parameters for one call (no device work: graph-safe)."""
+            kvs: KVSpec = ROWS) -> Mapping:
+    """Concrete launch parameters for one call (no device work: graph-safe), read-only:
+    remembered per argument set, a call's host work being a few dozen Python operations and a
+    device query."""
     block_d = max(16, _pow2(D))
     # a record tile is dequantized whole (512 columns): K and V are the same registers
     dv_split = 1 if kvs.fmt else max(1, min(cfg.dv_split, _pow2(d_v) // 16))
@@ -626,11 +632,11 @@ def resolve(cfg: Config, T: int, H: int, D: int, d_v: int, K: int, device: torch
     splits = max(1, min(splits, tiles, MAX_SPLITS))
     chunk = cdiv(tiles, splits) * block_n
     splits = cdiv(max(K, 1), chunk)
-    return dict(block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv,
-                num_dvb=num_dvb, splits=splits, chunk=chunk, same_tile=(num_dvb == 1 and block_dv == block_d),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, skip_empty=cfg.skip_empty,
-                split_s=cfg.split_s, kv_fmt=kvs.fmt, fp8=kvs.fp8, bs=kvs.block_size, write_lse=kvs.write_lse,
-                prefetch=cfg.prefetch and bool(kvs.fmt))
+    return MappingProxyType(dict(
+        block_h=block_h, num_hb=num_hb, block_n=block_n, block_d=block_d, block_dv=block_dv, num_dvb=num_dvb,
+        splits=splits, chunk=chunk, same_tile=(num_dvb == 1 and block_dv == block_d), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, skip_empty=cfg.skip_empty, split_s=cfg.split_s, kv_fmt=kvs.fmt, fp8=kvs.fp8,
+        bs=kvs.block_size, write_lse=kvs.write_lse, prefetch=cfg.prefetch and bool(kvs.fmt)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -729,9 +729,10 @@ def test_record_configs_compile_for_sm90_gfx942_gfx950(python):
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU: python bench/bench_sparse_mla.py --out DIR --smoke --records")
-def test_bench_records_section_on_cpu(kmod):
+def test_bench_records_section_on_cpu(kmod, monkeypatch):
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(HERE.parents[1] / "bench"))  # its shared library, lib/ (alone too)
     spec = importlib.util.spec_from_file_location("bench_sparse_mla_records",
                                                   HERE.parents[1] / "bench" / "bench_sparse_mla.py")
     B = importlib.util.module_from_spec(spec)
