@@ -793,7 +793,7 @@ def _fit(config: Config, args: tuple, fit: bool, kvs: KVSpec = ROWS) -> Config:
                             f"with Triton {triton.__version__}: " + "; ".join(failures), whole_variant=False)
 
 
-def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: dict, warmup: bool = False) -> list:
+def _run(q, kv, indices, lens, sm_scale, d_v, sink, out, lse, r: Mapping, warmup: bool = False) -> list:
     """Launch (or with ``warmup``, only compile) the kernels of one resolved config;
     returns what was compiled (warmup: Triton's compiled kernels, forward kernel first)."""
     T, H, D = q.shape
