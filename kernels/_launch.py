@@ -274,9 +274,10 @@ def specialization(args) -> tuple:
 _BY_META: dict = {}
 
 
-def _meta_kernel(fn) -> tuple[Kernel, tuple[str, ...], tuple]:
+def _meta_kernel(fn) -> tuple[Kernel, tuple[str, ...], tuple, dict]:
     """The :class:`Kernel` over a JIT function launched by :func:`launch_meta`, the names of
-    its constexpr parameters (its last ones) and their defaults, made on first use."""
+    its constexpr parameters (its last ones), their defaults and the constexpr values made of
+    each meta so far (by its items), made on first use."""
     got = _BY_META.get(fn)
     if got is None:
         # the signature, not fn.params: the interpreter's function has none
@@ -286,7 +287,7 @@ def _meta_kernel(fn) -> tuple[Kernel, tuple[str, ...], tuple]:
             raise TypeError(f"launch_meta: {fn}: its constexpr parameters must come last")
         defaults = tuple(p.default for p in params[len(params) - len(names):])
         got = _BY_META[fn] = (Kernel(fn, options=functools.partial(_compile_options, frozenset(names)),
-                                     by_name=names), names, defaults)
+                                     by_name=names), names, defaults, {})
     return got
 
 
@@ -303,14 +304,18 @@ def launch_meta(fn, grid: tuple, args: tuple, meta: dict) -> None:
     the meta's items and :func:`specialization` of ``args``, so a launch after a key's first
     calls the compiled kernel's launcher, without Triton's per-call binding (bench/README.md,
     "The default call's host time")."""
-    k, names, defaults = _meta_kernel(fn)
-    consts = []
-    for name, default in zip(names, defaults):
-        value = meta.get(name, default)
-        if value is inspect.Parameter.empty:
-            raise TypeError(f"launch_meta: {k.name}: constexpr {name} has no value and no default")
-        consts.append(value)
-    k((tuple(meta.items()), specialization(args)), (*grid, 1, 1)[:3], *args, *consts)
+    k, names, defaults, made = _meta_kernel(fn)
+    items = tuple(meta.items())
+    consts = made.get(items)
+    if consts is None:  # a meta not seen before: its constexprs in order, once
+        values = []
+        for name, default in zip(names, defaults):
+            value = meta.get(name, default)
+            if value is inspect.Parameter.empty:
+                raise TypeError(f"launch_meta: {k.name}: constexpr {name} has no value and no default")
+            values.append(value)
+        consts = made[items] = tuple(values)
+    k((items, specialization(args)), (*grid, 1, 1)[:3], *args, *consts)
 
 
 def total_launches() -> int:

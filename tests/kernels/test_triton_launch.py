@@ -149,7 +149,7 @@ def test_launch_meta_passes_constexprs_in_order_with_defaults_and_options_from_t
 
     jit = FakeJit(["x_ptr", "n", "BLOCK", "FLAG"], ck)
     jit.fn = f
-    k, names, _ = _launch._meta_kernel(jit)
+    k, names, _, _ = _launch._meta_kernel(jit)
     k._runtime = plain._runtime
     try:
         x = torch.arange(4)
