@@ -440,20 +440,26 @@ def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
 
 
 def _checks(v: Variant) -> tuple[str, ...]:
-    """What a call must satisfy for a per-call variant to take it (``Variant.input_reasons``)."""
-    if not v.per_call:
-        return ()
-    parts = []
-    if v.op in KV_FORMAT_OPS and not v.reads_every_kv_format:
-        formats = v.kv_formats if v.kv_formats is not None else ("rows",)
-        parts.append(f"kv_format in ({', '.join(formats)})")
-    if v.dtypes is not None:
-        parts.append("data dtype in (" + ", ".join(str(d).replace("torch.", "") for d in v.dtypes) + ")")
-    if v.input_check is not None:
-        parts.append(f"{v.input_check} gives no reason")
-    gated = (f"validated calls: the value checks run on the device ({OPS[v.op].gate}) and it is launched "
-             "behind them, gated on their flag, with no wait between",) if v.gated and OPS[v.op].gate else ()
-    return ("takes a call where " + "; ".join(parts),) + gated
+    """What a call must satisfy for a per-call variant to take it (``Variant.input_reasons``), and
+    how the variant's validated calls check their values when not on the host."""
+    lines = []
+    if v.per_call:
+        parts = []
+        if v.op in KV_FORMAT_OPS and not v.reads_every_kv_format:
+            formats = v.kv_formats if v.kv_formats is not None else ("rows",)
+            parts.append(f"kv_format in ({', '.join(formats)})")
+        if v.dtypes is not None:
+            parts.append("data dtype in (" + ", ".join(str(d).replace("torch.", "") for d in v.dtypes) + ")")
+        if v.input_check is not None:
+            parts.append(f"{v.input_check} gives no reason")
+        lines.append("takes a call where " + "; ".join(parts))
+        if v.gated and OPS[v.op].gate:
+            lines.append(f"validated calls: the value checks run on the device ({OPS[v.op].gate}) and it is "
+                         "launched behind them, gated on their flag, with no wait between")
+    if v.self_checked and OPS[v.op].quick_check:
+        lines.append(f"validated calls that pass the quick host checks: its own kernel tests the values "
+                     f"({v.self_checked}) and writes nothing when one fails; the host waits for that verdict")
+    return tuple(lines)
 
 
 def _input_checks(device: DeviceInfo) -> dict[str, str]:
@@ -706,11 +712,23 @@ class Backend(_Declared):
         elif len(chain) == 1 and not chain[0].per_call:
             only = chain[0]
             impl = None
+            # a validated call of plain tensors: quick host checks, then the variant's kernel tests
+            # the values itself (Variant.self_checked); the platform's own check is not in them
+            quick = spec.quick_check if self.checked and only.self_checked and platform_check is None else None
+            self_checked = None
 
             def call(*args, **kwargs):  # the hot path: a thread-local read, then the variant
-                nonlocal impl
+                nonlocal impl, self_checked
                 enabled = getattr(_validation_state, "enabled", None)
                 if enabled or (enabled is None and _validation_default()):
+                    if quick is not None and value_checks_enabled() and quick(*args, **kwargs):
+                        if self_checked is None:
+                            self_checked = load_attr(only.self_checked)
+                        done = self_checked(*args, **kwargs)
+                        if done is not None:
+                            if not done[1].failed():
+                                return done[0]
+                            _raise_checked(op, validate, args, kwargs)  # it wrote nothing
                     validate(*args, **kwargs)
                 if impl is None:
                     impl = only.load()

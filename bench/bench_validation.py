@@ -160,6 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--per-round", type=int, default=10, help="back-to-back sparse-MLA calls per loop round")
     p.add_argument("--cells", default="", metavar="H:K:T:ROWS,...", help="sparse-MLA cells instead of the grid")
     p.add_argument("--skip-ops", action="store_true", help="only the sparse-MLA cells")
+    p.add_argument("--skip-grid", action="store_true", help="only the metadata ops")
     args = p.parse_args(argv)
     cells = parse_cells(args.cells) or (SMOKE_CELLS if args.smoke else CELLS)
     if torch.cuda.is_available() and not args.smoke:
@@ -178,7 +179,8 @@ def main(argv=None) -> int:
               "ops": [], "sparse_mla": []}
     if not args.skip_ops:
         result["ops"] = metadata_ops(be, dev, args.smoke, rounds)
-    result["sparse_mla"] = sparse_mla_cells(be, dev, cells, rounds, per_round)
+    if not args.skip_grid:
+        result["sparse_mla"] = sparse_mla_cells(be, dev, cells, rounds, per_round)
     results.write_json(path, result)
     print_tables(result)
     bad = [r for r in (*result["ops"], *result["sparse_mla"]) if not r["same_result"] or r["reads"] > 1]
@@ -195,6 +197,8 @@ def print_tables(result: dict) -> None:
         for r in result["ops"]:
             log(f"| {r['op']} | {r['variant']} | {r['host_on_us']:.1f} | {r['host_off_us']:.1f} | "
                 f"{r['host_ratio']:.2f} | {r['wall_ratio']:.2f} | {r['reads']} |")
+    if not result["sparse_mla"]:
+        return
     log("\n| H | K | T | rows | variant | loop speed (goal >= 0.97) | device speed | reads |")
     log("|---|---|---|---|---|---|---|---|")
     for r in result["sparse_mla"]:

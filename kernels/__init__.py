@@ -45,9 +45,17 @@ METADATA_KERNELS = {
                             "ONE launch: replay start, padding, window indices and the sub-batch"),
 }
 
+# op -> module:function of its validated form (``Variant.self_checked``): the kernel tests the
+# values itself
+SELF_CHECKED = {
+    "batch_replay_start": "batch_replay_start:batch_replay_start_checked",
+    "pad_replayed_slots": "pad_replayed_slots:pad_replayed_slots_checked",
+}
+
 #: The metadata ops' Triton kernels.
 METADATA: tuple[Variant, ...] = tuple(
     Variant(op=op, name="triton", impl=f"swa_backends.kernels.{impl}", warmup="swa_backends.kernels.warmup:warmup",
+            self_checked=f"swa_backends.kernels.{SELF_CHECKED[op]}" if op in SELF_CHECKED else None,
             description=f"portable Triton kernel ({what})", **_TRITON)
     for op, (impl, what) in METADATA_KERNELS.items()
 )

@@ -1,18 +1,30 @@
-"""``batch_replay_start`` (SPEC §2.1) in Triton: one lane per batch row."""
+"""``batch_replay_start`` (SPEC §2.1) in Triton: one lane per batch row.
+
+Two kernels: the plain one, and the one a validated call runs (``batch_replay_start_checked``),
+which first tests every value the validator tests -- ``idx_mapping`` in ``[0, len(R))``,
+``R_per_request`` in ``[0, MAX_POSITION]`` -- in every program (all of both arrays, so that each
+program knows the whole call's verdict before it stores), writes nothing when one fails and
+leaves the verdict in the call's word (``_verdict.py``).
+"""
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from ..common.types import INDEX_DTYPE
+from ..common.types import INDEX_DTYPE, MAX_POSITION
 from ._launch import Kernel, contiguous, jit
+from ._verdict import close_word, open_word
 
 BLOCK = 256
+#: the most entries (batch rows plus requests) the checked kernel takes: every program reads them
+#: all, so its work grows with their square; past this a validated call checks on the host
+CHECKED_MAX = 16384
 
 
-@jit
-def _batch_replay_start(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK: tl.constexpr):
+@triton.jit
+def _rows(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK: tl.constexpr):
     b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = b < B
     i = tl.load(idx_ptr + b, mask=m, other=0).to(tl.int64)
@@ -21,7 +33,30 @@ def _batch_replay_start(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK: tl.constexpr
     tl.store(out_ptr + b, tl.where(pre, r, 0).to(tl.int32), mask=m)
 
 
+@jit
+def _batch_replay_start(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK: tl.constexpr):
+    _rows(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK)
+
+
+@jit
+def _batch_replay_start_checked(r_ptr, idx_ptr, pre_ptr, out_ptr, flag_ptr, B, n_r, max_r, BLOCK: tl.constexpr):
+    k = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for s in range(0, B, BLOCK):
+        i = tl.load(idx_ptr + s + k, mask=s + k < B, other=0)
+        bad |= ((i < 0) | (i >= n_r)).to(tl.int32)
+    for s in range(0, n_r, BLOCK):
+        r = tl.load(r_ptr + s + k, mask=s + k < n_r, other=0)
+        bad |= ((r < 0) | (r > max_r)).to(tl.int32)
+    if tl.max(bad, axis=0) > 0:
+        if tl.program_id(0) == 0:
+            tl.store(flag_ptr, 1)
+    else:
+        _rows(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK)
+
+
 _K = Kernel(_batch_replay_start)
+_K_CHECKED = Kernel(_batch_replay_start_checked)
 
 
 def batch_replay_start(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.Tensor:
@@ -36,3 +71,18 @@ def batch_replay_start(R_per_request, idx_mapping, is_prefilling, *, out=None) -
            contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, B, BLOCK)
     return out
 
+
+def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Gate)``, or None for a call it does not take (no batch row; past
+    :data:`CHECKED_MAX` entries)."""
+    B, n_r = idx_mapping.shape[0], R_per_request.shape[0]
+    if B == 0 or B + n_r > CHECKED_MAX:
+        return None
+    if out is None:
+        out = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
+    flag, slot = open_word(R_per_request.device)
+    _K_CHECKED((R_per_request.dtype, idx_mapping.dtype), ((B + BLOCK - 1) // BLOCK, 1, 1),
+               contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, flag, B, n_r,
+               MAX_POSITION, BLOCK)
+    return out, close_word(flag, slot)

@@ -3,22 +3,33 @@
 Each lane finds its request by binary search over ``query_start_loc`` and writes PAD into
 the cacheable groups' rows only where the token replays; nothing else is stored, so the
 window groups and the columns past ``query_start_loc[B]`` are never touched.
+
+A validated call runs ``pad_replayed_slots_checked``: every program first tests every value the
+validator tests (``query_start_loc`` from 0, non-decreasing, at most T; ``replay_start`` and
+``positions`` in ``[0, MAX_POSITION]``; ``cacheable_groups`` in ``[0, G)``), all of them, so that
+each knows the whole call's verdict before it stores; it stores nothing when one fails and leaves
+the verdict in the call's word (``_verdict.py``).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
+from ..common.types import MAX_POSITION
 from ._device import PAD, find_request
 from ._launch import Kernel, contiguous, jit
+from ._verdict import close_word, open_word
 
 BLOCK = 512
+#: the most entries (tokens, requests and groups) the checked kernel takes: every program reads
+#: them all, so its work grows with their square; past this a validated call checks on the host
+CHECKED_MAX = 32768
 
 
-@jit
-def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps,
-                        BLOCK: tl.constexpr):
+@triton.jit
+def _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK: tl.constexpr):
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = t < T
     req = find_request(qsl_ptr, B, t, n_steps)
@@ -33,7 +44,41 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
         tl.store(slot_ptr + g * s_g + col, tl.full([BLOCK], PAD, tl.int64), mask=replayed)
 
 
+@jit
+def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps,
+                        BLOCK: tl.constexpr):
+    _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK)
+
+
+@jit
+def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, flag_ptr, B, T,
+                                Wr, n_steps, G, max_p, BLOCK: tl.constexpr):
+    k = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for s in range(0, B + 1, BLOCK):  # query_start_loc: 0 first, non-decreasing, at most T
+        j = s + k
+        m = j <= B
+        v = tl.load(qsl_ptr + j, mask=m, other=0)
+        prev = tl.load(qsl_ptr + j - 1, mask=m & (j > 0), other=0)
+        bad |= (m & (((j == 0) & (v != 0)) | (v < prev) | (v > T))).to(tl.int32)
+    for s in range(0, B, BLOCK):
+        r = tl.load(rs_ptr + s + k, mask=s + k < B, other=0)
+        bad |= ((r < 0) | (r > max_p)).to(tl.int32)
+    for s in range(0, n_groups, BLOCK):
+        g = tl.load(groups_ptr + s + k, mask=s + k < n_groups, other=0)
+        bad |= ((g < 0) | (g >= G)).to(tl.int32)
+    for s in range(0, T, BLOCK):
+        p = tl.load(pos_ptr + s + k, mask=s + k < T, other=0)
+        bad |= ((p < 0) | (p > max_p)).to(tl.int32)
+    if tl.max(bad, axis=0) > 0:
+        if tl.program_id(0) == 0:
+            tl.store(flag_ptr, 1)
+    else:
+        _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK)
+
+
 _K = Kernel(_pad_replayed_slots)
+_K_CHECKED = Kernel(_pad_replayed_slots_checked)
 _KEY = ()
 
 
@@ -56,3 +101,21 @@ def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positio
        slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), contiguous(cacheable_groups), n_groups,
        contiguous(query_start_loc), contiguous(positions), contiguous(replay_start), B, T, Wr, B.bit_length(), BLOCK)
     return slot_mappings
+
+
+def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
+                               any_replay=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(slot_mappings, Gate)``, or None for a call it does not take (one that launches nothing,
+    whose values the validator still tests; past :data:`CHECKED_MAX` entries)."""
+    T = positions.shape[0]
+    n_groups = cacheable_groups.shape[0]
+    B = query_start_loc.shape[0] - 1
+    if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups > CHECKED_MAX:
+        return None
+    flag, slot = open_word(positions.device)
+    _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
+               slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), contiguous(cacheable_groups), n_groups,
+               contiguous(query_start_loc), contiguous(positions), contiguous(replay_start), flag, B, T, Wr,
+               B.bit_length(), slot_mappings.shape[0], MAX_POSITION, BLOCK)
+    return slot_mappings, close_word(flag, slot)

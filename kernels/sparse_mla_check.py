@@ -10,14 +10,11 @@ waits for the check alone, while the attention kernel already sits in the queue.
 set makes dispatch run the host checks, which raise the same ``ValueError`` as ever; the gated
 kernel wrote nothing and read no index.
 
-On a GPU the flag is a word of pinned host memory, which the check writes and the gated kernel
-reads through the device's mapping of it, and the host reads after the event: the check and the
-attention kernel are then the only work a validated call adds to the stream. A flag in device
-memory needed a fill before the check and a copy to the host between the two kernels, each one
-more operation the stream runs in turn. One word per thread and stream, zeroed by the host before
-each check: the call before on the same thread and stream has had its verdict read (its event
-waited for) and, when the flag was set, its gated kernel run (the stream waited for), so no kernel
-still to read the word sees the new call's verdict.
+The flag is the verdict word of ``_verdict.py``: on an NVIDIA GPU pinned host memory, which the
+check writes and the gated kernel reads through the device's mapping of it, and the host reads
+after the event, so the check and the attention kernel are the only work a validated call adds to
+the stream (a flag in device memory needed a fill before the check and a copy to the host between
+the two kernels, each one more operation the stream runs in turn).
 
 The conditions are exactly the validator's value checks (``common/ops/sparse_mla.py``:
 ``validate``); the shape, dtype and device checks stay on the host, before anything launches.
@@ -26,14 +23,13 @@ Not under CUDA-graph capture (validation reads no values there).
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import triton.language as tl
 
 from ..common.ops import _records
 from ..common.ops._records import ROWS
 from ._launch import Kernel, jit
+from ._verdict import Gate, close_word, open_word
 
 #: one tile of ``indices`` per program, over a 2-D grid (token tiles x column tiles): every load is
 #: independent of every other, so the pass runs at memory bandwidth rather than at one load latency
@@ -113,66 +109,6 @@ def flat(indices: torch.Tensor) -> bool:
     return indices.is_contiguous() and indices.numel() <= FLAT_MAX
 
 
-class Gate:
-    """One validated call's device check: ``flag`` (int32 [1]: on a GPU, the pinned host word the
-    check writes, for the gated kernel) and :meth:`failed`, which waits for the check (not for
-    what was queued after it) and says whether a value is out of range."""
-
-    __slots__ = ("flag", "_slot", "_done")
-
-    def __init__(self, flag: torch.Tensor, slot: "_Slot | None"):
-        self.flag, self._slot, self._done = flag, slot, None
-
-    def failed(self) -> bool:
-        if self._done is None:
-            if self._slot is None:  # CPU tensors: the check ran before this returns
-                self._done = bool(self.flag.item())
-            else:
-                self._done = self._slot.verdict()
-        return self._done
-
-
-class _Slot:
-    """A thread's pinned host word for one device and stream, the event behind its last check,
-    and that check's gate while its verdict is unread."""
-
-    __slots__ = ("word", "view", "event", "stream", "pending")
-
-    def __init__(self, stream):
-        self.word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        self.view = self.word.numpy()  # the host's reads and writes of the word, without a torch op
-        self.event, self.stream, self.pending = torch.cuda.Event(), stream, None
-
-    def verdict(self) -> bool:
-        self.pending = None
-        self.event.synchronize()
-        if self.view[0] == 0:
-            return False
-        # the gated kernel queued after the check reads the word too: it must have run before a
-        # later check on this slot zeroes the word
-        self.stream.synchronize()
-        return True
-
-
-_local = threading.local()
-
-
-def _slot(device: torch.device) -> _Slot:
-    """This thread's slot for ``device`` and its current stream; a verdict left unread there (a
-    call that stopped between its check and its wait) is read first."""
-    stream = torch.cuda.current_stream(device)
-    cache = getattr(_local, "slots", None)
-    if cache is None:
-        cache = _local.slots = {}
-    key = (device.index, stream.cuda_stream)
-    slot = cache.get(key)
-    if slot is None:
-        slot = cache[key] = _Slot(stream)
-    elif slot.pending is not None:
-        slot.pending.failed()
-    return slot
-
-
 def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=None, return_lse=True) -> Gate:
     """Launch the value checks of this (shape-validated) ``sparse_mla`` call into this thread's
     flag for the current stream (a fresh one on the CPU) and record an event behind them; the op's
@@ -180,12 +116,7 @@ def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=
     T, K = indices.shape
     H = q.shape[1]
     num_rows = kv.shape[0] if kv_format == ROWS else _records.num_slots(kv)
-    slot = _slot(indices.device) if indices.is_cuda else None
-    if slot is None:
-        flag = torch.zeros(1, dtype=torch.int32, device=indices.device)
-    else:
-        slot.view[0] = 0
-        flag = slot.word
+    flag, slot = open_word(indices.device)
     has_sink = sink is not None
     if T > 0 or has_sink:  # no token: program 0 still checks the sink (the validator does)
         s = sink if has_sink else lens
@@ -199,8 +130,4 @@ def gate(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format=ROWS, fp8=
                lens, s, flag, T, K, H,
                indices.stride(0), indices.stride(1), lens.stride(0), s.stride(0), num_rows,
                has_sink, BLOCK_T, BLOCK_K, BLOCK_H)
-    if slot is None:
-        return Gate(flag, None)
-    slot.event.record(slot.stream)
-    slot.pending = Gate(flag, slot)
-    return slot.pending
+    return close_word(flag, slot)

@@ -10,7 +10,9 @@ windows), a decode, a cold prefill longer than ``W`` (so the decoder sub-batch t
 graph padding -- once for every specialisation the op's launcher can pick: the optional
 inputs (``valid``, top-k), the index dtypes, the compression ratios, the hidden sizes and
 dtypes of the row copies, and the fused step with and without padding and plan, in each
-serving layout and launch tile.
+serving layout and launch tile. A backend that validates (``select(checked=True)``, the default)
+runs them validated and unvalidated: its validated calls launch the kernels that test their own
+values (``Variant.self_checked``), its calls with validation off the plain ones.
 
 The specialisation keys never depend on sizes (token and request counts, strides, W are
 runtime arguments that Triton is told not to specialise on) but for one choice:
@@ -28,6 +30,7 @@ import torch
 
 from ..common.ops import OPS
 from ..common.ops._steps import WarmupStep
+from ..common.validation import validation
 
 _VIA_TRITON = "triton"
 
@@ -71,12 +74,14 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
             continue
         fn = getattr(backend, op)
         scopes = LAUNCH_SCOPES[op]() if op in LAUNCH_SCOPES else [contextlib.nullcontext]
+        checks = (True, False) if getattr(backend, "checked", False) and spec.quick_check is not None else (None,)
         for scope in scopes:
-            with scope():
-                for args, kwargs in spec.warmup(step):
-                    fn(*args, **kwargs)
-                    if op not in ran:
-                        ran.append(op)
+            for checked in checks:
+                with scope(), (validation(checked) if checked is not None else contextlib.nullcontext()):
+                    for args, kwargs in spec.warmup(step):
+                        fn(*args, **kwargs)
+                        if op not in ran:
+                            ran.append(op)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return ran

@@ -50,7 +50,11 @@ class OpSpec(Generic[P, R]):
     ``gate``: ``"module:attr"`` of a function with the reference's signature that launches the
     validator's value checks as one device pass and returns a ``Gate`` (its ``flag`` for the
     op's ``gated`` variants, ``failed()`` waiting for the check alone); only for an op that
-    writes no caller buffer (a gated variant computes into fresh results).
+    writes no caller buffer (a gated variant computes into fresh results). ``quick_check``: the
+    validator's host checks and :meth:`check_writes` for plain calls (contiguous tensors, no lazy
+    bits), in a few host µs: True when every one passes, False when it cannot tell (the validator
+    then runs); never True for a call they refuse. A variant with a ``self_checked`` form runs it
+    for a call this passes (its kernel tests the values).
 
     As a class attribute (``Ops``) it declares a typed method: on an instance, a callable with
     the reference's signature (the instance prepares it: ``Backend``).
@@ -68,6 +72,7 @@ class OpSpec(Generic[P, R]):
     compare: Callable[[Any, Any, float], str | None] | None = None
     index_layout: str | None = None
     gate: str | None = None
+    quick_check: Callable[..., bool] | None = None
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.reference).parameters

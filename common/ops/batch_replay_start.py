@@ -7,6 +7,7 @@ import torch
 from ..types import INDEX_DTYPE, MAX_POSITION
 from ..validation import check_out, check_range, check_tensor
 from ._checks import check_extents
+from ._quick import apart, plain
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -25,6 +26,25 @@ def validate(R_per_request, idx_mapping, is_prefilling, *, out=None) -> None:
         check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=dev)
     check_range(NAME, "idx_mapping", idx_mapping, low=0, high=R_per_request.shape[0])
     check_range(NAME, "R_per_request", R_per_request, low=0, high=MAX_POSITION + 1)
+
+
+_INDEX = (torch.int32, torch.int64)
+_BOOL = (torch.bool,)
+_OUT = (INDEX_DTYPE,)
+
+
+def quick_check(R_per_request, idx_mapping, is_prefilling, *, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``)."""
+    if not plain(R_per_request, _INDEX, 1):
+        return False
+    dev = R_per_request.device
+    if not (plain(idx_mapping, _INDEX, 1, dev) and plain(is_prefilling, _BOOL, 1, dev)):
+        return False
+    B = idx_mapping.shape[0]
+    if is_prefilling.shape[0] != B:
+        return False
+    return out is None or (plain(out, _OUT, 1, dev) and out.shape[0] == B
+                           and apart(out, R_per_request, idx_mapping, is_prefilling))
 
 
 def reference(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.Tensor:
@@ -60,4 +80,5 @@ def warmup(s: WarmupStep):
             yield (s.R_all.to(rd), s.idx.to(idd), s.prefilling), {}
 
 
-OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_start", case=case, warmup=warmup)
+OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_start", case=case, warmup=warmup,
+            quick_check=quick_check)

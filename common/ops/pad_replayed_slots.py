@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE
 from ..validation import check_range, check_tensor, defer, fail, value_checks_enabled
 from ._batch import token_view
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
+from ._quick import apart, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -36,6 +37,28 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
                 fail(NAME, "any_replay", any_replay, "True or None when some replay_start > 0")
 
         defer(NAME, (("replay_start", replay_start),), test)
+
+
+_SLOT = (SLOT_DTYPE,)
+_INDEX = (INDEX_DTYPE,)
+
+
+def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
+                any_replay=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    ``slot_mappings`` may be a slice of a wider buffer)."""
+    if not plain(positions, _SLOT, 1):
+        return False
+    dev = positions.device
+    if not (rows(slot_mappings, _SLOT, dev) and plain(cacheable_groups, _INDEX, 1, dev)
+            and plain(query_start_loc, _INDEX, 1, dev) and plain(replay_start, _INDEX, 1, dev)):
+        return False
+    B = query_start_loc.shape[0] - 1
+    if B < 0 or replay_start.shape[0] != B or slot_mappings.shape[1] < positions.shape[0]:
+        return False
+    if Wr.__class__ is not int or not 0 <= Wr <= MAX_WINDOW or not (any_replay is None or any_replay.__class__ is bool):
+        return False
+    return apart(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start)
 
 
 def reference(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> torch.Tensor:
@@ -79,4 +102,4 @@ def warmup(s: WarmupStep):
 
 
 OP = OpSpec(NAME, reference, validate, RESULTS, mutates=("slot_mappings",), short="pad_slots",
-            scalars={"Wr": "int", "any_replay": "bool"}, case=case, warmup=warmup)
+            scalars={"Wr": "int", "any_replay": "bool"}, case=case, warmup=warmup, quick_check=quick_check)

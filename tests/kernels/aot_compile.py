@@ -107,6 +107,18 @@ def main(argv: list[str]) -> int:
         for _ in range(4):
             args, kwargs = case_for(op, rng, "cpu")
             fn(*args, **kwargs)
+    # the validated forms whose kernels test their own values (Variant.self_checked), on the
+    # calls the warmup makes of the plain ones
+    from swa_backends.common.ops import OPS
+    from swa_backends.common.ops._steps import WarmupStep
+    from swa_backends.kernels import SELF_CHECKED
+
+    step = WarmupStep(torch.device("cpu"))
+    for op, path in SELF_CHECKED.items():
+        module, _, attr = path.partition(":")
+        fn = getattr(importlib.import_module(f"swa_backends.kernels.{module}"), attr)
+        for args, kwargs in OPS[op].warmup(step):
+            fn(*args, **kwargs)
     # the reader of validated calls' value checks (a CUDA or ROCm backend's): whole reads and
     # every kind of reduction, integer and floating, one launch and two
     from swa_backends.common.validation import Reduced

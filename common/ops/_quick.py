@@ -1,0 +1,62 @@
+"""Pieces of the ops' quick host checks (``OpSpec.quick_check``).
+
+A quick check answers, in a few host µs, whether a call of plain tensors passes every host check
+of its op's validator and of ``check_writes``; anything it is unsure of (a strided view, a tensor
+subclass, a lazy bit, an odd layout) answers False and the validator runs as ever. So each piece
+is at least as strict as the check it stands for, never looser: the tests compare them with the
+validator on random calls, bad ones included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import MAX_POSITION
+from ..validation import INT32_MAX
+
+_TENSOR = torch.Tensor
+
+
+def plain(t, dtypes: tuple[torch.dtype, ...], ndim: int, device: torch.device | None = None) -> bool:
+    """A contiguous ``torch.Tensor`` itself (no subclass, no lazy bit) of one of ``dtypes``,
+    ``ndim`` dimensions, on ``device`` when given, its sizes and strides within the kernels'
+    32-bit arguments (``_checks.check_extents``; a size-1 dimension may carry any stride)."""
+    return (t.__class__ is _TENSOR and t.dtype in dtypes and t.dim() == ndim and t.is_contiguous()
+            and not t.is_neg() and not t.is_conj() and (device is None or t.device == device)
+            and max(t.shape, default=0) <= MAX_POSITION and max(t.stride(), default=0) <= INT32_MAX)
+
+
+def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device) -> bool:
+    """A 2-D ``torch.Tensor`` itself whose rows are contiguous and apart (``stride(1) == 1``,
+    ``stride(0) >= shape[1]``: a slice of a wider buffer), otherwise as :func:`plain`."""
+    if not (t.__class__ is _TENSOR and t.dtype in dtypes and t.dim() == 2 and not t.is_neg() and not t.is_conj()
+            and t.device == device):
+        return False
+    (n, m), (s0, s1) = t.shape, t.stride()
+    return ((s1 == 1 or m <= 1) and (s0 >= m or n <= 1) and n <= MAX_POSITION and m <= MAX_POSITION
+            and s0 <= INT32_MAX and s1 <= INT32_MAX)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int] | None:
+    """The bytes from a tensor's first element to past its last (strides are never negative)."""
+    if t.numel() == 0:
+        return None
+    lo = t.data_ptr()
+    last = 0
+    for n, s in zip(t.shape, t.stride()):
+        last += (n - 1) * s
+    return lo, lo + (last + 1) * t.element_size()
+
+
+def apart(out: torch.Tensor, *others: torch.Tensor) -> bool:
+    """``out`` shares no byte with any of ``others``: their spans (first to last byte) are
+    disjoint (a layout that interleaves two tensors' spans answers False)."""
+    mine = _span(out)
+    if mine is None:
+        return True
+    lo, hi = mine
+    for t in others:
+        theirs = _span(t)
+        if theirs is not None and theirs[0] < hi and lo < theirs[1]:
+            return False
+    return True

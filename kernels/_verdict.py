@@ -1,0 +1,101 @@
+"""The verdict word of a validated call whose value checks run on the device.
+
+A validated call must refuse bad input before it writes anything, and it must know its verdict
+before it returns (the ``ValueError`` names the argument). Reading the values on the host means a
+device-to-host copy of them and host code to test them; here instead a kernel tests them and
+leaves its verdict in one word (0: every value passed, 1: one did not), and the host waits for
+that kernel alone and reads the word.
+
+On an NVIDIA GPU the word is pinned host memory the kernel writes (and a gated kernel queued
+behind the check reads) through the device's mapping of it: one word per thread, device and
+stream, zeroed by the host before each check. The call before on the same thread and stream has
+had its verdict read (its event waited for) and, when the word was set, every kernel queued
+behind its check run (the stream waited for), so no kernel still to read the word sees the next
+call's verdict. Elsewhere (a CPU tensor under Triton's interpreter; a ROCm device, where the
+pack has not measured a mapped host word) the word is a one-element device tensor, read by a
+copy.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class Gate:
+    """One validated call's device verdict: ``flag`` (int32 [1], the word its check writes) and
+    :meth:`failed`, which waits for the check (not for what was queued after it) and says
+    whether a value failed."""
+
+    __slots__ = ("flag", "_slot", "_done")
+
+    def __init__(self, flag: torch.Tensor, slot: "_Slot | None"):
+        self.flag, self._slot, self._done = flag, slot, None
+
+    def failed(self) -> bool:
+        if self._done is None:
+            if self._slot is None:  # a device tensor: the copy waits for the check
+                self._done = bool(self.flag.item())
+            else:
+                self._done = self._slot.verdict()
+        return self._done
+
+
+class _Slot:
+    """A thread's pinned host word for one device and stream, the event behind its last check,
+    and that check's gate while its verdict is unread."""
+
+    __slots__ = ("word", "view", "event", "stream", "pending")
+
+    def __init__(self, stream):
+        self.word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self.view = self.word.numpy()  # the host's reads and writes of the word, without a torch op
+        self.event, self.stream, self.pending = torch.cuda.Event(), stream, None
+
+    def verdict(self) -> bool:
+        self.pending = None
+        self.event.synchronize()
+        if self.view[0] == 0:
+            return False
+        # a gated kernel queued after the check reads the word too: it must have run before a
+        # later check on this slot zeroes the word
+        self.stream.synchronize()
+        return True
+
+
+_local = threading.local()
+
+
+def _slot(device: torch.device) -> _Slot:
+    """This thread's slot for ``device`` and its current stream; a verdict left unread there (a
+    call that stopped between its check and its wait) is read first."""
+    stream = torch.cuda.current_stream(device)
+    cache = getattr(_local, "slots", None)
+    if cache is None:
+        cache = _local.slots = {}
+    key = (device.index, stream.cuda_stream)
+    slot = cache.get(key)
+    if slot is None:
+        slot = cache[key] = _Slot(stream)
+    elif slot.pending is not None:
+        slot.pending.failed()
+    return slot
+
+
+def open_word(device: torch.device) -> tuple[torch.Tensor, _Slot | None]:
+    """The zeroed word a check on ``device`` is to write, and its slot (None: a device tensor)."""
+    if device.type == "cuda" and torch.version.hip is None:
+        slot = _slot(device)
+        slot.view[0] = 0
+        return slot.word, slot
+    return torch.zeros(1, dtype=torch.int32, device=device), None
+
+
+def close_word(flag: torch.Tensor, slot: _Slot | None) -> Gate:
+    """The gate of a check just queued into ``flag``: an event behind it on the slot's stream."""
+    if slot is None:
+        return Gate(flag, None)
+    slot.event.record(slot.stream)
+    slot.pending = Gate(flag, slot)
+    return slot.pending

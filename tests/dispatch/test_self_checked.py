@@ -1,0 +1,228 @@
+"""A validated call of plain tensors to an op whose kernel tests its own values
+(``OpSpec.quick_check`` + ``Variant.self_checked``): quick host checks, then the kernel, which
+tests every value the validator tests in every program before it stores, writes nothing when one
+fails and leaves its verdict in one word; dispatch waits for that verdict and, when it is bad,
+raises the validator's own ``ValueError``.
+
+Here, on the CPU (the kernels in Triton's interpreter): the quick checks are never looser than the
+validator's host checks (every adversarial call of the fuzz suite), the kernels' verdicts agree
+with the validator on random calls with poisoned values and write nothing on a bad one, and
+dispatch takes the path for plain calls only, with the validator's errors. The CUDA form (a
+pinned host word) runs on the H200 in ``tests/kernels/test_triton_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import swa_backends as sb
+from swa_backends.common.ops import OPS
+from swa_backends.common.registry import load_attr
+from swa_backends.common.types import MAX_POSITION
+from swa_backends.common import validation
+from swa_backends.common.validation import one_read
+from swa_backends.testing.conformance import case_for, mismatch
+
+pytest.importorskip("triton")
+from swa_backends.kernels import SELF_CHECKED, _launch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fuzz_cases import cases_for  # noqa: E402
+
+QUICK = sorted(op for op, spec in OPS.items() if spec.quick_check is not None)
+CHECKED = sorted(SELF_CHECKED)
+INT32_MAX = 2**31 - 1
+#: the values a poisoned element takes: each side of every bound the validators use
+EDGES = (-(2**40), -2, -1, 0, 1, 2, 3, 5, 17, 64, 127, 128, 129, MAX_POSITION, MAX_POSITION + 1, INT32_MAX, 2**40)
+
+
+def test_every_self_checked_op_has_a_quick_check():
+    assert CHECKED and set(CHECKED) <= set(QUICK)
+
+
+def _host_checks_pass(op: str, args, kwargs) -> str | None:
+    """None when the validator's host checks and check_writes pass the call, else the error."""
+    spec = OPS[op]
+    try:
+        with one_read():
+            validation._state.capturing = True  # as under a graph capture: no value is read
+            spec.validate(*args, **kwargs)
+        spec.check_writes(args, kwargs)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("op", QUICK)
+def test_quick_check_is_never_looser_than_the_host_checks(op):
+    """Every adversarial call of the fuzz suite (mutations of dtypes, shapes, devices, strides,
+    views, lazy bits, aliasing, scalars) on several valid calls: a call the quick check passes
+    passes the validator's host checks; and the valid calls of plain tensors pass it (the path is
+    taken)."""
+    taken = 0
+    for seed in range(4):
+        rng = np.random.default_rng([seed, 38])
+        args, kwargs = case_for(op, rng, "cpu")
+        assert OPS[op].quick_check(*args, **kwargs), "a valid call of plain tensors"
+        taken += 1
+        for label, a, kw, _ in cases_for(op, rng, families=seed == 0):
+            try:
+                quick = OPS[op].quick_check(*a, **kw)
+            except Exception as exc:  # noqa: BLE001 - a quick check must answer, never raise
+                pytest.fail(f"{op} {label}: quick_check raised {type(exc).__name__}: {exc}")
+            if quick:
+                why = _host_checks_pass(op, a, kw)
+                assert why is None, f"{op} {label}: quick_check passed a call the host checks refuse: {why}"
+    assert taken
+
+
+def _int_tensors(args, kwargs):
+    out = []
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor) and not v.is_floating_point() and v.dtype != torch.bool and v.numel():
+            out.append(v)
+    return out
+
+
+def _written(op: str, args, kwargs) -> list[torch.Tensor]:
+    bound = OPS[op].signature.bind(*args, **kwargs).arguments
+    names = ("out", *OPS[op].mutates)
+    return [bound[n] for n in names if isinstance(bound.get(n), torch.Tensor)]
+
+
+def _poisoned_call(op: str, seed: int, poison: int, edge: int, with_out: bool, device="cpu"):
+    """A valid call, then (``poison`` > 0) one element of one integer argument set to ``edge``."""
+    rng = np.random.default_rng(seed)
+    args, kwargs = case_for(op, rng, "cpu", poison=with_out)
+    ints = _int_tensors(args, kwargs)
+    if poison and ints:
+        t = ints[int(rng.integers(len(ints)))].view(-1)
+        t[int(rng.integers(t.numel()))] = max(min(edge, torch.iinfo(t.dtype).max), torch.iinfo(t.dtype).min)
+    move = (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
+    return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
+
+
+def agrees(op: str, args, kwargs) -> str:
+    """Runs the op's self-checked form on the call and checks it against the validator: the
+    verdict is the validator's; a bad call leaves every written buffer as it was, a good one gives
+    the reference's result (on the CPU). Returns "bad", "good" or "declined"."""
+    try:
+        OPS[op].validate(*args, **kwargs)
+        bad = False
+    except ValueError:
+        bad = True
+    before = [w.clone() for w in _written(op, args, kwargs)]
+    done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(*args, **kwargs)
+    if done is None:
+        return "declined"  # a call the form does not take: dispatch validates it as usual
+    result, gate = done
+    assert gate.failed() == bad
+    if bad:
+        for w, b in zip(_written(op, args, kwargs), before):
+            assert torch.equal(w, b), "a refused call wrote"
+        return "bad"
+    cpu = (lambda v: v.cpu().clone() if isinstance(v, torch.Tensor) else v)
+    ref_args, ref_kwargs = [cpu(a) for a in args], {k: cpu(v) for k, v in kwargs.items()}
+    for w, b in zip(_written(op, ref_args, ref_kwargs), before):
+        w.copy_(b.cpu())
+    why = mismatch(op, result, OPS[op].reference(*ref_args, **ref_kwargs))
+    assert why is None, why
+    return "good"
+
+
+@pytest.mark.parametrize("op", CHECKED)
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), poison=st.integers(0, 3), edge=st.sampled_from(EDGES),
+       with_out=st.booleans())
+def test_self_checked_kernel_agrees_with_the_validator(op, seed, poison, edge, with_out):
+    agrees(op, *_poisoned_call(op, seed, poison, edge, with_out))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CHECKED)
+def test_self_checked_kernel_agrees_with_the_validator_on_gpu(op):
+    """The same on the GPU (the verdict a pinned host word on CUDA), 200 calls in a row on one
+    thread's word, then on a second stream: both verdicts seen."""
+    seen = []
+    for i in range(200):
+        seen.append(agrees(op, *_poisoned_call(op, i, i % 4, EDGES[i % len(EDGES)], i % 2 == 0, "cuda")))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for i in range(20):
+            seen.append(agrees(op, *_poisoned_call(op, 1000 + i, i % 2, -1, False, "cuda")))
+    torch.cuda.synchronize()
+    assert "bad" in seen and "good" in seen
+
+
+def _backend():
+    return sb.select("cpu", prefer="triton")
+
+
+def _launches(op: str) -> int:
+    module, _, fn = SELF_CHECKED[op].partition(":")
+    return sum(k.launches for name, k in _launch.KERNELS.items() if name.startswith(f"{module}.") and
+               name.endswith("_checked"))
+
+
+@pytest.mark.parametrize("op", CHECKED)
+def test_dispatch_takes_the_self_checked_path_for_plain_validated_calls(op):
+    be = _backend()
+    rng = np.random.default_rng(7)
+    args, kwargs = case_for(op, rng, "cpu")
+    n = _launches(op)
+    got = getattr(be, op)(*args, **kwargs)
+    assert _launches(op) == n + 1, "a validated call of plain tensors runs the kernel that checks itself"
+    assert mismatch(op, got, OPS[op].reference(*args, **kwargs)) is None
+    with sb.validation(False):
+        getattr(be, op)(*args, **kwargs)
+    assert _launches(op) == n + 1, "an unvalidated call runs the plain kernel"
+    unchecked = sb.select("cpu", prefer="triton", checked=False)
+    getattr(unchecked, op)(*args, **kwargs)
+    assert _launches(op) == n + 1, "a backend that never validates runs the plain kernel"
+
+
+def test_batch_replay_start_errors_are_the_validators_and_nothing_is_written():
+    be = _backend()
+    R = torch.tensor([5, 7, 9], dtype=torch.int32)
+    pre = torch.tensor([True, False, True])
+    out = torch.full((3,), -7, dtype=torch.int32)
+    n = _launches("batch_replay_start")
+    for idx, R_bad, message in (
+        (torch.tensor([2, 0, 3], dtype=torch.int32), R, "idx_mapping=3: expected values in [0, 3)"),
+        (torch.tensor([2, 0, -1], dtype=torch.int64), R, "idx_mapping=-1: expected values in [0, 3)"),
+        (torch.tensor([2, 0, 1], dtype=torch.int32), torch.tensor([5, MAX_POSITION + 1, 9], dtype=torch.int64),
+         f"R_per_request={MAX_POSITION + 1}: expected values in [0, {MAX_POSITION + 1})"),
+    ):
+        with pytest.raises(ValueError) as err:
+            be.batch_replay_start(R_bad, idx, pre, out=out)
+        assert str(err.value) == f"batch_replay_start: {message}"
+        assert torch.equal(out, torch.full((3,), -7, dtype=torch.int32))
+    assert _launches("batch_replay_start") == n + 3, "each refused call ran the checking kernel, then the validator"
+    # a strided view: the quick check cannot tell, the validator runs and the plain kernel computes
+    idx = torch.tensor([2, 9, 0, 9, 1, 9], dtype=torch.int32)[::2]
+    got = be.batch_replay_start(R, idx, pre)
+    assert _launches("batch_replay_start") == n + 3 and got.tolist() == [9, 0, 7]
+    with pytest.raises(ValueError, match=r"idx_mapping=9: expected values in \[0, 3\)"):
+        be.batch_replay_start(R, torch.tensor([2, 9, 9, 9, 1, 9], dtype=torch.int32)[1::2], pre)
+    # an out= that aliases an input: the quick check refuses it, the validator names it
+    shared = torch.tensor([2, 0, 1, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="shares no memory with the input 'idx_mapping'"):
+        be.batch_replay_start(R, shared[:3], pre, out=shared[1:])
+
+
+def test_batch_replay_start_checked_declines_what_it_does_not_take():
+    from swa_backends.kernels import batch_replay_start as k
+
+    R = torch.zeros(k.CHECKED_MAX, dtype=torch.int32)
+    assert k.batch_replay_start_checked(R, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)) is None
+    assert k.batch_replay_start_checked(R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool)) is None
+    be = _backend()
+    got = be.batch_replay_start(R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool))
+    assert got.tolist() == [0]  # validated on the host, computed by the plain kernel
