@@ -161,7 +161,7 @@ class Variant:
     ``"module:attr"`` of the implementation's validated form, for a call that passed the op's
     quick host checks (``OpSpec.quick_check``): its kernel tests every value condition of the op's
     validator itself before it writes, writes nothing when one fails, and the form returns
-    ``(result, Gate)`` (:mod:`swa_backends.kernels._verdict`); or ``None`` for a call it does not
+    ``(result, Verdict)`` (:mod:`swa_backends.kernels._verdict`); or ``None`` for a call it does not
     take (a strided view, sizes past its limits), which dispatch then validates as usual.
 
     ``kv_formats`` (ops of :data:`KV_FORMAT_OPS`): the ``kv_format`` values it reads, an entry

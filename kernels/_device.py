@@ -3,8 +3,13 @@
 import triton
 import triton.language as tl
 
+from . import _verdict
+
 #: common.types.PAD inside kernels (compiled Triton reads only constexpr globals)
 PAD = tl.constexpr(-1)
+#: what a self-checking kernel's program 0 leaves in its verdict word (``_verdict.Verdict``)
+PASS = tl.constexpr(_verdict.PASS)
+FAIL = tl.constexpr(_verdict.FAIL)
 #: entries of a per-request array one program touches up front (see ``warm``)
 WARM = tl.constexpr(1024)
 

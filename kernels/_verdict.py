@@ -3,17 +3,22 @@
 A validated call must refuse bad input before it writes anything, and it must know its verdict
 before it returns (the ``ValueError`` names the argument). Reading the values on the host means a
 device-to-host copy of them and host code to test them; here instead a kernel tests them and
-leaves its verdict in one word (0: every value passed, 1: one did not), and the host waits for
-that kernel alone and reads the word.
+leaves its verdict in one word, and the host waits for that word alone. Two forms:
 
-On an NVIDIA GPU the word is pinned host memory the kernel writes (and a gated kernel queued
-behind the check reads) through the device's mapping of it: one word per thread, device and
-stream, zeroed by the host before each check. The call before on the same thread and stream has
-had its verdict read (its event waited for) and, when the word was set, every kernel queued
-behind its check run (the stream waited for), so no kernel still to read the word sees the next
-call's verdict. Elsewhere (a CPU tensor under Triton's interpreter; a ROCm device, where the
-pack has not measured a mapped host word) the word is a one-element device tensor, read by a
-copy.
+* :class:`Gate` (``sparse_mla``'s check kernel, ahead of a gated attention kernel): the word is a
+  flag (0: every value passed, 1: one did not) that the gated kernel reads too; the host waits
+  for an event behind the check. One word per thread, device and stream, zeroed by the host before
+  each check: the call before on the same thread and stream has had its verdict read and, when the
+  flag was set, every kernel queued behind its check run (the stream waited for), so no kernel
+  still to read the word sees the next call's flag.
+* :class:`Verdict` (a kernel that tests its own values, ``Variant.self_checked``): its program 0
+  writes :data:`PASS` or :data:`FAIL` into a zeroed word, which no kernel reads; the host polls the
+  word until it is set (no event: the first program's store is the earliest the host can know).
+  One word per thread and device: a call has read its verdict before it returns.
+
+On an NVIDIA GPU the word is pinned host memory the kernel writes through the device's mapping of
+it. Elsewhere (a CPU tensor under Triton's interpreter; a ROCm device, where the pack has not
+measured a mapped host word) it is a one-element device tensor, read by a copy.
 """
 
 from __future__ import annotations
@@ -21,6 +26,16 @@ from __future__ import annotations
 import threading
 
 import torch
+
+
+#: the values a self-checking kernel's program 0 leaves in its :class:`Verdict` word (0: not yet)
+PASS, FAIL = 1, 2
+#: polls of a verdict word between two looks at whether its stream is still running
+_SPINS = 4096
+
+
+def _mapped(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None
 
 
 class Gate:
@@ -85,7 +100,7 @@ def _slot(device: torch.device) -> _Slot:
 
 def open_word(device: torch.device) -> tuple[torch.Tensor, _Slot | None]:
     """The zeroed word a check on ``device`` is to write, and its slot (None: a device tensor)."""
-    if device.type == "cuda" and torch.version.hip is None:
+    if _mapped(device):
         slot = _slot(device)
         slot.view[0] = 0
         return slot.word, slot
@@ -99,3 +114,46 @@ def close_word(flag: torch.Tensor, slot: _Slot | None) -> Gate:
     slot.event.record(slot.stream)
     slot.pending = Gate(flag, slot)
     return slot.pending
+
+
+class Verdict:
+    """The verdict of one call to a kernel that tests its own values: ``word`` (int32 [1]) for the
+    kernel, :meth:`failed` for the host."""
+
+    __slots__ = ("word", "_view", "_device")
+
+    def __init__(self, word: torch.Tensor, view, device: torch.device):
+        self.word, self._view, self._device = word, view, device
+
+    def failed(self) -> bool:
+        """Waits for the kernel's program 0 to leave its verdict (not for the rest of the kernel)."""
+        view = self._view
+        if view is None:  # a device tensor: the copy waits for the kernel
+            v = int(self.word.item())
+        else:
+            v = view[0]
+            spins = 0
+            while v == 0:
+                spins += 1
+                if spins % _SPINS == 0 and torch.cuda.current_stream(self._device).query():
+                    v = view[0]  # the stream has run everything queued: the word is final
+                    break
+                v = view[0]
+        if v not in (PASS, FAIL):
+            raise RuntimeError(f"a self-checking kernel on {self._device} left no verdict (word {int(v)})")
+        return v == FAIL
+
+
+def open_verdict(device: torch.device) -> Verdict:
+    """This thread's zeroed verdict word for ``device`` (a fresh device tensor where not mapped)."""
+    if not _mapped(device):
+        return Verdict(torch.zeros(1, dtype=torch.int32, device=device), None, device)
+    words = getattr(_local, "verdicts", None)
+    if words is None:
+        words = _local.verdicts = {}
+    entry = words.get(device.index)
+    if entry is None:
+        word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        entry = words[device.index] = (word, word.numpy())
+    entry[1][0] = 0
+    return Verdict(entry[0], entry[1], device)

@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE, MAX_POSITION
+from ._device import FAIL, PASS
 from ._launch import Kernel, contiguous, jit
-from ._verdict import close_word, open_word
+from ._verdict import open_verdict
 
 BLOCK = 256
 #: the most entries (batch rows plus requests) the checked kernel takes: every program reads them
@@ -50,8 +51,10 @@ def _batch_replay_start_checked(r_ptr, idx_ptr, pre_ptr, out_ptr, flag_ptr, B, n
         bad |= ((r < 0) | (r > max_r)).to(tl.int32)
     if tl.max(bad, axis=0) > 0:
         if tl.program_id(0) == 0:
-            tl.store(flag_ptr, 1)
+            tl.store(flag_ptr, FAIL)
     else:
+        if tl.program_id(0) == 0:  # the host waits for this store alone
+            tl.store(flag_ptr, PASS)
         _rows(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK)
 
 
@@ -74,15 +77,15 @@ def batch_replay_start(R_per_request, idx_mapping, is_prefilling, *, out=None) -
 
 def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Gate)``, or None for a call it does not take (no batch row; past
+    ``(out, Verdict)``, or None for a call it does not take (no batch row; past
     :data:`CHECKED_MAX` entries)."""
     B, n_r = idx_mapping.shape[0], R_per_request.shape[0]
     if B == 0 or B + n_r > CHECKED_MAX:
         return None
     if out is None:
         out = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
-    flag, slot = open_word(R_per_request.device)
+    verdict = open_verdict(R_per_request.device)
     _K_CHECKED((R_per_request.dtype, idx_mapping.dtype), ((B + BLOCK - 1) // BLOCK, 1, 1),
-               contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, flag, B, n_r,
-               MAX_POSITION, BLOCK)
-    return out, close_word(flag, slot)
+               contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, verdict.word,
+               B, n_r, MAX_POSITION, BLOCK)
+    return out, verdict

@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 
 from ..common.types import MAX_POSITION
-from ._device import PAD, find_request
+from ._device import FAIL, PAD, PASS, find_request
 from ._launch import Kernel, contiguous, jit
-from ._verdict import close_word, open_word
+from ._verdict import open_verdict
 
 BLOCK = 512
 #: the most entries (tokens, requests and groups) the checked kernel takes: every program reads
@@ -72,8 +72,10 @@ def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_pt
         bad |= ((p < 0) | (p > max_p)).to(tl.int32)
     if tl.max(bad, axis=0) > 0:
         if tl.program_id(0) == 0:
-            tl.store(flag_ptr, 1)
+            tl.store(flag_ptr, FAIL)
     else:
+        if tl.program_id(0) == 0:  # the host waits for this store alone
+            tl.store(flag_ptr, PASS)
         _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK)
 
 
@@ -106,16 +108,16 @@ def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positio
 def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
                                any_replay=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(slot_mappings, Gate)``, or None for a call it does not take (one that launches nothing,
+    ``(slot_mappings, Verdict)``, or None for a call it does not take (one that launches nothing,
     whose values the validator still tests; past :data:`CHECKED_MAX` entries)."""
     T = positions.shape[0]
     n_groups = cacheable_groups.shape[0]
     B = query_start_loc.shape[0] - 1
     if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups > CHECKED_MAX:
         return None
-    flag, slot = open_word(positions.device)
+    verdict = open_verdict(positions.device)
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
                slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), contiguous(cacheable_groups), n_groups,
-               contiguous(query_start_loc), contiguous(positions), contiguous(replay_start), flag, B, T, Wr,
+               contiguous(query_start_loc), contiguous(positions), contiguous(replay_start), verdict.word, B, T, Wr,
                B.bit_length(), slot_mappings.shape[0], MAX_POSITION, BLOCK)
-    return slot_mappings, close_word(flag, slot)
+    return slot_mappings, verdict

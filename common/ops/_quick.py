@@ -18,19 +18,24 @@ _TENSOR = torch.Tensor
 
 
 def plain(t, dtypes: tuple[torch.dtype, ...], ndim: int, device: torch.device | None = None) -> bool:
-    """A contiguous ``torch.Tensor`` itself (no subclass, no lazy bit) of one of ``dtypes``,
-    ``ndim`` dimensions, on ``device`` when given, its sizes and strides within the kernels'
-    32-bit arguments (``_checks.check_extents``; a size-1 dimension may carry any stride)."""
-    return (t.__class__ is _TENSOR and t.dtype in dtypes and t.dim() == ndim and t.is_contiguous()
-            and not t.is_neg() and not t.is_conj() and (device is None or t.device == device)
-            and max(t.shape, default=0) <= MAX_POSITION and max(t.stride(), default=0) <= INT32_MAX)
+    """A contiguous ``torch.Tensor`` itself (no subclass, no negative bit) of one of ``dtypes``
+    (integer or bool: no conjugate bit exists for them), ``ndim`` dimensions, on ``device`` when
+    given, its sizes and strides within the kernels' 32-bit arguments (``_checks.check_extents``;
+    a dimension of one element may carry any stride)."""
+    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.dim() != ndim or not t.is_contiguous()
+            or t.is_neg() or (device is not None and t.device != device)):
+        return False
+    if ndim == 1:
+        n = t.shape[0]
+        return n <= MAX_POSITION and (n > 1 or t.stride(0) <= INT32_MAX)
+    return max(t.shape) <= MAX_POSITION and max(t.stride()) <= INT32_MAX
 
 
 def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device) -> bool:
     """A 2-D ``torch.Tensor`` itself whose rows are contiguous and apart (``stride(1) == 1``,
     ``stride(0) >= shape[1]``: a slice of a wider buffer), otherwise as :func:`plain`."""
-    if not (t.__class__ is _TENSOR and t.dtype in dtypes and t.dim() == 2 and not t.is_neg() and not t.is_conj()
-            and t.device == device):
+    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.dim() != 2 or t.is_neg()
+            or t.device != device):
         return False
     (n, m), (s0, s1) = t.shape, t.stride()
     return ((s1 == 1 or m <= 1) and (s0 >= m or n <= 1) and n <= MAX_POSITION and m <= MAX_POSITION
@@ -39,6 +44,9 @@ def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device) -> bool:
 
 def _span(t: torch.Tensor) -> tuple[int, int] | None:
     """The bytes from a tensor's first element to past its last (strides are never negative)."""
+    if t.is_contiguous():
+        lo = t.data_ptr()
+        return (lo, lo + t.nbytes) if t.nbytes else None
     if t.numel() == 0:
         return None
     lo = t.data_ptr()

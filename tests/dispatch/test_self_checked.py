@@ -226,3 +226,15 @@ def test_batch_replay_start_checked_declines_what_it_does_not_take():
     be = _backend()
     got = be.batch_replay_start(R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool))
     assert got.tolist() == [0]  # validated on the host, computed by the plain kernel
+
+
+def test_a_verdict_word_left_unset_is_an_error_not_a_pass():
+    from swa_backends.kernels._verdict import FAIL, PASS, open_verdict
+
+    v = open_verdict(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="left no verdict"):
+        v.failed()
+    v.word.fill_(PASS)
+    assert not v.failed()
+    v.word.fill_(FAIL)
+    assert v.failed()

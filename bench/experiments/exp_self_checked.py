@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""Where a validated call to a self-checking kernel (``Variant.self_checked``) spends its host time,
+per op that has one, at ``bench_validation.py``'s serving-sized step::
+
+    . bench/gpu_env.sh && python3 bench/experiments/exp_self_checked.py --out $OUT
+    python bench/experiments/exp_self_checked.py --out /tmp/sc --smoke        # CPU wiring, one round
+
+Host µs per call, median of ``--reps`` with the device idle before each (fresh arguments made
+outside the timing):
+
+* ``off``: the call through the backend, validation off; ``on``: validated (the self-checked path);
+* ``plain``: the plain kernel's implementation called directly (no dispatch);
+* ``form``: the self-checked form called directly, without waiting for its verdict; ``form_wait``:
+  with the wait (``Verdict.failed``);
+* ``quick``: the op's quick host checks alone; ``enabled``: ``value_checks_enabled()`` alone (the
+  graph-capture query); ``verdict_open``: ``open_verdict`` alone;
+* ``wait``: ``form_wait - form``: from the launch's return to the verdict seen.
+
+Writes ``exp_self_checked.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lib import smoke  # noqa: E402
+
+smoke.use_interpreter()  # before anything imports Triton
+
+import torch  # noqa: E402
+
+import swa_backends as sb  # noqa: E402
+from lib import results  # noqa: E402
+from lib.steps import validation_cases  # noqa: E402
+from swa_backends.common.ops import OPS  # noqa: E402
+from swa_backends.common.registry import load_attr  # noqa: E402
+from swa_backends.common.validation import value_checks_enabled  # noqa: E402
+from swa_backends.kernels import METADATA_KERNELS, SELF_CHECKED  # noqa: E402
+from swa_backends.kernels._verdict import open_verdict  # noqa: E402
+
+
+def _clone(v):
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def med_us(make, reps: int, gpu: bool) -> float:
+    """Median host µs of the call ``make()`` returns, the device idle before each."""
+    times = []
+    for _ in range(reps):
+        call = make()
+        if gpu:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e6)
+    if gpu:
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def per_op(dev, reps: int, gpu: bool) -> dict:
+    be = sb.select(str(dev)) if gpu else sb.select("cpu", prefer="triton")
+    out = {}
+    for op, args, kwargs in validation_cases(dev, smoke=not gpu):
+        if op not in SELF_CHECKED:
+            continue
+        spec = OPS[op]
+        fn = getattr(be, op)
+        plain = load_attr(f"swa_backends.kernels.{METADATA_KERNELS[op][0]}")
+        form = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
+
+        def fresh(body):
+            def make():
+                a, kw = tuple(_clone(x) for x in args), {n: _clone(x) for n, x in kwargs.items()}
+                return lambda: body(a, kw)
+            return make
+
+        def validated(a, kw, on):
+            with sb.validation(on):
+                fn(*a, **kw)
+
+        def form_wait(a, kw):
+            done = form(*a, **kw)
+            assert done is not None and not done[1].failed(), f"{op}: the form declined or refused the step"
+
+        for on in (True, False):  # warm both paths
+            fresh(lambda a, kw: validated(a, kw, on))()()
+        form_wait(*fresh(lambda a, kw: (a, kw))()())
+        row = {
+            "off": med_us(fresh(lambda a, kw: validated(a, kw, False)), reps, gpu),
+            "on": med_us(fresh(lambda a, kw: validated(a, kw, True)), reps, gpu),
+            "plain": med_us(fresh(lambda a, kw: plain(*a, **kw)), reps, gpu),
+            "form": med_us(fresh(lambda a, kw: form(*a, **kw)), reps, gpu),
+            "form_wait": med_us(fresh(form_wait), reps, gpu),
+            "quick": med_us(fresh(lambda a, kw: spec.quick_check(*a, **kw)), reps, gpu),
+            "enabled": med_us(fresh(lambda a, kw: value_checks_enabled()), reps, gpu),
+            "verdict_open": med_us(fresh(lambda a, kw: open_verdict(dev)), reps, gpu),
+        }
+        row["wait"] = row["form_wait"] - row["form"]
+        row["ratio"] = row["on"] / row["off"]
+        out[op] = row
+        print(f"{op:<22} " + "  ".join(f"{k} {v:6.2f}" for k, v in row.items()), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
+    a = p.parse_args(argv)
+    gpu = torch.cuda.is_available() and not a.smoke
+    dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    res = {"meta": results.machine(dev), "reps": a.reps if gpu else 1,
+           "ops": per_op(dev, a.reps if gpu else 1, gpu)}
+    a.out.mkdir(parents=True, exist_ok=True)
+    results.write_json(a.out / "exp_self_checked.json", res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
