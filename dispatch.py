@@ -715,13 +715,17 @@ class Backend(_Declared):
             # a validated call of plain tensors: quick host checks, then the variant's kernel tests
             # the values itself (Variant.self_checked); the platform's own check is not in them
             quick = spec.quick_check if self.checked and only.self_checked and platform_check is None else None
+            # no value is read under a graph capture: the capture query of validation's value
+            # checks, asked of the device's own stream API (torch.cuda.is_available() costs more)
+            capturing = (torch.cuda.is_current_stream_capturing if device.platform in ("cuda", "rocm")
+                         else (lambda: getattr(_validation_state, "capturing", None) is True))
             self_checked = None
 
             def call(*args, **kwargs):  # the hot path: a thread-local read, then the variant
                 nonlocal impl, self_checked
                 enabled = getattr(_validation_state, "enabled", None)
                 if enabled or (enabled is None and _validation_default()):
-                    if quick is not None and value_checks_enabled() and quick(*args, **kwargs):
+                    if quick is not None and not capturing() and quick(*args, **kwargs):
                         if self_checked is None:
                             self_checked = load_attr(only.self_checked)
                         done = self_checked(*args, **kwargs)

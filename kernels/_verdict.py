@@ -145,15 +145,16 @@ class Verdict:
 
 
 def open_verdict(device: torch.device) -> Verdict:
-    """This thread's zeroed verdict word for ``device`` (a fresh device tensor where not mapped)."""
-    if not _mapped(device):
-        return Verdict(torch.zeros(1, dtype=torch.int32, device=device), None, device)
-    words = getattr(_local, "verdicts", None)
-    if words is None:
-        words = _local.verdicts = {}
-    entry = words.get(device.index)
-    if entry is None:
+    """This thread's verdict for ``device``, its word zeroed (a fresh device tensor where the
+    word is not mapped host memory)."""
+    verdicts = getattr(_local, "verdicts", None)
+    if verdicts is None:
+        verdicts = _local.verdicts = {}
+    v = verdicts.get(device)
+    if v is None:
+        if not _mapped(device):
+            return Verdict(torch.zeros(1, dtype=torch.int32, device=device), None, device)
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        entry = words[device.index] = (word, word.numpy())
-    entry[1][0] = 0
-    return Verdict(entry[0], entry[1], device)
+        v = verdicts[device] = Verdict(word, word.numpy(), device)
+    v._view[0] = 0
+    return v

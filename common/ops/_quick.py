@@ -57,14 +57,14 @@ def _span(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 def apart(out: torch.Tensor, *others: torch.Tensor) -> bool:
-    """``out`` shares no byte with any of ``others``: their spans (first to last byte) are
-    disjoint (a layout that interleaves two tensors' spans answers False)."""
+    """``out`` shares no byte with any of the contiguous ``others`` (passed :func:`plain`): their
+    spans, first to last byte, are disjoint (a layout that interleaves two spans answers False)."""
     mine = _span(out)
     if mine is None:
         return True
     lo, hi = mine
     for t in others:
-        theirs = _span(t)
-        if theirs is not None and theirs[0] < hi and lo < theirs[1]:
+        a = t.data_ptr()  # an empty tensor at an address inside out's span counts too: stricter
+        if a < hi and lo < a + t.nbytes:
             return False
     return True
