@@ -50,6 +50,8 @@ METADATA_KERNELS = {
 SELF_CHECKED = {
     "batch_replay_start": "batch_replay_start:batch_replay_start_checked",
     "pad_replayed_slots": "pad_replayed_slots:pad_replayed_slots_checked",
+    "prefill_gather_lens": "prefill_gather_lens:prefill_gather_lens_checked",
+    "mixed_indices": "mixed_indices:mixed_indices_checked",
 }
 
 #: The metadata ops' Triton kernels.

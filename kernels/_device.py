@@ -103,3 +103,59 @@ def write_graph_padding(pid, n_progs, qsl_ptr, drop_ptr, B, T, pos_ptr, rows_ptr
             gm = (gg[:, None] < G) & m[None, :]
             tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], tl.full([GB, BLOCK], PAD, tl.int64),
                      mask=gm)
+
+
+# --- the value checks of a self-checking kernel (``Variant.self_checked``): each returns 1 when a
+# value fails, else 0; every program runs them over whole arrays, so each knows the call's verdict
+
+#: entries a check tests per step of its loop (wide: the first program's verdict is what the host
+#: waits for, and its loops are that program's longest part); a host-side int for the launches
+CHECK = 2048
+
+
+@triton.jit
+def range_bad(ptr, n, low, high, CHECK: tl.constexpr):
+    """Some ``ptr[0:n]`` outside ``[low, high]`` (``high`` inclusive)."""
+    k = tl.arange(0, CHECK)
+    bad = tl.zeros([CHECK], tl.int32)
+    for s in range(0, n, CHECK):
+        v = tl.load(ptr + s + k, mask=s + k < n, other=low)
+        bad |= ((v < low) | (v > high)).to(tl.int32)
+    return tl.max(bad, axis=0)
+
+
+@triton.jit
+def qsl_bad(qsl_ptr, B, num_tokens, FROM_ZERO: tl.constexpr, CHECK: tl.constexpr):
+    """``query_start_loc[0:B+1]`` not from 0 (``FROM_ZERO``; else from below 0), decreasing
+    somewhere, or past ``num_tokens`` (a negative ``num_tokens``: unknown, not tested)."""
+    k = tl.arange(0, CHECK)
+    bad = tl.zeros([CHECK], tl.int32)
+    for s in range(0, B + 1, CHECK):
+        j = s + k
+        m = j <= B
+        v = tl.load(qsl_ptr + j, mask=m, other=0)
+        prev = tl.load(qsl_ptr + j - 1, mask=m & (j > 0), other=0)
+        first = (v != 0) if FROM_ZERO else (v < 0)
+        bad |= (m & (((j == 0) & first) | ((j > 0) & (v < prev)) | ((num_tokens >= 0) & (v > num_tokens)))).to(tl.int32)
+    return tl.max(bad, axis=0)
+
+
+@triton.jit
+def seq_lens_bad(qsl_ptr, seq_ptr, B, high, CHECK: tl.constexpr):
+    """Some ``seq_lens[b]`` below its request's query length or outside ``[0, high]``."""
+    k = tl.arange(0, CHECK)
+    bad = tl.zeros([CHECK], tl.int32)
+    for s in range(0, B, CHECK):
+        b = s + k
+        m = b < B
+        q = tl.load(qsl_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(qsl_ptr + b, mask=m, other=0)
+        seq = tl.load(seq_ptr + b, mask=m, other=0)
+        bad |= (m & ((seq < q) | (seq < 0) | (seq > high))).to(tl.int32)
+    return tl.max(bad, axis=0)
+
+
+@triton.jit
+def verdict(flag_ptr, bad):
+    """The first program leaves the call's verdict (``PASS``, or ``FAIL`` when ``bad``) in its word."""
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(flag_ptr, tl.where(bad > 0, FAIL, PASS))

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE, MAX_POSITION
-from ._device import FAIL, PASS
+from ._device import CHECK, range_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -40,21 +40,11 @@ def _batch_replay_start(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK: tl.constexpr
 
 
 @jit
-def _batch_replay_start_checked(r_ptr, idx_ptr, pre_ptr, out_ptr, flag_ptr, B, n_r, max_r, BLOCK: tl.constexpr):
-    k = tl.arange(0, BLOCK)
-    bad = tl.zeros([BLOCK], tl.int32)
-    for s in range(0, B, BLOCK):
-        i = tl.load(idx_ptr + s + k, mask=s + k < B, other=0)
-        bad |= ((i < 0) | (i >= n_r)).to(tl.int32)
-    for s in range(0, n_r, BLOCK):
-        r = tl.load(r_ptr + s + k, mask=s + k < n_r, other=0)
-        bad |= ((r < 0) | (r > max_r)).to(tl.int32)
-    if tl.max(bad, axis=0) > 0:
-        if tl.program_id(0) == 0:
-            tl.store(flag_ptr, FAIL)
-    else:
-        if tl.program_id(0) == 0:  # the host waits for this store alone
-            tl.store(flag_ptr, PASS)
+def _batch_replay_start_checked(r_ptr, idx_ptr, pre_ptr, out_ptr, flag_ptr, B, n_r, max_r, BLOCK: tl.constexpr,
+                                CHECK: tl.constexpr):
+    bad = range_bad(idx_ptr, B, 0, n_r - 1, CHECK) | range_bad(r_ptr, n_r, 0, max_r, CHECK)
+    verdict(flag_ptr, bad)
+    if bad == 0:
         _rows(r_ptr, idx_ptr, pre_ptr, out_ptr, B, BLOCK)
 
 
@@ -87,5 +77,5 @@ def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out
     verdict = open_verdict(R_per_request.device)
     _K_CHECKED((R_per_request.dtype, idx_mapping.dtype), ((B + BLOCK - 1) // BLOCK, 1, 1),
                contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, verdict.word,
-               B, n_r, MAX_POSITION, BLOCK)
+               B, n_r, MAX_POSITION, BLOCK, CHECK)
     return out, verdict

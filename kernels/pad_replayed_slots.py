@@ -18,14 +18,11 @@ import triton
 import triton.language as tl
 
 from ..common.types import MAX_POSITION
-from ._device import FAIL, PAD, PASS, find_request
+from ._device import CHECK, PAD, find_request, qsl_bad, range_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
 BLOCK = 512
-#: entries a program tests per step of the checked kernel's loops (wide: program 0's verdict is what
-#: the host waits for, and the loop over the tokens is its longest part)
-CHECK_BLOCK = 2048
 #: the most entries (tokens, requests and groups) the checked kernel takes: every program reads
 #: them all, so its work grows with their square; past this a validated call checks on the host
 CHECKED_MAX = 32768
@@ -55,30 +52,11 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
 
 @jit
 def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, flag_ptr, B, T,
-                                Wr, n_steps, G, max_p, BLOCK: tl.constexpr, CHECK_BLOCK: tl.constexpr):
-    k = tl.arange(0, CHECK_BLOCK)
-    bad = tl.zeros([CHECK_BLOCK], tl.int32)
-    for s in range(0, B + 1, CHECK_BLOCK):  # query_start_loc: 0 first, non-decreasing, at most T
-        j = s + k
-        m = j <= B
-        v = tl.load(qsl_ptr + j, mask=m, other=0)
-        prev = tl.load(qsl_ptr + j - 1, mask=m & (j > 0), other=0)
-        bad |= (m & (((j == 0) & (v != 0)) | (v < prev) | (v > T))).to(tl.int32)
-    for s in range(0, B, CHECK_BLOCK):
-        r = tl.load(rs_ptr + s + k, mask=s + k < B, other=0)
-        bad |= ((r < 0) | (r > max_p)).to(tl.int32)
-    for s in range(0, n_groups, CHECK_BLOCK):
-        g = tl.load(groups_ptr + s + k, mask=s + k < n_groups, other=0)
-        bad |= ((g < 0) | (g >= G)).to(tl.int32)
-    for s in range(0, T, CHECK_BLOCK):
-        p = tl.load(pos_ptr + s + k, mask=s + k < T, other=0)
-        bad |= ((p < 0) | (p > max_p)).to(tl.int32)
-    if tl.max(bad, axis=0) > 0:
-        if tl.program_id(0) == 0:
-            tl.store(flag_ptr, FAIL)
-    else:
-        if tl.program_id(0) == 0:  # the host waits for this store alone
-            tl.store(flag_ptr, PASS)
+                                Wr, n_steps, G, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr):
+    bad = (qsl_bad(qsl_ptr, B, T, True, CHECK) | range_bad(rs_ptr, B, 0, max_p, CHECK)
+           | range_bad(groups_ptr, n_groups, 0, G - 1, CHECK) | range_bad(pos_ptr, T, 0, max_p, CHECK))
+    verdict(flag_ptr, bad)
+    if bad == 0:
         _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK)
 
 
@@ -122,5 +100,5 @@ def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc,
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
                slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), contiguous(cacheable_groups), n_groups,
                contiguous(query_start_loc), contiguous(positions), contiguous(replay_start), verdict.word, B, T, Wr,
-               B.bit_length(), slot_mappings.shape[0], MAX_POSITION, BLOCK, CHECK_BLOCK)
+               B.bit_length(), slot_mappings.shape[0], MAX_POSITION, BLOCK, CHECK)
     return slot_mappings, verdict

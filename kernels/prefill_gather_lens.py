@@ -1,18 +1,29 @@
-"""``prefill_gather_lens`` (SPEC §2.5) in Triton: one lane per request."""
+"""``prefill_gather_lens`` (SPEC §2.5) in Triton: one lane per request.
+
+A validated call runs ``prefill_gather_lens_checked``: every program first tests every value the
+validator tests (``query_start_loc`` from at least 0 and non-decreasing; ``seq_lens`` at least the
+query length and in ``[0, MAX_POSITION]``; ``replay_start`` in ``[0, MAX_POSITION]``), stores
+nothing when one fails and leaves the verdict in the call's word (``_verdict.py``).
+"""
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from ..common.types import INDEX_DTYPE
+from ..common.types import INDEX_DTYPE, MAX_POSITION
+from ._device import CHECK, qsl_bad, range_bad, seq_lens_bad, verdict
 from ._launch import Kernel, contiguous, jit
+from ._verdict import open_verdict
 
 BLOCK = 256
+#: the most requests the checked kernel takes (every program reads them all)
+CHECKED_MAX = 16384
 
 
-@jit
-def _prefill_gather_lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK: tl.constexpr):
+@triton.jit
+def _lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK: tl.constexpr):
     b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = b < B
     start = tl.load(qsl_ptr + b, mask=m, other=0).to(tl.int64)
@@ -25,7 +36,23 @@ def _prefill_gather_lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK: tl.cons
     tl.store(out_ptr + b, (q + back).to(tl.int32), mask=m)
 
 
+@jit
+def _prefill_gather_lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK: tl.constexpr):
+    _lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK)
+
+
+@jit
+def _prefill_gather_lens_checked(qsl_ptr, seq_ptr, rs_ptr, out_ptr, flag_ptr, B, W, max_p, BLOCK: tl.constexpr,
+                                 CHECK: tl.constexpr):
+    bad = (qsl_bad(qsl_ptr, B, -1, False, CHECK) | seq_lens_bad(qsl_ptr, seq_ptr, B, max_p, CHECK)
+           | range_bad(rs_ptr, B, 0, max_p, CHECK))
+    verdict(flag_ptr, bad)
+    if bad == 0:
+        _lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK)
+
+
 _K = Kernel(_prefill_gather_lens)
+_K_CHECKED = Kernel(_prefill_gather_lens_checked)
 _KEY = ()
 
 
@@ -39,3 +66,18 @@ def prefill_gather_lens(query_start_loc, seq_lens, replay_start, W, *, out=None)
         _K(_KEY, ((B + BLOCK - 1) // BLOCK, 1, 1),
            contiguous(query_start_loc), contiguous(seq_lens), contiguous(replay_start), out, B, W, BLOCK)
     return out
+
+
+def prefill_gather_lens_checked(query_start_loc, seq_lens, replay_start, W, *, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)``, or None for a call it does not take (no request; past
+    :data:`CHECKED_MAX` requests)."""
+    B = query_start_loc.shape[0] - 1
+    if B <= 0 or B > CHECKED_MAX:
+        return None
+    if out is None:
+        out = torch.empty(B, dtype=INDEX_DTYPE, device=query_start_loc.device)
+    verdict = open_verdict(query_start_loc.device)
+    _K_CHECKED(_KEY, ((B + BLOCK - 1) // BLOCK, 1, 1), contiguous(query_start_loc), contiguous(seq_lens),
+               contiguous(replay_start), out, verdict.word, B, W, MAX_POSITION, BLOCK, CHECK)
+    return out, verdict

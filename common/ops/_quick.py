@@ -15,6 +15,7 @@ from ..types import MAX_POSITION
 from ..validation import INT32_MAX
 
 _TENSOR = torch.Tensor
+_INT32 = (torch.int32,)
 
 
 def plain(t, dtypes: tuple[torch.dtype, ...], ndim: int, device: torch.device | None = None) -> bool:
@@ -31,15 +32,15 @@ def plain(t, dtypes: tuple[torch.dtype, ...], ndim: int, device: torch.device | 
     return max(t.shape) <= MAX_POSITION and max(t.stride()) <= INT32_MAX
 
 
-def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device) -> bool:
+def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> bool:
     """A 2-D ``torch.Tensor`` itself whose rows are contiguous and apart (``stride(1) == 1``,
     ``stride(0) >= shape[1]``: a slice of a wider buffer), otherwise as :func:`plain`."""
     if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.dim() != 2 or t.is_neg()
-            or t.device != device):
+            or (device is not None and t.device != device)):
         return False
     (n, m), (s0, s1) = t.shape, t.stride()
-    return ((s1 == 1 or m <= 1) and (s0 >= m or n <= 1) and n <= MAX_POSITION and m <= MAX_POSITION
-            and s0 <= INT32_MAX and s1 <= INT32_MAX)
+    return (n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX
+            and (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1))))
 
 
 def _span(t: torch.Tensor) -> tuple[int, int] | None:
@@ -57,14 +58,24 @@ def _span(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 def apart(out: torch.Tensor, *others: torch.Tensor) -> bool:
-    """``out`` shares no byte with any of the contiguous ``others`` (passed :func:`plain`): their
-    spans, first to last byte, are disjoint (a layout that interleaves two spans answers False)."""
+    """``out`` shares no byte with any of ``others``: their spans, first to last byte, are disjoint
+    (a layout that interleaves two spans answers False)."""
     mine = _span(out)
     if mine is None:
         return True
     lo, hi = mine
     for t in others:
-        a = t.data_ptr()  # an empty tensor at an address inside out's span counts too: stricter
-        if a < hi and lo < a + t.nbytes:
+        theirs = _span(t)
+        if theirs is not None and theirs[0] < hi and lo < theirs[1]:
             return False
     return True
+
+
+def pair_out(out, dev: torch.device, shape0: tuple[int, int], n: int, *inputs: torch.Tensor) -> bool:
+    """``out`` a tuple of two contiguous int32 buffers ``[shape0]`` and ``[n]`` on ``dev``, apart
+    from each other and from ``inputs`` (``check_out`` of both and ``check_writes``)."""
+    if out.__class__ is not tuple or len(out) != 2:
+        return False
+    a, b = out
+    return (plain(a, _INT32, 2, dev) and a.shape == shape0 and plain(b, _INT32, 1, dev) and b.shape[0] == n
+            and apart(a, b, *inputs) and apart(b, *inputs))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
 from ..validation import check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
+from ._quick import pair_out, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, window_and_topk
@@ -35,6 +36,24 @@ def validate(swa_indices, topk_slots, topk_lens, *, out=None) -> None:
         check_out(NAME, "out[0]", out[0], shape=(T, mixed_width(SW, topk_slots.shape[1])), dtype=INDEX_DTYPE, device=dev)
         check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
     check_range(NAME, "topk_lens", topk_lens, low=0, high=topk_slots.shape[1] + 1)
+
+
+_INDEX = (INDEX_DTYPE,)
+
+
+def quick_check(swa_indices, topk_slots, topk_lens, *, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    the index rows may be slices of wider buffers)."""
+    if not rows(swa_indices, _INDEX):
+        return False
+    dev = swa_indices.device
+    T, SW = swa_indices.shape
+    if SW > MAX_WINDOW or not rows(topk_slots, _INDEX, dev) or not plain(topk_lens, _INDEX, 1, dev):
+        return False
+    K = topk_slots.shape[1]
+    if topk_slots.shape[0] != T or K > MAX_WINDOW or topk_lens.shape[0] != T:
+        return False
+    return out is None or pair_out(out, dev, (T, mixed_width(SW, K)), T, swa_indices, topk_slots, topk_lens)
 
 
 def reference(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,4 +96,4 @@ def warmup(s: WarmupStep):
     yield (swa, topk, topk_lens), {}
 
 
-OP = OpSpec(NAME, reference, validate, RESULTS, short="mixed", case=case, warmup=warmup)
+OP = OpSpec(NAME, reference, validate, RESULTS, short="mixed", case=case, warmup=warmup, quick_check=quick_check)

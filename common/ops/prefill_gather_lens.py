@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE
+from ..types import INDEX_DTYPE, MAX_WINDOW
 from ..validation import check_out, check_tensor
 from ._batch import live_replay_start
 from ._checks import check_batch, check_window
+from ._quick import apart, plain
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -22,6 +23,22 @@ def validate(query_start_loc, seq_lens, replay_start, W, *, out=None) -> None:
     B = check_batch(NAME, query_start_loc, seq_lens, replay_start, from_zero=False)
     if out is not None:
         check_out(NAME, "out", out, shape=(B,), dtype=INDEX_DTYPE, device=query_start_loc.device)
+
+
+_INDEX = (INDEX_DTYPE,)
+
+
+def quick_check(query_start_loc, seq_lens, replay_start, W, *, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``)."""
+    if not plain(query_start_loc, _INDEX, 1):
+        return False
+    dev = query_start_loc.device
+    B = query_start_loc.shape[0] - 1
+    if (B < 0 or W.__class__ is not int or not 1 <= W <= MAX_WINDOW or not plain(seq_lens, _INDEX, 1, dev)
+            or not plain(replay_start, _INDEX, 1, dev) or seq_lens.shape[0] != B or replay_start.shape[0] != B):
+        return False
+    return out is None or (plain(out, _INDEX, 1, dev) and out.shape[0] == B
+                           and apart(out, query_start_loc, seq_lens, replay_start))
 
 
 def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.Tensor:
@@ -57,4 +74,5 @@ def warmup(s: WarmupStep):
     yield (s.qsl, s.seq, s.R, s.W), {}
 
 
-OP = OpSpec(NAME, reference, validate, RESULTS, short="gather_lens", scalars={"W": "int"}, case=case, warmup=warmup)
+OP = OpSpec(NAME, reference, validate, RESULTS, short="gather_lens", scalars={"W": "int"}, case=case, warmup=warmup,
+            quick_check=quick_check)
