@@ -52,6 +52,7 @@ SELF_CHECKED = {
     "pad_replayed_slots": "pad_replayed_slots:pad_replayed_slots_checked",
     "prefill_gather_lens": "prefill_gather_lens:prefill_gather_lens_checked",
     "mixed_indices": "mixed_indices:mixed_indices_checked",
+    "indices_to_csr": "indices_to_csr:indices_to_csr_checked",
 }
 
 #: The metadata ops' Triton kernels.

@@ -12,9 +12,13 @@ leaves its verdict in one word, and the host waits for that word alone. Two form
   flag was set, every kernel queued behind its check run (the stream waited for), so no kernel
   still to read the word sees the next call's flag.
 * :class:`Verdict` (a kernel that tests its own values, ``Variant.self_checked``): its program 0
-  writes :data:`PASS` or :data:`FAIL` into a zeroed word, which no kernel reads; the host polls the
-  word until it is set (no event: the first program's store is the earliest the host can know).
-  One word per thread and device: a call has read its verdict before it returns.
+  writes :data:`PASS` or :data:`FAIL` into a zeroed word; the host polls the word until it is set
+  (no event: the first program's store is the earliest the host can know). One word per thread
+  and device: a call has read its verdict before it returns. An op of several kernels gates the
+  later ones on the word (each computes nothing when it reads ``FAIL``; a word zeroed by the next
+  call reads as not failed): its word is per stream too (``per_stream``: a call on another stream
+  could write ``FAIL`` into it before they run), and a ``FAIL`` makes the host wait for the stream
+  (the next call on it zeroes the word only after every kernel that reads it has run).
 
 On an NVIDIA GPU the word is pinned host memory the kernel writes through the device's mapping of
 it. Elsewhere (a CPU tensor under Triton's interpreter; a ROCm device, where the pack has not
@@ -126,7 +130,8 @@ class Verdict:
         self.word, self._view, self._device = word, view, device
 
     def failed(self) -> bool:
-        """Waits for the kernel's program 0 to leave its verdict (not for the rest of the kernel)."""
+        """Waits for the kernel's program 0 to leave its verdict (not for the rest of the kernel;
+        for all of the stream's work when it is ``FAIL``)."""
         view = self._view
         if view is None:  # a device tensor: the copy waits for the kernel
             v = int(self.word.item())
@@ -139,22 +144,35 @@ class Verdict:
                     v = view[0]  # the stream has run everything queued: the word is final
                     break
                 v = view[0]
+            if v == FAIL:  # kernels queued behind the check read the word: they run before it is reused
+                torch.cuda.current_stream(self._device).synchronize()
         if v not in (PASS, FAIL):
             raise RuntimeError(f"a self-checking kernel on {self._device} left no verdict (word {int(v)})")
         return v == FAIL
 
 
-def open_verdict(device: torch.device) -> Verdict:
-    """This thread's verdict for ``device``, its word zeroed (a fresh device tensor where the
-    word is not mapped host memory)."""
+# the current stream's id without building a Stream object (torch.cuda.current_stream's own call)
+_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
+
+
+def _stream_id(device: torch.device) -> int:
+    if _current_stream is not None:
+        return _current_stream(device.index)[0]
+    return torch.cuda.current_stream(device).stream_id
+
+
+def open_verdict(device: torch.device, per_stream: bool = False) -> Verdict:
+    """This thread's verdict for ``device`` (and its current stream, ``per_stream``), its word
+    zeroed (a fresh device tensor where the word is not mapped host memory)."""
     verdicts = getattr(_local, "verdicts", None)
     if verdicts is None:
         verdicts = _local.verdicts = {}
-    v = verdicts.get(device)
+    key = (device, _stream_id(device)) if per_stream and device.type == "cuda" else device
+    v = verdicts.get(key)
     if v is None:
         if not _mapped(device):
             return Verdict(torch.zeros(1, dtype=torch.int32, device=device), None, device)
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        v = verdicts[device] = Verdict(word, word.numpy(), device)
+        v = verdicts[key] = Verdict(word, word.numpy(), device)
     v._view[0] = 0
     return v

@@ -5,24 +5,33 @@ scanning ``indptr`` in place (a running carry over blocks of 1024 rows), then th
 compaction (row ``t``'s kept entries at ``indptr[t] + rank``; every element of ``values``
 at or past ``indptr[T]`` is set to PAD by the program owning that position, so each
 element of ``values`` is written exactly once).
+
+A validated call runs ``indices_to_csr_checked``: the counts' programs first test every value the
+validator tests (``lens`` in ``[0, K]``), each over all of them, store nothing when one fails and
+leave the verdict in the call's word (``_verdict.py``); the scan and the compaction read the word
+first and compute nothing on a ``FAIL`` (``GATED``).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE
-from ._device import PAD
+from ._device import CHECK, FAIL, PAD, range_bad, verdict
 from ._launch import Kernel, contiguous, jit
+from ._verdict import open_verdict
 
 BLOCK_T = 16
 BLOCK_K = 128
 SCAN_BLOCK = 4096
+#: the most rows the checked counts take: each of their programs reads every length
+CHECKED_MAX = 16384
 
 
-@jit
-def _csr_counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+@triton.jit
+def _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     m = t < T
     n = tl.load(lens_ptr + t, mask=m, other=0)
@@ -37,7 +46,31 @@ def _csr_counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constex
 
 
 @jit
-def _csr_scan(indptr_ptr, T, BLOCK: tl.constexpr):
+def _csr_counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T, BLOCK_K)
+
+
+@jit
+def _csr_counts_checked(idx_ptr, s0, s1, lens_ptr, indptr_ptr, flag_ptr, T, K, BLOCK_T: tl.constexpr,
+                        BLOCK_K: tl.constexpr, CHECK: tl.constexpr):
+    bad = range_bad(lens_ptr, T, 0, K, CHECK)
+    verdict(flag_ptr, bad)
+    if bad == 0:
+        _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T, BLOCK_K)
+
+
+@triton.jit
+def _failed(flag_ptr, GATED: tl.constexpr):
+    """A gated kernel's verdict word says FAIL (the counts stored nothing)."""
+    if GATED:
+        return tl.load(flag_ptr) == FAIL
+    return False
+
+
+@jit
+def _csr_scan(indptr_ptr, flag_ptr, T, BLOCK: tl.constexpr, GATED: tl.constexpr):
+    if _failed(flag_ptr, GATED):
+        return
     carry = tl.zeros([1], tl.int32)
     tl.store(indptr_ptr + tl.arange(0, 1), carry)
     for t0 in range(0, T, BLOCK):
@@ -50,8 +83,10 @@ def _csr_scan(indptr_ptr, T, BLOCK: tl.constexpr):
 
 
 @jit
-def _csr_compact(idx_ptr, s0, s1, lens_ptr, indptr_ptr, values_ptr, T, K,
-                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+def _csr_compact(idx_ptr, s0, s1, lens_ptr, indptr_ptr, values_ptr, flag_ptr, T, K,
+                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
+    if _failed(flag_ptr, GATED):
+        return
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     m = t < T
     n = tl.load(lens_ptr + t, mask=m, other=0)
@@ -72,17 +107,13 @@ def _csr_compact(idx_ptr, s0, s1, lens_ptr, indptr_ptr, values_ptr, T, K,
 
 
 _COUNTS = Kernel(_csr_counts)
+_COUNTS_CHECKED = Kernel(_csr_counts_checked)
 _SCAN = Kernel(_csr_scan)
 _COMPACT = Kernel(_csr_compact)
 _KEY = ()
 
 
-def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(indptr int32 [T+1], values int32 [T*K])``: row ``t``'s kept entries (``j < lens[t]``
-    and not PAD, in order) are ``values[indptr[t]:indptr[t+1]]``. ``values`` has the fixed
-    upper-bound size ``T*K`` (graph-safe); entries from ``indptr[T]`` on are PAD.
-    Three launches (counts, scan, compaction), no host synchronisation.
-    """
+def _launch(indices, lens, out, verdict=None) -> tuple[torch.Tensor, torch.Tensor]:
     T, K = indices.shape
     dev = indices.device
     if out is None:
@@ -94,7 +125,33 @@ def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tens
     lens = contiguous(lens)
     grid = ((T + BLOCK_T - 1) // BLOCK_T, 1, 1)
     s0, s1 = indices.stride(0), indices.stride(1)
-    _COUNTS(_KEY, grid, indices, s0, s1, lens, indptr, T, K, BLOCK_T, BLOCK_K)
-    _SCAN(_KEY, (1, 1, 1), indptr, T, SCAN_BLOCK)
-    _COMPACT(_KEY, grid, indices, s0, s1, lens, indptr, values, T, K, BLOCK_T, BLOCK_K)
+    gated = verdict is not None
+    if gated:
+        flag = verdict.word
+        _COUNTS_CHECKED(_KEY, grid, indices, s0, s1, lens, indptr, flag, T, K, BLOCK_T, BLOCK_K, CHECK)
+    else:
+        flag = indptr  # not read
+        _COUNTS(_KEY, grid, indices, s0, s1, lens, indptr, T, K, BLOCK_T, BLOCK_K)
+    _SCAN((gated,), (1, 1, 1), indptr, flag, T, SCAN_BLOCK, gated)
+    _COMPACT((gated,), grid, indices, s0, s1, lens, indptr, values, flag, T, K, BLOCK_T, BLOCK_K, gated)
     return out
+
+
+def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indptr int32 [T+1], values int32 [T*K])``: row ``t``'s kept entries (``j < lens[t]``
+    and not PAD, in order) are ``values[indptr[t]:indptr[t+1]]``. ``values`` has the fixed
+    upper-bound size ``T*K`` (graph-safe); entries from ``indptr[T]`` on are PAD.
+    Three launches (counts, scan, compaction), no host synchronisation.
+    """
+    return _launch(indices, lens, out)
+
+
+def indices_to_csr_checked(indices, lens, *, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)``, or None for a call it does not take (no row or column; past
+    :data:`CHECKED_MAX` rows)."""
+    T, K = indices.shape
+    if T == 0 or K == 0 or T > CHECKED_MAX:
+        return None
+    verdict = open_verdict(indices.device, per_stream=True)
+    return _launch(indices, lens, out, verdict), verdict

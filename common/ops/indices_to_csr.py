@@ -11,6 +11,7 @@ import torch
 from ..types import INDEX_DTYPE, PAD
 from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
 from ._checks import check_extents
+from ._quick import apart, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -31,6 +32,27 @@ def validate(indices, lens, *, out=None) -> None:
     if T * K > INT32_MAX:
         fail(NAME, "indices", indices, f"T * K <= {INT32_MAX} (int32 CSR offsets)")
     check_range(NAME, "lens", lens, low=0, high=K + 1)
+
+
+_INDEX = (INDEX_DTYPE,)
+
+
+def quick_check(indices, lens, *, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    ``indices`` may be a slice of a wider buffer)."""
+    if not rows(indices, _INDEX):
+        return False
+    dev = indices.device
+    T, K = indices.shape
+    if not plain(lens, _INDEX, 1, dev) or lens.shape[0] != T or T * K > INT32_MAX:
+        return False
+    if out is None:
+        return True
+    if out.__class__ is not tuple or len(out) != 2:
+        return False
+    indptr, values = out
+    return (plain(indptr, _INDEX, 1, dev) and indptr.shape[0] == T + 1 and plain(values, _INDEX, 1, dev)
+            and values.shape[0] == T * K and apart(indptr, values, indices, lens) and apart(values, indices, lens))
 
 
 def reference(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,4 +98,4 @@ def warmup(s: WarmupStep):
     yield s.window, {}
 
 
-OP = OpSpec(NAME, reference, validate, RESULTS, short="to_csr", case=case, warmup=warmup)
+OP = OpSpec(NAME, reference, validate, RESULTS, short="to_csr", case=case, warmup=warmup, quick_check=quick_check)
