@@ -53,6 +53,7 @@ SELF_CHECKED = {
     "prefill_gather_lens": "prefill_gather_lens:prefill_gather_lens_checked",
     "mixed_indices": "mixed_indices:mixed_indices_checked",
     "indices_to_csr": "indices_to_csr:indices_to_csr_checked",
+    "compressed_slot_mapping": "compressed_slot_mapping:compressed_slot_mapping_checked",
 }
 
 #: The metadata ops' Triton kernels.

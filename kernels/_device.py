@@ -155,6 +155,25 @@ def seq_lens_bad(qsl_ptr, seq_ptr, B, high, CHECK: tl.constexpr):
 
 
 @triton.jit
+def table_bad(bt_ptr, s0, s1, n_cols, seq_ptr, B, block_size, top, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
+    """Some request's positions (below its ``seq_lens``) need more block-table columns than
+    ``n_cols``, or read an entry outside ``[0, top]`` (``_checks.check_block_table_covers``)."""
+    bad = tl.zeros([CHECK_B, CHECK_C], tl.int32)
+    for b0 in range(0, B, CHECK_B):
+        b = b0 + tl.arange(0, CHECK_B)
+        mb = b < B
+        seq = tl.load(seq_ptr + b, mask=mb, other=0).to(tl.int64)
+        need = tl.where(mb, (seq + block_size - 1) // block_size, 0)
+        bad |= (need > n_cols).to(tl.int32)[:, None]
+        for c0 in range(0, tl.minimum(tl.max(need, axis=0), n_cols), CHECK_C):
+            c = c0 + tl.arange(0, CHECK_C)
+            m = (c[None, :] < need[:, None]) & (c[None, :] < n_cols)
+            e = tl.load(bt_ptr + b.to(tl.int64)[:, None] * s0 + c.to(tl.int64)[None, :] * s1, mask=m, other=0)
+            bad |= (m & ((e < 0) | (e > top))).to(tl.int32)
+    return tl.max(tl.max(bad, axis=1), axis=0)
+
+
+@triton.jit
 def verdict(flag_ptr, bad):
     """The first program leaves the call's verdict (``PASS``, or ``FAIL`` when ``bad``) in its word."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):

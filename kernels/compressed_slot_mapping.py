@@ -1,20 +1,35 @@
-"""``compressed_slot_mapping`` (SPEC §2.3) in Triton: one lane per token."""
+"""``compressed_slot_mapping`` (SPEC §2.3) in Triton: one lane per token.
+
+A validated call with ``ratio > 1`` runs ``compressed_slot_mapping_checked``: every program first
+tests every value the validator tests (``query_start_loc`` from 0, non-decreasing, at most T;
+``seq_lens`` at least the query length and in ``[0, MAX_POSITION]``; every block-table entry a
+request's positions read a block id whose slots fit in int32), stores nothing when one fails and
+leaves the verdict in the call's word (``_verdict.py``).
+"""
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from ..common.types import SLOT_DTYPE
-from ._device import PAD, find_request
+from ..common.types import MAX_POSITION, SLOT_DTYPE
+from ..common.validation import INT32_MAX
+from ._device import CHECK, PAD, find_request, qsl_bad, seq_lens_bad, table_bad, verdict
 from ._launch import Kernel, contiguous, jit
+from ._verdict import open_verdict
 
 BLOCK = 512
+#: the checked kernel's tile of the block table (requests x columns)
+CHECK_B, CHECK_C = 16, 128
+#: the most tokens, and block-table entries (requests x columns), the checked kernel takes: every
+#: program reads them all
+CHECKED_MAX, CHECKED_TABLE_MAX = 32768, 65536
 
 
-@jit
-def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps,
-                             bs_c, ratio, null_block, BLOCK: tl.constexpr):
+@triton.jit
+def _map(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps, bs_c, ratio, null_block,
+         BLOCK: tl.constexpr):
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = t < T
     req = find_request(qsl_ptr, B, t, n_steps)
@@ -31,7 +46,27 @@ def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_
     tl.store(out_ptr + t, tl.where(writes, slot, PAD), mask=m)
 
 
+@jit
+def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps,
+                             bs_c, ratio, null_block, BLOCK: tl.constexpr):
+    _map(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps, bs_c, ratio, null_block,
+         BLOCK)
+
+
+@jit
+def _compressed_slot_mapping_checked(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, flag_ptr, B, T,
+                                     n_steps, bs_c, ratio, null_block, block_size, top, max_p, BLOCK: tl.constexpr,
+                                     CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
+    bad = (qsl_bad(qsl_ptr, B, T, True, CHECK) | seq_lens_bad(qsl_ptr, seq_ptr, B, max_p, CHECK)
+           | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, CHECK_B, CHECK_C))
+    verdict(flag_ptr, bad)
+    if bad == 0:
+        _map(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps, bs_c, ratio, null_block,
+             BLOCK)
+
+
 _K = Kernel(_compressed_slot_mapping)
+_K_CHECKED = Kernel(_compressed_slot_mapping_checked)
 _KEY = ()
 
 
@@ -57,3 +92,24 @@ def compressed_slot_mapping(token_slots, query_start_loc, seq_lens, block_table,
        block_table.stride(0), block_table.stride(1), block_table.shape[1], out, B, T, B.bit_length(),
        block_size // ratio, ratio, -1 if null_block is None else null_block, BLOCK)
     return out
+
+
+def compressed_slot_mapping_checked(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *,
+                                    null_block=0, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)``, or None for a call it does not take (ratio 1, a copy; no token; past
+    :data:`CHECKED_MAX` tokens or :data:`CHECKED_TABLE_MAX` table entries)."""
+    T = token_slots.shape[0]
+    B = query_start_loc.shape[0] - 1
+    if ratio == 1 or T == 0 or T + B > CHECKED_MAX or B * block_table.shape[1] > CHECKED_TABLE_MAX:
+        return None
+    if out is None:
+        out = torch.empty(T, dtype=SLOT_DTYPE, device=token_slots.device)
+    bs_c = block_size // ratio
+    verdict = open_verdict(token_slots.device)
+    _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
+               contiguous(token_slots), contiguous(query_start_loc), contiguous(seq_lens), block_table,
+               block_table.stride(0), block_table.stride(1), block_table.shape[1], out, verdict.word, B, T,
+               B.bit_length(), bs_c, ratio, -1 if null_block is None else null_block, block_size,
+               (INT32_MAX - bs_c + 1) // bs_c, MAX_POSITION, BLOCK, CHECK, CHECK_B, CHECK_C)
+    return out, verdict

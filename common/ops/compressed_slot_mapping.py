@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..types import PAD, SLOT_DTYPE
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE
 from ..validation import INT32_MAX, check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_extents, check_window
+from ._quick import apart, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -35,6 +36,31 @@ def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ra
         check_out(NAME, "out", out, shape=(T,), dtype=SLOT_DTYPE, device=dev)
     if ratio > 1:
         check_block_table_covers(NAME, block_table, seq_lens, block_size, slots_per_block=block_size // ratio)
+
+
+_SLOT = (SLOT_DTYPE,)
+_INDEX = (INDEX_DTYPE,)
+
+
+def quick_check(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,
+                out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    the block table may be a slice of a wider one)."""
+    if not plain(token_slots, _SLOT, 1):
+        return False
+    dev = token_slots.device
+    if not (plain(query_start_loc, _INDEX, 1, dev) and plain(seq_lens, _INDEX, 1, dev)
+            and rows(block_table, _INDEX, dev)):
+        return False
+    B = query_start_loc.shape[0] - 1
+    if B < 0 or seq_lens.shape[0] != B or block_table.shape[0] < B:
+        return False
+    if (block_size.__class__ is not int or ratio.__class__ is not int or not 1 <= block_size <= MAX_WINDOW
+            or not 1 <= ratio <= block_size or block_size % ratio
+            or not (null_block is None or (null_block.__class__ is int and 0 <= null_block <= INT32_MAX))):
+        return False
+    return out is None or (plain(out, _SLOT, 1, dev) and out.shape[0] == token_slots.shape[0]
+                           and apart(out, token_slots, query_start_loc, seq_lens, block_table))
 
 
 def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,
@@ -89,4 +115,5 @@ def warmup(s: WarmupStep):
 
 
 OP = OpSpec(NAME, reference, validate, RESULTS, short="cmp_slots",
-            scalars={"block_size": "int", "ratio": "int", "null_block": "int?"}, case=case, warmup=warmup)
+            scalars={"block_size": "int", "ratio": "int", "null_block": "int?"}, case=case, warmup=warmup,
+            quick_check=quick_check)
