@@ -54,6 +54,7 @@ SELF_CHECKED = {
     "mixed_indices": "mixed_indices:mixed_indices_checked",
     "indices_to_csr": "indices_to_csr:indices_to_csr_checked",
     "compressed_slot_mapping": "compressed_slot_mapping:compressed_slot_mapping_checked",
+    "swa_indices_and_lens": "swa_indices_and_lens:swa_indices_and_lens_checked",
 }
 
 #: The metadata ops' Triton kernels.

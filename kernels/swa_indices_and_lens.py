@@ -11,26 +11,42 @@ broadcasts), and one contiguous store per row. 32-bit arithmetic throughout (pos
 and slots are int32); 64-bit only for the row offsets. Columns at or past ``lens`` (and
 invalid tokens' rows) are PAD. Every output element is written exactly once (poisoned
 ``out=`` buffers come back fully defined).
+
+A validated call whose token count is known on the host (``num_tokens`` or ``valid``) runs
+``swa_indices_and_lens_checked``: every program first tests every value the validator tests
+(``query_start_loc`` from 0, non-decreasing, at most T unless ``token_offset``; ``seq_lens`` at
+least the query length, it and ``replay_start`` in ``[0, MAX_POSITION]``; every block-table entry a
+request's positions read a block id whose slots fit in int32), stores nothing when one fails and
+leaves the verdict in the call's word (``_verdict.py``).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from ..common.ops._batch import resolve_num_tokens
-from ..common.types import INDEX_DTYPE
-from ._device import PAD, block_split, find_request, pow2_shift
+from ..common.types import INDEX_DTYPE, MAX_POSITION
+from ..common.validation import INT32_MAX
+from ._device import (CHECK, PAD, block_split, find_request, pow2_shift, qsl_bad, range_bad, seq_lens_bad, table_bad,
+                      verdict)
 from ._launch import Kernel, contiguous, jit
+from ._verdict import open_verdict
 
 BLOCK_T = 16
 BLOCK_W = 128
+#: the checked kernel's tile of the block table (requests x columns)
+CHECK_B, CHECK_C = 16, 128
+#: the most tokens, and block-table entries (requests x columns), the checked kernel takes: every
+#: program reads every request's values and table entries
+CHECKED_MAX, CHECKED_TABLE_MAX = 16384, 65536
 
 
-@jit
-def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr,
-                          B, T, t_off, width, n_steps, block_size, bs_shift, W,
-                          HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+@triton.jit
+def _rows(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr,
+          B, T, t_off, width, n_steps, block_size, bs_shift, W,
+          HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # output row; batch token t + t_off
     j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = t < T
@@ -61,7 +77,30 @@ def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols
     tl.store(idx_ptr + t.to(tl.int64)[:, None] * idx_s0 + j[None, :], out, mask=m[:, None] & (j[None, :] < width))
 
 
+@jit
+def _swa_indices_and_lens(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr,
+                          B, T, t_off, width, n_steps, block_size, bs_shift, W,
+                          HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    _rows(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr, B, T, t_off,
+          width, n_steps, block_size, bs_shift, W, HAS_VALID, BLOCK_T, BLOCK_W)
+
+
+@jit
+def _swa_indices_and_lens_checked(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0,
+                                  lens_ptr, flag_ptr, B, T, t_off, width, n_steps, block_size, bs_shift, W, qsl_max,
+                                  top, max_p, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+                                  CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
+    bad = (qsl_bad(qsl_ptr, B, qsl_max, True, CHECK) | seq_lens_bad(qsl_ptr, seq_ptr, B, max_p, CHECK)
+           | range_bad(rs_ptr, B, 0, max_p, CHECK)
+           | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, CHECK_B, CHECK_C))
+    verdict(flag_ptr, bad)
+    if bad == 0:
+        _rows(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr, B, T, t_off,
+              width, n_steps, block_size, bs_shift, W, HAS_VALID, BLOCK_T, BLOCK_W)
+
+
 _K = Kernel(_swa_indices_and_lens)
+_K_CHECKED = Kernel(_swa_indices_and_lens_checked)
 
 
 def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
@@ -77,8 +116,13 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     host read: pass ``num_tokens`` on a hot path or inside a graph). Row ``t`` is batch token
     ``token_offset + t``. One launch.
     """
+    return _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid,
+                   resolve_num_tokens(query_start_loc, num_tokens, valid, token_offset or 0), token_offset, out)
+
+
+def _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid, T, token_offset,
+            out, verdict=None):
     off = token_offset or 0
-    T = resolve_num_tokens(query_start_loc, num_tokens, valid, off)
     width = W if index_width is None else index_width
     dev = query_start_loc.device
     if out is None:
@@ -89,9 +133,33 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     B = query_start_loc.shape[0] - 1
     has_valid = valid is not None
     grid = ((T + BLOCK_T - 1) // BLOCK_T, max(1, (width + BLOCK_W - 1) // BLOCK_W), 1)
-    _K((has_valid,), grid,
-       contiguous(query_start_loc), contiguous(seq_lens), contiguous(replay_start), block_table,
-       block_table.stride(0), block_table.stride(1), block_table.shape[1], contiguous(valid) if has_valid else None,
-       indices, indices.stride(0), lens, B, T, off, width, B.bit_length(), block_size, pow2_shift(block_size), W,
-       has_valid, BLOCK_T, BLOCK_W)
+    head = (contiguous(query_start_loc), contiguous(seq_lens), contiguous(replay_start), block_table,
+            block_table.stride(0), block_table.stride(1), block_table.shape[1], contiguous(valid) if has_valid else None,
+            indices, indices.stride(0), lens)
+    tail = (B, T, off, width, B.bit_length(), block_size, pow2_shift(block_size), W)
+    if verdict is None:
+        _K((has_valid,), grid, *head, *tail, has_valid, BLOCK_T, BLOCK_W)
+    else:
+        # query_start_loc ends at most at T, unless the rows are a window of the batch's tokens
+        _K_CHECKED((has_valid,), grid, *head, verdict.word, *tail, T if token_offset is None else -1,
+                   (INT32_MAX - block_size + 1) // block_size, MAX_POSITION, has_valid, BLOCK_T, BLOCK_W, CHECK,
+                   CHECK_B, CHECK_C)
     return out
+
+
+def swa_indices_and_lens_checked(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
+                                 index_width=None, valid=None, num_tokens=None, token_offset=None, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)``, or None for a call it does not take (T read off ``query_start_loc``: neither
+    ``num_tokens`` nor ``valid``; no token; past :data:`CHECKED_MAX` tokens or
+    :data:`CHECKED_TABLE_MAX` table entries)."""
+    if num_tokens is None and valid is None:
+        return None
+    T = num_tokens if num_tokens is not None else valid.shape[0]
+    B = query_start_loc.shape[0] - 1
+    if T == 0 or T + B > CHECKED_MAX or B * block_table.shape[1] > CHECKED_TABLE_MAX:
+        return None
+    verdict = open_verdict(query_start_loc.device)
+    out = _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid, T,
+                  token_offset, out, verdict)
+    return out, verdict

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, swa_lo
-from ..validation import check_int, check_out, check_tensor, defer, fail, value_checks_enabled
+from ..validation import INT32_MAX, check_int, check_out, check_tensor, defer, fail, value_checks_enabled
 from ._batch import live_replay_start, nonempty_table, resolve_num_tokens, token_view
 from ._checks import (
     check_batch,
@@ -14,6 +14,7 @@ from ._checks import (
     check_extents,
     check_window,
 )
+from ._quick import pair_out, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -59,6 +60,43 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
         check_out(NAME, "out[0]", out[0], shape=(T, width), dtype=INDEX_DTYPE, device=dev)
         check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
     check_block_table_covers(NAME, block_table, seq_lens, block_size)
+
+
+_INDEX = (INDEX_DTYPE,)
+_BOOL = (torch.bool,)
+
+
+def _small_int(v, low: int, high: int) -> bool:
+    return v.__class__ is int and low <= v <= high
+
+
+def quick_check(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
+                index_width=None, valid=None, num_tokens=None, token_offset=None, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    the block table may be a slice of a wider one)."""
+    if not plain(query_start_loc, _INDEX, 1):
+        return False
+    dev = query_start_loc.device
+    if not (_small_int(W, 1, MAX_WINDOW) and _small_int(block_size, 1, MAX_WINDOW)
+            and (num_tokens is None or _small_int(num_tokens, 0, MAX_POSITION))
+            and (token_offset is None or _small_int(token_offset, 0, INT32_MAX))
+            and (index_width is None or _small_int(index_width, W, MAX_WINDOW))):
+        return False
+    if valid is not None and (not plain(valid, _BOOL, 1, dev)
+                              or (num_tokens is not None and valid.shape[0] != num_tokens)):
+        return False
+    B = query_start_loc.shape[0] - 1
+    if (B < 0 or not plain(seq_lens, _INDEX, 1, dev) or not plain(replay_start, _INDEX, 1, dev)
+            or seq_lens.shape[0] != B or replay_start.shape[0] != B or not rows(block_table, _INDEX, dev)
+            or block_table.shape[0] < B):
+        return False
+    if out is None:
+        return True
+    T = num_tokens if num_tokens is not None else (valid.shape[0] if valid is not None else None)
+    if T is None:
+        return False  # the validator refuses out= without num_tokens; valid alone fixes T there too
+    inputs = (query_start_loc, seq_lens, block_table, replay_start) + ((valid,) if valid is not None else ())
+    return pair_out(out, dev, (T, W if index_width is None else index_width), T, *inputs)
 
 
 def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
@@ -136,4 +174,4 @@ def warmup(s: WarmupStep):
 OP = OpSpec(NAME, reference, validate, RESULTS, short="swa_idx",
             scalars={"block_size": "int", "W": "int", "index_width": "int", "num_tokens": "int",
                      "token_offset": "int"},
-            case=case, warmup=warmup)
+            case=case, warmup=warmup, quick_check=quick_check)
