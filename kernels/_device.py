@@ -125,32 +125,33 @@ def range_bad(ptr, n, low, high, CHECK: tl.constexpr):
 
 
 @triton.jit
-def qsl_bad(qsl_ptr, B, num_tokens, FROM_ZERO: tl.constexpr, CHECK: tl.constexpr):
-    """``query_start_loc[0:B+1]`` not from 0 (``FROM_ZERO``; else from below 0), decreasing
-    somewhere, or past ``num_tokens`` (a negative ``num_tokens``: unknown, not tested)."""
+def batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, num_tokens, high, FROM_ZERO: tl.constexpr, HAS_SEQ: tl.constexpr,
+              HAS_RS: tl.constexpr, CHECK: tl.constexpr):
+    """``_checks.check_batch``'s value checks: ``query_start_loc[0:B+1]`` not from 0
+    (``FROM_ZERO``; else from below 0), decreasing somewhere, or past ``num_tokens`` (negative:
+    unknown, not tested); some ``seq_lens`` (``HAS_SEQ``) below its request's query length or
+    outside ``[0, high]``; some ``replay_start`` (``HAS_RS``) outside ``[0, high]``. Entry ``j``
+    of a step and request ``j - 1`` share its loads, all issued together (one memory round trip
+    a step: the first program's checks are what the host waits for)."""
     k = tl.arange(0, CHECK)
     bad = tl.zeros([CHECK], tl.int32)
     for s in range(0, B + 1, CHECK):
         j = s + k
         m = j <= B
+        r = m & (j > 0)  # request j - 1
         v = tl.load(qsl_ptr + j, mask=m, other=0)
-        prev = tl.load(qsl_ptr + j - 1, mask=m & (j > 0), other=0)
+        prev = tl.load(qsl_ptr + j - 1, mask=r, other=0)
+        if HAS_SEQ:
+            seq = tl.load(seq_ptr + j - 1, mask=r, other=0)
+        if HAS_RS:
+            rs = tl.load(rs_ptr + j - 1, mask=r, other=0)
         first = (v != 0) if FROM_ZERO else (v < 0)
-        bad |= (m & (((j == 0) & first) | ((j > 0) & (v < prev)) | ((num_tokens >= 0) & (v > num_tokens)))).to(tl.int32)
-    return tl.max(bad, axis=0)
-
-
-@triton.jit
-def seq_lens_bad(qsl_ptr, seq_ptr, B, high, CHECK: tl.constexpr):
-    """Some ``seq_lens[b]`` below its request's query length or outside ``[0, high]``."""
-    k = tl.arange(0, CHECK)
-    bad = tl.zeros([CHECK], tl.int32)
-    for s in range(0, B, CHECK):
-        b = s + k
-        m = b < B
-        q = tl.load(qsl_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(qsl_ptr + b, mask=m, other=0)
-        seq = tl.load(seq_ptr + b, mask=m, other=0)
-        bad |= (m & ((seq < q) | (seq < 0) | (seq > high))).to(tl.int32)
+        wrong = ((j == 0) & first) | (r & (v < prev)) | ((num_tokens >= 0) & (v > num_tokens))
+        if HAS_SEQ:
+            wrong |= r & ((seq < v.to(tl.int64) - prev) | (seq < 0) | (seq > high))
+        if HAS_RS:
+            wrong |= r & ((rs < 0) | (rs > high))
+        bad |= (m & wrong).to(tl.int32)
     return tl.max(bad, axis=0)
 
 

@@ -15,13 +15,13 @@ import triton.language as tl
 
 from ..common.types import MAX_POSITION, SLOT_DTYPE
 from ..common.validation import INT32_MAX
-from ._device import CHECK, PAD, find_request, qsl_bad, seq_lens_bad, table_bad, verdict
+from ._device import CHECK, PAD, batch_bad, find_request, table_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
 BLOCK = 512
 #: the checked kernel's tile of the block table (requests x columns)
-CHECK_B, CHECK_C = 16, 128
+CHECK_B, CHECK_C = 64, 64
 #: the most tokens, and block-table entries (requests x columns), the checked kernel takes: every
 #: program reads them all
 CHECKED_MAX, CHECKED_TABLE_MAX = 32768, 65536
@@ -57,7 +57,7 @@ def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_
 def _compressed_slot_mapping_checked(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, flag_ptr, B, T,
                                      n_steps, bs_c, ratio, null_block, block_size, top, max_p, BLOCK: tl.constexpr,
                                      CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
-    bad = (qsl_bad(qsl_ptr, B, T, True, CHECK) | seq_lens_bad(qsl_ptr, seq_ptr, B, max_p, CHECK)
+    bad = (batch_bad(qsl_ptr, seq_ptr, seq_ptr, B, T, max_p, True, True, False, CHECK)
            | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, CHECK_B, CHECK_C))
     verdict(flag_ptr, bad)
     if bad == 0:

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common.types import MAX_POSITION
-from ._device import CHECK, PAD, find_request, qsl_bad, range_bad, verdict
+from ._device import CHECK, PAD, batch_bad, find_request, range_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -53,7 +53,7 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
 @jit
 def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, flag_ptr, B, T,
                                 Wr, n_steps, G, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr):
-    bad = (qsl_bad(qsl_ptr, B, T, True, CHECK) | range_bad(rs_ptr, B, 0, max_p, CHECK)
+    bad = (batch_bad(qsl_ptr, rs_ptr, rs_ptr, B, T, max_p, True, False, True, CHECK)
            | range_bad(groups_ptr, n_groups, 0, G - 1, CHECK) | range_bad(pos_ptr, T, 0, max_p, CHECK))
     verdict(flag_ptr, bad)
     if bad == 0:

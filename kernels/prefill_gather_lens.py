@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE, MAX_POSITION
-from ._device import CHECK, qsl_bad, range_bad, seq_lens_bad, verdict
+from ._device import CHECK, batch_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -44,8 +44,7 @@ def _prefill_gather_lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK: tl.cons
 @jit
 def _prefill_gather_lens_checked(qsl_ptr, seq_ptr, rs_ptr, out_ptr, flag_ptr, B, W, max_p, BLOCK: tl.constexpr,
                                  CHECK: tl.constexpr):
-    bad = (qsl_bad(qsl_ptr, B, -1, False, CHECK) | seq_lens_bad(qsl_ptr, seq_ptr, B, max_p, CHECK)
-           | range_bad(rs_ptr, B, 0, max_p, CHECK))
+    bad = batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, -1, max_p, False, True, True, CHECK)
     verdict(flag_ptr, bad)
     if bad == 0:
         _lens(qsl_ptr, seq_ptr, rs_ptr, out_ptr, B, W, BLOCK)

@@ -29,15 +29,14 @@ import triton.language as tl
 from ..common.ops._batch import resolve_num_tokens
 from ..common.types import INDEX_DTYPE, MAX_POSITION
 from ..common.validation import INT32_MAX
-from ._device import (CHECK, PAD, block_split, find_request, pow2_shift, qsl_bad, range_bad, seq_lens_bad, table_bad,
-                      verdict)
+from ._device import CHECK, PAD, batch_bad, block_split, find_request, pow2_shift, table_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
 BLOCK_T = 16
 BLOCK_W = 128
 #: the checked kernel's tile of the block table (requests x columns)
-CHECK_B, CHECK_C = 16, 128
+CHECK_B, CHECK_C = 64, 64
 #: the most tokens, and block-table entries (requests x columns), the checked kernel takes: every
 #: program reads every request's values and table entries
 CHECKED_MAX, CHECKED_TABLE_MAX = 16384, 65536
@@ -90,8 +89,7 @@ def _swa_indices_and_lens_checked(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1
                                   lens_ptr, flag_ptr, B, T, t_off, width, n_steps, block_size, bs_shift, W, qsl_max,
                                   top, max_p, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                                   CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
-    bad = (qsl_bad(qsl_ptr, B, qsl_max, True, CHECK) | seq_lens_bad(qsl_ptr, seq_ptr, B, max_p, CHECK)
-           | range_bad(rs_ptr, B, 0, max_p, CHECK)
+    bad = (batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, qsl_max, max_p, True, True, True, CHECK)
            | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, CHECK_B, CHECK_C))
     verdict(flag_ptr, bad)
     if bad == 0:

@@ -91,8 +91,11 @@ def _int_tensors(args, kwargs):
 
 def _written(op: str, args, kwargs) -> list[torch.Tensor]:
     bound = OPS[op].signature.bind(*args, **kwargs).arguments
-    names = ("out", *OPS[op].mutates)
-    return [bound[n] for n in names if isinstance(bound.get(n), torch.Tensor)]
+    found = []
+    for n in ("out", *OPS[op].mutates):
+        v = bound.get(n)
+        found += [t for t in (v if isinstance(v, tuple) else (v,)) if isinstance(t, torch.Tensor)]
+    return found
 
 
 def _poisoned_call(op: str, seed: int, poison: int, edge: int, with_out: bool, device="cpu"):
@@ -103,7 +106,11 @@ def _poisoned_call(op: str, seed: int, poison: int, edge: int, with_out: bool, d
     if poison and ints:
         t = ints[int(rng.integers(len(ints)))].view(-1)
         t[int(rng.integers(t.numel()))] = max(min(edge, torch.iinfo(t.dtype).max), torch.iinfo(t.dtype).min)
-    move = (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
+    def move(v):
+        if isinstance(v, tuple):
+            return tuple(move(x) for x in v)
+        return v.to(device) if isinstance(v, torch.Tensor) else v
+
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
@@ -126,7 +133,11 @@ def agrees(op: str, args, kwargs) -> str:
         for w, b in zip(_written(op, args, kwargs), before):
             assert torch.equal(w, b), "a refused call wrote"
         return "bad"
-    cpu = (lambda v: v.cpu().clone() if isinstance(v, torch.Tensor) else v)
+    def cpu(v):
+        if isinstance(v, tuple):
+            return tuple(cpu(x) for x in v)
+        return v.cpu().clone() if isinstance(v, torch.Tensor) else v
+
     ref_args, ref_kwargs = [cpu(a) for a in args], {k: cpu(v) for k, v in kwargs.items()}
     for w, b in zip(_written(op, ref_args, ref_kwargs), before):
         w.copy_(b.cpu())
