@@ -55,6 +55,7 @@ SELF_CHECKED = {
     "indices_to_csr": "indices_to_csr:indices_to_csr_checked",
     "compressed_slot_mapping": "compressed_slot_mapping:compressed_slot_mapping_checked",
     "swa_indices_and_lens": "swa_indices_and_lens:swa_indices_and_lens_checked",
+    "combined_indices": "combined_indices:combined_indices_checked",
 }
 
 #: The metadata ops' Triton kernels.

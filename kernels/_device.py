@@ -156,6 +156,24 @@ def batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, num_tokens, high, FROM_ZERO: tl.const
 
 
 @triton.jit
+def slab_bad(qsl_ptr, seq_ptr, rs_ptr, B, W, room, CHECK: tl.constexpr):
+    """Some request's gather length (``prefill_gather_lens``: ``q + min(max(prefix - R, 0), W - 1)``,
+    a stale ``R`` counting as 0) longer than ``room`` (``combined_indices``' slab)."""
+    k = tl.arange(0, CHECK)
+    bad = tl.zeros([CHECK], tl.int32)
+    for s in range(0, B, CHECK):
+        b = s + k
+        m = b < B
+        q = tl.load(qsl_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(qsl_ptr + b, mask=m, other=0)
+        seq = tl.load(seq_ptr + b, mask=m, other=0).to(tl.int64)
+        R = tl.load(rs_ptr + b, mask=m, other=0).to(tl.int64)
+        prefix = seq - q
+        R = tl.where(R <= prefix, R, 0)
+        bad |= (m & (q + tl.minimum(tl.maximum(prefix - R, 0), W - 1) > room)).to(tl.int32)
+    return tl.max(bad, axis=0)
+
+
+@triton.jit
 def table_bad(bt_ptr, s0, s1, n_cols, seq_ptr, B, block_size, top, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
     """Some request's positions (below its ``seq_lens``) need more block-table columns than
     ``n_cols``, or read an entry outside ``[0, top]`` (``_checks.check_block_table_covers``)."""

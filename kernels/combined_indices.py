@@ -4,26 +4,35 @@ A [tokens x columns] tile per program: the first ``topk_len`` columns are the re
 slab base plus the top-k entry when it lies in ``[0, N)`` (anything else, -1 included,
 stays PAD: never ``b*M - 1``), then ``swa_len`` window columns from the clamped ``lo(p)``
 relative to the chunk's gather start, PAD after.
+
+A validated call runs ``combined_indices_checked``: every program first tests every value the
+validator tests (``query_start_loc`` from 0, non-decreasing, at most T; ``seq_lens`` at least the
+query length, it and ``replay_start`` in ``[0, MAX_POSITION]``; every request's gather length
+within its slab past ``window_offset``), stores nothing when one fails and leaves the verdict in
+the call's word (``_verdict.py``).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from ..common.ops.combined_indices import combined_width
-from ..common.types import INDEX_DTYPE
-from ._device import PAD, find_request
+from ..common.types import INDEX_DTYPE, MAX_POSITION
+from ._device import CHECK, PAD, batch_bad, find_request, slab_bad, verdict
 from ._launch import Kernel, contiguous, jit
+from ._verdict import open_verdict
 
 BLOCK_T = 16
 BLOCK_W = 128
+#: the most tokens the checked kernel takes (every program reads every request's values)
+CHECKED_MAX = 16384
 
 
-@jit
-def _combined_indices(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_ptr, idx_ptr, lens_ptr,
-                      B, T, width, n_steps, W, ratio, top_k, M, N,
-                      HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+@triton.jit
+def _rows(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_ptr, idx_ptr, lens_ptr, B, T, width, n_steps, W,
+          ratio, top_k, M, N, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     m = t < T
@@ -57,7 +66,29 @@ def _combined_indices(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_pt
     tl.store(idx_ptr + t.to(tl.int64)[:, None] * width + jj, out, mask=m[:, None] & (jj < width))
 
 
+@jit
+def _combined_indices(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_ptr, idx_ptr, lens_ptr,
+                      B, T, width, n_steps, W, ratio, top_k, M, N,
+                      HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    _rows(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_ptr, idx_ptr, lens_ptr, B, T, width, n_steps, W,
+          ratio, top_k, M, N, HAS_VALID, BLOCK_T, BLOCK_W)
+
+
+@jit
+def _combined_indices_checked(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_ptr, idx_ptr, lens_ptr, flag_ptr,
+                              B, T, width, n_steps, W, ratio, top_k, M, N, max_p,
+                              HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+                              CHECK: tl.constexpr):
+    bad = (batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, T, max_p, True, True, True, CHECK)
+           | slab_bad(qsl_ptr, seq_ptr, rs_ptr, B, W, M - N, CHECK))
+    verdict(flag_ptr, bad)
+    if bad == 0:
+        _rows(topk_ptr, tk_s0, tk_s1, qsl_ptr, seq_ptr, rs_ptr, valid_ptr, idx_ptr, lens_ptr, B, T, width, n_steps,
+              W, ratio, top_k, M, N, HAS_VALID, BLOCK_T, BLOCK_W)
+
+
 _K = Kernel(_combined_indices)
+_K_CHECKED = Kernel(_combined_indices_checked)
 
 
 def combined_indices(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
@@ -70,6 +101,12 @@ def combined_indices(topk_indices, query_start_loc, seq_lens, replay_start, W, r
     ``b*M + N + (lo(p) - gather_start) + j``; PAD after. ``lens = topk_len + swa_len``;
     invalid tokens get ``lens = 0`` and PAD. One launch.
     """
+    return _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
+                   window_offset, valid, out)
+
+
+def _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset, valid,
+            out, verdict=None):
     T = topk_indices.shape[0]
     width = combined_width(top_k, W)
     dev = topk_indices.device
@@ -80,9 +117,24 @@ def combined_indices(topk_indices, query_start_loc, seq_lens, replay_start, W, r
     B = query_start_loc.shape[0] - 1
     has_valid = valid is not None
     grid = ((T + BLOCK_T - 1) // BLOCK_T, (width + BLOCK_W - 1) // BLOCK_W, 1)
-    _K((has_valid,), grid,
-       topk_indices, topk_indices.stride(0), topk_indices.stride(1), contiguous(query_start_loc),
-       contiguous(seq_lens), contiguous(replay_start), contiguous(valid) if has_valid else None, out[0], out[1],
-       B, T, width, B.bit_length(), W, max(ratio, 1), top_k if ratio > 0 else 0, slab_stride, window_offset,
-       has_valid, BLOCK_T, BLOCK_W)
+    head = (topk_indices, topk_indices.stride(0), topk_indices.stride(1), contiguous(query_start_loc),
+            contiguous(seq_lens), contiguous(replay_start), contiguous(valid) if has_valid else None, out[0], out[1])
+    tail = (B, T, width, B.bit_length(), W, max(ratio, 1), top_k if ratio > 0 else 0, slab_stride, window_offset)
+    if verdict is None:
+        _K((has_valid,), grid, *head, *tail, has_valid, BLOCK_T, BLOCK_W)
+    else:
+        _K_CHECKED((has_valid,), grid, *head, verdict.word, *tail, MAX_POSITION, has_valid, BLOCK_T, BLOCK_W, CHECK)
     return out
+
+
+def combined_indices_checked(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
+                             window_offset, *, valid=None, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)``, or None for a call it does not take (no token; past :data:`CHECKED_MAX`
+    tokens and requests)."""
+    T = topk_indices.shape[0]
+    if T == 0 or T + query_start_loc.shape[0] > CHECKED_MAX:
+        return None
+    verdict = open_verdict(topk_indices.device)
+    return _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
+                   valid, out, verdict), verdict

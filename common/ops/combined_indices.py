@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
-from ..validation import check_int, check_out, check_tensor, defer, fail, value_checks_enabled
+from ..validation import INT32_MAX, check_int, check_out, check_tensor, defer, fail, value_checks_enabled
 from ._batch import live_replay_start, token_view
 from ._checks import check_batch, check_extents, check_window
+from ._quick import pair_out, plain, rows
 from .prefill_gather_lens import reference as _gather_lens
 from ._results import Results
 from ._spec import Call, OpSpec
@@ -62,6 +63,37 @@ def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, to
 
         defer(NAME, (("query_start_loc", query_start_loc), ("seq_lens", seq_lens), ("replay_start", replay_start)),
               test)
+
+
+_INDEX = (INDEX_DTYPE,)
+_BOOL = (torch.bool,)
+
+
+def quick_check(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
+                *, valid=None, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    ``topk_indices`` may be a slice of a wider buffer)."""
+    if not rows(topk_indices, _INDEX):
+        return False
+    dev = topk_indices.device
+    T = topk_indices.shape[0]
+    ints = (W, ratio, top_k, slab_stride, window_offset)
+    if any(v.__class__ is not int for v in ints) or not (
+            1 <= W <= MAX_WINDOW and 0 <= ratio <= INT32_MAX and 0 <= top_k <= MAX_WINDOW
+            and 0 <= window_offset <= INT32_MAX and window_offset + 1 <= slab_stride <= INT32_MAX):
+        return False
+    if ratio > 0 and topk_indices.shape[1] < top_k:
+        return False
+    if not (plain(query_start_loc, _INDEX, 1, dev) and plain(seq_lens, _INDEX, 1, dev)
+            and plain(replay_start, _INDEX, 1, dev)):
+        return False
+    B = query_start_loc.shape[0] - 1
+    if B < 0 or seq_lens.shape[0] != B or replay_start.shape[0] != B or B * slab_stride >= 2**31:
+        return False
+    if valid is not None and (not plain(valid, _BOOL, 1, dev) or valid.shape[0] != T):
+        return False
+    inputs = (topk_indices, query_start_loc, seq_lens, replay_start) + ((valid,) if valid is not None else ())
+    return out is None or pair_out(out, dev, (T, combined_width(top_k, W)), T, *inputs)
 
 
 def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
@@ -147,4 +179,4 @@ def warmup(s: WarmupStep):
 
 OP = OpSpec(NAME, reference, validate, RESULTS, short="combined",
             scalars={"W": "int", "ratio": "int", "top_k": "int", "slab_stride": "int", "window_offset": "int"},
-            case=case, warmup=warmup)
+            case=case, warmup=warmup, quick_check=quick_check)
