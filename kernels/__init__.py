@@ -56,6 +56,9 @@ SELF_CHECKED = {
     "compressed_slot_mapping": "compressed_slot_mapping:compressed_slot_mapping_checked",
     "swa_indices_and_lens": "swa_indices_and_lens:swa_indices_and_lens_checked",
     "combined_indices": "combined_indices:combined_indices_checked",
+    "plain_indices": "plain_indices:plain_indices_checked",
+    "gather_rows": "rows:gather_rows_checked",
+    "scatter_rows": "rows:scatter_rows_checked",
 }
 
 #: The metadata ops' Triton kernels.

@@ -1,4 +1,9 @@
-"""``plain_indices`` (SPEC §2.6, the pack's own layout) in Triton: top-k then window."""
+"""``plain_indices`` (SPEC §2.6, the pack's own layout) in Triton: top-k then window.
+
+A validated call runs ``plain_indices_checked``: one pass tests every value the validator tests
+(``range_check.py``: the lengths in ``[0, width]``, every index PAD or in ``[0, INT32_MAX -
+offset]``), the host waits for its verdict and launches the kernel only on a pass.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import torch
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE
+from ..common.validation import INT32_MAX
 from ._device import PAD
 from ._launch import Kernel, contiguous, jit
+from .range_check import check_ranges
 
 BLOCK_T = 16
 BLOCK_W = 128
@@ -69,3 +76,21 @@ def plain_indices(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, top
        contiguous(topk_lens) if has_topk else None, out[0], out[1], T, SW, K, topk_offset, window_offset,
        has_topk, BLOCK_T, BLOCK_W)
     return out
+
+
+def plain_indices_checked(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
+                          out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)`` (nothing launched but the check on a ``FAIL``), or None for a call it does
+    not take (no token)."""
+    T, SW = swa_indices.shape
+    if T == 0:
+        return None
+    items = [(swa_lens, 0, SW), (swa_indices, -1, INT32_MAX - window_offset)]
+    if topk_slots is not None:
+        items += [(topk_lens, 0, topk_slots.shape[1]), (topk_slots, -1, INT32_MAX - topk_offset)]
+    verdict = check_ranges(swa_indices.device, items)
+    if verdict.failed():
+        return out, verdict
+    return plain_indices(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset=topk_offset,
+                         window_offset=window_offset, out=out), verdict

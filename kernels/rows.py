@@ -10,6 +10,10 @@ narrow ones, so each thread keeps several independent 16-byte loads in flight.
 
 ``scatter_rows`` zero-fills the output (``Tensor.zero_``: a memset at full bandwidth) and
 then scatters ``y``'s rows; trimmed rows stay zero.
+
+A validated call runs ``gather_rows_checked`` / ``scatter_rows_checked``: one pass tests every row
+id (``range_check.py``), the host waits for its verdict and launches the copy (and the zero fill)
+only on a pass.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 import triton.language as tl
 
 from ._launch import Kernel, contiguous, jit, next_pow2
+from .range_check import check_ranges
 
 TILE = 1024  # words per program (R_TILE * BLOCK_C)
 MAX_BLOCK_C = 256  # 2 KiB of int64 words per row segment
@@ -105,3 +110,27 @@ def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
     if n and num_rows:
         _launch(contiguous(_values(y)), out, contiguous(rows), n, True)
     return out
+
+
+def gather_rows_checked(x, rows, *, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)`` (nothing launched but the check on a ``FAIL``), or None for a call it does
+    not take (no row)."""
+    if rows.shape[0] == 0:
+        return None
+    verdict = check_ranges(rows.device, [(rows, 0, x.shape[0] - 1)])
+    if verdict.failed():
+        return out, verdict
+    return gather_rows(x, rows, out=out), verdict
+
+
+def scatter_rows_checked(y, rows, num_rows, *, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(out, Verdict)`` (nothing launched but the check on a ``FAIL``: ``out`` not zeroed), or None
+    for a call it does not take (no row)."""
+    if rows.shape[0] == 0:
+        return None
+    verdict = check_ranges(rows.device, [(rows, 0, num_rows - 1)])
+    if verdict.failed():
+        return out, verdict
+    return scatter_rows(y, rows, num_rows, out=out), verdict

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, PAD
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
 from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
 from ._checks import check_index_rows
+from ._quick import pair_out, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, window_and_topk
@@ -44,6 +45,36 @@ def validate(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_off
     for name, values, offset in (("swa_indices", swa_indices, window_offset), ("topk_slots", topk_slots, topk_offset)):
         if values is not None:
             check_range(NAME, name, values, low=0, high=INT32_MAX - offset + 1, allow_pad=True)
+
+
+_INDEX = (INDEX_DTYPE,)
+
+
+def quick_check(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
+                out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
+    the index rows may be slices of wider buffers)."""
+    if not rows(swa_indices, _INDEX):
+        return False
+    dev = swa_indices.device
+    T, SW = swa_indices.shape
+    if SW > MAX_WINDOW or not plain(swa_lens, _INDEX, 1, dev) or swa_lens.shape[0] != T:
+        return False
+    if (topk_slots is None) != (topk_lens is None):
+        return False
+    inputs = (swa_indices, swa_lens)
+    K = 0
+    if topk_slots is not None:
+        if not (rows(topk_slots, _INDEX, dev) and plain(topk_lens, _INDEX, 1, dev)):
+            return False
+        K = topk_slots.shape[1]
+        if topk_slots.shape[0] != T or K > MAX_WINDOW or topk_lens.shape[0] != T:
+            return False
+        inputs += (topk_slots, topk_lens)
+    if not (topk_offset.__class__ is int and window_offset.__class__ is int and 0 <= topk_offset <= INT32_MAX
+            and 0 <= window_offset <= INT32_MAX):
+        return False
+    return out is None or pair_out(out, dev, (T, K + SW), T, *inputs)
 
 
 def reference(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
@@ -106,4 +137,4 @@ def warmup(s: WarmupStep):
 
 
 OP = OpSpec(NAME, reference, validate, RESULTS, short="plain",
-            scalars={"topk_offset": "int", "window_offset": "int"}, case=case, warmup=warmup)
+            scalars={"topk_offset": "int", "window_offset": "int"}, case=case, warmup=warmup, quick_check=quick_check)

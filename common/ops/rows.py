@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from ..types import SLOT_DTYPE
-from ..validation import check_int, check_out, check_range, check_tensor, fail
+from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail
 from ._checks import check_extents
+from ._quick import apart, plain
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -27,6 +28,38 @@ def validate_gather(x, rows, *, out=None) -> None:
     if out is not None:
         check_out(GATHER, "out", out, shape=(rows.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     check_range(GATHER, "rows", rows, low=0, high=x.shape[0])
+
+
+_SLOT = (SLOT_DTYPE,)
+
+
+def _rows_and_out(data, rows, n_out: int, out) -> bool:
+    """The quick checks shared by both ops: ``data`` any ``torch.Tensor`` of at least one dimension
+    and at most ``INT32_MAX`` rows (the range pass takes 32-bit bounds), ``rows`` plain int64 on its
+    device, ``out`` None or a contiguous buffer ``[n_out, *data.shape[1:]]`` of its dtype and device
+    without lazy bits, sharing no byte with either."""
+    if data.__class__ is not torch.Tensor or data.dim() < 1 or data.shape[0] > INT32_MAX:
+        return False
+    dev = data.device
+    if not plain(rows, _SLOT, 1, dev):
+        return False
+    if out is None:
+        return True
+    return (out.__class__ is torch.Tensor and out.dtype == data.dtype and out.device == dev and out.is_contiguous()
+            and not out.is_conj() and not out.is_neg() and out.shape[0] == n_out and out.shape[1:] == data.shape[1:]
+            and apart(out, data, rows))
+
+
+def quick_gather(x, rows, *, out=None) -> bool:
+    """``validate_gather``'s host checks and ``check_writes`` (``OpSpec.quick_check``)."""
+    return _rows_and_out(x, rows, rows.shape[0] if rows.__class__ is torch.Tensor else -1, out)
+
+
+def quick_scatter(y, rows, num_rows, *, out=None) -> bool:
+    """``validate_scatter``'s host checks and ``check_writes`` (``OpSpec.quick_check``)."""
+    if num_rows.__class__ is not int or not 0 <= num_rows <= INT32_MAX:
+        return False
+    return _rows_and_out(y, rows, num_rows, out) and rows.shape[0] == y.shape[0]
 
 
 def gather_rows(x, rows, *, out=None) -> torch.Tensor:
@@ -115,6 +148,7 @@ def scatter_warmup(s: WarmupStep):
         yield (x[: s.plan.num_rows].contiguous(), rows, s.T), {}
 
 
-GATHER_OP = OpSpec(GATHER, gather_rows, validate_gather, GATHER_RESULTS, case=gather_case, warmup=gather_warmup)
+GATHER_OP = OpSpec(GATHER, gather_rows, validate_gather, GATHER_RESULTS, case=gather_case, warmup=gather_warmup,
+                   quick_check=quick_gather)
 SCATTER_OP = OpSpec(SCATTER, scatter_rows, validate_scatter, SCATTER_RESULTS, scalars={"num_rows": "int"},
-                    case=scatter_case, warmup=scatter_warmup)
+                    case=scatter_case, warmup=scatter_warmup, quick_check=quick_scatter)
