@@ -19,7 +19,9 @@ overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leave
 them alone: under memcheck each case's memory stays taken until the process ends); ``--kept-only``
 runs only ``prepare_replay_step``'s decoder sub-batch cases (resized by the device, and with the
 sub-batch's window builds) and the value reader's; ``--gated-only`` only the validated sparse-MLA call
-gated behind its device check (both forms of the check: a contiguous index tensor and a strided view).
+gated behind its device check (both forms of the check: a contiguous index tensor and a strided view);
+``--self-checked-only`` only the validated calls of the ops whose kernels test their own values
+(``Variant.self_checked``), on valid calls and on calls with one value poisoned.
 Exit 1 on a wrong result.
 """
 
@@ -195,6 +197,44 @@ def gated_cases(dev, rng, sms: int) -> list[str]:
     return bad
 
 
+def self_checked_cases(be, dev, rng) -> list[str]:
+    """Validated calls of every op with a self-checked form: valid ones against the reference, and
+    ones with one element of one integer argument set to an edge value, which must raise the
+    validator's ValueError exactly when the validator (on the CPU) refuses the call."""
+    from swa_backends.kernels import SELF_CHECKED
+
+    edges = (-(2**40), -2, -1, 0, 1, 127, 128, 2**30, 2**30 + 1, 2**31 - 1)
+    bad = []
+    for op in SELF_CHECKED:
+        for i in range(16):
+            args, kwargs = case_for(op, rng, "cpu", poison=bool(i % 2))
+            ints = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.numel()
+                    and not v.is_floating_point() and v.dtype != torch.bool]
+            if i % 3 and ints:
+                t = ints[int(rng.integers(len(ints)))].view(-1)
+                info = torch.iinfo(t.dtype)
+                t[int(rng.integers(t.numel()))] = max(min(edges[i % len(edges)], info.max), info.min)
+            try:
+                OPS[op].validate(*args, **kwargs)
+                refused = False
+            except ValueError:
+                refused = True
+            if not refused:
+                got, want = run_op(op, getattr(be, op), args, kwargs, dev)
+                why = mismatch(op, got, want)
+                if why:
+                    bad.append(f"{op}/self-checked: {why}")
+                continue
+            try:
+                getattr(be, op)(*to_device(args, dev), **to_device(kwargs, dev))
+                bad.append(f"{op}/self-checked: a call the validator refuses passed")
+            except ValueError:
+                pass
+            torch.cuda.synchronize()
+        print(f"ran {op}/self-checked (16 calls, valid and poisoned)", flush=True)
+    return bad
+
+
 def value_read_cases(dev, rng) -> list[str]:
     """The reader of validated calls' value checks (kernels/value_read.py) on pieces of every kind
     at sizes whose last program is partly masked: strided and transposed views, a table read up
@@ -228,8 +268,10 @@ def main(argv: list[str]) -> int:
     bad = []
     if "--huge-only" in argv:  # one slice of the huge-stride cases, alone (see huge_only)
         return huge_only(argv[argv.index("--huge-only") + 1], dev)
-    if "--kept-only" in argv or "--gated-only" in argv:  # (see the module docstring)
-        if "--gated-only" in argv:
+    if "--kept-only" in argv or "--gated-only" in argv or "--self-checked-only" in argv:  # (the module docstring)
+        if "--self-checked-only" in argv:
+            bad = self_checked_cases(be, dev, rng)
+        elif "--gated-only" in argv:
             bad = gated_cases(dev, rng, torch.cuda.get_device_properties(dev).multi_processor_count)
         else:
             bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng) + value_read_cases(dev, rng)
