@@ -133,6 +133,9 @@ def agrees(op: str, args, kwargs) -> str:
         for w, b in zip(_written(op, args, kwargs), before):
             assert torch.equal(w, b), "a refused call wrote"
         return "bad"
+    if op == "scatter_rows" and args[1].unique().numel() < args[1].numel():
+        return "good"  # a repeated row keeps an unspecified one of its values (the op's contract): no reference
+
     def cpu(v):
         if isinstance(v, tuple):
             return tuple(cpu(x) for x in v)

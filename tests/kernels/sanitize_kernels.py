@@ -219,6 +219,9 @@ def self_checked_cases(be, dev, rng) -> list[str]:
                 refused = False
             except ValueError:
                 refused = True
+            if not refused and op == "scatter_rows" and args[1].unique().numel() < args[1].numel():
+                getattr(be, op)(*to_device(args, dev), **to_device(kwargs, dev))  # repeated rows: no reference
+                continue
             if not refused:
                 got, want = run_op(op, getattr(be, op), args, kwargs, dev)
                 why = mismatch(op, got, want)
