@@ -16,6 +16,12 @@ Two levels of checks run in front of each public op:
 The buffers a call writes are checked against everything it reads by address
 (:func:`check_writes`), before anything is written.
 
+Dispatch has two ways around the read: a gated variant (``sparse_mla``'s, ``OpSpec.gate``) runs
+behind a device pass of the value checks, and a variant with a self-checked form runs it for a
+call that passes the op's quick host checks (``OpSpec.quick_check``): its kernel tests the values
+itself and writes nothing when one fails. Either way a failed value makes dispatch run the
+validator here, which raises the error.
+
 Validation is on by default. Turn it off for a hot path with ``set_validation(False)``, the
 ``validation(False)`` context manager, or ``SWA_BACKENDS_VALIDATE=0`` in the environment
 (read on first use, not at import).
