@@ -717,7 +717,8 @@ class Backend(_Declared):
             quick = spec.quick_check if self.checked and only.self_checked and platform_check is None else None
             # no value is read under a graph capture: the capture query of validation's value
             # checks, asked of the device's own stream API (torch.cuda.is_available() costs more)
-            capturing = (torch.cuda.is_current_stream_capturing if device.platform in ("cuda", "rocm")
+            on_cuda = device.runnable and str(device.torch_device).startswith("cuda") and torch.cuda.is_available()
+            capturing = (torch.cuda.is_current_stream_capturing if on_cuda
                          else (lambda: getattr(_validation_state, "capturing", None) is True))
             self_checked = None
 

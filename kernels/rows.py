@@ -12,8 +12,9 @@ narrow ones, so each thread keeps several independent 16-byte loads in flight.
 then scatters ``y``'s rows; trimmed rows stay zero.
 
 A validated call runs ``gather_rows_checked`` / ``scatter_rows_checked``: one pass tests every row
-id (``range_check.py``), the host waits for its verdict and launches the copy (and the zero fill)
-only on a pass.
+id (``range_check.py``); the gather's copy is launched behind it gated on its word (``GATED``: it
+copies nothing on a ``FAIL``), the scatter's zero fill and copy only after the host has seen a pass
+(the fill is torch's memset, which reads no word).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import math
 import torch
 import triton.language as tl
 
+from ._device import FAIL
 from ._launch import Kernel, contiguous, jit, next_pow2
 from .range_check import check_ranges
 
@@ -36,8 +38,11 @@ _NATIVE = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.in
 
 
 @jit(align=("src_ptr", "dst_ptr"))
-def _copy_rows(src_ptr, dst_ptr, idx_ptr, n, ROW: tl.constexpr, WORD: tl.constexpr, SCATTER: tl.constexpr,
-               R_TILE: tl.constexpr, BLOCK_C: tl.constexpr):
+def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: tl.constexpr, SCATTER: tl.constexpr,
+               R_TILE: tl.constexpr, BLOCK_C: tl.constexpr, GATED: tl.constexpr):
+    if GATED:  # a validated gather behind its range pass: nothing on a FAIL
+        if tl.load(flag_ptr) == FAIL:
+            return
     r = tl.program_id(0) * R_TILE + tl.arange(0, R_TILE)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     rm = r < n
@@ -72,15 +77,16 @@ def _plan(src: torch.Tensor, dst: torch.Tensor):
     return word, row, max(1, TILE // block_c), block_c
 
 
-def _launch(src, dst, idx, n, scatter: bool) -> None:
+def _launch(src, dst, idx, n, scatter: bool, flag=None) -> None:
     word, row, r_tile, block_c = _plan(src, dst)
     if row == 0 or n == 0:
         return
     if src.dtype not in _NATIVE:
         src, dst = src.view(torch.uint8), dst.view(torch.uint8)
-    key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0)
+    gated = flag is not None
+    key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0, gated)
     grid = ((n + r_tile - 1) // r_tile, (row + block_c - 1) // block_c, 1)
-    _K(key, grid, src, dst, idx, n, row, _WORDS[word], scatter, r_tile, block_c)
+    _K(key, grid, src, dst, idx, flag if gated else idx, n, row, _WORDS[word], scatter, r_tile, block_c, gated)
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:
@@ -88,14 +94,18 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     return t.resolve_conj().resolve_neg()
 
 
-def gather_rows(x, rows, *, out=None) -> torch.Tensor:
-    """``out[i] = x[rows[i]]`` for any trailing shape and dtype. One launch."""
+def _gather(x, rows, out, flag) -> torch.Tensor:
     n = rows.shape[0]
     if out is None:
         out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     if n and x.shape[0]:
-        _launch(contiguous(_values(x)), out, contiguous(rows), n, False)
+        _launch(contiguous(_values(x)), out, contiguous(rows), n, False, flag)
     return out
+
+
+def gather_rows(x, rows, *, out=None) -> torch.Tensor:
+    """``out[i] = x[rows[i]]`` for any trailing shape and dtype. One launch."""
+    return _gather(x, rows, out, None)
 
 
 def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
@@ -114,14 +124,12 @@ def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
 
 def gather_rows_checked(x, rows, *, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)`` (nothing launched but the check on a ``FAIL``), or None for a call it does
-    not take (no row)."""
-    if rows.shape[0] == 0:
+    ``(out, Verdict)``, the copy launched right behind the range pass and gated on its word (it
+    copies nothing on a ``FAIL``), or None for a call it does not take (no row, or no row of x)."""
+    if rows.shape[0] == 0 or x.shape[0] == 0:
         return None
-    verdict = check_ranges(rows.device, [(rows, 0, x.shape[0] - 1)])
-    if verdict.failed():
-        return out, verdict
-    return gather_rows(x, rows, out=out), verdict
+    verdict = check_ranges(rows.device, [(rows, 0, x.shape[0] - 1)], per_stream=True)
+    return _gather(x, rows, out, verdict.word), verdict
 
 
 def scatter_rows_checked(y, rows, num_rows, *, out=None):

@@ -537,23 +537,30 @@ def test_rows_unaligned_and_strided_inputs(tb):
 
 
 def test_bad_input_raises_before_any_launch(tb):
+    """Bad metadata raises before any launch; a bad value before anything is written (a validated call
+    of plain tensors launches the kernels that test it: the op's own, which stores nothing then, or a
+    range pass and a kernel gated on its verdict)."""
     from swa_backends.kernels import _launch
 
     rng = np.random.default_rng(2)
     b = random_batch(rng, max_reqs=3, num_groups=2)
     t = b.tensors("cpu")
     before = _launch.total_launches()
+    with pytest.raises(ValueError, match="swa_indices_and_lens: W=0"):
+        tb.swa_indices_and_lens(t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, 0,
+                                t["replay_start"], num_tokens=b.T)
+    with pytest.raises(ValueError, match="gather_rows: rows"):
+        tb.gather_rows(torch.zeros(3, 4), torch.tensor([0, 3], dtype=torch.int32))  # int32 row ids: metadata
+    assert _launch.total_launches() == before
     slots = t["slot_mappings"].clone()
     with pytest.raises(ValueError, match="pad_replayed_slots: cacheable_groups=5"):
         tb.pad_replayed_slots(slots, torch.tensor([5], dtype=torch.int32), t["query_start_loc"],
                               t["positions"][: b.T], t["replay_start"], b.Wr)
     assert torch.equal(slots, t["slot_mappings"])
-    with pytest.raises(ValueError, match="swa_indices_and_lens: W=0"):
-        tb.swa_indices_and_lens(t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, 0,
-                                t["replay_start"], num_tokens=b.T)
-    with pytest.raises(ValueError, match="gather_rows: rows"):
-        tb.gather_rows(torch.zeros(3, 4), torch.tensor([0, 3]))
-    assert _launch.total_launches() == before
+    out = torch.full((2, 4), 7.0)
+    with pytest.raises(ValueError, match="gather_rows: rows=3"):
+        tb.gather_rows(torch.zeros(3, 4), torch.tensor([0, 3]), out=out)
+    assert torch.equal(out, torch.full((2, 4), 7.0))
     with validation(False):  # the hot path skips validation; valid input still matches
         args, kwargs = case_for("swa_indices_and_lens", rng, "cpu")
         _check(tb, "swa_indices_and_lens", args, kwargs)
