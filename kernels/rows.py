@@ -12,9 +12,9 @@ narrow ones, so each thread keeps several independent 16-byte loads in flight.
 then scatters ``y``'s rows; trimmed rows stay zero.
 
 A validated call runs ``gather_rows_checked`` / ``scatter_rows_checked``: one pass tests every row
-id (``range_check.py``); the gather's copy is launched behind it gated on its word (``GATED``: it
-copies nothing on a ``FAIL``), the scatter's zero fill and copy only after the host has seen a pass
-(the fill is torch's memset, which reads no word).
+id (``range_check.py``); the copy is launched behind it gated on its word (``GATED``: it copies
+nothing on a ``FAIL``), and the scatter's zero fill too (a Triton fill that reads the word, in place
+of torch's memset).
 """
 
 from __future__ import annotations
@@ -62,7 +62,19 @@ def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: 
     tl.store(dst + dst_row[:, None] * ROW + c[None, :], v, mask=mask)
 
 
+@jit(align=("dst_ptr",))
+def _fill_zero(dst_ptr, flag_ptr, n, WORD: tl.constexpr, BLOCK: tl.constexpr):
+    """``n`` words of zeros, unless the verdict word says FAIL (a validated scatter's fill)."""
+    if tl.load(flag_ptr) == FAIL:
+        return
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    dst = dst_ptr.to(tl.pointer_type(WORD), bitcast=True)
+    tl.store(dst + i, tl.zeros([BLOCK], WORD), mask=i < n)
+
+
 _K = Kernel(_copy_rows)
+_ZERO = Kernel(_fill_zero)
+FILL_BLOCK = 2048
 
 
 def _plan(src: torch.Tensor, dst: torch.Tensor):
@@ -108,18 +120,30 @@ def gather_rows(x, rows, *, out=None) -> torch.Tensor:
     return _gather(x, rows, out, None)
 
 
+def _scatter(y, rows, num_rows, out, flag) -> torch.Tensor:
+    if out is None:
+        out = (torch.zeros if flag is None else torch.empty)((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+    elif flag is None:
+        out.zero_()
+    if flag is not None:  # the fill gated on the verdict too: nothing written on a FAIL
+        word, row, _, _ = _plan(out, out)
+        words = num_rows * row
+        if words:
+            dst = out if out.dtype in _NATIVE else out.view(torch.uint8)
+            # (a count past 2**31 is a 64-bit argument: a key of its own)
+            key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31)
+            _ZERO(key, ((words + FILL_BLOCK - 1) // FILL_BLOCK, 1, 1), dst, flag, words, _WORDS[word], FILL_BLOCK)
+    n = rows.shape[0]
+    if n and num_rows:
+        _launch(contiguous(_values(y)), out, contiguous(rows), n, True, flag)
+    return out
+
+
 def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
     """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]``. ``rows`` must be unique
     (a repeated row keeps an unspecified one of its values); trimmed rows are zero.
     A memset plus one launch."""
-    if out is None:
-        out = torch.zeros((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
-    else:
-        out.zero_()
-    n = rows.shape[0]
-    if n and num_rows:
-        _launch(contiguous(_values(y)), out, contiguous(rows), n, True)
-    return out
+    return _scatter(y, rows, num_rows, out, None)
 
 
 def gather_rows_checked(x, rows, *, out=None):
@@ -134,11 +158,9 @@ def gather_rows_checked(x, rows, *, out=None):
 
 def scatter_rows_checked(y, rows, num_rows, *, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)`` (nothing launched but the check on a ``FAIL``: ``out`` not zeroed), or None
-    for a call it does not take (no row)."""
+    ``(out, Verdict)``, the fill and the copy launched right behind the range pass and gated on
+    its word (nothing written on a ``FAIL``), or None for a call it does not take (no row)."""
     if rows.shape[0] == 0:
         return None
-    verdict = check_ranges(rows.device, [(rows, 0, num_rows - 1)])
-    if verdict.failed():
-        return out, verdict
-    return scatter_rows(y, rows, num_rows, out=out), verdict
+    verdict = check_ranges(rows.device, [(rows, 0, num_rows - 1)], per_stream=True)
+    return _scatter(y, rows, num_rows, out, verdict.word), verdict
