@@ -77,8 +77,8 @@ def quick_check(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio,
         return False
     dev = topk_indices.device
     T = topk_indices.shape[0]
-    ints = (W, ratio, top_k, slab_stride, window_offset)
-    if any(v.__class__ is not int for v in ints) or not (
+    if not (W.__class__ is int and ratio.__class__ is int and top_k.__class__ is int and slab_stride.__class__ is int
+            and window_offset.__class__ is int) or not (
             1 <= W <= MAX_WINDOW and 0 <= ratio <= INT32_MAX and 0 <= top_k <= MAX_WINDOW
             and 0 <= window_offset <= INT32_MAX and window_offset + 1 <= slab_stride <= INT32_MAX):
         return False
