@@ -5,8 +5,8 @@ per op that has one, at ``bench_validation.py``'s serving-sized step::
     . bench/gpu_env.sh && python3 bench/experiments/exp_self_checked.py --out $OUT
     python bench/experiments/exp_self_checked.py --out /tmp/sc --smoke        # CPU wiring, one round
 
-Host µs per call, median of ``--reps`` with the device idle before each (fresh arguments made
-outside the timing):
+Host µs per call, median of ``--reps`` rounds with the device idle before each call, every
+measurement once a round (``lib.timing.one_call_us``; fresh arguments made outside the timing):
 
 * ``off``: the call through the backend, validation off; ``on``: validated (the self-checked path);
 * ``plain``: the plain kernel's implementation called directly (no dispatch);
@@ -22,9 +22,7 @@ Writes ``exp_self_checked.json``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,7 +34,7 @@ smoke.use_interpreter()  # before anything imports Triton
 import torch  # noqa: E402
 
 import swa_backends as sb  # noqa: E402
-from lib import results  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
 from lib.steps import validation_cases  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.common.registry import load_attr  # noqa: E402
@@ -49,22 +47,9 @@ def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) else v
 
 
-def med_us(make, reps: int, gpu: bool) -> float:
-    """Median host µs of the call ``make()`` returns, the device idle before each."""
-    times = []
-    for _ in range(reps):
-        call = make()
-        if gpu:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t) * 1e6)
-    if gpu:
-        torch.cuda.synchronize()
-    return statistics.median(times)
-
-
 def per_op(dev, reps: int, gpu: bool) -> dict:
+    """Every op with a self-checked form at ``bench_validation.py``'s step (``--smoke``: the case
+    generator's small steps, in the interpreter): its row of host µs, or ``declined``."""
     be = sb.select(str(dev)) if gpu else sb.select("cpu", prefer="triton")
     out = {}
     for op, args, kwargs in validation_cases(dev, smoke=not gpu):
@@ -97,16 +82,17 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         for on in (True, False):  # warm both paths
             fresh(lambda a, kw: validated(a, kw, on))()()
         form_wait(*fresh(lambda a, kw: (a, kw))()())
-        row = {
-            "off": med_us(fresh(lambda a, kw: validated(a, kw, False)), reps, gpu),
-            "on": med_us(fresh(lambda a, kw: validated(a, kw, True)), reps, gpu),
-            "plain": med_us(fresh(lambda a, kw: plain(*a, **kw)), reps, gpu),
-            "form": med_us(fresh(lambda a, kw: form(*a, **kw)), reps, gpu),
-            "form_wait": med_us(fresh(form_wait), reps, gpu),
-            "quick": med_us(fresh(lambda a, kw: spec.quick_check(*a, **kw)), reps, gpu),
-            "enabled": med_us(fresh(lambda a, kw: value_checks_enabled()), reps, gpu),
-            "verdict_open": med_us(fresh(lambda a, kw: open_verdict(dev)), reps, gpu),
-        }
+        t = tm.one_call_us({
+            "off": fresh(lambda a, kw: validated(a, kw, False)),
+            "on": fresh(lambda a, kw: validated(a, kw, True)),
+            "plain": fresh(lambda a, kw: plain(*a, **kw)),
+            "form": fresh(lambda a, kw: form(*a, **kw)),
+            "form_wait": fresh(form_wait),
+            "quick": fresh(lambda a, kw: spec.quick_check(*a, **kw)),
+            "enabled": fresh(lambda a, kw: value_checks_enabled()),
+            "verdict_open": fresh(lambda a, kw: open_verdict(dev)),
+        }, reps)
+        row = {name: v["host"] for name, v in t.items()}
         row["wait"] = row["form_wait"] - row["form"]
         row["ratio"] = row["on"] / row["off"]
         out[op] = row
@@ -121,6 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
     a = p.parse_args(argv)
     gpu = torch.cuda.is_available() and not a.smoke
+    tm.set_smoke(not gpu)
     dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     res = {"meta": results.machine(dev), "reps": a.reps if gpu else 1,
            "ops": per_op(dev, a.reps if gpu else 1, gpu)}
