@@ -252,3 +252,12 @@ def test_a_verdict_word_left_unset_is_an_error_not_a_pass():
     assert not v.failed()
     v.word.fill_(FAIL)
     assert v.failed()
+
+
+def test_explain_names_every_self_checked_form():
+    """The one dispatch, shown completely: each variant with a self-checked form says so, with the
+    form's path, on a device whose backend takes it (CUDA) and on one emulated (ROCm)."""
+    for device in ("cuda:sm90", "rocm:gfx942"):
+        text = str(sb.explain(device))
+        for op, path in SELF_CHECKED.items():
+            assert f"swa_backends.kernels.{path}" in text.replace("\n", "").replace(" ", ""), (device, op)
