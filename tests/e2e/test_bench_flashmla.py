@@ -31,8 +31,11 @@ def test_smoke_as_started_from_the_checkout(tmp_path):
     assert res["meta"]["smoke"] is True and res["meta"]["device"] == "cpu"
     assert "TRITON_INTERPRET=1" in res["meta"]["unavailable"]["pack_gluon_ws"]
     assert set(res["meta"]["unavailable"]) == {"flashmla_direct", "pack_flashmla", "pack_gluon_ws"}
-    ok = {"ok": True, "why": None, "rel_err": 0.0}
-    assert res["checks"] == {"pack_default/H16": ok, "pack_default_validated/H16": ok}
+    # (the CPU default path is the reference itself; torch's CPU bf16 matmuls may sum in another order from one
+    # run to the next, seen at 2.5e-4 once in 20 runs on 2 busy cores: within rounding, not 0 every time)
+    assert set(res["checks"]) == {"pack_default/H16", "pack_default_validated/H16"}
+    for name, got in res["checks"].items():
+        assert got["ok"] and got["why"] is None and got["rel_err"] <= 2e-3, (name, got)
     (cell,) = res["cells"]
     assert (cell["H"], cell["K"], cell["T"], cell["S"]) == (16, 64, 8, 1024) and not cell["errors"]
     assert set(cell["ms"]) == {"torch", "pack_default", "pack_default_validated"}
