@@ -7,8 +7,9 @@ raises the validator's own ``ValueError``.
 Here, on the CPU (the kernels in Triton's interpreter): the quick checks are never looser than the
 validator's host checks (every adversarial call of the fuzz suite), the kernels' verdicts agree
 with the validator on random calls with poisoned values and write nothing on a bad one, and
-dispatch takes the path for plain calls only, with the validator's errors. The CUDA form (a
-pinned host word) runs on the H200 in ``tests/kernels/test_triton_gpu.py``.
+dispatch takes the path for plain calls only, with the validator's errors (and, with toy forms,
+what dispatch does with a form that declines, fails, passes or is contradicted by the validator).
+The same agreement on the GPU (the verdict a pinned host word on CUDA) is this file's ``gpu`` test.
 """
 
 from __future__ import annotations
@@ -261,3 +262,90 @@ def test_explain_names_every_self_checked_form():
         text = str(sb.explain(device))
         for op, path in SELF_CHECKED.items():
             assert f"swa_backends.kernels.{path}" in text.replace("\n", "").replace(" ", ""), (device, op)
+
+
+# --- dispatch's handling of a self-checked form, with toy forms (any op, any platform) -----------
+
+from swa_backends import dispatch  # noqa: E402
+from swa_backends.common.registry import Variant  # noqa: E402
+
+SEEN: list = []
+
+
+class _Word:
+    def __init__(self, failed: bool):
+        self._failed = failed
+
+    def failed(self) -> bool:
+        return self._failed
+
+
+def toy_plain(R_per_request, idx_mapping, is_prefilling, *, out=None):
+    SEEN.append("plain")
+    return OPS["batch_replay_start"].reference(R_per_request, idx_mapping, is_prefilling, out=out)
+
+
+def toy_declines(*args, **kwargs):
+    SEEN.append("declines")
+
+
+def toy_fails(*args, **kwargs):
+    SEEN.append("fails")
+    return None, _Word(True)
+
+
+def toy_passes(*args, **kwargs):
+    SEEN.append("passes")
+    return "the form's result", _Word(False)
+
+
+def _toy_backend(form: str, checked: bool = True):
+    b = sb.select("cpu")
+    chains = dict(b._chains)
+    chains["batch_replay_start"] = (Variant(op="batch_replay_start", name="toy", impl=f"{__name__}:toy_plain",
+                                            platforms=("cpu",), self_checked=f"{__name__}:{form}"),)
+    return dispatch.Backend(b.device, chains, b.capabilities, b._explanation, checked=checked)
+
+
+def _brs_call(idx=(2, 0)):
+    return (torch.tensor([5, 7, 9], dtype=torch.int32), torch.tensor(idx, dtype=torch.int32),
+            torch.tensor([True, False]))
+
+
+def test_dispatch_returns_a_passing_forms_result_and_runs_nothing_else():
+    SEEN.clear()
+    assert _toy_backend("toy_passes").batch_replay_start(*_brs_call()) == "the form's result"
+    assert SEEN == ["passes"]
+
+
+def test_a_declining_form_leaves_the_call_to_the_validator_and_the_plain_variant():
+    SEEN.clear()
+    got = _toy_backend("toy_declines").batch_replay_start(*_brs_call())
+    assert got.tolist() == [9, 0] and SEEN == ["declines", "plain"]
+    SEEN.clear()
+    with pytest.raises(ValueError, match=r"batch_replay_start: idx_mapping=3: expected values in \[0, 3\)"):
+        _toy_backend("toy_declines").batch_replay_start(*_brs_call((3, 0)))
+    assert SEEN == ["declines"]  # the validator refused: the plain variant never ran
+
+
+def test_a_failing_form_raises_the_validators_error_or_says_the_input_changed():
+    SEEN.clear()
+    with pytest.raises(ValueError, match=r"batch_replay_start: idx_mapping=3: expected values in \[0, 3\)"):
+        _toy_backend("toy_fails").batch_replay_start(*_brs_call((3, 0)))
+    # a device verdict the validator then contradicts: never a silent result
+    with pytest.raises(ValueError, match="a value check on the device failed and the same check on the host passed"):
+        _toy_backend("toy_fails").batch_replay_start(*_brs_call())
+    assert SEEN == ["fails", "fails"]
+
+
+def test_no_form_when_validation_is_off_the_backend_never_validates_or_the_quick_check_cannot_tell():
+    SEEN.clear()
+    with sb.validation(False):
+        _toy_backend("toy_passes").batch_replay_start(*_brs_call())
+    _toy_backend("toy_passes", checked=False).batch_replay_start(*_brs_call())
+    R, idx, pre = _brs_call()
+    _toy_backend("toy_passes").batch_replay_start(R, torch.tensor([2, 9, 0], dtype=torch.int32)[::2], pre)  # a view
+    with one_read():  # as under a graph capture: no value is read, nothing waited for
+        validation._state.capturing = True
+        _toy_backend("toy_passes").batch_replay_start(*_brs_call())
+    assert SEEN == ["plain", "plain", "plain", "plain"]
