@@ -6,9 +6,10 @@ every program to know the call's verdict before it stores (what the self-checkin
 small ops do). Instead one pass tests every value of up to :data:`ITEMS` tensors, a tile per
 program; each program that finds a value outside its range sets a flag in a scratch pair of device
 words, counts itself done there, and the program that counts last leaves ``PASS`` or ``FAIL`` in
-the call's verdict word (``_verdict.Verdict``) and zeroes the pair for the next call. The host waits
-for that word, then launches the op's plain kernel only on ``PASS``: nothing is written on a bad
-value. (Atomics order the flags before the count: the last program sees every flag.)
+the call's verdict word (``_verdict.Verdict``, per thread and stream) and zeroes the pair for the
+next call. The op's kernels are launched right behind the pass and read the word first: on a
+``FAIL`` they write nothing. (Atomics order the flags before the count: the last program sees every
+flag.)
 """
 
 from __future__ import annotations
