@@ -35,6 +35,17 @@ def test_smoke(tmp_path, capsys):
     assert "| op | variant |" in stdout and "loop speed (goal >= 0.97)" in stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script times every op (a minute)")
+def test_skip_grid_runs_the_metadata_ops_alone(tmp_path, capsys):
+    """``--skip-grid`` (bench_validation_ops.json's command): every metadata op, no sparse-MLA cell."""
+    assert run_script(SCRIPT, "--out", str(tmp_path), "--smoke", "--skip-grid") == 0
+    stdout = capsys.readouterr().out
+    res = json.loads((tmp_path / "bench_validation.json").read_text())
+    assert res["sparse_mla"] == [] and len(res["ops"]) == 13
+    assert all(row["same_result"] for row in res["ops"])
+    assert "| op | variant |" in stdout and "loop speed" not in stdout
+
+
 def test_cells_are_checked_before_anything_runs(tmp_path):
     from lib.sparse_mla import parse_cells
 
