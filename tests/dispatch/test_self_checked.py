@@ -349,3 +349,34 @@ def test_no_form_when_validation_is_off_the_backend_never_validates_or_the_quick
         validation._state.capturing = True
         _toy_backend("toy_passes").batch_replay_start(*_brs_call())
     assert SEEN == ["plain", "plain", "plain", "plain"]
+
+
+def test_the_seeds_corners_through_the_self_checked_path():
+    """Batches with every corner the seeds name -- speculative decodes (q 2-4), a prefill restarted in
+    place (its replay start stale), graph-capture dummies (a block-table row all the null block),
+    graph-padded token columns -- through every self-checked op validated: the kernel that checks
+    itself runs and its result is the reference's, as the unvalidated call's is."""
+    from swa_backends.common.ops._steps import random_batch
+
+    be, seen, taken = _backend(), set(), 0
+    for seed in range(10):
+        rng = np.random.default_rng([seed, 4])
+        b = random_batch(rng, max_reqs=24, max_q=48)
+        prefix = b.seq - b.q
+        seen |= {"spec"} if ((~b.prefilling) & (b.q > 1)).any() else set()
+        seen |= {"restarted"} if (b.prefilling & (b.R > prefix)).any() else set()
+        seen |= {"dummy"} if b.B and (b.block_table == 0).all(axis=1).any() else set()
+        seen |= {"padded"} if b.num_padded else set()
+        for op in CHECKED:
+            args, kwargs = case_for(op, rng, "cpu", batch=b, poison=False)
+            ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            ref_kwargs = dict(kwargs)
+            want = OPS[op].reference(*ref_args, **ref_kwargs)
+            n = _launches(op)
+            with sb.validation(False):
+                off = getattr(be, op)(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+            got = getattr(be, op)(*args, **kwargs)
+            taken += _launches(op) > n
+            assert mismatch(op, got, want) is None and mismatch(op, off, want) is None, (seed, op)
+    assert seen == {"spec", "restarted", "dummy", "padded"}, seen
+    assert taken >= 8 * len(CHECKED), taken  # most calls took the path (a call it declines: the validator)
