@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
-from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail, value_checks_enabled
+from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
 from ._quick import pair_out, plain, rows
 from ._results import Results
