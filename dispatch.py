@@ -25,7 +25,7 @@ import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -432,6 +432,16 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
     return row, fallback, chains, table
 
 
+def capture_query(device) -> Callable[[], bool]:
+    """What a validated call asks before it takes the self-checked path: is a graph being captured
+    (no value is read then)? Validation's own answer, asked of the device's stream API directly on
+    a CUDA device (``torch.cuda.is_available()``, which ``value_checks_enabled`` asks too, costs
+    more): torch's C query, or its Python wrapper where a torch lacks it."""
+    if device.runnable and str(device.torch_device).startswith("cuda") and torch.cuda.is_available():
+        return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+    return lambda: getattr(_validation_state, "capturing", None) is True
+
+
 def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
     """A call whose device value check failed: the host checks raise its ``ValueError``."""
     validate(*args, **kwargs)
@@ -715,11 +725,7 @@ class Backend(_Declared):
             # a validated call of plain tensors: quick host checks, then the variant's kernel tests
             # the values itself (Variant.self_checked); the platform's own check is not in them
             quick = spec.quick_check if self.checked and only.self_checked and platform_check is None else None
-            # no value is read under a graph capture: the capture query of validation's value
-            # checks, asked of the device's own stream API (torch.cuda.is_available() costs more)
-            on_cuda = device.runnable and str(device.torch_device).startswith("cuda") and torch.cuda.is_available()
-            capturing = (torch.cuda.is_current_stream_capturing if on_cuda
-                         else (lambda: getattr(_validation_state, "capturing", None) is True))
+            capturing = capture_query(device)
             self_checked = None
 
             def call(*args, **kwargs):  # the hot path: a thread-local read, then the variant

@@ -58,6 +58,7 @@ SELF_CHECKED = {
     "combined_indices": "combined_indices:combined_indices_checked",
     "plain_indices": "plain_indices:plain_indices_checked",
     "gather_rows": "rows:gather_rows_checked",
+    "gather_replay_batch": "gather_replay_batch:gather_replay_batch_checked",
     "scatter_rows": "rows:scatter_rows_checked",
 }
 

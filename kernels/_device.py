@@ -7,6 +7,8 @@ from . import _verdict
 
 #: common.types.PAD inside kernels (compiled Triton reads only constexpr globals)
 PAD = tl.constexpr(-1)
+#: common.validation.INT32_MAX inside kernels
+INT32_MAX = tl.constexpr(2**31 - 1)
 #: what a self-checking kernel's program 0 leaves in its verdict word (``_verdict.Verdict``)
 PASS = tl.constexpr(_verdict.PASS)
 FAIL = tl.constexpr(_verdict.FAIL)

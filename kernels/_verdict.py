@@ -124,10 +124,13 @@ class Verdict:
     """The verdict of one call to a kernel that tests its own values: ``word`` (int32 [1]) for the
     kernel, :meth:`failed` for the host."""
 
-    __slots__ = ("word", "_view", "_device")
+    __slots__ = ("word", "_view", "_device", "scratch", "epoch")
 
     def __init__(self, word: torch.Tensor, view, device: torch.device):
         self.word, self._view, self._device = word, view, device
+        # a checked kernel with checker programs (range_check.py): its scratch words and the count
+        # of calls that used them, kept with the word (same thread, device and stream)
+        self.scratch, self.epoch = None, 0
 
     def failed(self) -> bool:
         """Waits for the kernel's program 0 to leave its verdict (not for the rest of the kernel;

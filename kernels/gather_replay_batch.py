@@ -33,24 +33,27 @@ and the request ranges here assign every row to the same request.
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+import triton
 import triton.language as tl
 
 from ..common.ops.gather_replay_batch import allocate_out
-from ..common.types import ReplayBatch
-from ._device import PAD, write_graph_padding
+from ..common.types import MAX_POSITION, ReplayBatch
+from ._device import PAD, batch_bad, write_graph_padding
 from ._launch import Kernel, jit
+from .range_check import CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed, settle
 
 BLOCK = 128  # rows per program and step
 GB = 8  # slot groups per load (more groups: further [GB, BLOCK] tiles)
 MAX_REQUEST_PROGRAMS = 4096  # bound on B * S (programs per request S >= 1)
 
 
-@jit
-def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
-                         rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
-                         B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
-                         UNIT_T: tl.constexpr):
-    pid = tl.program_id(0)
+@triton.jit
+def _program(pid, qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t, rows_ptr, oqsl_ptr, opos_ptr,
+             oslot_ptr, os_g, kv_ptr, B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK: tl.constexpr,
+             GB: tl.constexpr, UNIT_T: tl.constexpr):
+    """Program ``pid`` of the grid the module docstring describes."""
     r = tl.arange(0, BLOCK)
     g = tl.arange(0, GB)
     if pid < req_progs:
@@ -100,7 +103,66 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, 
         write_graph_padding(pid - req_progs, pad_progs, qsl_ptr, drop_ptr, B, T, pos_ptr, rows_ptr, opos_ptr, oslot_ptr,
                             os_g, G, n_pad, BLOCK, GB)
 
+
+@jit
+def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
+                         rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
+                         B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK: tl.constexpr, GB: tl.constexpr,
+                         UNIT_T: tl.constexpr):
+    _program(tl.program_id(0), qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t, rows_ptr, oqsl_ptr,
+             opos_ptr, oslot_ptr, os_g, kv_ptr, B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK, GB, UNIT_T)
+
+
+@triton.jit
+def _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK: tl.constexpr):
+    """``check_plan``'s value checks (B > 0): the plan's own (``kept >= 0`` adding up to
+    ``n_rows``, ``dropped_before`` non-decreasing from 0, ``trimmed`` where it grows) and against
+    the device ``query_start_loc``: no request drops more than its rows, a trimmed request or a
+    prefill has the rows the plan was made for, the kept rows fit ``n_pad``. ``plan_ptr``: the
+    plan's kept, trimmed and fixed (trimmed or prefilling) flags, ``[3, B]`` int32."""
+    k = tl.arange(0, CHECK)
+    bad = tl.zeros([CHECK], tl.int32)
+    total = tl.zeros([CHECK], tl.int64)
+    for s in range(0, B, CHECK):
+        b = s + k
+        m = b < B
+        kept = tl.load(plan_ptr + b, mask=m, other=0).to(tl.int64)
+        trimmed = tl.load(plan_ptr + B + b, mask=m, other=0)
+        fixed = tl.load(plan_ptr + 2 * B + b, mask=m, other=0)
+        inside = tl.load(drop_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(drop_ptr + b, mask=m, other=0)
+        q = tl.load(qsl_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(qsl_ptr + b, mask=m, other=0)
+        wrong = (kept < 0) | (inside < 0) | (inside > q) | ((fixed != 0) & (q != kept + inside))
+        wrong |= (trimmed != 0) != (inside > 0)
+        bad |= (m & wrong).to(tl.int32)
+        total += kept
+    end = tl.load(qsl_ptr + B).to(tl.int64) - tl.load(drop_ptr + B)
+    out = (tl.sum(total, axis=0) != n_rows) | (tl.load(drop_ptr) != 0) | (end > n_pad)
+    return tl.maximum(tl.max(bad, axis=0), out.to(tl.int32))
+
+
+@jit
+def _gather_replay_batch_checked(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t,
+                                 rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr, plan_ptr, flag_ptr, scratch_ptr,
+                                 B, G, T, n_pad, W, S, req_progs, pad_progs, n_rows, P, epoch,
+                                 BLOCK: tl.constexpr, GB: tl.constexpr, UNIT_T: tl.constexpr, CHECK: tl.constexpr,
+                                 MAX_POSITION: tl.constexpr, GATE: tl.constexpr):
+    """A validated call: ``P`` checker programs test what the validator tests (checker 0 the
+    batch and the plan, all of them the positions; ``range_check.py``), the others are the
+    plain kernel's programs once they pass."""
+    pid = tl.program_id(0)
+    if pid < P:
+        bad = flat_bad(pos_ptr, T, 0, MAX_POSITION, pid, P, CHECK)
+        if pid == 0:
+            bad |= batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, T, MAX_POSITION, True, True, True, CHECK)
+            bad |= _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK)
+        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
+    elif passed(scratch_ptr, epoch, GATE):
+        _program(pid - P, qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t, rows_ptr, oqsl_ptr,
+                 opos_ptr, oslot_ptr, os_g, kv_ptr, B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK, GB, UNIT_T)
+
+
 _K = Kernel(_gather_replay_batch)
+_K_CHECKED = Kernel(_gather_replay_batch_checked)
 _KEYS = ((False,), (True,))  # by UNIT_T
 
 
@@ -153,6 +215,52 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
        rows, oqsl, opos, oslot, oslot.stride(0) if G > 1 else n_pad, kv, B, G, positions.shape[0], n_pad, W, S,
        req_progs, pad_progs, BLOCK, GB, s_t == 1)
     return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad)
+
+
+def _plan_values(plan, device: torch.device) -> torch.Tensor:
+    """The plan's kept rows, trimmed and fixed (trimmed or prefilling) flags on ``device``, int32
+    ``[3, B]``, copied once per plan and device (as its ``dropped_before``): what the checked
+    kernel tests of the plan besides ``dropped_before`` (``plan._launch_cache``)."""
+    key = ("checked", device.type, device.index)
+    cached = plan._launch_cache.get(key)
+    if cached is None:
+        host = plan.__dict__.get("_host")
+        kept = host[0] if host is not None else plan.kept.numpy()
+        trimmed = host[1][1:] > host[1][:-1] if host is not None else plan.trimmed.numpy()
+        fixed = trimmed if plan.prefilling is None else trimmed | plan.prefilling.numpy()
+        values = np.stack([kept.astype(np.int32), trimmed.astype(np.int32), fixed.astype(np.int32)])
+        cached = plan._launch_cache[key] = torch.from_numpy(values).to(device)
+    return cached
+
+
+def gather_replay_batch_checked(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
+                                out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(ReplayBatch, Verdict)`` from one launch whose checker programs test every value the
+    validator tests (the batch, the positions, the plan against the device ``query_start_loc``)
+    and whose other programs are the plain kernel's once they pass (nothing written on a
+    ``FAIL``); None for a call it does not take (no request)."""
+    if plan.num_reqs == 0:
+        return None
+    dev = positions.device
+    entry = plan._launch_cache.get(positions.get_device())
+    if entry is None:
+        entry = plan_launch(plan, positions)
+    dropped, B, n, n_pad, S, req_progs, pad_progs, _ = entry
+    values = _plan_values(plan, dev)
+    G, T = slot_mappings.shape[0], positions.shape[0]
+    if out is None:
+        out = allocate_out(plan, G, dev)
+    rows, oqsl, opos, oslot, kv = (out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"],
+                                   out["kv_start"])
+    s_g, s_t = slot_mappings.stride()
+    verdict, scratch, epoch = open_checked(dev)
+    P = checkers(flat_tiles(T))
+    _K_CHECKED(_KEYS[s_t == 1], (P + req_progs + pad_progs, 1, 1), query_start_loc, dropped, seq_lens, replay_start,
+               positions, slot_mappings, s_g, s_t, rows, oqsl, opos, oslot, oslot.stride(0) if G > 1 else n_pad, kv,
+               values, verdict.word, scratch, B, G, T, n_pad, W, S, req_progs, pad_progs, n, P, epoch, BLOCK, GB,
+               s_t == 1, CHECK, MAX_POSITION, GATE)
+    return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad), verdict
 
 
 def _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) -> ReplayBatch:

@@ -1,42 +1,39 @@
 """``plain_indices`` (SPEC §2.6, the pack's own layout) in Triton: top-k then window.
 
-A validated call runs ``plain_indices_checked``: one pass tests every value the validator tests
-(``range_check.py``: the lengths in ``[0, width]``, every index PAD or in ``[0, INT32_MAX -
-offset]``) and the kernel is launched right behind it, gated on its word (``GATED``: it writes
-nothing on a ``FAIL``).
+A validated call runs ``plain_indices_checked``: checker programs in front of the kernel's own
+test every value the validator tests (the lengths in ``[0, width]``, every index PAD or in ``[0,
+INT32_MAX - offset]``) and the others write once they pass (``range_check.py``): nothing written on
+a ``FAIL``.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE
-from ..common.validation import INT32_MAX
-from ._device import FAIL, PAD
+from ._device import INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
-from .range_check import check_ranges
+from .range_check import BLOCK_C, BLOCK_R, GATE, checkers, open_checked, passed, rows_bad, rows_tiles, settle
 
 BLOCK_T = 16
 BLOCK_W = 128
 
 
-@jit
-def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, flag_ptr,
-                   T, SW, K, topk_offset, window_offset,
-                   HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, GATED: tl.constexpr):
-    if GATED:  # a validated call behind its range pass: nothing on a FAIL
-        if tl.load(flag_ptr) == FAIL:
-            return
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    j = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+@triton.jit
+def _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K, topk_offset,
+                window_offset, tt, jt, HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Tile ``(tt, jt)``: tokens ``tt * BLOCK_T + [0, BLOCK_T)``, columns ``jt * BLOCK_W + [0, BLOCK_W)``."""
+    t = tt * BLOCK_T + tl.arange(0, BLOCK_T)
+    j = jt * BLOCK_W + tl.arange(0, BLOCK_W)
     m = t < T
     sl = tl.load(sl_ptr + t, mask=m, other=0).to(tl.int64)
     if HAS_TOPK:
         tlen = tl.load(tl_ptr + t, mask=m, other=0).to(tl.int64)
     else:
         tlen = tl.zeros([BLOCK_T], tl.int64)
-    if tl.program_id(1) == 0:
+    if jt == 0:
         tl.store(lens_ptr + t, (tlen + sl).to(tl.int32), mask=m)
     t64 = t.to(tl.int64)[:, None]
     jj = j[None, :]
@@ -57,10 +54,41 @@ def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr
     tl.store(idx_ptr + t64 * width + jj, out, mask=mm & (jj < width))
 
 
+@jit
+def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr,
+                   T, SW, K, topk_offset, window_offset,
+                   HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K,
+                topk_offset, window_offset, tl.program_id(0), tl.program_id(1), HAS_TOPK, BLOCK_T, BLOCK_W)
+
+
+@jit
+def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, flag_ptr,
+                           scratch_ptr, T, SW, K, topk_offset, window_offset, w_tiles, P, epoch,
+                           HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+                           CHECK_R: tl.constexpr, CHECK_C: tl.constexpr, GATE: tl.constexpr):
+    """A validated call: ``P`` checker programs test what the validator tests (the lengths in
+    ``[0, width]``, every index PAD or in ``[0, INT32_MAX - offset]``), the others write tile
+    ``pid - P`` once they pass (``range_check.py``)."""
+    pid = tl.program_id(0)
+    if pid < P:
+        bad = rows_bad(sl_ptr, 1, T, T, 1, 0, SW, pid, P, CHECK_R, CHECK_C)
+        bad |= rows_bad(swa_ptr, T, SW, sw_s0, sw_s1, -1, INT32_MAX - window_offset, pid, P, CHECK_R, CHECK_C)
+        if HAS_TOPK:
+            bad |= rows_bad(tl_ptr, 1, T, T, 1, 0, K, pid, P, CHECK_R, CHECK_C)
+            bad |= rows_bad(topk_ptr, T, K, tk_s0, tk_s1, -1, INT32_MAX - topk_offset, pid, P, CHECK_R, CHECK_C)
+        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
+    elif passed(scratch_ptr, epoch, GATE):
+        w = pid - P
+        _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K,
+                    topk_offset, window_offset, w // w_tiles, w % w_tiles, HAS_TOPK, BLOCK_T, BLOCK_W)
+
+
 _K = Kernel(_plain_indices)
+_K_CHECKED = Kernel(_plain_indices_checked)
 
 
-def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, flag):
+def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, checked):
     T, SW = swa_indices.shape
     has_topk = topk_slots is not None
     K = topk_slots.shape[1] if has_topk else 0
@@ -70,12 +98,19 @@ def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_of
         out = (torch.empty(T, width, dtype=INDEX_DTYPE, device=dev), torch.empty(T, dtype=INDEX_DTYPE, device=dev))
     if T == 0:
         return out
-    gated = flag is not None
-    grid = ((T + BLOCK_T - 1) // BLOCK_T, max(1, (width + BLOCK_W - 1) // BLOCK_W), 1)
-    _K((has_topk, gated), grid, swa_indices, swa_indices.stride(0), swa_indices.stride(1), contiguous(swa_lens),
-       topk_slots, topk_slots.stride(0) if has_topk else 0, topk_slots.stride(1) if has_topk else 0,
-       contiguous(topk_lens) if has_topk else None, out[0], out[1], flag if gated else out[1], T, SW, K, topk_offset,
-       window_offset, has_topk, BLOCK_T, BLOCK_W, gated)
+    t_tiles, w_tiles = (T + BLOCK_T - 1) // BLOCK_T, max(1, (width + BLOCK_W - 1) // BLOCK_W)
+    args = (swa_indices, swa_indices.stride(0), swa_indices.stride(1), contiguous(swa_lens),
+            topk_slots, topk_slots.stride(0) if has_topk else 0, topk_slots.stride(1) if has_topk else 0,
+            contiguous(topk_lens) if has_topk else None, out[0], out[1])
+    sizes = (T, SW, K, topk_offset, window_offset)
+    if checked is None:
+        _K((has_topk,), (t_tiles, w_tiles, 1), *args, *sizes, has_topk, BLOCK_T, BLOCK_W)
+        return out
+    verdict, scratch, epoch = checked
+    # the checkers' tiles: of the lengths (a row of T) or of the widest index rows
+    P = checkers(max(rows_tiles(1, T), rows_tiles(T, max(SW, K))))
+    _K_CHECKED((has_topk,), (P + t_tiles * w_tiles, 1, 1), *args, verdict.word, scratch, *sizes, w_tiles, P, epoch,
+               has_topk, BLOCK_T, BLOCK_W, BLOCK_R, BLOCK_C, GATE)
     return out
 
 
@@ -90,14 +125,11 @@ def plain_indices(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, top
 def plain_indices_checked(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
                           out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)``, the kernel launched right behind the range pass and gated on its word (it
-    writes nothing on a ``FAIL``), or None for a call it does not take (no token)."""
-    T, SW = swa_indices.shape
-    if T == 0:
+    ``(out, Verdict)`` from one launch whose checker programs test every value the validator tests
+    and whose other programs write once they pass (nothing on a ``FAIL``), or None for a call it
+    does not take (no token)."""
+    if swa_indices.shape[0] == 0:
         return None
-    items = [(swa_lens, 0, SW), (swa_indices, -1, INT32_MAX - window_offset)]
-    if topk_slots is not None:
-        items += [(topk_lens, 0, topk_slots.shape[1]), (topk_slots, -1, INT32_MAX - topk_offset)]
-    verdict = check_ranges(swa_indices.device, items, per_stream=True)
+    checked = open_checked(swa_indices.device)
     return _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out,
-                   verdict.word), verdict
+                   checked), checked[0]

@@ -11,10 +11,10 @@ narrow ones, so each thread keeps several independent 16-byte loads in flight.
 ``scatter_rows`` zero-fills the output (``Tensor.zero_``: a memset at full bandwidth) and
 then scatters ``y``'s rows; trimmed rows stay zero.
 
-A validated call runs ``gather_rows_checked`` / ``scatter_rows_checked``: one pass tests every row
-id (``range_check.py``); the copy is launched behind it gated on its word (``GATED``: it copies
-nothing on a ``FAIL``), and the scatter's zero fill too (a Triton fill that reads the word, in place
-of torch's memset).
+A validated call runs ``gather_rows_checked`` / ``scatter_rows_checked``: checker programs in
+front of the copy's (the scatter's: of its zero fill, a Triton fill in place of torch's memset) test
+every row id and the others start once they pass (``range_check.py``); the scatter's copy behind
+the fill reads the verdict word (``GATED``). Nothing is written on a ``FAIL``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
 import triton.language as tl
 
 from ._device import FAIL
 from ._launch import Kernel, contiguous, jit, next_pow2
-from .range_check import check_ranges
+from .range_check import CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed, settle
 
 TILE = 1024  # words per program (R_TILE * BLOCK_C)
 MAX_BLOCK_C = 256  # 2 KiB of int64 words per row segment
@@ -37,14 +38,12 @@ _NATIVE = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.in
            torch.int32, torch.int64, torch.bool}
 
 
-@jit(align=("src_ptr", "dst_ptr"))
-def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: tl.constexpr, SCATTER: tl.constexpr,
-               R_TILE: tl.constexpr, BLOCK_C: tl.constexpr, GATED: tl.constexpr):
-    if GATED:  # a validated gather behind its range pass: nothing on a FAIL
-        if tl.load(flag_ptr) == FAIL:
-            return
-    r = tl.program_id(0) * R_TILE + tl.arange(0, R_TILE)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+@triton.jit
+def _copy_tile(src_ptr, dst_ptr, idx_ptr, n, rt, ct, ROW: tl.constexpr, WORD: tl.constexpr, SCATTER: tl.constexpr,
+               R_TILE: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Tile ``(rt, ct)``: rows ``rt * R_TILE + [0, R_TILE)``, words ``ct * BLOCK_C + [0, BLOCK_C)``."""
+    r = rt * R_TILE + tl.arange(0, R_TILE)
+    c = ct * BLOCK_C + tl.arange(0, BLOCK_C)
     rm = r < n
     picked = tl.load(idx_ptr + r, mask=rm, other=0).to(tl.int64)
     mine = r.to(tl.int64)
@@ -62,18 +61,46 @@ def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: 
     tl.store(dst + dst_row[:, None] * ROW + c[None, :], v, mask=mask)
 
 
+@jit(align=("src_ptr", "dst_ptr"))
+def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: tl.constexpr, SCATTER: tl.constexpr,
+               R_TILE: tl.constexpr, BLOCK_C: tl.constexpr, GATED: tl.constexpr):
+    if GATED:  # a validated scatter behind its checked fill: nothing on a FAIL
+        if tl.load(flag_ptr) == FAIL:
+            return
+    _copy_tile(src_ptr, dst_ptr, idx_ptr, n, tl.program_id(0), tl.program_id(1), ROW, WORD, SCATTER, R_TILE, BLOCK_C)
+
+
+@jit(align=("src_ptr", "dst_ptr"))
+def _copy_rows_checked(src_ptr, dst_ptr, idx_ptr, flag_ptr, scratch_ptr, n, high, c_tiles, P, epoch,
+                       ROW: tl.constexpr, WORD: tl.constexpr, R_TILE: tl.constexpr, BLOCK_C: tl.constexpr,
+                       CHECK: tl.constexpr, GATE: tl.constexpr):
+    """A validated gather: ``P`` checker programs test every row id (``range_check.py``), the
+    others copy tile ``pid - P`` once they pass."""
+    pid = tl.program_id(0)
+    if pid < P:
+        settle(flat_bad(idx_ptr, n, 0, high, pid, P, CHECK), P, flag_ptr, scratch_ptr, epoch, GATE)
+    elif passed(scratch_ptr, epoch, GATE):
+        w = pid - P
+        _copy_tile(src_ptr, dst_ptr, idx_ptr, n, w // c_tiles, w % c_tiles, ROW, WORD, False, R_TILE, BLOCK_C)
+
+
 @jit(align=("dst_ptr",))
-def _fill_zero(dst_ptr, flag_ptr, n, WORD: tl.constexpr, BLOCK: tl.constexpr):
-    """``n`` words of zeros, unless the verdict word says FAIL (a validated scatter's fill)."""
-    if tl.load(flag_ptr) == FAIL:
-        return
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    dst = dst_ptr.to(tl.pointer_type(WORD), bitcast=True)
-    tl.store(dst + i, tl.zeros([BLOCK], WORD), mask=i < n)
+def _fill_zero_checked(dst_ptr, idx_ptr, flag_ptr, scratch_ptr, n_idx, high, n, P, epoch, WORD: tl.constexpr,
+                       BLOCK: tl.constexpr, CHECK: tl.constexpr, GATE: tl.constexpr):
+    """A validated scatter's zero fill: ``P`` checker programs test every row id, the others fill
+    ``BLOCK`` words each once they pass (the copy behind it reads the verdict word)."""
+    pid = tl.program_id(0)
+    if pid < P:
+        settle(flat_bad(idx_ptr, n_idx, 0, high, pid, P, CHECK), P, flag_ptr, scratch_ptr, epoch, GATE)
+    elif passed(scratch_ptr, epoch, GATE):
+        i = (pid - P).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        dst = dst_ptr.to(tl.pointer_type(WORD), bitcast=True)
+        tl.store(dst + i, tl.zeros([BLOCK], WORD), mask=i < n)
 
 
 _K = Kernel(_copy_rows)
-_ZERO = Kernel(_fill_zero)
+_K_CHECKED = Kernel(_copy_rows_checked)
+_ZERO = Kernel(_fill_zero_checked)
 FILL_BLOCK = 2048
 
 
@@ -106,36 +133,13 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     return t.resolve_conj().resolve_neg()
 
 
-def _gather(x, rows, out, flag) -> torch.Tensor:
+def gather_rows(x, rows, *, out=None) -> torch.Tensor:
+    """``out[i] = x[rows[i]]`` for any trailing shape and dtype. One launch."""
     n = rows.shape[0]
     if out is None:
         out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     if n and x.shape[0]:
-        _launch(contiguous(_values(x)), out, contiguous(rows), n, False, flag)
-    return out
-
-
-def gather_rows(x, rows, *, out=None) -> torch.Tensor:
-    """``out[i] = x[rows[i]]`` for any trailing shape and dtype. One launch."""
-    return _gather(x, rows, out, None)
-
-
-def _scatter(y, rows, num_rows, out, flag) -> torch.Tensor:
-    if out is None:
-        out = (torch.zeros if flag is None else torch.empty)((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
-    elif flag is None:
-        out.zero_()
-    if flag is not None:  # the fill gated on the verdict too: nothing written on a FAIL
-        word, row, _, _ = _plan(out, out)
-        words = num_rows * row
-        if words:
-            dst = out if out.dtype in _NATIVE else out.view(torch.uint8)
-            # (a count past 2**31 is a 64-bit argument: a key of its own)
-            key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31)
-            _ZERO(key, ((words + FILL_BLOCK - 1) // FILL_BLOCK, 1, 1), dst, flag, words, _WORDS[word], FILL_BLOCK)
-    n = rows.shape[0]
-    if n and num_rows:
-        _launch(contiguous(_values(y)), out, contiguous(rows), n, True, flag)
+        _launch(contiguous(_values(x)), out, contiguous(rows), n, False)
     return out
 
 
@@ -143,24 +147,63 @@ def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
     """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]``. ``rows`` must be unique
     (a repeated row keeps an unspecified one of its values); trimmed rows are zero.
     A memset plus one launch."""
-    return _scatter(y, rows, num_rows, out, None)
+    if out is None:
+        out = torch.zeros((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+    else:
+        out.zero_()
+    n = rows.shape[0]
+    if n and num_rows:
+        _launch(contiguous(_values(y)), out, contiguous(rows), n, True)
+    return out
 
 
 def gather_rows_checked(x, rows, *, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)``, the copy launched right behind the range pass and gated on its word (it
-    copies nothing on a ``FAIL``), or None for a call it does not take (no row, or no row of x)."""
-    if rows.shape[0] == 0 or x.shape[0] == 0:
+    ``(out, Verdict)`` from one launch whose checker programs test every row id and whose other
+    programs copy once they pass (nothing on a ``FAIL``); None for a call it does not take (no
+    row, no row of x, or rows of no bytes)."""
+    n = rows.shape[0]
+    if n == 0 or x.shape[0] == 0:
         return None
-    verdict = check_ranges(rows.device, [(rows, 0, x.shape[0] - 1)], per_stream=True)
-    return _gather(x, rows, out, verdict.word), verdict
+    if out is None:
+        out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    src, idx = contiguous(_values(x)), contiguous(rows)
+    word, row, r_tile, block_c = _plan(src, out)
+    if row == 0:
+        return None
+    dst = out
+    if src.dtype not in _NATIVE:
+        src, dst = src.view(torch.uint8), dst.view(torch.uint8)
+    verdict, scratch, epoch = open_checked(idx.device)
+    P = checkers(flat_tiles(n))
+    c_tiles = (row + block_c - 1) // block_c
+    key = (src.dtype, row, word, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0)
+    _K_CHECKED(key, (P + (n + r_tile - 1) // r_tile * c_tiles, 1, 1), src, dst, idx, verdict.word, scratch, n,
+               x.shape[0] - 1, c_tiles, P, epoch, row, _WORDS[word], r_tile, block_c, CHECK, GATE)
+    return out, verdict
 
 
 def scatter_rows_checked(y, rows, num_rows, *, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)``, the fill and the copy launched right behind the range pass and gated on
-    its word (nothing written on a ``FAIL``), or None for a call it does not take (no row)."""
-    if rows.shape[0] == 0:
+    ``(out, Verdict)``: the zero fill's launch has checker programs that test every row id (its
+    other programs fill once they pass), the copy behind it reads the verdict word (nothing
+    written on a ``FAIL``); None for a call it does not take (no row, or an output of no bytes)."""
+    n = rows.shape[0]
+    if n == 0:
         return None
-    verdict = check_ranges(rows.device, [(rows, 0, num_rows - 1)], per_stream=True)
-    return _scatter(y, rows, num_rows, out, verdict.word), verdict
+    if out is None:
+        out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+    word, row, _, _ = _plan(out, out)
+    words = num_rows * row
+    if not words:
+        return None
+    idx = contiguous(rows)
+    dst = out if out.dtype in _NATIVE else out.view(torch.uint8)
+    verdict, scratch, epoch = open_checked(idx.device)
+    P = checkers(flat_tiles(n))
+    # (a count past 2**31 is a 64-bit argument: a key of its own)
+    key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31)
+    _ZERO(key, (P + (words + FILL_BLOCK - 1) // FILL_BLOCK, 1, 1), dst, idx, verdict.word, scratch, n, num_rows - 1,
+          words, P, epoch, _WORDS[word], FILL_BLOCK, CHECK, GATE)
+    _launch(contiguous(_values(y)), out, idx, n, True, verdict.word)
+    return out, verdict

@@ -12,8 +12,9 @@ measurement once a round (``lib.timing.one_call_us``; fresh arguments made outsi
 * ``plain``: the plain kernel's implementation called directly (no dispatch);
 * ``form``: the self-checked form called directly, without waiting for its verdict; ``form_wait``:
   with the wait (``Verdict.failed``);
-* ``quick``: the op's quick host checks alone; ``enabled``: ``value_checks_enabled()`` alone (the
-  graph-capture query); ``verdict_open``: ``open_verdict`` alone;
+* ``quick``: the op's quick host checks alone; ``capture``: the graph-capture query dispatch asks
+  (``dispatch.capture_query``); ``enabled``: ``value_checks_enabled()`` alone (validation's own
+  query); ``verdict_open``: ``open_verdict`` alone;
 * ``wait``: ``form_wait - form``: from the launch's return to the verdict seen.
 
 Writes ``exp_self_checked.json``.
@@ -39,6 +40,7 @@ from lib.steps import validation_cases  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.common.registry import load_attr  # noqa: E402
 from swa_backends.common.validation import value_checks_enabled  # noqa: E402
+from swa_backends.dispatch import capture_query  # noqa: E402
 from swa_backends.kernels import METADATA_KERNELS, SELF_CHECKED  # noqa: E402
 from swa_backends.kernels._verdict import open_verdict  # noqa: E402
 
@@ -51,6 +53,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
     """Every op with a self-checked form at ``bench_validation.py``'s step (``--smoke``: the case
     generator's small steps, in the interpreter): its row of host µs, or ``declined``."""
     be = sb.select(str(dev)) if gpu else sb.select("cpu", prefer="triton")
+    capturing = capture_query(be.device)
     out = {}
     for op, args, kwargs in validation_cases(dev, smoke=not gpu):
         if op not in SELF_CHECKED:
@@ -89,6 +92,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
             "form": fresh(lambda a, kw: form(*a, **kw)),
             "form_wait": fresh(form_wait),
             "quick": fresh(lambda a, kw: spec.quick_check(*a, **kw)),
+            "capture": fresh(lambda a, kw: capturing()),
             "enabled": fresh(lambda a, kw: value_checks_enabled()),
             "verdict_open": fresh(lambda a, kw: open_verdict(dev)),
         }, reps)

@@ -146,7 +146,8 @@ def host_plan(rng: np.random.Generator, b: Batch, keeps: np.ndarray) -> ReplayPl
     ``query_start_loc``: the same as the device's, or, two times in five when ``b`` has decodes,
     one where adaptive verification resized them on the device alone (the host counts each
     decode at 1-4 rows, SPEC §3.2). Padded to the graph size half the time; always large
-    enough for the device's kept rows."""
+    enough for the device's kept rows. A batch with nothing to trim gets a plan that keeps every
+    row (``ReplayPlan.from_kept``: ``plan_replay_batch`` plans none)."""
     pre = b.prefilling
     host_q = b.q.copy()
     if (~pre).any() and rng.random() < 0.4:
@@ -155,9 +156,13 @@ def host_plan(rng: np.random.Generator, b: Batch, keeps: np.ndarray) -> ReplayPl
     kept = np.where(pre & ~keeps, np.minimum(host_q, b.W), host_q)
     n_host, n_dev = int(kept.sum()), int(kept.sum() - host_q[~pre].sum() + b.q[~pre].sum())
     pad_to = max(n_host, n_dev) + (0 if n_dev <= n_host and rng.random() < 0.5 else int(rng.integers(0, 9)))
+    pad_to = max(pad_to, 1)  # (graph sizes start at 1: a batch of no request)
     from . import plan_replay_batch  # the public host op (validated while validation is on)
 
-    return plan_replay_batch(host_qsl, pre, keeps, b.W, pad_to=pad_to, trim_threshold=0)
+    plan = plan_replay_batch(host_qsl, pre, keeps, b.W, pad_to=pad_to, trim_threshold=0)
+    if plan is None:  # nothing trims (no prefill longer than W): an engine's own plan that keeps every row
+        plan = ReplayPlan.from_kept(kept.astype(np.int32), host_qsl, pad_to, b.W, is_prefilling=pre)
+    return plan
 
 
 def window_and_topk(d: "CaseDraw") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

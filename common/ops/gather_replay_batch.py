@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, MAX_POSITION, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, defer, fail, first_true, value_checks_enabled
 from ._batch import live_replay_start
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
+from ._quick import apart, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, host_plan, random_batch
@@ -70,6 +71,66 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
             check_out(NAME, f"out[{key!r}]", out[key], shape=shape, dtype=dtype, device=dev,
                       row_stride=key == "slot_mappings")  # e.g. vLLM's [:, :n_pad] of a [G, max_tokens] buffer
         check_extents(NAME, "out['slot_mappings']", out["slot_mappings"])
+
+
+_SLOT, _INDEX, _BOOL = (SLOT_DTYPE,), (INDEX_DTYPE,), (torch.bool,)
+_CPU = torch.device("cpu")
+
+
+def _plan_quick(plan, B: int) -> bool:
+    """``check_plan``'s host checks of a plan of ``B`` requests: sizes, and host tensors of the
+    right dtypes and shapes (numpy arrays of int32 for a plan of ``from_kept``, whose tensors are
+    made from them; contiguous CPU tensors for a plan built field by field)."""
+    n, n_pad = plan.num_rows, plan.num_rows_padded
+    if n.__class__ is not int or n_pad.__class__ is not int or not 0 <= n <= n_pad <= MAX_POSITION:
+        return False
+    pre = plan.prefilling
+    if pre is not None and not (plain(pre, _BOOL, 1, _CPU) and pre.shape[0] == B):
+        return False
+    host = plan.__dict__.get("_host")
+    if host is not None:
+        kept, dropped = host
+        return (kept.__class__ is np.ndarray and dropped.__class__ is np.ndarray and kept.dtype == np.int32
+                and dropped.dtype == np.int32 and kept.shape == (B,) and dropped.shape == (B + 1,))
+    return (plain(plan.kept, _INDEX, 1, _CPU) and plan.kept.shape[0] == B and plain(plan.trimmed, _BOOL, 1, _CPU)
+            and plan.trimmed.shape[0] == B and plain(plan.dropped_before, _INDEX, 1, _CPU)
+            and plan.dropped_before.shape[0] == B + 1)
+
+
+def quick_check(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors and a plan on the host
+    (``OpSpec.quick_check``; ``slot_mappings`` and ``out['slot_mappings']`` may be slices of wider
+    buffers)."""
+    if plan.__class__ is not ReplayPlan or not plain(positions, _SLOT, 1):
+        return False
+    dev = positions.device
+    B = query_start_loc.shape[0] - 1 if query_start_loc.__class__ is torch.Tensor else -1
+    if (B < 0 or not plain(query_start_loc, _INDEX, 1, dev) or not plain(seq_lens, _INDEX, 1, dev)
+            or not plain(replay_start, _INDEX, 1, dev) or seq_lens.shape[0] != B or replay_start.shape[0] != B
+            or B != plan.num_reqs or not rows(slot_mappings, _SLOT, dev)
+            or slot_mappings.shape[1] < positions.shape[0]):
+        return False
+    if W.__class__ is not int or not 1 <= W <= MAX_WINDOW or W != plan.window or not _plan_quick(plan, B):
+        return False
+    if out is None:
+        return True
+    if out.__class__ is not dict or len(out) != 5:
+        return False
+    shapes = out_shapes(plan, slot_mappings.shape[0])
+    bufs = []
+    for key, (shape, dtype) in shapes.items():
+        buf = out.get(key)
+        if buf.__class__ is not torch.Tensor or tuple(buf.shape) != shape:
+            return False
+        if not (rows(buf, (dtype,), dev) if key == "slot_mappings" else plain(buf, (dtype,), len(shape), dev)):
+            return False
+        bufs.append(buf)
+    inputs = [query_start_loc, seq_lens, replay_start, positions, slot_mappings, *plan._device_cache.values()]
+    for entry in plan._launch_cache.values():  # the plan's other device copies (kernels' own)
+        inputs += [v for v in (entry if entry.__class__ is tuple else (entry,)) if v.__class__ is torch.Tensor]
+    if dev.type == "cpu":  # (device memory never shares an address with the plan's host tensors)
+        inputs += [plan.kept, plan.trimmed, plan.dropped_before] + ([pre] if (pre := plan.prefilling) is not None else [])
+    return all(apart(b, *inputs, *bufs[i + 1:]) for i, b in enumerate(bufs))
 
 
 def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:
@@ -150,9 +211,10 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
     o = torch.arange(n_pad, device=dev, dtype=torch.int64)
     req = torch.searchsorted(out_qsl[1:].contiguous(), o, right=True).clamp(max=max(plan.num_reqs - 1, 0))
     real = o < out_qsl[-1]  # the device's kept rows (== n unless the device resized decodes)
-    rows = torch.where(real, o + dropped.to(torch.int64)[req + 1], 0)
-    if plan.num_reqs == 0:
+    if plan.num_reqs == 0:  # (no request: every row graph padding)
         rows = torch.zeros_like(o)
+    else:
+        rows = torch.where(real, o + dropped.to(torch.int64)[req + 1], 0)
     R = live_replay_start(query_start_loc, seq_lens, replay_start)
     kv_start = torch.where(trimmed, torch.maximum(R, seq_lens.to(torch.int64) - W), R).to(INDEX_DTYPE)
     gathered_slots = slot_mappings.index_select(1, rows)
@@ -177,8 +239,8 @@ RESULTS = Results(("rows", "query_start_loc", "positions", "slot_mappings", "kv_
 
 
 def case(d: CaseDraw) -> Call:
-    """A step where something trims (drawn here unless given), a host plan of it (from a host
-    ``query_start_loc`` the device resized at times)."""
+    """A step where something trims (drawn here unless given; a given one may have nothing to
+    trim), a host plan of it (from a host ``query_start_loc`` the device resized at times)."""
     if d.given is None:
         b = random_batch(d.rng, long_prefill=True)
         t = b.tensors(d.device)
@@ -187,7 +249,8 @@ def case(d: CaseDraw) -> Call:
     rng = d.rng
     keeps = rng.random(b.B) < 0.2
     long = np.flatnonzero(b.prefilling & (b.q > b.W))
-    keeps[long[0]] = False  # something trims
+    if long.size:  # something trims (a given batch may have nothing to trim: a plan that keeps all)
+        keeps[long[0]] = False
     plan = host_plan(rng, b, keeps)
     kw = {}
     if d.poison:
@@ -199,4 +262,5 @@ def warmup(s: WarmupStep):
     yield (s.plan, s.qsl, s.seq, s.R, s.positions, s.slots, s.W), {}
 
 
-OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_batch", scalars={"W": "int"}, case=case, warmup=warmup)
+OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_batch", scalars={"W": "int"}, case=case, warmup=warmup,
+            quick_check=quick_check)

@@ -35,7 +35,7 @@ _SLOT = (SLOT_DTYPE,)
 
 def _rows_and_out(data, rows, n_out: int, out) -> bool:
     """The quick checks shared by both ops: ``data`` any ``torch.Tensor`` of at least one dimension
-    and at most ``INT32_MAX`` rows (the range pass takes 32-bit bounds), ``rows`` plain int64 on its
+    and at most ``INT32_MAX`` rows (the checked kernels take 32-bit bounds), ``rows`` plain int64 on its
     device, ``out`` None or a contiguous buffer ``[n_out, *data.shape[1:]]`` of its dtype and device
     without lazy bits, sharing no byte with either."""
     if data.__class__ is not torch.Tensor or data.dim() < 1 or data.shape[0] > INT32_MAX:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import swa_backends as sb
 from swa_backends.common.ops import OPS
 from swa_backends.common.registry import load_attr
-from swa_backends.common.types import MAX_POSITION
+from swa_backends.common.types import MAX_POSITION, ReplayPlan
 from swa_backends.common import validation
 from swa_backends.common.validation import one_read
 from swa_backends.testing.conformance import case_for, mismatch
@@ -83,9 +83,13 @@ def test_quick_check_is_never_looser_than_the_host_checks(op):
 
 
 def _int_tensors(args, kwargs):
+    """The integer tensors a poison may hit: the arguments' and a replay plan's (its kept rows and
+    drops: a plan of ``from_kept`` makes its tensors as views of its arrays, so both change)."""
     out = []
     for v in (*args, *kwargs.values()):
-        if isinstance(v, torch.Tensor) and not v.is_floating_point() and v.dtype != torch.bool and v.numel():
+        if isinstance(v, ReplayPlan):
+            out += [t for t in (v.kept, v.dropped_before) if t.numel()]
+        elif isinstance(v, torch.Tensor) and not v.is_floating_point() and v.dtype != torch.bool and v.numel():
             out.append(v)
     return out
 
@@ -179,11 +183,10 @@ def _backend():
 
 
 def _launches(op: str) -> int:
-    """Launches so far of the kernels that test the op's values (its own checked kernel, or the
-    range pass)."""
+    """Launches so far of the kernels that test the op's values (its own checked kernels)."""
     module, _, fn = SELF_CHECKED[op].partition(":")
     return sum(k.launches for name, k in _launch.KERNELS.items()
-               if name.startswith(f"{module}.") and name.endswith("_checked") or name == "range_check._range_check")
+               if name.startswith(f"{module}.") and name.endswith("_checked"))
 
 
 @pytest.mark.parametrize("op", CHECKED)
@@ -380,3 +383,40 @@ def test_the_seeds_corners_through_the_self_checked_path():
             assert mismatch(op, got, want) is None and mismatch(op, off, want) is None, (seed, op)
     assert seen == {"spec", "restarted", "dummy", "padded"}, seen
     assert taken >= 8 * len(CHECKED), taken  # most calls took the path (a call it declines: the validator)
+
+
+@pytest.mark.gpu
+def test_checker_programs_on_large_grids_on_gpu():
+    """The kernels with checker programs in front of their workers (range_check.py) on grids far
+    larger than the GPU holds at once, validated through dispatch, on two streams in turn: each
+    result is the reference's, and a row id out of range at the very end (the last checker's
+    tile) refuses the call with the validator's error and writes nothing. A worker that waited
+    for a checker never scheduled would hang here."""
+    be = sb.select("cuda")
+    x = torch.randn(20000, 7168, device="cuda").to(torch.bfloat16)
+    streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+    for i, n in enumerate((1, 2047, 2049, 16384, 65536)):
+        rows = torch.randint(0, x.shape[0], (n,), device="cuda")
+        with torch.cuda.stream(streams[i % 2]):
+            assert torch.equal(be.gather_rows(x, rows), x[rows])
+            m = min(n, x.shape[0])
+            unique = torch.randperm(x.shape[0], device="cuda")[:m]
+            want = torch.zeros_like(x)
+            want[unique] = x[:m]
+            assert torch.equal(be.scatter_rows(x[:m], unique, x.shape[0]), want)
+            out = torch.full((n, 7168), 3.0, device="cuda").to(torch.bfloat16)
+            bad = rows.clone()
+            bad[-1] = x.shape[0]
+            with pytest.raises(ValueError, match=f"gather_rows: rows={x.shape[0]}"):
+                be.gather_rows(x, bad, out=out)
+            assert bool((out == 3.0).all()), "a refused call wrote"
+    torch.cuda.synchronize()
+    T, SW = 40000, 128
+    swa = torch.randint(-1, 1000, (T, SW), dtype=torch.int32, device="cuda")
+    lens = torch.randint(0, SW + 1, (T,), dtype=torch.int32, device="cuda")
+    want = OPS["plain_indices"].reference(swa.cpu(), lens.cpu())
+    got = be.plain_indices(swa, lens)
+    assert mismatch("plain_indices", tuple(t.cpu() for t in got), want) is None
+    swa[-1, -1] = -2
+    with pytest.raises(ValueError, match="plain_indices: swa_indices"):
+        be.plain_indices(swa, lens)

@@ -538,8 +538,7 @@ def test_rows_unaligned_and_strided_inputs(tb):
 
 def test_bad_input_raises_before_any_launch(tb):
     """Bad metadata raises before any launch; a bad value before anything is written (a validated call
-    of plain tensors launches the kernels that test it: the op's own, which stores nothing then, or a
-    range pass and a kernel gated on its verdict)."""
+    of plain tensors launches the kernels that test it: the op's own, which store nothing then)."""
     from swa_backends.kernels import _launch
 
     rng = np.random.default_rng(2)
