@@ -127,6 +127,27 @@ def range_bad(ptr, n, low, high, CHECK: tl.constexpr):
 
 
 @triton.jit
+def batch_chunk_bad(qsl_ptr, seq_ptr, rs_ptr, B, num_tokens, high, j, FROM_ZERO: tl.constexpr, HAS_SEQ: tl.constexpr,
+                    HAS_RS: tl.constexpr):
+    """:func:`batch_bad`'s test of entries ``j`` (a vector): 1 per lane that fails, else 0."""
+    m = j <= B
+    r = m & (j > 0)  # request j - 1
+    v = tl.load(qsl_ptr + j, mask=m, other=0)
+    prev = tl.load(qsl_ptr + j - 1, mask=r, other=0)
+    if HAS_SEQ:
+        seq = tl.load(seq_ptr + j - 1, mask=r, other=0)
+    if HAS_RS:
+        rs = tl.load(rs_ptr + j - 1, mask=r, other=0)
+    first = (v != 0) if FROM_ZERO else (v < 0)
+    wrong = ((j == 0) & first) | (r & (v < prev)) | ((num_tokens >= 0) & (v > num_tokens))
+    if HAS_SEQ:
+        wrong |= r & ((seq < v.to(tl.int64) - prev) | (seq < 0) | (seq > high))
+    if HAS_RS:
+        wrong |= r & ((rs < 0) | (rs > high))
+    return (m & wrong).to(tl.int32)
+
+
+@triton.jit
 def batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, num_tokens, high, FROM_ZERO: tl.constexpr, HAS_SEQ: tl.constexpr,
               HAS_RS: tl.constexpr, CHECK: tl.constexpr):
     """``_checks.check_batch``'s value checks: ``query_start_loc[0:B+1]`` not from 0
@@ -138,22 +159,7 @@ def batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, num_tokens, high, FROM_ZERO: tl.const
     k = tl.arange(0, CHECK)
     bad = tl.zeros([CHECK], tl.int32)
     for s in range(0, B + 1, CHECK):
-        j = s + k
-        m = j <= B
-        r = m & (j > 0)  # request j - 1
-        v = tl.load(qsl_ptr + j, mask=m, other=0)
-        prev = tl.load(qsl_ptr + j - 1, mask=r, other=0)
-        if HAS_SEQ:
-            seq = tl.load(seq_ptr + j - 1, mask=r, other=0)
-        if HAS_RS:
-            rs = tl.load(rs_ptr + j - 1, mask=r, other=0)
-        first = (v != 0) if FROM_ZERO else (v < 0)
-        wrong = ((j == 0) & first) | (r & (v < prev)) | ((num_tokens >= 0) & (v > num_tokens))
-        if HAS_SEQ:
-            wrong |= r & ((seq < v.to(tl.int64) - prev) | (seq < 0) | (seq > high))
-        if HAS_RS:
-            wrong |= r & ((rs < 0) | (rs > high))
-        bad |= (m & wrong).to(tl.int32)
+        bad |= batch_chunk_bad(qsl_ptr, seq_ptr, rs_ptr, B, num_tokens, high, s + k, FROM_ZERO, HAS_SEQ, HAS_RS)
     return tl.max(bad, axis=0)
 
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common.types import MAX_POSITION
-from ._device import CHECK, PAD, batch_bad, find_request, range_bad, verdict
+from ._device import CHECK, PAD, batch_chunk_bad, find_request, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -53,8 +53,17 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
 @jit
 def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, flag_ptr, B, T,
                                 Wr, n_steps, G, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr):
-    bad = (batch_bad(qsl_ptr, rs_ptr, rs_ptr, B, T, max_p, True, False, True, CHECK)
-           | range_bad(groups_ptr, n_groups, 0, G - 1, CHECK) | range_bad(pos_ptr, T, 0, max_p, CHECK))
+    # the batch, the groups and the positions a chunk at a time, their loads together (one memory
+    # round trip per chunk: program 0's checks are what the host waits for)
+    k = tl.arange(0, CHECK)
+    wrong = tl.zeros([CHECK], tl.int32)
+    for s in range(0, tl.maximum(tl.maximum(B + 1, n_groups), T), CHECK):
+        j = s + k
+        grp = tl.load(groups_ptr + j, mask=j < n_groups, other=0)
+        p = tl.load(pos_ptr + j, mask=j < T, other=0)
+        wrong |= batch_chunk_bad(qsl_ptr, rs_ptr, rs_ptr, B, T, max_p, j, True, False, True)
+        wrong |= ((grp < 0) | (grp > G - 1) | (p < 0) | (p > max_p)).to(tl.int32)
+    bad = tl.max(wrong, axis=0)
     verdict(flag_ptr, bad)
     if bad == 0:
         _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK)

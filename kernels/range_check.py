@@ -35,8 +35,11 @@ from ._verdict import Verdict, open_verdict
 #: values one checker tests per tile (1-D: ``CHECK`` in a row; index rows: ``BLOCK_R x BLOCK_C``)
 BLOCK_R, BLOCK_C = 8, 256
 CHECK = BLOCK_R * BLOCK_C
-#: at most this many checker programs (more values: more tiles per checker)
-MAX_CHECKERS = 32
+#: at most this many checker programs (more values: more tiles per checker). The host waits for the
+#: last checker, so a checker takes one tile where it can: each further tile is one more memory round
+#: trip before the verdict (bench/README.md, "Checker programs"). (Any count is safe: checkers wait for
+#: nothing.)
+MAX_CHECKERS = 1024
 #: the scratch words: [0] checkers done, [1] a value failed, [GATE] the gate (its own 128 bytes:
 #: the workers' polling stays off the line the checkers' atomics use)
 SCRATCH, GATE = 64, 32

@@ -114,6 +114,8 @@ def _poisoned_call(op: str, seed: int, poison: int, edge: int, with_out: bool, d
     def move(v):
         if isinstance(v, tuple):
             return tuple(move(x) for x in v)
+        if isinstance(v, dict):
+            return {k: move(x) for k, x in v.items()}
         return v.to(device) if isinstance(v, torch.Tensor) else v
 
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
