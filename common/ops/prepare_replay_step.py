@@ -238,6 +238,9 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
             fail(NAME, f"out[{key!r}]", buf, f"a tensor of at least {rows[key]} rows (the step writes its leading rows)")
     o = _leading(o, rows)
     batch_replay_start.validate(R_per_request, idx_mapping, is_prefilling, out=o.get("replay_start"))
+    if "stale_replay" in o:  # (the one output no part's validator checks)
+        check_out(NAME, "out['stale_replay']", o["stale_replay"], shape=(B,), dtype=INDEX_DTYPE,
+                  device=R_per_request.device)
     check_tensor(NAME, "query_start_loc", query_start_loc, dtypes=INDEX_DTYPE, ndim=1,
                  device=R_per_request.device)
     if query_start_loc.shape[0] != B + 1:

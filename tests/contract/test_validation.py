@@ -238,6 +238,23 @@ def test_prepare_replay_step_serving_keywords_are_checked():
         assert torch.equal(long[name][:n], getattr(got, name)) and (long[name][n:] == -77).all(), name
 
 
+def test_prepare_replay_step_checks_its_stale_replay_buffer():
+    """``out['stale_replay']``, the one output none of the parts' validators sees, is checked like
+    the others: an int8 buffer (the kernel stores int32: past its bytes), an int64 one or a strided
+    view is refused, naming it, before anything is written."""
+    from swa_backends.common.ops.prepare_replay_step import allocate_out
+
+    args = _two_request_step()
+    slots = args[6]
+    before = slots.clone()
+    for bad in (torch.zeros(2, dtype=torch.int8), torch.zeros(2, dtype=i64), torch.zeros(4, dtype=i32)[::2]):
+        out = allocate_out(2, 5, 8, "cpu")
+        out["stale_replay"] = bad
+        with pytest.raises(ValueError, match=r"^prepare_replay_step: out\['stale_replay'\]=.*expected"):
+            BE.prepare_replay_step(*args, out=out)
+        assert torch.equal(slots, before) and not bad.any()
+
+
 def test_prepare_replay_step_sub_batch_builds_are_checked():
     """``kept_windows`` 0-2 and only with a plan, its split points in range (and None without
     it), a buffer dict per build with every buffer at least as long as the step writes, int32 on
