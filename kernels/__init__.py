@@ -59,6 +59,7 @@ SELF_CHECKED = {
     "plain_indices": "plain_indices:plain_indices_checked",
     "gather_rows": "rows:gather_rows_checked",
     "gather_replay_batch": "gather_replay_batch:gather_replay_batch_checked",
+    "prepare_replay_step": "prepare_replay_step:prepare_replay_step_checked",
     "scatter_rows": "rows:scatter_rows_checked",
 }
 

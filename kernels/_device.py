@@ -182,11 +182,13 @@ def slab_bad(qsl_ptr, seq_ptr, rs_ptr, B, W, room, CHECK: tl.constexpr):
 
 
 @triton.jit
-def table_bad(bt_ptr, s0, s1, n_cols, seq_ptr, B, block_size, top, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
+def table_bad(bt_ptr, s0, s1, n_cols, seq_ptr, B, block_size, top, pid, P, CHECK_B: tl.constexpr,
+              CHECK_C: tl.constexpr):
     """Some request's positions (below its ``seq_lens``) need more block-table columns than
-    ``n_cols``, or read an entry outside ``[0, top]`` (``_checks.check_block_table_covers``)."""
+    ``n_cols``, or read an entry outside ``[0, top]`` (``_checks.check_block_table_covers``), among
+    the requests of every ``P``-th chunk of ``CHECK_B`` from chunk ``pid`` (all of them: 0, 1)."""
     bad = tl.zeros([CHECK_B, CHECK_C], tl.int32)
-    for b0 in range(0, B, CHECK_B):
+    for b0 in range(pid * CHECK_B, B, P * CHECK_B):
         b = b0 + tl.arange(0, CHECK_B)
         mb = b < B
         seq = tl.load(seq_ptr + b, mask=mb, other=0).to(tl.int64)

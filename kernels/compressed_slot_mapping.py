@@ -58,7 +58,7 @@ def _compressed_slot_mapping_checked(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, b
                                      n_steps, bs_c, ratio, null_block, block_size, top, max_p, BLOCK: tl.constexpr,
                                      CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
     bad = (batch_bad(qsl_ptr, seq_ptr, seq_ptr, B, T, max_p, True, True, False, CHECK)
-           | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, CHECK_B, CHECK_C))
+           | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, 0, 1, CHECK_B, CHECK_C))
     verdict(flag_ptr, bad)
     if bad == 0:
         _map(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps, bs_c, ratio, null_block,

@@ -32,9 +32,13 @@ import triton
 import triton.language as tl
 
 from ..common.ops.prepare_replay_step import PreparedStep, WindowRows, allocate_out
-from ._device import PAD, block_split, find_kept_request, find_request, pow2_shift, write_graph_padding
+from ..common.types import MAX_POSITION
+from ..common.validation import INT32_MAX
+from ._device import (CHECK, PAD, batch_bad, block_split, find_kept_request, find_request, pow2_shift, range_bad,
+                      table_bad, write_graph_padding)
 from ._launch import Kernel, jit
-from .gather_replay_batch import BLOCK, GB, _replay_batch, plan_launch
+from .gather_replay_batch import BLOCK, GB, _plan_bad, _plan_values, _replay_batch, plan_launch
+from .range_check import GATE, checkers, flat_bad, flat_tiles, open_checked, passed, settle
 
 #: A token program's tile, ``(tokens, window columns, warps)``, by the step's token count,
 #: chosen from a sweep of tiles at the replay step's shapes (GPU time, L2 warm, the step's launch
@@ -68,6 +72,8 @@ def forced_tile(tile):
         _forced_tile = before
 
 BLOCK_R = 256  # requests per program without a plan
+#: the checker programs' tile of the block table (requests x columns)
+CHECK_B, CHECK_C = 64, 64
 KB = 8  # cacheable-group entries per load
 
 
@@ -285,20 +291,17 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
             tl.store(oslot_ptr + gg[:, None].to(tl.int64) * os_g + o[None, :], sl, mask=gm)
 
 
-@jit
-def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
-                         groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
-                         rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
-                         gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
-                         ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr,
-                         kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0, kpfl_ptr, kglf_ptr, Pk, gk, Tk,
-                         B, T, G, width, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
-                         req_progs, pad_progs,
-                         DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
-                         HAS_GL: tl.constexpr, KEPT: tl.constexpr, BLOCK_T: tl.constexpr,
-                         BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
-                         KB: tl.constexpr, UNIT_T: tl.constexpr):
-    pid = tl.program_id(0)
+@triton.jit
+def _step_program(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
+                  n_groups, bt_ptr, bt_s0, bt_s1, n_cols, rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr,
+                  pswa_s0, plens_ptr, P, vg, gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g,
+                  kv_ptr, ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr, kf_ptr, kf_s0, kfl_ptr,
+                  kpf_ptr, kpf_s0, kpfl_ptr, kglf_ptr, Pk, gk, Tk, B, T, G, width, n_pad, n_steps, block_size,
+                  bs_shift, W, Wr, S, col_blocks, tok_tiles, req_progs, pad_progs, DO_PAD: tl.constexpr,
+                  HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_GL: tl.constexpr,
+                  KEPT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_R: tl.constexpr, GB: tl.constexpr, KB: tl.constexpr, UNIT_T: tl.constexpr):
+    """Program ``pid`` of the launch the module docstring describes."""
     if pid < tok_tiles:
         _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                     n_groups, bt_ptr, bt_s0, bt_s1, n_cols, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr,
@@ -334,11 +337,124 @@ def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
             tl.store(gl_ptr + (b - g_from), _gather_len(q0, q1, seq, R, W), mask=mb & (b >= g_from))
 
 
+@jit
+def _prepare_replay_step(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
+                         groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols,
+                         rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg,
+                         gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr,
+                         ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr,
+                         kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0, kpfl_ptr, kglf_ptr, Pk, gk, Tk,
+                         B, T, G, width, n_pad, n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles,
+                         req_progs, pad_progs,
+                         DO_PAD: tl.constexpr, HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
+                         HAS_GL: tl.constexpr, KEPT: tl.constexpr, BLOCK_T: tl.constexpr,
+                         BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
+                         KB: tl.constexpr, UNIT_T: tl.constexpr):
+    _step_program(tl.program_id(0), rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
+                  groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols, rs_out_ptr, stale_ptr, swa_ptr, swa_s0,
+                  lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg, gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr,
+                  opos_ptr, oslot_ptr, os_g, kv_ptr, ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr,
+                  kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0, kpfl_ptr, kglf_ptr, Pk, gk, Tk, B, T, G, width, n_pad,
+                  n_steps, block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles, req_progs, pad_progs, DO_PAD,
+                  HAS_PLAN, SPLIT, HAS_VALID, HAS_GL, KEPT, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB, UNIT_T)
+
+
+@triton.jit
+def _listed(groups_ptr, n_groups, vg, CHECK: tl.constexpr):
+    """``vg`` is among ``groups_ptr[0:n_groups]`` (the validity row a padded group)."""
+    k = tl.arange(0, CHECK)
+    hit = tl.zeros([CHECK], tl.int32)
+    for s in range(0, n_groups, CHECK):
+        grp = tl.load(groups_ptr + s + k, mask=s + k < n_groups, other=-1)
+        hit |= (grp == vg).to(tl.int32)
+    return tl.max(hit, axis=0)
+
+
+@triton.jit
+def _some_replay(rall_ptr, idx_ptr, pre_ptr, B, NR, CHECK: tl.constexpr):
+    """Some batch row's replay start (``batch_replay_start``, an ``idx_mapping`` entry out of range
+    read as none) above 0: refused with ``any_replay=False``."""
+    k = tl.arange(0, CHECK)
+    some = tl.zeros([CHECK], tl.int32)
+    for s in range(0, B, CHECK):
+        b = s + k
+        m = b < B
+        i = tl.load(idx_ptr + b, mask=m, other=0).to(tl.int64)
+        pre = tl.load(pre_ptr + b, mask=m, other=0) != 0
+        r = tl.load(rall_ptr + i, mask=m & pre & (i >= 0) & (i < NR), other=0)
+        some |= (r > 0).to(tl.int32)
+    return tl.max(some, axis=0)
+
+
+@triton.jit
+def _step_bad(pid, NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, groups_ptr, n_groups, bt_ptr, bt_s0,
+              bt_s1, n_cols, drop_ptr, plan_ptr, vg, B, T, G, n_pad, block_size, NR, top, n_rows,
+              HAS_PLAN: tl.constexpr, HAS_VALID: tl.constexpr, ANY_FALSE: tl.constexpr, CHECK: tl.constexpr,
+              CHECK_B: tl.constexpr, CHECK_C: tl.constexpr, MAX_POSITION: tl.constexpr):
+    """Checker ``pid`` of ``NCHK`` (at least 4): its share of the value checks of the parts'
+    validators (on the replay starts the call makes; a stale one passes them): every checker its
+    share of the positions and of the block table's rows; checker 0 ``batch_replay_start``'s
+    (every ``R_per_request``, ``idx_mapping`` inside it), 1 the batch (``query_start_loc`` from 0,
+    non-decreasing, at most T; ``seq_lens``), 2 the cacheable groups (rows of ``slot_mappings``,
+    never ``valid_group``), 3 the plan (``gather_replay_batch``'s) and ``any_replay=False``. (The
+    replay starts' range follows from ``R_per_request``'s.)"""
+    bad = flat_bad(pos_ptr, T, 0, MAX_POSITION, pid, NCHK, CHECK)
+    bad |= table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, pid, NCHK, CHECK_B, CHECK_C)
+    if pid == 0:
+        bad |= range_bad(rall_ptr, NR, 0, MAX_POSITION, CHECK) | range_bad(idx_ptr, B, 0, NR - 1, CHECK)
+    if pid == 1:
+        bad |= batch_bad(qsl_ptr, seq_ptr, seq_ptr, B, T, MAX_POSITION, True, True, False, CHECK)
+    if pid == 2:
+        bad |= range_bad(groups_ptr, n_groups, 0, G - 1, CHECK)
+        if HAS_VALID:
+            bad |= _listed(groups_ptr, n_groups, vg, CHECK)
+    if pid == 3:
+        if HAS_PLAN:
+            bad |= _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK)
+        if ANY_FALSE:
+            bad |= _some_replay(rall_ptr, idx_ptr, pre_ptr, B, NR, CHECK)
+    return bad
+
+
+@jit
+def _prepare_replay_step_checked(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t,
+                                 groups_ptr, n_groups, bt_ptr, bt_s0, bt_s1, n_cols, rs_out_ptr, stale_ptr, swa_ptr,
+                                 swa_s0, lens_ptr, pswa_ptr, pswa_s0, plens_ptr, P, vg, gl_ptr, g_from, drop_ptr,
+                                 rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr, ka_ptr, ka_s0, kal_ptr,
+                                 kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr, kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0,
+                                 kpfl_ptr, kglf_ptr, Pk, gk, Tk, B, T, G, width, n_pad, n_steps, block_size, bs_shift,
+                                 W, Wr, S, col_blocks, tok_tiles, req_progs, pad_progs, plan_ptr, flag_ptr,
+                                 scratch_ptr, NR, top, n_rows, NCHK, epoch, DO_PAD: tl.constexpr,
+                                 HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
+                                 HAS_GL: tl.constexpr, KEPT: tl.constexpr, BLOCK_T: tl.constexpr,
+                                 BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
+                                 KB: tl.constexpr, UNIT_T: tl.constexpr, ANY_FALSE: tl.constexpr, CHECK: tl.constexpr,
+                                 CHECK_B: tl.constexpr, CHECK_C: tl.constexpr, MAX_POSITION: tl.constexpr,
+                                 GATE: tl.constexpr):
+    """A validated call: ``NCHK`` (at least 4) checker programs test every value the validator tests
+    (``_step_bad``), the others are the plain kernel's programs once they pass (``range_check.py``)."""
+    pid = tl.program_id(0)
+    if pid < NCHK:
+        bad = _step_bad(pid, NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, groups_ptr, n_groups, bt_ptr,
+                        bt_s0, bt_s1, n_cols, drop_ptr, plan_ptr, vg, B, T, G, n_pad, block_size, NR, top, n_rows,
+                        HAS_PLAN, HAS_VALID, ANY_FALSE, CHECK, CHECK_B, CHECK_C, MAX_POSITION)
+        settle(bad, NCHK, flag_ptr, scratch_ptr, epoch, GATE)
+    elif passed(scratch_ptr, epoch, GATE):
+        _step_program(pid - NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
+                      n_groups, bt_ptr, bt_s0, bt_s1, n_cols, rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr,
+                      pswa_ptr, pswa_s0, plens_ptr, P, vg, gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr,
+                      oslot_ptr, os_g, kv_ptr, ka_ptr, ka_s0, kal_ptr, kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr, kf_ptr,
+                      kf_s0, kfl_ptr, kpf_ptr, kpf_s0, kpfl_ptr, kglf_ptr, Pk, gk, Tk, B, T, G, width, n_pad, n_steps,
+                      block_size, bs_shift, W, Wr, S, col_blocks, tok_tiles, req_progs, pad_progs, DO_PAD, HAS_PLAN,
+                      SPLIT, HAS_VALID, HAS_GL, KEPT, BLOCK_T, BLOCK_W, BLOCK, BLOCK_R, GB, KB, UNIT_T)
+
+
 def _compile_options(key: tuple) -> dict:
     return {"num_warps": key[-1]}  # the key ends with the tile
 
 
 _K = Kernel(_prepare_replay_step, options=_compile_options)
+_K_CHECKED = Kernel(_prepare_replay_step_checked, options=_compile_options)
 
 
 def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
@@ -356,6 +472,31 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
     in one launch; with ``kept_windows`` (1 or 2), the sub-batch's window builds too
     (``common.ops.prepare_replay_step.reference``). Returns a :class:`PreparedStep`.
     """
+    return _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+                cacheable_groups, block_table, block_size, W, Wr, index_width, plan, any_replay, prefill_from,
+                gather_lens_from, valid_group, kept_windows, kept_prefill_from, kept_gather_lens_from, out, None)
+
+
+def prepare_replay_step_checked(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions,
+                                slot_mappings, cacheable_groups, block_table, block_size, W, Wr, *, index_width=None,
+                                plan=None, any_replay=None, prefill_from=None, gather_lens_from=None, valid_group=None,
+                                kept_windows=0, kept_prefill_from=None, kept_gather_lens_from=None, out=None):
+    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    ``(PreparedStep, Verdict)`` from one launch whose checker programs test every value the parts'
+    validators test and whose other programs are the plain kernel's once they pass (nothing written
+    on a ``FAIL``, the slot mappings included); None for a call it does not take (no request)."""
+    if idx_mapping.shape[0] == 0:
+        return None
+    checked = open_checked(positions.device)
+    return _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+                cacheable_groups, block_table, block_size, W, Wr, index_width, plan, any_replay, prefill_from,
+                gather_lens_from, valid_group, kept_windows, kept_prefill_from, kept_gather_lens_from, out,
+                checked), checked[0]
+
+
+def _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+         cacheable_groups, block_table, block_size, W, Wr, index_width, plan, any_replay, prefill_from,
+         gather_lens_from, valid_group, kept_windows, kept_prefill_from, kept_gather_lens_from, out, checked):
     B, T, G = idx_mapping.shape[0], positions.shape[0], slot_mappings.shape[0]
     width = W if index_width is None else index_width
     split, has_gl, has_valid = prefill_from is not None, gather_lens_from is not None, valid_group is not None
@@ -401,21 +542,32 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
         grid = (tok_tiles + (B + BLOCK_R - 1) // BLOCK_R, 1, 1)
     s_g, s_t = slot_mappings.stride()
     bt_s0, bt_s1 = block_table.stride()
-    _K((R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl, kept, bt,
-        bw, warps), grid,
-       R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
-       idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
-       is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
-       query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(),
-       seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
-       positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
-       cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
-       block_table, bt_s0, bt_s1, block_table.shape[1],
-       rs, stale, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
-       valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv, *ka, *kf, Pk, gk, n,
-       B, T, G, width, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
-       tok_tiles, req_progs, pad_progs, do_pad, plan is not None, split, has_valid, has_gl, kept, bt, bw, BLOCK,
-       BLOCK_R, GB, KB, s_t == 1)
+    key = (R_per_request.dtype, idx_mapping.dtype, do_pad, plan is not None, s_t == 1, split, has_valid, has_gl, kept,
+           bt, bw, warps)
+    head = (R_per_request if R_per_request.is_contiguous() else R_per_request.contiguous(),
+            idx_mapping if idx_mapping.is_contiguous() else idx_mapping.contiguous(),
+            is_prefilling if is_prefilling.is_contiguous() else is_prefilling.contiguous(),
+            query_start_loc if query_start_loc.is_contiguous() else query_start_loc.contiguous(),
+            seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
+            positions if positions.is_contiguous() else positions.contiguous(), slot_mappings, s_g, s_t,
+            cacheable_groups if cacheable_groups.is_contiguous() else cacheable_groups.contiguous(), n_groups,
+            block_table, bt_s0, bt_s1, block_table.shape[1],
+            rs, stale, swa, swa.stride()[0], lens, pswa, pswa.stride()[0] if split else 0, plens, prefill_from or 0,
+            valid_group or 0, gl, gather_lens_from or 0, dropped, rows, oqsl, opos, oslot, os_g, kv, *ka, *kf, Pk, gk,
+            n, B, T, G, width, n_pad, B.bit_length(), block_size, _pow2_shift(block_size), W, Wr, S, col_blocks,
+            tok_tiles, req_progs, pad_progs)
+    tail = (do_pad, plan is not None, split, has_valid, has_gl, kept, bt, bw, BLOCK, BLOCK_R, GB, KB, s_t == 1)
+    if checked is None:
+        _K(key, grid, *head, *tail)
+    else:
+        verdict, scratch, epoch = checked
+        # (at least 4 checkers: four share the per-request checks, _step_bad)
+        nchk = max(4, checkers(max(flat_tiles(T), -(-B // CHECK_B))))
+        spb = block_size
+        _K_CHECKED((any_replay is False, *key), (nchk + grid[0], 1, 1), *head,
+                   _plan_values(plan, positions.device) if plan is not None else None, verdict.word, scratch,
+                   R_per_request.shape[0], (INT32_MAX - spb + 1) // spb, n, nchk, epoch, *tail, any_replay is False,
+                   CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     windows = (_windows(out["kept_windows"]) if kept else None, _windows(out["kept_first_windows"]) if kept == 2 else None)
     return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale, *windows))

@@ -29,12 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import FAIL, PASS
+from ._device import CHECK, FAIL, PASS
 from ._verdict import Verdict, open_verdict
 
-#: values one checker tests per tile (1-D: ``CHECK`` in a row; index rows: ``BLOCK_R x BLOCK_C``)
-BLOCK_R, BLOCK_C = 8, 256
-CHECK = BLOCK_R * BLOCK_C
+#: values one checker tests per tile (1-D: ``CHECK`` in a row, the self-checking kernels' step;
+#: index rows: ``BLOCK_R x BLOCK_C``, as many)
+BLOCK_R = 8
+BLOCK_C = CHECK // BLOCK_R
 #: at most this many checker programs (more values: more tiles per checker). The host waits for the
 #: last checker, so a checker takes one tile where it can: each further tile is one more memory round
 #: trip before the verdict (bench/README.md, "Checker programs"). (Any count is safe: checkers wait for

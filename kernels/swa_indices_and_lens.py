@@ -90,7 +90,7 @@ def _swa_indices_and_lens_checked(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1
                                   top, max_p, HAS_VALID: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                                   CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
     bad = (batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, qsl_max, max_p, True, True, True, CHECK)
-           | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, CHECK_B, CHECK_C))
+           | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, 0, 1, CHECK_B, CHECK_C))
     verdict(flag_ptr, bad)
     if bad == 0:
         _rows(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx_ptr, idx_s0, lens_ptr, B, T, t_off,

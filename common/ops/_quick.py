@@ -84,3 +84,24 @@ def pair_out(out, dev: torch.device, shape0: tuple[int, int], n: int, *inputs: t
     a, b = out
     return (plain(a, _INT32, 2, dev) and a.shape == shape0 and plain(b, _INT32, 1, dev) and b.shape[0] == n
             and apart(a, b, *inputs) and apart(b, *inputs))
+
+
+def disjoint(written, inputs) -> bool:
+    """No buffer of ``written`` shares a byte with another of them or with one of ``inputs`` (inputs
+    may share with each other: they are only read): every tensor's span, first to last byte, sorted
+    and swept once (a layout that interleaves two spans answers False)."""
+    spans = []
+    for flag, tensors in ((True, written), (False, inputs)):
+        for t in tensors:
+            span = _span(t)
+            if span is not None:
+                spans.append((span[0], span[1], flag))
+    spans.sort()
+    reach = reach_written = 0  # the furthest end of the spans before, and of the written ones
+    for lo, hi, is_written in spans:
+        if lo < (reach if is_written else reach_written):
+            return False
+        reach = max(reach, hi)
+        if is_written:
+            reach_written = max(reach_written, hi)
+    return True

@@ -9,7 +9,7 @@ from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, SLOT_DTYPE, Repl
 from ..validation import check_int, check_out, check_tensor, defer, fail, first_true, value_checks_enabled
 from ._batch import live_replay_start
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
-from ._quick import apart, plain, rows
+from ._quick import disjoint, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, host_plan, random_batch
@@ -77,7 +77,7 @@ _SLOT, _INDEX, _BOOL = (SLOT_DTYPE,), (INDEX_DTYPE,), (torch.bool,)
 _CPU = torch.device("cpu")
 
 
-def _plan_quick(plan, B: int) -> bool:
+def plan_quick(plan, B: int) -> bool:
     """``check_plan``'s host checks of a plan of ``B`` requests: sizes, and host tensors of the
     right dtypes and shapes (numpy arrays of int32 for a plan of ``from_kept``, whose tensors are
     made from them; contiguous CPU tensors for a plan built field by field)."""
@@ -110,7 +110,7 @@ def quick_check(plan, query_start_loc, seq_lens, replay_start, positions, slot_m
             or B != plan.num_reqs or not rows(slot_mappings, _SLOT, dev)
             or slot_mappings.shape[1] < positions.shape[0]):
         return False
-    if W.__class__ is not int or not 1 <= W <= MAX_WINDOW or W != plan.window or not _plan_quick(plan, B):
+    if W.__class__ is not int or not 1 <= W <= MAX_WINDOW or W != plan.window or not plan_quick(plan, B):
         return False
     if out is None:
         return True
@@ -125,12 +125,20 @@ def quick_check(plan, query_start_loc, seq_lens, replay_start, positions, slot_m
         if not (rows(buf, (dtype,), dev) if key == "slot_mappings" else plain(buf, (dtype,), len(shape), dev)):
             return False
         bufs.append(buf)
-    inputs = [query_start_loc, seq_lens, replay_start, positions, slot_mappings, *plan._device_cache.values()]
-    for entry in plan._launch_cache.values():  # the plan's other device copies (kernels' own)
-        inputs += [v for v in (entry if entry.__class__ is tuple else (entry,)) if v.__class__ is torch.Tensor]
-    if dev.type == "cpu":  # (device memory never shares an address with the plan's host tensors)
-        inputs += [plan.kept, plan.trimmed, plan.dropped_before] + ([pre] if (pre := plan.prefilling) is not None else [])
-    return all(apart(b, *inputs, *bufs[i + 1:]) for i, b in enumerate(bufs))
+    inputs = [query_start_loc, seq_lens, replay_start, positions, slot_mappings, *plan_tensors(plan, dev)]
+    return disjoint(bufs, inputs)
+
+
+def plan_tensors(plan: ReplayPlan, dev: torch.device) -> list[torch.Tensor]:
+    """The plan's tensors a buffer written on ``dev`` could share memory with (``check_writes``
+    counts every one as an input): its device copies, and on a CPU its host tensors (device memory
+    never shares an address with host memory)."""
+    found = list(plan._device_cache.values())
+    for entry in plan._launch_cache.values():  # the kernels' own copies
+        found += [v for v in (entry if entry.__class__ is tuple else (entry,)) if v.__class__ is torch.Tensor]
+    if dev.type == "cpu":
+        found += [plan.kept, plan.trimmed, plan.dropped_before] + ([pre] if (pre := plan.prefilling) is not None else [])
+    return found
 
 
 def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:

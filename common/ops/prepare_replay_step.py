@@ -35,10 +35,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, PAD, ReplayBatch, ReplayPlan
+from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE, ReplayBatch, ReplayPlan
 from ..validation import check_int, check_out, check_tensor, defer, fail, labelled, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
 from ._batch import stale_replay
+from ._quick import disjoint, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import Batch, CaseDraw, WarmupStep, host_plan, poisoned, random_batch
@@ -326,6 +327,112 @@ def _validate_kept(plan, B: int, width: int, dev, kept_windows, kept_prefill_fro
                       device=dev)
 
 
+_I32, _I32_64, _I64, _BOOL = (INDEX_DTYPE,), (torch.int32, torch.int64), (SLOT_DTYPE,), (torch.bool,)
+
+
+def _int_in(v, low: int, high: int) -> bool:
+    return v.__class__ is int and low <= v <= high
+
+
+def _split_ok(v, bound: int) -> bool:
+    return v is None or _int_in(v, 0, bound)
+
+
+def _leading_ok(buf, rows: int, rest: tuple, dev) -> bool:
+    """A buffer the step writes the leading ``rows`` of (``rest``: its other extents), as the
+    validator takes it: a ``torch.Tensor`` with at least ``rows`` rows whose leading rows are a
+    plain tensor of ``rest`` on ``dev``."""
+    if buf.__class__ is not torch.Tensor or buf.dim() != 1 + len(rest) or buf.shape[0] < rows:
+        return False
+    if rest and tuple(buf.shape[1:]) != rest:
+        return False
+    return plain(buf if buf.shape[0] == rows else buf[:rows], (buf.dtype,), 1 + len(rest), dev)
+
+
+def quick_check(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
+                cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
+                prefill_from=None, gather_lens_from=None, valid_group=None, kept_windows=0, kept_prefill_from=None,
+                kept_gather_lens_from=None, out=None) -> bool:
+    """``validate``'s host checks and ``check_writes`` for plain tensors and a plan on the host
+    (``OpSpec.quick_check``; ``slot_mappings`` and the block table may be slices of wider buffers,
+    ``out=`` buffers a serving engine's persistent ones, longer than the step)."""
+    if not plain(R_per_request, _I32_64, 1):
+        return False
+    dev = R_per_request.device
+    if not (plain(idx_mapping, _I32_64, 1, dev) and plain(positions, _I64, 1, dev)):
+        return False
+    B, T = idx_mapping.shape[0], positions.shape[0]
+    if not (plain(is_prefilling, _BOOL, 1, dev) and is_prefilling.shape[0] == B and plain(query_start_loc, _I32, 1, dev)
+            and query_start_loc.shape[0] == B + 1 and plain(seq_lens, _I32, 1, dev) and seq_lens.shape[0] == B
+            and rows(slot_mappings, _I64, dev) and slot_mappings.shape[1] >= T and plain(cacheable_groups, _I32, 1, dev)
+            and rows(block_table, _I32, dev) and block_table.shape[0] >= B):
+        return False
+    G = slot_mappings.shape[0]
+    if not (_int_in(W, 1, MAX_WINDOW) and _int_in(block_size, 1, MAX_WINDOW) and _int_in(Wr, 0, MAX_WINDOW)
+            and (index_width is None or _int_in(index_width, W, MAX_WINDOW))
+            and (any_replay is None or any_replay.__class__ is bool) and _split_ok(prefill_from, T)
+            and _split_ok(gather_lens_from, B) and (valid_group is None or _int_in(valid_group, 0, G - 1))
+            and _int_in(kept_windows, 0, len(KEPT_BUILDS))):
+        return False
+    if plan is not None and (plan.__class__ is not ReplayPlan or plan.num_reqs != B or plan.window != W
+                             or not gather_replay_batch.plan_quick(plan, B)):
+        return False
+    if kept_windows == 0:
+        if kept_prefill_from is not None or kept_gather_lens_from is not None:
+            return False
+    elif plan is None or not _split_ok(kept_prefill_from, plan.num_rows) or not _split_ok(kept_gather_lens_from, B):
+        return False
+    written = [slot_mappings]
+    if out is not None:
+        bufs = _out_quick(out, dev, B, T, W if index_width is None else index_width, plan, G, prefill_from,
+                          gather_lens_from, kept_windows, kept_prefill_from, kept_gather_lens_from)
+        if bufs is None:
+            return False
+        written += bufs
+    inputs = [R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, cacheable_groups,
+              block_table]
+    if plan is not None:
+        inputs += gather_replay_batch.plan_tensors(plan, dev)
+    return disjoint(written, inputs)
+
+
+def _out_quick(out, dev, B: int, T: int, width: int, plan, G: int, prefill_from, gather_lens_from, kept_windows,
+               kept_prefill_from, kept_gather_lens_from) -> list | None:
+    """Every buffer of a plain ``out=`` the validator takes (the step's rows of each, ``_leading``),
+    or None: one missing, short, of another dtype, device or layout, or an entry it does not know."""
+    if out.__class__ is not dict:
+        return None
+    shapes = out_shapes(B, T, width, plan, G, prefill_from=prefill_from, gather_lens_from=gather_lens_from,
+                        kept_windows=kept_windows, kept_prefill_from=kept_prefill_from,
+                        kept_gather_lens_from=kept_gather_lens_from)
+    if any(v is not None and k not in shapes for k, v in out.items()):
+        return None
+    found = []
+    for key, spec in shapes.items():
+        buf = out.get(key)
+        if spec.__class__ is dict:  # the sub-batch's buffers (leading extents) or a build's (leading rows)
+            if buf.__class__ is not dict or len(buf) != len(spec):
+                return None
+            for field, (shape, dtype) in spec.items():
+                t = buf.get(field)
+                if t.__class__ is not torch.Tensor or t.dtype != dtype:
+                    return None
+                if key == "replay_batch" and len(shape) == 2:
+                    if t.dim() != 2 or t.shape[0] < shape[0] or t.shape[1] < shape[1]:
+                        return None
+                    if not rows(t[: shape[0], : shape[1]], (dtype,), dev):
+                        return None
+                elif not _leading_ok(t, shape[0], tuple(shape[1:]), dev):
+                    return None
+                found.append(t)
+            continue
+        shape, dtype = spec
+        if buf.__class__ is not torch.Tensor or buf.dtype != dtype or not _leading_ok(buf, shape[0], tuple(shape[1:]), dev):
+            return None
+        found.append(buf)
+    return found
+
+
 def reference(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
               cacheable_groups, block_table, block_size, W, Wr, *, index_width=None, plan=None, any_replay=None,
               prefill_from=None, gather_lens_from=None, valid_group=None, kept_windows=0, kept_prefill_from=None,
@@ -553,4 +660,4 @@ OP = OpSpec(NAME, reference, validate, RESULTS, mutates=("slot_mappings",), shor
             scalars={"block_size": "int", "W": "int", "Wr": "int", "index_width": "int", "any_replay": "bool",
                      "prefill_from": "int", "gather_lens_from": "int", "valid_group": "int", "kept_windows": "int",
                      "kept_prefill_from": "int", "kept_gather_lens_from": "int"},
-            case=case, warmup=warmup)
+            case=case, warmup=warmup, quick_check=quick_check)
