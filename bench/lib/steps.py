@@ -15,8 +15,8 @@ W, BS, G = 128, 64, 5
 
 def validation_cases(dev, smoke: bool = False):
     """``(op, args, kwargs)`` of every metadata op at the serving-sized step the validation
-    benchmarks time (up to 64 requests, a long prefill, one seed per op; ``smoke``: the case
-    generator's small steps)."""
+    benchmarks time (up to 64 requests, a long prefill, one seed per op; ``smoke``: small steps
+    of up to 3 requests, a long prefill among them)."""
     import numpy as np
 
     from swa_backends.common.ops import OPS
@@ -27,8 +27,9 @@ def validation_cases(dev, smoke: bool = False):
         if op == "sparse_mla":
             continue
         rng = np.random.default_rng(k)
-        batch = None if smoke else random_batch(rng, max_reqs=64, max_q=256, W=W, block_size=BS, num_groups=3,
-                                                long_prefill=True)
+        # (smoke: a small step with a long prefill, so at least one request: a form declines a step of none)
+        batch = (random_batch(rng, max_reqs=3, max_q=16, long_prefill=True) if smoke else
+                 random_batch(rng, max_reqs=64, max_q=256, W=W, block_size=BS, num_groups=3, long_prefill=True))
         yield (op, *case_for(op, rng, dev, batch=batch, poison=False))
 
 #: the five steps of ``bench_triton_ops.py`` and ``bench_replay_step.py``: (prefills, tokens, decodes)
