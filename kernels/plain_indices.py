@@ -15,7 +15,8 @@ import triton.language as tl
 from ..common.types import INDEX_DTYPE
 from ._device import INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
-from .range_check import BLOCK_C, BLOCK_R, GATE, checkers, open_checked, passed, rows_bad, rows_tiles, settle
+from .range_check import (BLOCK_C, BLOCK_R, CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed,
+                          rows_bad, rows_tiles, settle)
 
 BLOCK_T = 16
 BLOCK_W = 128
@@ -66,16 +67,17 @@ def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr
 def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, flag_ptr,
                            scratch_ptr, T, SW, K, topk_offset, window_offset, w_tiles, P, epoch,
                            HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
-                           CHECK_R: tl.constexpr, CHECK_C: tl.constexpr, GATE: tl.constexpr):
+                           CHECK: tl.constexpr, CHECK_R: tl.constexpr, CHECK_C: tl.constexpr,
+                           GATE: tl.constexpr):
     """A validated call: ``P`` checker programs test what the validator tests (the lengths in
     ``[0, width]``, every index PAD or in ``[0, INT32_MAX - offset]``), the others write tile
     ``pid - P`` once they pass (``range_check.py``)."""
     pid = tl.program_id(0)
     if pid < P:
-        bad = rows_bad(sl_ptr, 1, T, T, 1, 0, SW, pid, P, CHECK_R, CHECK_C)
+        bad = flat_bad(sl_ptr, T, 0, SW, pid, P, CHECK)
         bad |= rows_bad(swa_ptr, T, SW, sw_s0, sw_s1, -1, INT32_MAX - window_offset, pid, P, CHECK_R, CHECK_C)
         if HAS_TOPK:
-            bad |= rows_bad(tl_ptr, 1, T, T, 1, 0, K, pid, P, CHECK_R, CHECK_C)
+            bad |= flat_bad(tl_ptr, T, 0, K, pid, P, CHECK)
             bad |= rows_bad(topk_ptr, T, K, tk_s0, tk_s1, -1, INT32_MAX - topk_offset, pid, P, CHECK_R, CHECK_C)
         settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
     elif passed(scratch_ptr, epoch, GATE):
@@ -107,10 +109,10 @@ def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_of
         _K((has_topk,), (t_tiles, w_tiles, 1), *args, *sizes, has_topk, BLOCK_T, BLOCK_W)
         return out
     verdict, scratch, epoch = checked
-    # the checkers' tiles: of the lengths (a row of T) or of the widest index rows
-    P = checkers(max(rows_tiles(1, T), rows_tiles(T, max(SW, K))))
+    # the checkers' tiles: of the lengths or of the index rows, whichever has more
+    P = checkers(max(flat_tiles(T), rows_tiles(swa_indices), rows_tiles(topk_slots) if has_topk else 0))
     _K_CHECKED((has_topk,), (P + t_tiles * w_tiles, 1, 1), *args, verdict.word, scratch, *sizes, w_tiles, P, epoch,
-               has_topk, BLOCK_T, BLOCK_W, BLOCK_R, BLOCK_C, GATE)
+               has_topk, BLOCK_T, BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE)
     return out
 
 

@@ -388,8 +388,8 @@ def _some_replay(rall_ptr, idx_ptr, pre_ptr, B, NR, CHECK: tl.constexpr):
 
 @triton.jit
 def _step_bad(pid, NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, groups_ptr, n_groups, bt_ptr, bt_s0,
-              bt_s1, n_cols, drop_ptr, plan_ptr, vg, B, T, G, n_pad, block_size, NR, top, n_rows,
-              HAS_PLAN: tl.constexpr, HAS_VALID: tl.constexpr, ANY_FALSE: tl.constexpr, CHECK: tl.constexpr,
+              bt_s1, n_cols, drop_ptr, plan_ptr, vg, B, T, G, n_pad, block_size, NR, top, n_rows, any_false,
+              HAS_PLAN: tl.constexpr, HAS_VALID: tl.constexpr, CHECK: tl.constexpr,
               CHECK_B: tl.constexpr, CHECK_C: tl.constexpr, MAX_POSITION: tl.constexpr):
     """Checker ``pid`` of ``NCHK`` (at least 4): its share of the value checks of the parts'
     validators (on the replay starts the call makes; a stale one passes them): every checker its
@@ -411,7 +411,7 @@ def _step_bad(pid, NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, 
     if pid == 3:
         if HAS_PLAN:
             bad |= _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK)
-        if ANY_FALSE:
+        if any_false != 0:
             bad |= _some_replay(rall_ptr, idx_ptr, pre_ptr, B, NR, CHECK)
     return bad
 
@@ -424,11 +424,11 @@ def _prepare_replay_step_checked(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, p
                                  kpa_ptr, kpa_s0, kpal_ptr, kgla_ptr, kf_ptr, kf_s0, kfl_ptr, kpf_ptr, kpf_s0,
                                  kpfl_ptr, kglf_ptr, Pk, gk, Tk, B, T, G, width, n_pad, n_steps, block_size, bs_shift,
                                  W, Wr, S, col_blocks, tok_tiles, req_progs, pad_progs, plan_ptr, flag_ptr,
-                                 scratch_ptr, NR, top, n_rows, NCHK, epoch, DO_PAD: tl.constexpr,
+                                 scratch_ptr, NR, top, n_rows, any_false, NCHK, epoch, DO_PAD: tl.constexpr,
                                  HAS_PLAN: tl.constexpr, SPLIT: tl.constexpr, HAS_VALID: tl.constexpr,
                                  HAS_GL: tl.constexpr, KEPT: tl.constexpr, BLOCK_T: tl.constexpr,
                                  BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
-                                 KB: tl.constexpr, UNIT_T: tl.constexpr, ANY_FALSE: tl.constexpr, CHECK: tl.constexpr,
+                                 KB: tl.constexpr, UNIT_T: tl.constexpr, CHECK: tl.constexpr,
                                  CHECK_B: tl.constexpr, CHECK_C: tl.constexpr, MAX_POSITION: tl.constexpr,
                                  GATE: tl.constexpr):
     """A validated call: ``NCHK`` (at least 4) checker programs test every value the validator tests
@@ -437,7 +437,7 @@ def _prepare_replay_step_checked(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, p
     if pid < NCHK:
         bad = _step_bad(pid, NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, groups_ptr, n_groups, bt_ptr,
                         bt_s0, bt_s1, n_cols, drop_ptr, plan_ptr, vg, B, T, G, n_pad, block_size, NR, top, n_rows,
-                        HAS_PLAN, HAS_VALID, ANY_FALSE, CHECK, CHECK_B, CHECK_C, MAX_POSITION)
+                        any_false, HAS_PLAN, HAS_VALID, CHECK, CHECK_B, CHECK_C, MAX_POSITION)
         settle(bad, NCHK, flag_ptr, scratch_ptr, epoch, GATE)
     elif passed(scratch_ptr, epoch, GATE):
         _step_program(pid - NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
@@ -564,10 +564,10 @@ def _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, p
         # (at least 4 checkers: four share the per-request checks, _step_bad)
         nchk = max(4, checkers(max(flat_tiles(T), -(-B // CHECK_B))))
         spb = block_size
-        _K_CHECKED((any_replay is False, *key), (nchk + grid[0], 1, 1), *head,
+        _K_CHECKED(key, (nchk + grid[0], 1, 1), *head,
                    _plan_values(plan, positions.device) if plan is not None else None, verdict.word, scratch,
-                   R_per_request.shape[0], (INT32_MAX - spb + 1) // spb, n, nchk, epoch, *tail, any_replay is False,
-                   CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE)
+                   R_per_request.shape[0], (INT32_MAX - spb + 1) // spb, n, int(any_replay is False), nchk, epoch,
+                   *tail, CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     windows = (_windows(out["kept_windows"]) if kept else None, _windows(out["kept_first_windows"]) if kept == 2 else None)
     return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale, *windows))

@@ -32,10 +32,9 @@ import triton.language as tl
 from ._device import CHECK, FAIL, PASS
 from ._verdict import Verdict, open_verdict
 
-#: values one checker tests per tile (1-D: ``CHECK`` in a row, the self-checking kernels' step;
-#: index rows: ``BLOCK_R x BLOCK_C``, as many)
-BLOCK_R = 8
-BLOCK_C = CHECK // BLOCK_R
+#: values one checker tests per tile: 1-D, ``CHECK`` in a row (the self-checking kernels' step);
+#: index rows, ``BLOCK_R x BLOCK_C`` (rows x columns), or as many in a row where the rows are one run
+BLOCK_R, BLOCK_C = 16, 256
 #: at most this many checker programs (more values: more tiles per checker). The host waits for the
 #: last checker, so a checker takes one tile where it can: each further tile is one more memory round
 #: trip before the verdict (bench/README.md, "Checker programs"). (Any count is safe: checkers wait for
@@ -63,19 +62,31 @@ def flat_bad(ptr, n, low, high, pid, P, CHECK: tl.constexpr):
 
 @triton.jit
 def rows_bad(ptr, R, C, s0, s1, low, high, pid, P, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Checker ``pid`` of ``P``: some value of its tiles (every ``P``-th, row-major over
-    ``cdiv(R, BLOCK_R) x cdiv(C, BLOCK_C)``) of the ``R x C`` values ``ptr + r * s0 + c * s1``
-    outside ``[low, high]``."""
-    c_tiles = (C + BLOCK_C - 1) // BLOCK_C
-    tiles = ((R + BLOCK_R - 1) // BLOCK_R) * c_tiles
-    bad = tl.zeros([BLOCK_R, BLOCK_C], tl.int32)
-    for i in range(pid, tiles, P):
-        r = (i // c_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
-        c = (i % c_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
-        m = (r < R)[:, None] & (c < C)[None, :]
-        v = tl.load(ptr + r.to(tl.int64)[:, None] * s0 + c.to(tl.int64)[None, :] * s1, mask=m, other=low)
-        bad |= ((v < low) | (v > high)).to(tl.int32)
-    return tl.max(tl.max(bad, axis=1), axis=0)
+    """Checker ``pid`` of ``P``: some value of its tiles (every ``P``-th) of the ``R x C`` values
+    ``ptr + r * s0 + c * s1`` outside ``[low, high]``. Rows that are one run (``s1 == 1``, ``s0 ==
+    C``: index rows as allocated) are tiled as one array of ``R * C`` values, ``BLOCK_R * BLOCK_C``
+    in a row; others row-major in ``BLOCK_R x BLOCK_C`` tiles (``rows_tiles``)."""
+    if (s1 == 1) & (s0 == C):
+        n = R.to(tl.int64) * C
+        k = tl.arange(0, BLOCK_R * BLOCK_C)
+        flat = tl.zeros([BLOCK_R * BLOCK_C], tl.int32)
+        for s in range(pid * (BLOCK_R * BLOCK_C), n, P * (BLOCK_R * BLOCK_C)):
+            i = s + k
+            v = tl.load(ptr + i, mask=i < n, other=low)
+            flat |= ((v < low) | (v > high)).to(tl.int32)
+        bad = tl.max(flat, axis=0)
+    else:
+        c_tiles = (C + BLOCK_C - 1) // BLOCK_C
+        tiles = ((R + BLOCK_R - 1) // BLOCK_R) * c_tiles
+        tile = tl.zeros([BLOCK_R, BLOCK_C], tl.int32)
+        for i in range(pid, tiles, P):
+            r = (i // c_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+            c = (i % c_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+            m = (r < R)[:, None] & (c < C)[None, :]
+            v = tl.load(ptr + r.to(tl.int64)[:, None] * s0 + c.to(tl.int64)[None, :] * s1, mask=m, other=low)
+            tile |= ((v < low) | (v > high)).to(tl.int32)
+        bad = tl.max(tl.max(tile, axis=1), axis=0)
+    return bad
 
 
 @triton.jit
@@ -111,7 +122,11 @@ def flat_tiles(n: int) -> int:
     return -(-n // CHECK)
 
 
-def rows_tiles(R: int, C: int) -> int:
+def rows_tiles(t: torch.Tensor) -> int:
+    """:func:`rows_bad`'s tiles of the 2-D ``t``."""
+    (R, C), (s0, s1) = t.shape, t.stride()
+    if s1 == 1 and s0 == C:
+        return -(-(R * C) // (BLOCK_R * BLOCK_C))
     return -(-R // BLOCK_R) * -(-C // BLOCK_C)
 
 

@@ -437,3 +437,29 @@ def test_checker_programs_on_large_grids_on_gpu():
     swa[-1, -1] = -2
     with pytest.raises(ValueError, match="plain_indices: swa_indices"):
         be.plain_indices(swa, lens)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_plain_indices_checkers_read_rows_sliced_from_wider_buffers(wide):
+    """The checker programs tile index rows as one run when they are one (as allocated) and row by
+    row when they are a slice of a wider buffer (``rows_bad``'s two paths): a value out of range in
+    the last row's last column, or just past the slice (read by neither), decides the verdict."""
+    T, SW, K = 50, 9, 300  # top-k rows wider than one tile: two column tiles per row
+    rng = np.random.default_rng(5)
+
+    def rows_of(width, high):
+        full = torch.tensor(rng.integers(-1, high, size=(T, width + (7 if wide else 0))), dtype=torch.int32)
+        return full, full[:, :width]
+
+    swa_full, swa = rows_of(SW, 1000)
+    topk_full, topk = rows_of(K, 1000)
+    lens = torch.tensor(rng.integers(0, SW + 1, size=T), dtype=torch.int32)
+    tlens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=torch.int32)
+    args = (swa, lens, topk, tlens)
+    assert agrees("plain_indices", args, {}) == "good"
+    if wide:  # past the slice: not the op's, not read
+        topk_full[-1, -1] = -5
+        swa_full[-1, -1] = -5
+        assert agrees("plain_indices", args, {}) == "good"
+    topk[-1, -1] = -5
+    assert agrees("plain_indices", args, {}) == "bad"
