@@ -2,8 +2,8 @@
 
 A validated call runs ``plain_indices_checked``: checker programs in front of the kernel's own
 test every value the validator tests (the lengths in ``[0, width]``, every index PAD or in ``[0,
-INT32_MAX - offset]``) and the others write once they pass (``range_check.py``): nothing written on
-a ``FAIL``.
+INT32_MAX - offset]``) and the others compute their tile, then write it once they pass
+(``range_check.py``): nothing written on a ``FAIL``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ BLOCK_W = 128
 
 @triton.jit
 def _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K, topk_offset,
-                window_offset, tt, jt, HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Tile ``(tt, jt)``: tokens ``tt * BLOCK_T + [0, BLOCK_T)``, columns ``jt * BLOCK_W + [0, BLOCK_W)``."""
+                window_offset, tt, jt, scratch_ptr, epoch, HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_W: tl.constexpr, GATED: tl.constexpr, GATE: tl.constexpr):
+    """Tile ``(tt, jt)``: tokens ``tt * BLOCK_T + [0, BLOCK_T)``, columns ``jt * BLOCK_W + [0, BLOCK_W)``.
+    ``GATED`` (a validated call's worker): the tile is computed, then stored only once the checkers
+    passed it (``range_check.passed``). Computing first is sound here as nowhere else: every address
+    the tile reads is inside its tensors whatever the values (the lengths only mask, the window
+    column is clamped), so the wait overlaps the tile's loads."""
     t = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     j = jt * BLOCK_W + tl.arange(0, BLOCK_W)
     m = t < T
@@ -34,8 +39,6 @@ def _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, i
         tlen = tl.load(tl_ptr + t, mask=m, other=0).to(tl.int64)
     else:
         tlen = tl.zeros([BLOCK_T], tl.int64)
-    if jt == 0:
-        tl.store(lens_ptr + t, (tlen + sl).to(tl.int32), mask=m)
     t64 = t.to(tl.int64)[:, None]
     jj = j[None, :]
     mm = m[:, None]
@@ -52,7 +55,13 @@ def _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, i
     win = tl.load(swa_ptr + t64 * sw_s0 + w * sw_s1, mask=mm & in_win & (w < SW), other=PAD).to(tl.int64)
     win = tl.where(win == PAD, PAD, win + window_offset)
     out = tl.where(in_topk, tk, tl.where(in_win, win, PAD)).to(tl.int32)
-    tl.store(idx_ptr + t64 * width + jj, out, mask=mm & (jj < width))
+    ok = True
+    if GATED:
+        ok = passed(scratch_ptr, epoch, GATE)
+    if ok:
+        if jt == 0:
+            tl.store(lens_ptr + t, (tlen + sl).to(tl.int32), mask=m)
+        tl.store(idx_ptr + t64 * width + jj, out, mask=mm & (jj < width))
 
 
 @jit
@@ -60,7 +69,8 @@ def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr
                    T, SW, K, topk_offset, window_offset,
                    HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K,
-                topk_offset, window_offset, tl.program_id(0), tl.program_id(1), HAS_TOPK, BLOCK_T, BLOCK_W)
+                topk_offset, window_offset, tl.program_id(0), tl.program_id(1), lens_ptr, 0, HAS_TOPK, BLOCK_T, BLOCK_W,
+                False, 0)
 
 
 @jit
@@ -70,8 +80,8 @@ def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1
                            CHECK: tl.constexpr, CHECK_R: tl.constexpr, CHECK_C: tl.constexpr,
                            GATE: tl.constexpr):
     """A validated call: ``P`` checker programs test what the validator tests (the lengths in
-    ``[0, width]``, every index PAD or in ``[0, INT32_MAX - offset]``), the others write tile
-    ``pid - P`` once they pass (``range_check.py``)."""
+    ``[0, width]``, every index PAD or in ``[0, INT32_MAX - offset]``), the others compute tile
+    ``pid - P`` and write it once they pass (``range_check.py``)."""
     pid = tl.program_id(0)
     if pid < P:
         bad = flat_bad(sl_ptr, T, 0, SW, pid, P, CHECK)
@@ -80,10 +90,11 @@ def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1
             bad |= flat_bad(tl_ptr, T, 0, K, pid, P, CHECK)
             bad |= rows_bad(topk_ptr, T, K, tk_s0, tk_s1, -1, INT32_MAX - topk_offset, pid, P, CHECK_R, CHECK_C)
         settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
-    elif passed(scratch_ptr, epoch, GATE):
+    else:
         w = pid - P
         _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K,
-                    topk_offset, window_offset, w // w_tiles, w % w_tiles, HAS_TOPK, BLOCK_T, BLOCK_W)
+                    topk_offset, window_offset, w // w_tiles, w % w_tiles, scratch_ptr, epoch, HAS_TOPK, BLOCK_T,
+                    BLOCK_W, True, GATE)
 
 
 _K = Kernel(_plain_indices)
