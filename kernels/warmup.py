@@ -12,7 +12,9 @@ inputs (``valid``, top-k), the index dtypes, the compression ratios, the hidden 
 dtypes of the row copies, and the fused step with and without padding and plan, in each
 serving layout and launch tile. A backend that validates (``select(checked=True)``, the default)
 runs them validated and unvalidated: its validated calls launch the kernels that test their own
-values (``Variant.self_checked``), its calls with validation off the plain ones.
+values (``Variant.self_checked``), its calls with validation off the plain ones; ``validated=False``
+(a caller that serves with validation off: ``sb.validation(False)``) or ``True`` warms up only
+those. (``prepare_replay_step`` alone has 128 specialisations of each kind.)
 
 The specialisation keys never depend on sizes (token and request counts, strides, W are
 runtime arguments that Triton is told not to specialise on) but for one choice:
@@ -49,7 +51,7 @@ LAUNCH_SCOPES = {"prepare_replay_step": _tiles}
 
 def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, index_width: int | None = None,
            compress_ratios=(4, 128), top_k: int = 512, hidden_sizes=(7168,), hidden_dtypes=(torch.bfloat16,),
-           index_dtypes=(torch.int32, torch.int64), **_other) -> list[str]:
+           index_dtypes=(torch.int32, torch.int64), validated: bool | None = None, **_other) -> list[str]:
     """Launch every Triton kernel specialisation the serving path uses, through
     ``backend``'s own ops (so the variants it chose are the ones warmed up): the calls every op
     whose chosen chain has a ``triton`` variant declares (``OpSpec.warmup``) on a small
@@ -59,8 +61,9 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
     slot groups and window index width; ``compress_ratios``: compressed caches' ratios;
     ``top_k``: top-k width of the combined/mixed layouts; ``hidden_sizes``/``hidden_dtypes``:
     rows moved by gather/scatter; ``index_dtypes``: dtypes of the per-request replay starts
-    and the batch->request mapping. Unknown keyword arguments (other hooks') are ignored.
-    Returns the ops it ran.
+    and the batch->request mapping; ``validated``: on a validating backend, the validated calls
+    only (True), the unvalidated ones only (False) or both (None). Unknown keyword arguments (other
+    hooks') are ignored. Returns the ops it ran.
     """
     if not backend.device.runnable:
         return []
@@ -74,7 +77,9 @@ def warmup(backend, *, W: int = 128, block_size: int = 64, num_groups: int = 5, 
             continue
         fn = getattr(backend, op)
         scopes = LAUNCH_SCOPES[op]() if op in LAUNCH_SCOPES else [contextlib.nullcontext]
-        checks = (True, False) if getattr(backend, "checked", False) and spec.quick_check is not None else (None,)
+        checks = (None,)
+        if getattr(backend, "checked", False) and spec.quick_check is not None:
+            checks = (True, False) if validated is None else (bool(validated),)
         for scope in scopes:
             for checked in checks:
                 with scope(), (validation(checked) if checked is not None else contextlib.nullcontext()):

@@ -569,6 +569,24 @@ def test_bad_input_raises_before_any_launch(tb):
 # --------------------------------------------------------------------------- warmup
 
 
+def test_warmup_of_a_validating_backend_takes_the_forms_asked_for():
+    """A validating backend warms up its validated calls' self-checked kernels and its plain ones;
+    ``validated=False`` (a caller serving with validation off) only the plain ones, ``True`` only
+    the self-checked ones (a validated scatter's copy: the plain kernel's gated key)."""
+    from swa_backends.kernels import _launch
+
+    tb = select("cpu", prefer={"gather_rows": "triton", "scatter_rows": "triton"})
+
+    def validated_form(name, key):
+        return name.endswith("_checked") or (name == "rows._copy_rows" and key[-1] is True)
+
+    for validated, want in ((False, {False}), (True, {True}), (None, {True, False})):
+        _launch.LAUNCHED.clear()
+        tb.warmup(ops=("gather_rows", "scatter_rows"), W=8, block_size=16, num_groups=1, hidden_sizes=(8,),
+                  validated=validated)
+        assert {validated_form(n, k) for n, k in _launch.LAUNCHED} == want, (validated, _launch.LAUNCHED)
+
+
 def test_warmup_of_some_ops_runs_only_their_hooks():
     # two ops on Triton, each with its own hook (every kernel's warmup is the next test's)
     tb = select("cpu", prefer={"sparse_mla": "triton", "gather_rows": "triton"})
