@@ -37,8 +37,8 @@ from ._verdict import Verdict, open_verdict
 BLOCK_R, BLOCK_C = 16, 256
 #: at most this many checker programs (more values: more tiles per checker). The host waits for the
 #: last checker, so a checker takes one tile where it can: each further tile is one more memory round
-#: trip before the verdict (bench/README.md, "Checker programs"). (Any count is safe: checkers wait for
-#: nothing.)
+#: trip before the verdict (bench/README.md, 2026-12-04 afternoon, "The checker programs' wait grows with the
+#: grid"). (Any count is safe: checkers wait for nothing.)
 MAX_CHECKERS = 1024
 #: the scratch words: [0] checkers done, [1] a value failed, [GATE] the gate (its own 128 bytes:
 #: the workers' polling stays off the line the checkers' atomics use)
