@@ -1,9 +1,11 @@
-"""Checker programs: the range checks of a validated call inside the op's own launch.
+"""Checker programs: the value checks of a validated call inside the op's own launch.
 
-For the ops whose validators test large tensors for ranges only (``plain_indices``' index rows,
-``gather_rows`` / ``scatter_rows``' row ids), a kernel of the small ops' kind, where every program
-tests every value before it stores, would read the tensors once per program. Here the op's checked
-kernel has ``P`` *checker* programs in front of its workers, in one 1-D grid:
+For the ops whose validators test large tensors (``plain_indices``' index rows, ``gather_rows`` /
+``scatter_rows``' row ids, ``gather_replay_batch``'s positions, ``prepare_replay_step``'s positions
+and block table), a kernel of the small ops' kind, where every program tests every value before it
+stores, would read the tensors once per program. Here the op's checked kernel has ``P`` *checker*
+programs in front of its workers, in one 1-D grid (the range checks below are the shared part; an
+op's checkers run its own per-request checks too):
 
 * checker ``p < P`` tests its share of the values (every ``P``-th tile of each tensor), sets a
   flag in the call's scratch words when one is out of range and counts itself done there; the
