@@ -563,11 +563,10 @@ def _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, p
         verdict, scratch, epoch = checked
         # (at least 4 checkers: four share the per-request checks, _step_bad)
         nchk = max(4, checkers(max(flat_tiles(T), -(-B // CHECK_B))))
-        spb = block_size
         _K_CHECKED(key, (nchk + grid[0], 1, 1), *head,
                    _plan_values(plan, positions.device) if plan is not None else None, verdict.word, scratch,
-                   R_per_request.shape[0], (INT32_MAX - spb + 1) // spb, n, int(any_replay is False), nchk, epoch,
-                   *tail, CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE)
+                   R_per_request.shape[0], (INT32_MAX - block_size + 1) // block_size, n, int(any_replay is False),
+                   nchk, epoch, *tail, CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     windows = (_windows(out["kept_windows"]) if kept else None, _windows(out["kept_first_windows"]) if kept == 2 else None)
     return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale, *windows))

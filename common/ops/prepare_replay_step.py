@@ -39,7 +39,8 @@ from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE, ReplayBatch, Repla
 from ..validation import check_int, check_out, check_tensor, defer, fail, labelled, value_checks_enabled
 from . import batch_replay_start, gather_replay_batch, pad_replayed_slots, prefill_gather_lens, swa_indices_and_lens
 from ._batch import stale_replay
-from ._quick import disjoint, plain, rows
+from ._quick import disjoint, plain
+from ._quick import rows as row_slices  # (``rows`` names the step's row counts here)
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import Batch, CaseDraw, WarmupStep, host_plan, poisoned, random_batch
@@ -364,8 +365,9 @@ def quick_check(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_
     B, T = idx_mapping.shape[0], positions.shape[0]
     if not (plain(is_prefilling, _BOOL, 1, dev) and is_prefilling.shape[0] == B and plain(query_start_loc, _I32, 1, dev)
             and query_start_loc.shape[0] == B + 1 and plain(seq_lens, _I32, 1, dev) and seq_lens.shape[0] == B
-            and rows(slot_mappings, _I64, dev) and slot_mappings.shape[1] >= T and plain(cacheable_groups, _I32, 1, dev)
-            and rows(block_table, _I32, dev) and block_table.shape[0] >= B):
+            and row_slices(slot_mappings, _I64, dev) and slot_mappings.shape[1] >= T
+            and plain(cacheable_groups, _I32, 1, dev)
+            and row_slices(block_table, _I32, dev) and block_table.shape[0] >= B):
         return False
     G = slot_mappings.shape[0]
     if not (_int_in(W, 1, MAX_WINDOW) and _int_in(block_size, 1, MAX_WINDOW) and _int_in(Wr, 0, MAX_WINDOW)
@@ -420,14 +422,15 @@ def _out_quick(out, dev, B: int, T: int, width: int, plan, G: int, prefill_from,
                 if key == "replay_batch" and len(shape) == 2:
                     if t.dim() != 2 or t.shape[0] < shape[0] or t.shape[1] < shape[1]:
                         return None
-                    if not rows(t[: shape[0], : shape[1]], (dtype,), dev):
+                    if not row_slices(t[: shape[0], : shape[1]], (dtype,), dev):
                         return None
                 elif not _leading_ok(t, shape[0], tuple(shape[1:]), dev):
                     return None
                 found.append(t)
             continue
         shape, dtype = spec
-        if buf.__class__ is not torch.Tensor or buf.dtype != dtype or not _leading_ok(buf, shape[0], tuple(shape[1:]), dev):
+        if (buf.__class__ is not torch.Tensor or buf.dtype != dtype
+                or not _leading_ok(buf, shape[0], tuple(shape[1:]), dev)):
             return None
         found.append(buf)
     return found
