@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common.types import MAX_POSITION
-from ._device import CHECK, PAD, batch_chunk_bad, find_request, verdict
+from ._device import PAD, batch_chunk_bad, find_request, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -26,6 +26,9 @@ BLOCK = 512
 #: the most entries (tokens, requests and groups) the checked kernel takes: every program reads
 #: them all, so its work grows with their square; past this a validated call checks on the host
 CHECKED_MAX = 32768
+#: entries the checked kernel tests per step of its loop: a serving step's tokens (up to 4096) in
+#: one step, one memory round trip (what the host waits for), with eight warps to hold them
+CHECK_WIDE = 4096
 
 
 @triton.jit
@@ -70,7 +73,7 @@ def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_pt
 
 
 _K = Kernel(_pad_replayed_slots)
-_K_CHECKED = Kernel(_pad_replayed_slots_checked)
+_K_CHECKED = Kernel(_pad_replayed_slots_checked, options=lambda key: {"num_warps": 8})
 _KEY = ()
 
 
@@ -106,8 +109,9 @@ def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc,
     if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups > CHECKED_MAX:
         return None
     verdict = open_verdict(positions.device)
+    # the quick check passed: every tensor but slot_mappings is contiguous (no contiguous() call)
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
-               slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), contiguous(cacheable_groups), n_groups,
-               contiguous(query_start_loc), contiguous(positions), contiguous(replay_start), verdict.word, B, T, Wr,
-               B.bit_length(), slot_mappings.shape[0], MAX_POSITION, BLOCK, CHECK)
+               slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), cacheable_groups, n_groups,
+               query_start_loc, positions, replay_start, verdict.word, B, T, Wr, B.bit_length(), slot_mappings.shape[0],
+               MAX_POSITION, BLOCK, CHECK_WIDE)
     return slot_mappings, verdict

@@ -23,19 +23,29 @@ def plain(t, dtypes: tuple[torch.dtype, ...], ndim: int, device: torch.device | 
     (integer or bool: no conjugate bit exists for them), ``ndim`` dimensions, on ``device`` when
     given, its sizes and strides within the kernels' 32-bit arguments (``_checks.check_extents``;
     a dimension of one element may carry any stride)."""
-    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.dim() != ndim or not t.is_contiguous()
+    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.ndim != ndim or not t.is_contiguous()
             or t.is_neg() or (device is not None and t.device != device)):
         return False
     if ndim == 1:
-        n = t.shape[0]
+        n = t.numel()
         return n <= MAX_POSITION and (n > 1 or t.stride(0) <= INT32_MAX)
     return max(t.shape) <= MAX_POSITION and max(t.stride()) <= INT32_MAX
+
+
+def length(t, dtype: torch.dtype, device: torch.device) -> int:
+    """:func:`plain` of a 1-D tensor of ``dtype`` on ``device``, answered as its length (-1: not
+    plain), for a quick check that compares lengths next: one call and one size read a tensor."""
+    if (t.__class__ is not _TENSOR or t.dtype is not dtype or t.ndim != 1 or not t.is_contiguous() or t.is_neg()
+            or t.device != device):
+        return -1
+    n = t.numel()
+    return n if n <= MAX_POSITION and (n > 1 or t.stride(0) <= INT32_MAX) else -1
 
 
 def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> bool:
     """A 2-D ``torch.Tensor`` itself whose rows are contiguous and apart (``stride(1) == 1``,
     ``stride(0) >= shape[1]``: a slice of a wider buffer), otherwise as :func:`plain`."""
-    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.dim() != 2 or t.is_neg()
+    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.ndim != 2 or t.is_neg()
             or (device is not None and t.device != device)):
         return False
     (n, m), (s0, s1) = t.shape, t.stride()

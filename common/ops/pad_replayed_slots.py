@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE
-from ..validation import check_range, check_tensor, defer, fail, value_checks_enabled
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, SLOT_DTYPE
+from ..validation import INT32_MAX, check_range, check_tensor, defer, fail, value_checks_enabled
 from ._batch import token_view
 from ._checks import check_batch, check_extents, check_positions, check_slot_mappings, check_window
-from ._quick import apart, plain, rows
+from ._quick import length
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -39,26 +39,38 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
         defer(NAME, (("replay_start", replay_start),), test)
 
 
-_SLOT = (SLOT_DTYPE,)
-_INDEX = (INDEX_DTYPE,)
+_TENSOR = torch.Tensor
 
 
 def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
                 any_replay=None) -> bool:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
-    ``slot_mappings`` may be a slice of a wider buffer)."""
-    if not plain(positions, _SLOT, 1):
+    ``slot_mappings`` may be a slice of a wider buffer). Written out: each tensor's facts read once."""
+    if positions.__class__ is not _TENSOR:
         return False
     dev = positions.device
-    if not (rows(slot_mappings, _SLOT, dev) and plain(cacheable_groups, _INDEX, 1, dev)
-            and plain(query_start_loc, _INDEX, 1, dev) and plain(replay_start, _INDEX, 1, dev)):
-        return False
-    B = query_start_loc.shape[0] - 1
-    if B < 0 or replay_start.shape[0] != B or slot_mappings.shape[1] < positions.shape[0]:
+    T = length(positions, SLOT_DTYPE, dev)
+    B = length(query_start_loc, INDEX_DTYPE, dev) - 1
+    if T < 0 or B < 0 or length(replay_start, INDEX_DTYPE, dev) != B or length(cacheable_groups, INDEX_DTYPE, dev) < 0:
         return False
     if Wr.__class__ is not int or not 0 <= Wr <= MAX_WINDOW or not (any_replay is None or any_replay.__class__ is bool):
         return False
-    return apart(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start)
+    # _quick.rows, its shape and strides read once: the span written is from here on
+    s = slot_mappings
+    if s.__class__ is not _TENSOR or s.dtype is not SLOT_DTYPE or s.ndim != 2 or s.is_neg() or s.device != dev:
+        return False
+    (n, m), (s0, s1) = s.shape, s.stride()
+    if (T > m or n > MAX_POSITION or m > MAX_POSITION or s0 > INT32_MAX or s1 > INT32_MAX
+            or not (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1)))):
+        return False
+    lo = s.data_ptr()
+    hi = lo + ((n - 1) * s0 + m) * 8 if n and m else lo
+    # the inputs are contiguous (length): each one's span is its address and size
+    for t in (cacheable_groups, query_start_loc, positions, replay_start):
+        a = t.data_ptr()
+        if a < hi and lo < a + t.nbytes:
+            return False
+    return True
 
 
 def reference(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *, any_replay=None) -> torch.Tensor:
