@@ -124,13 +124,16 @@ class Verdict:
     """The verdict of one call to a kernel that tests its own values: ``word`` (int32 [1]) for the
     kernel, :meth:`failed` for the host."""
 
-    __slots__ = ("word", "_view", "_device", "scratch", "epoch")
+    __slots__ = ("word", "_view", "_device", "scratch", "epoch", "napping", "unread")
 
     def __init__(self, word: torch.Tensor, view, device: torch.device):
         self.word, self._view, self._device = word, view, device
+        # set from a call's open_verdict until its failed(): a call that stopped in between (an
+        # exception or an interrupt after its launch) may have a kernel still to write the word
+        self.unread = False
         # a checked kernel with checker programs (range_check.py): its scratch words and the count
         # of calls that used them, kept with the word (same thread, device and stream)
-        self.scratch, self.epoch = None, 0
+        self.scratch, self.epoch, self.napping = None, 0, False
 
     def failed(self) -> bool:
         """Waits for the kernel's program 0 to leave its verdict (not for the rest of the kernel;
@@ -149,6 +152,7 @@ class Verdict:
                 v = view[0]
             if v == FAIL:  # kernels queued behind the check read the word: they run before it is reused
                 torch.cuda.current_stream(self._device).synchronize()
+            self.unread = False
         if v not in (PASS, FAIL):
             raise RuntimeError(f"a self-checking kernel on {self._device} left no verdict (word {int(v)})")
         return v == FAIL
@@ -177,5 +181,10 @@ def open_verdict(device: torch.device, per_stream: bool = False) -> Verdict:
             return Verdict(torch.zeros(1, dtype=torch.int32, device=device), None, device)
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         v = verdicts[key] = Verdict(word, word.numpy(), device)
+    elif v.unread:
+        # the call before never read its verdict: its kernel may still be queued, and would write
+        # the word after this call zeroes it (and this call could read that old verdict)
+        torch.cuda.synchronize(device)
     v._view[0] = 0
+    v.unread = True
     return v

@@ -275,6 +275,31 @@ def test_a_verdict_word_left_unset_is_an_error_not_a_pass():
     assert v.failed()
 
 
+@pytest.mark.gpu
+def test_a_verdict_left_unread_makes_the_next_call_wait_for_the_device_on_gpu(monkeypatch):
+    """A call that stops between its launch and its wait (an exception, an interrupt) leaves its
+    mapped word unread, and its kernel may still be queued: the next call on that word waits for
+    the device before it zeroes the word, so the old kernel's verdict cannot land in the new call's."""
+    from swa_backends.kernels import pad_replayed_slots as k
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    syncs = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: (syncs.append(d), real(d))[1])
+    T = 64
+    slots = torch.zeros(2, T, dtype=torch.int64, device=dev)
+    call = (slots, torch.tensor([0], dtype=torch.int32, device=dev), torch.tensor([0, T], dtype=torch.int32, device=dev),
+            torch.arange(T, device=dev), torch.tensor([8], dtype=torch.int32, device=dev), 16)
+    torch.cuda._sleep(10**8)  # the device busy: the first call's kernel still queued when it "stops"
+    _, first = k.pad_replayed_slots_checked(*call)
+    assert first.unread and not syncs
+    _, again = k.pad_replayed_slots_checked(*call)  # the next call on the word waits first
+    assert again is first and syncs == [dev]
+    assert not again.failed() and not again.unread
+    _, third = k.pad_replayed_slots_checked(*call)  # a word read: no wait
+    assert not third.failed() and syncs == [dev]
+
+
 def test_explain_names_every_self_checked_form():
     """The one dispatch, shown completely: each variant with a self-checked form says so, with the
     form's path, on a device whose backend takes it (CUDA) and on one emulated (ROCm)."""
