@@ -145,7 +145,7 @@ def _gather_replay_batch_checked(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, sl
                                  rows_ptr, oqsl_ptr, opos_ptr, oslot_ptr, os_g, kv_ptr, plan_ptr, flag_ptr, scratch_ptr,
                                  B, G, T, n_pad, W, S, req_progs, pad_progs, n_rows, P, epoch,
                                  BLOCK: tl.constexpr, GB: tl.constexpr, UNIT_T: tl.constexpr, CHECK: tl.constexpr,
-                                 MAX_POSITION: tl.constexpr, GATE: tl.constexpr):
+                                 MAX_POSITION: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
     """A validated call: ``P`` checker programs test what the validator tests (checker 0 the
     batch and the plan, all of them the positions; ``range_check.py``), the others are the
     plain kernel's programs once they pass."""
@@ -156,7 +156,7 @@ def _gather_replay_batch_checked(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, sl
             bad |= batch_bad(qsl_ptr, seq_ptr, rs_ptr, B, T, MAX_POSITION, True, True, True, CHECK)
             bad |= _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK)
         settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
-    elif passed(scratch_ptr, epoch, GATE):
+    elif passed(scratch_ptr, epoch, GATE, NAP):
         _program(pid - P, qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, s_g, s_t, rows_ptr, oqsl_ptr,
                  opos_ptr, oslot_ptr, os_g, kv_ptr, B, G, T, n_pad, W, S, req_progs, pad_progs, BLOCK, GB, UNIT_T)
 
@@ -254,12 +254,12 @@ def gather_replay_batch_checked(plan, query_start_loc, seq_lens, replay_start, p
     rows, oqsl, opos, oslot, kv = (out["rows"], out["query_start_loc"], out["positions"], out["slot_mappings"],
                                    out["kv_start"])
     s_g, s_t = slot_mappings.stride()
-    verdict, scratch, epoch = open_checked(dev)
+    verdict, scratch, epoch, nap = open_checked(dev)
     P = checkers(flat_tiles(T))
-    _K_CHECKED(_KEYS[s_t == 1], (P + req_progs + pad_progs, 1, 1), query_start_loc, dropped, seq_lens, replay_start,
+    _K_CHECKED((s_t == 1, nap), (P + req_progs + pad_progs, 1, 1), query_start_loc, dropped, seq_lens, replay_start,
                positions, slot_mappings, s_g, s_t, rows, oqsl, opos, oslot, oslot.stride(0) if G > 1 else n_pad, kv,
                values, verdict.word, scratch, B, G, T, n_pad, W, S, req_progs, pad_progs, n, P, epoch, BLOCK, GB,
-               s_t == 1, CHECK, MAX_POSITION, GATE)
+               s_t == 1, CHECK, MAX_POSITION, GATE, nap)
     return _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad), verdict
 
 

@@ -25,7 +25,7 @@ BLOCK_W = 128
 @triton.jit
 def _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K, topk_offset,
                 window_offset, tt, jt, scratch_ptr, epoch, HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_W: tl.constexpr, GATED: tl.constexpr, GATE: tl.constexpr):
+                BLOCK_W: tl.constexpr, GATED: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
     """Tile ``(tt, jt)``: tokens ``tt * BLOCK_T + [0, BLOCK_T)``, columns ``jt * BLOCK_W + [0, BLOCK_W)``.
     ``GATED`` (a validated call's worker): the tile is computed, then stored only once the checkers
     passed it (``range_check.passed``). Computing first is sound here as nowhere else: every address
@@ -57,7 +57,7 @@ def _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, i
     out = tl.where(in_topk, tk, tl.where(in_win, win, PAD)).to(tl.int32)
     ok = True
     if GATED:
-        ok = passed(scratch_ptr, epoch, GATE)
+        ok = passed(scratch_ptr, epoch, GATE, NAP)
     if ok:
         if jt == 0:
             tl.store(lens_ptr + t, (tlen + sl).to(tl.int32), mask=m)
@@ -70,7 +70,7 @@ def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr
                    HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K,
                 topk_offset, window_offset, tl.program_id(0), tl.program_id(1), lens_ptr, 0, HAS_TOPK, BLOCK_T, BLOCK_W,
-                False, 0)
+                False, 0, 0)
 
 
 @jit
@@ -78,7 +78,7 @@ def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1
                            scratch_ptr, T, SW, K, topk_offset, window_offset, w_tiles, P, epoch,
                            HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                            CHECK: tl.constexpr, CHECK_R: tl.constexpr, CHECK_C: tl.constexpr,
-                           GATE: tl.constexpr):
+                           GATE: tl.constexpr, NAP: tl.constexpr):
     """A validated call: ``P`` checker programs test what the validator tests (the lengths in
     ``[0, width]``, every index PAD or in ``[0, INT32_MAX - offset]``), the others compute tile
     ``pid - P`` and write it once they pass (``range_check.py``)."""
@@ -94,7 +94,7 @@ def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1
         w = pid - P
         _plain_tile(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, T, SW, K,
                     topk_offset, window_offset, w // w_tiles, w % w_tiles, scratch_ptr, epoch, HAS_TOPK, BLOCK_T,
-                    BLOCK_W, True, GATE)
+                    BLOCK_W, True, GATE, NAP)
 
 
 _K = Kernel(_plain_indices)
@@ -119,11 +119,11 @@ def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_of
     if checked is None:
         _K((has_topk,), (t_tiles, w_tiles, 1), *args, *sizes, has_topk, BLOCK_T, BLOCK_W)
         return out
-    verdict, scratch, epoch = checked
+    verdict, scratch, epoch, nap = checked
     # the checkers' tiles: of the lengths or of the index rows, whichever has more
     P = checkers(max(flat_tiles(T), rows_tiles(swa_indices), rows_tiles(topk_slots) if has_topk else 0))
-    _K_CHECKED((has_topk,), (P + t_tiles * w_tiles, 1, 1), *args, verdict.word, scratch, *sizes, w_tiles, P, epoch,
-               has_topk, BLOCK_T, BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE)
+    _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), *args, verdict.word, scratch, *sizes, w_tiles, P,
+               epoch, has_topk, BLOCK_T, BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
     return out
 
 

@@ -430,7 +430,7 @@ def _prepare_replay_step_checked(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, p
                                  BLOCK_W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, GB: tl.constexpr,
                                  KB: tl.constexpr, UNIT_T: tl.constexpr, CHECK: tl.constexpr,
                                  CHECK_B: tl.constexpr, CHECK_C: tl.constexpr, MAX_POSITION: tl.constexpr,
-                                 GATE: tl.constexpr):
+                                 GATE: tl.constexpr, NAP: tl.constexpr):
     """A validated call: ``NCHK`` (at least 4) checker programs test every value the validator tests
     (``_step_bad``), the others are the plain kernel's programs once they pass (``range_check.py``)."""
     pid = tl.program_id(0)
@@ -439,7 +439,7 @@ def _prepare_replay_step_checked(rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, p
                         bt_s0, bt_s1, n_cols, drop_ptr, plan_ptr, vg, B, T, G, n_pad, block_size, NR, top, n_rows,
                         any_false, HAS_PLAN, HAS_VALID, CHECK, CHECK_B, CHECK_C, MAX_POSITION)
         settle(bad, NCHK, flag_ptr, scratch_ptr, epoch, GATE)
-    elif passed(scratch_ptr, epoch, GATE):
+    elif passed(scratch_ptr, epoch, GATE, NAP):
         _step_program(pid - NCHK, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot_ptr, s_g, s_t, groups_ptr,
                       n_groups, bt_ptr, bt_s0, bt_s1, n_cols, rs_out_ptr, stale_ptr, swa_ptr, swa_s0, lens_ptr,
                       pswa_ptr, pswa_s0, plens_ptr, P, vg, gl_ptr, g_from, drop_ptr, rows_ptr, oqsl_ptr, opos_ptr,
@@ -560,13 +560,13 @@ def _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, p
     if checked is None:
         _K(key, grid, *head, *tail)
     else:
-        verdict, scratch, epoch = checked
+        verdict, scratch, epoch, nap = checked
         # (at least 4 checkers: four share the per-request checks, _step_bad)
         nchk = max(4, checkers(max(flat_tiles(T), -(-B // CHECK_B))))
-        _K_CHECKED(key, (nchk + grid[0], 1, 1), *head,
+        _K_CHECKED((nap, *key), (nchk + grid[0], 1, 1), *head,
                    _plan_values(plan, positions.device) if plan is not None else None, verdict.word, scratch,
                    R_per_request.shape[0], (INT32_MAX - block_size + 1) // block_size, n, int(any_replay is False),
-                   nchk, epoch, *tail, CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE)
+                   nchk, epoch, *tail, CHECK, CHECK_B, CHECK_C, MAX_POSITION, GATE, nap)
     batch = _replay_batch(rows, oqsl, opos, oslot, kv, n, n_pad) if plan is not None else None
     windows = (_windows(out["kept_windows"]) if kept else None, _windows(out["kept_first_windows"]) if kept == 2 else None)
     return _tuple_new(PreparedStep, (rs, slot_mappings, swa, lens, batch, pswa, plens, gl, stale, *windows))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from ._device import CHECK, FAIL, PASS
 from ._verdict import Verdict, open_verdict
@@ -47,6 +48,10 @@ MAX_CHECKERS = 1024
 SCRATCH, GATE = 64, 32
 #: epochs run 1 .. EPOCHS, then wrap (``epoch * 4 + verdict`` stays an int32)
 EPOCHS = 2**28
+#: nanoseconds a worker sleeps between two reads of the gate on an NVIDIA GPU (PTX ``nanosleep``;
+#: 0: it spins). A spinning worker takes issue slots from the checkers that share its SM, and the
+#: host waits for the last checker. Elsewhere (ROCm, the interpreter) workers spin.
+NAP_NS = 128
 
 
 @triton.jit
@@ -106,11 +111,21 @@ def settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE: tl.constexpr):
 
 
 @triton.jit
-def passed(scratch_ptr, epoch, GATE: tl.constexpr):
-    """A worker: waits for this call's verdict in the gate; True on ``PASS``. (Volatile loads:
-    each one reads the word again; nothing the checkers wrote but the word is read after it.)"""
+def _nap(NAP: tl.constexpr):
+    """Sleeps about ``NAP`` ns (PTX ``nanosleep``; NVIDIA only)."""
+    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.b32 $0, 0;", "=r,r", [tl.full([], NAP, tl.int32)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def passed(scratch_ptr, epoch, GATE: tl.constexpr, NAP: tl.constexpr):
+    """A worker: waits for this call's verdict in the gate, ``NAP`` ns asleep between two reads
+    (0: none); True on ``PASS``. (Volatile loads: each one reads the word again; nothing the
+    checkers wrote but the word is read after it.)"""
     g = tl.load(scratch_ptr + GATE, volatile=True)
     while (g >> 2) != epoch:
+        if NAP > 0:
+            _nap(NAP)
         g = tl.load(scratch_ptr + GATE, volatile=True)
     return (g & 3) == PASS
 
@@ -132,11 +147,23 @@ def rows_tiles(t: torch.Tensor) -> int:
     return -(-R // BLOCK_R) * -(-C // BLOCK_C)
 
 
-def open_checked(device: torch.device) -> tuple[Verdict, torch.Tensor, int]:
+def naps(device: torch.device) -> bool:
+    """Whether workers on ``device`` sleep between reads of the gate (:data:`NAP_NS`): NVIDIA GPUs,
+    in compiled mode."""
+    return device.type == "cuda" and torch.version.hip is None and not _INTERPRETED
+
+
+def open_checked(device: torch.device) -> tuple[Verdict, torch.Tensor, int, int]:
     """The call's verdict (this thread's word for ``device`` and its current stream, zeroed), its
-    scratch words and its epoch."""
+    scratch words, its epoch and its workers' nap between reads of the gate (a constexpr: the
+    caller puts it into the launch key)."""
     v = open_verdict(device, per_stream=True)
     if v.scratch is None:  # zeroed once; the last checker of every call zeroes its pair again
         v.scratch = torch.zeros(SCRATCH, dtype=torch.int32, device=device)
+        v.napping = naps(device)
     v.epoch = v.epoch % EPOCHS + 1
-    return v, v.scratch, v.epoch
+    return v, v.scratch, v.epoch, NAP_NS if v.napping else 0
+
+
+# Triton's interpreter runs no inline assembly: its kernels are not JITFunctions
+_INTERPRETED = not isinstance(passed, JITFunction)

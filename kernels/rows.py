@@ -73,26 +73,26 @@ def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: 
 @jit(align=("src_ptr", "dst_ptr"))
 def _copy_rows_checked(src_ptr, dst_ptr, idx_ptr, flag_ptr, scratch_ptr, n, high, c_tiles, P, epoch,
                        ROW: tl.constexpr, WORD: tl.constexpr, R_TILE: tl.constexpr, BLOCK_C: tl.constexpr,
-                       CHECK: tl.constexpr, GATE: tl.constexpr):
+                       CHECK: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
     """A validated gather: ``P`` checker programs test every row id (``range_check.py``), the
     others copy tile ``pid - P`` once they pass."""
     pid = tl.program_id(0)
     if pid < P:
         settle(flat_bad(idx_ptr, n, 0, high, pid, P, CHECK), P, flag_ptr, scratch_ptr, epoch, GATE)
-    elif passed(scratch_ptr, epoch, GATE):
+    elif passed(scratch_ptr, epoch, GATE, NAP):
         w = pid - P
         _copy_tile(src_ptr, dst_ptr, idx_ptr, n, w // c_tiles, w % c_tiles, ROW, WORD, False, R_TILE, BLOCK_C)
 
 
 @jit(align=("dst_ptr",))
 def _fill_zero_checked(dst_ptr, idx_ptr, flag_ptr, scratch_ptr, n_idx, high, n, P, epoch, WORD: tl.constexpr,
-                       BLOCK: tl.constexpr, CHECK: tl.constexpr, GATE: tl.constexpr):
+                       BLOCK: tl.constexpr, CHECK: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
     """A validated scatter's zero fill: ``P`` checker programs test every row id, the others fill
     ``BLOCK`` words each once they pass (the copy behind it reads the verdict word)."""
     pid = tl.program_id(0)
     if pid < P:
         settle(flat_bad(idx_ptr, n_idx, 0, high, pid, P, CHECK), P, flag_ptr, scratch_ptr, epoch, GATE)
-    elif passed(scratch_ptr, epoch, GATE):
+    elif passed(scratch_ptr, epoch, GATE, NAP):
         i = (pid - P).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         dst = dst_ptr.to(tl.pointer_type(WORD), bitcast=True)
         tl.store(dst + i, tl.zeros([BLOCK], WORD), mask=i < n)
@@ -174,12 +174,12 @@ def gather_rows_checked(x, rows, *, out=None):
     dst = out
     if src.dtype not in _NATIVE:
         src, dst = src.view(torch.uint8), dst.view(torch.uint8)
-    verdict, scratch, epoch = open_checked(idx.device)
+    verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
     c_tiles = (row + block_c - 1) // block_c
-    key = (src.dtype, row, word, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0)
+    key = (src.dtype, row, word, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0, nap)
     _K_CHECKED(key, (P + (n + r_tile - 1) // r_tile * c_tiles, 1, 1), src, dst, idx, verdict.word, scratch, n,
-               x.shape[0] - 1, c_tiles, P, epoch, row, _WORDS[word], r_tile, block_c, CHECK, GATE)
+               x.shape[0] - 1, c_tiles, P, epoch, row, _WORDS[word], r_tile, block_c, CHECK, GATE, nap)
     return out, verdict
 
 
@@ -199,11 +199,11 @@ def scatter_rows_checked(y, rows, num_rows, *, out=None):
         return None
     idx = contiguous(rows)
     dst = out if out.dtype in _NATIVE else out.view(torch.uint8)
-    verdict, scratch, epoch = open_checked(idx.device)
+    verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
     # (a count past 2**31 is a 64-bit argument: a key of its own)
-    key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31)
+    key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31, nap)
     _ZERO(key, (P + (words + FILL_BLOCK - 1) // FILL_BLOCK, 1, 1), dst, idx, verdict.word, scratch, n, num_rows - 1,
-          words, P, epoch, _WORDS[word], FILL_BLOCK, CHECK, GATE)
+          words, P, epoch, _WORDS[word], FILL_BLOCK, CHECK, GATE, nap)
     _launch(contiguous(_values(y)), out, idx, n, True, verdict.word)
     return out, verdict

@@ -10,7 +10,8 @@ of n rows of 7168 bf16 (the workers wait, then copy)::
 Per size, host µs (median of ``--reps`` rounds, the device idle before each call; ``lib.timing``):
 ``form`` the checked form's launch alone, ``form_wait`` with the wait for its verdict, ``wait`` their
 difference, and ``plain`` the unvalidated kernel's launch; with the checker and worker programs of
-the launch.
+the launch. Each size once per ``--naps`` value (``range_check.NAP_NS``: the workers' sleep between
+reads of the gate, ns; 0 spins), in that order.
 
 Writes ``exp_checker_wait.json``.
 """
@@ -49,32 +50,38 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=100)
+    p.add_argument("--naps", default="0,32,128,512", help="comma-separated NAP_NS values (ns)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks the script)")
     a = p.parse_args(argv)
+    naps = [int(v) for v in a.naps.split(",")]
     gpu = torch.cuda.is_available() and not a.smoke
     tm.set_smoke(not gpu)
     dev = torch.device("cuda") if gpu else torch.device("cpu")
     reps = a.reps if gpu else 1
-    res = {"meta": results.machine(dev), "reps": reps, "plain_indices": {}, "gather_rows": {}}
-    for T in ((1024, 2048, 4096, 6400, 16384, 65536) if gpu else (40,)):
-        swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device=dev)
-        lens = torch.randint(0, 129, (T,), dtype=torch.int32, device=dev)
-        topk = torch.randint(-1, 1000, (T, 1), dtype=torch.int32, device=dev)
-        tlens = torch.randint(0, 2, (T,), dtype=torch.int32, device=dev)
-        args = (swa, lens, topk, tlens)
-        kp.plain_indices_checked(*args)[1].failed()  # compiled
-        row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(*args), reps)
-        row["checkers"] = range_check.checkers(max(range_check.flat_tiles(T), range_check.rows_tiles(swa)))
-        res["plain_indices"][T] = row
-        print(f"plain_indices T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()), flush=True)
+    res = {"meta": results.machine(dev), "reps": reps, "naps": naps, "plain_indices": {}, "gather_rows": {}}
     x = torch.randn(70000 if gpu else 50, 7168 if gpu else 8, device=dev).to(torch.bfloat16)
-    for n in ((4, 1024, 4096, 16384, 65536) if gpu else (4, 40)):
-        rows = torch.randint(0, x.shape[0], (n,), device=dev)
-        kr.gather_rows_checked(x, rows)[1].failed()
-        row = _row(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(x, rows), reps)
-        row["checkers"] = range_check.checkers(range_check.flat_tiles(n))
-        res["gather_rows"][n] = row
-        print(f"gather_rows n {n:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()), flush=True)
+    for nap in naps:
+        range_check.NAP_NS = nap
+        for T in ((1024, 2048, 4096, 6400, 16384, 65536) if gpu else (40,)):
+            swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device=dev)
+            lens = torch.randint(0, 129, (T,), dtype=torch.int32, device=dev)
+            topk = torch.randint(-1, 1000, (T, 1), dtype=torch.int32, device=dev)
+            tlens = torch.randint(0, 2, (T,), dtype=torch.int32, device=dev)
+            args = (swa, lens, topk, tlens)
+            kp.plain_indices_checked(*args)[1].failed()  # compiled
+            row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(*args), reps)
+            row["checkers"] = range_check.checkers(max(range_check.flat_tiles(T), range_check.rows_tiles(swa)))
+            res["plain_indices"].setdefault(nap, {})[T] = row
+            print(f"nap {nap:>4} plain_indices T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
+                  flush=True)
+        for n in ((4, 1024, 4096, 16384, 65536) if gpu else (4, 40)):
+            rows = torch.randint(0, x.shape[0], (n,), device=dev)
+            kr.gather_rows_checked(x, rows)[1].failed()
+            row = _row(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(x, rows), reps)
+            row["checkers"] = range_check.checkers(range_check.flat_tiles(n))
+            res["gather_rows"].setdefault(nap, {})[n] = row
+            print(f"nap {nap:>4} gather_rows n {n:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
+                  flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     results.write_json(a.out / "exp_checker_wait.json", res)
     return 0

@@ -1,5 +1,5 @@
 """The checker programs' wait experiment on the CPU (``--smoke``: tiny sizes in Triton's interpreter,
-numbers meaningless): every size of both ops timed, its checker count recorded."""
+numbers meaningless): every size of both ops timed at every nap, its checker count recorded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from bench_smoke import smoke
 
 def test_smoke_times_both_ops(tmp_path):
     res = smoke("experiments/exp_checker_wait.py", tmp_path, "exp_checker_wait.json", timeout=300)
+    assert res["naps"] == [0, 32, 128, 512]
     for op in ("plain_indices", "gather_rows"):
-        assert res[op], op
-        for row in res[op].values():
-            assert row["checkers"] >= 1 and all(row[k] > 0 for k in ("plain", "form", "form_wait")), (op, row)
+        assert sorted(res[op]) == ["0", "128", "32", "512"], op  # (JSON keys)
+        for by_size in res[op].values():
+            assert by_size, op
+            for row in by_size.values():
+                assert row["checkers"] >= 1 and all(row[k] > 0 for k in ("plain", "form", "form_wait")), (op, row)
