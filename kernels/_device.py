@@ -203,7 +203,16 @@ def table_bad(bt_ptr, s0, s1, n_cols, seq_ptr, B, block_size, top, pid, P, CHECK
 
 
 @triton.jit
+def publish(flag_ptr, code):
+    """Stores a verdict word the host polls (mapped pinned host memory on CUDA) write-through
+    (``st.wt``): a plain store of a system-memory word can stay in L2 until the line is evicted or
+    the kernel ends, and the host would wait for that instead of the store."""
+    tl.store(flag_ptr, code, cache_modifier=".wt")
+
+
+@triton.jit
 def verdict(flag_ptr, bad):
-    """The first program leaves the call's verdict (``PASS``, or ``FAIL`` when ``bad``) in its word."""
+    """The first program leaves the call's verdict (``PASS``, or ``FAIL`` when ``bad``) in its word,
+    written through the cache (:func:`publish`)."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        tl.store(flag_ptr, tl.where(bad > 0, FAIL, PASS))
+        publish(flag_ptr, tl.where(bad > 0, FAIL, PASS))

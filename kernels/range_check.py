@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from ._device import CHECK, FAIL, PASS
+from ._device import CHECK, FAIL, PASS, publish
 from ._verdict import Verdict, open_verdict
 
 #: values one checker tests per tile: 1-D, ``CHECK`` in a row (the self-checking kernels' step);
@@ -106,7 +106,7 @@ def settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE: tl.constexpr):
         failed = tl.atomic_xchg(scratch_ptr + 1, 0)
         tl.atomic_xchg(scratch_ptr, 0)
         code = tl.where(failed > 0, FAIL, PASS)
-        tl.store(flag_ptr, code)
+        publish(flag_ptr, code)
         tl.atomic_xchg(scratch_ptr + GATE, epoch * 4 + code)
 
 
