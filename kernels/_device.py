@@ -203,6 +203,15 @@ def table_bad(bt_ptr, s0, s1, n_cols, seq_ptr, B, block_size, top, pid, P, CHECK
 
 
 @triton.jit
+def run_meets(lo, hi, ptr, n):
+    """Lanes whose byte run ``[lo, hi)`` shares a byte with the contiguous ``ptr[0:n]`` (none when
+    ``n`` is 0): ``check_writes``' test of a written row against an input, by address."""
+    a = ptr.to(tl.int64)
+    end = a + n.to(tl.int64) * (ptr.dtype.element_ty.primitive_bitwidth // 8)
+    return (n > 0) & (lo < end) & (a < hi)
+
+
+@triton.jit
 def publish(flag_ptr, code):
     """Stores a verdict word the host polls (mapped pinned host memory on CUDA) write-through
     (``st.wt``): a plain store of a system-memory word can stay in L2 until the line is evicted or

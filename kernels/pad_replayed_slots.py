@@ -6,9 +6,11 @@ window groups and the columns past ``query_start_loc[B]`` are never touched.
 
 A validated call runs ``pad_replayed_slots_checked``: every program first tests every value the
 validator tests (``query_start_loc`` from 0, non-decreasing, at most T; ``replay_start`` and
-``positions`` in ``[0, MAX_POSITION]``; ``cacheable_groups`` in ``[0, G)``), all of them, so that
-each knows the whole call's verdict before it stores; it stores nothing when one fails and leaves
-the verdict in the call's word (``_verdict.py``).
+``positions`` in ``[0, MAX_POSITION]``; ``cacheable_groups`` in ``[0, G)``) and what
+``check_writes`` tests (no row of ``slot_mappings`` shares a byte with an input, by address: the op's
+quick check leaves that to it, ``OpSpec.writes_on_device``), all of them, so that each knows the
+whole call's verdict before it stores; it stores nothing when one fails and leaves the verdict in
+the call's word (``_verdict.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import triton
 import triton.language as tl
 
 from ..common.types import MAX_POSITION
-from ._device import PAD, batch_chunk_bad, find_request, verdict
+from ._device import PAD, batch_chunk_bad, find_request, run_meets, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
 BLOCK = 512
-#: the most entries (tokens, requests and groups) the checked kernel takes: every program reads
+#: the most entries (tokens, requests, groups and slot rows) the checked kernel takes: every program reads
 #: them all, so its work grows with their square; past this a validated call checks on the host
 CHECKED_MAX = 32768
 #: entries the checked kernel tests per step of its loop: a serving step's tokens (up to 4096) in
@@ -55,17 +57,24 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
 
 @jit
 def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, flag_ptr, B, T,
-                                Wr, n_steps, G, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr):
-    # the batch, the groups and the positions a chunk at a time, their loads together (one memory
-    # round trip per chunk: program 0's checks are what the host waits for)
+                                Wr, n_steps, G, n_cols, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr):
+    # the batch, the groups, the positions and the slot rows a chunk at a time, their loads together
+    # (one memory round trip per chunk: program 0's checks are what the host waits for)
     k = tl.arange(0, CHECK)
     wrong = tl.zeros([CHECK], tl.int32)
-    for s in range(0, tl.maximum(tl.maximum(B + 1, n_groups), T), CHECK):
+    base = slot_ptr.to(tl.int64)
+    for s in range(0, tl.maximum(tl.maximum(B + 1, tl.maximum(n_groups, G)), T), CHECK):
         j = s + k
         grp = tl.load(groups_ptr + j, mask=j < n_groups, other=0)
         p = tl.load(pos_ptr + j, mask=j < T, other=0)
         wrong |= batch_chunk_bad(qsl_ptr, rs_ptr, rs_ptr, B, T, max_p, j, True, False, True)
         wrong |= ((grp < 0) | (grp > G - 1) | (p < 0) | (p > max_p)).to(tl.int32)
+        # check_writes: slot row j (a run of n_cols slots: s_t is 1 or n_cols 1) meets no input
+        lo = base + j.to(tl.int64) * s_g * 8
+        hi = lo + n_cols * 8
+        meets = (run_meets(lo, hi, groups_ptr, n_groups) | run_meets(lo, hi, qsl_ptr, B + 1)
+                 | run_meets(lo, hi, pos_ptr, T) | run_meets(lo, hi, rs_ptr, B))
+        wrong |= ((j < G) & meets).to(tl.int32)
     bad = tl.max(wrong, axis=0)
     verdict(flag_ptr, bad)
     if bad == 0:
@@ -100,18 +109,20 @@ def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positio
 
 def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
                                any_replay=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(slot_mappings, Verdict)``, or None for a call it does not take (one that launches nothing,
-    whose values the validator still tests; past :data:`CHECKED_MAX` entries)."""
+    """The validated form (``Variant.self_checked``) of a call whose quick check passed (the host
+    checks but the overlap of writes, which the kernel tests): ``(slot_mappings, Verdict)``, or None
+    for a call it does not take (one that launches nothing, whose values the validator still tests;
+    past :data:`CHECKED_MAX` entries)."""
     T = positions.shape[0]
     n_groups = cacheable_groups.shape[0]
     B = query_start_loc.shape[0] - 1
-    if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups > CHECKED_MAX:
+    G = slot_mappings.shape[0]
+    if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups + G > CHECKED_MAX:
         return None
     verdict = open_verdict(positions.device)
     # the quick check passed: every tensor but slot_mappings is contiguous (no contiguous() call)
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
                slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), cacheable_groups, n_groups,
-               query_start_loc, positions, replay_start, verdict.word, B, T, Wr, B.bit_length(), slot_mappings.shape[0],
-               MAX_POSITION, BLOCK, CHECK_WIDE)
+               query_start_loc, positions, replay_start, verdict.word, B, T, Wr, B.bit_length(), G,
+               slot_mappings.shape[1], MAX_POSITION, BLOCK, CHECK_WIDE)
     return slot_mappings, verdict

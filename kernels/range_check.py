@@ -51,7 +51,7 @@ EPOCHS = 2**28
 #: nanoseconds a worker sleeps between two reads of the gate on an NVIDIA GPU (PTX ``nanosleep``;
 #: 0: it spins). A spinning worker takes issue slots from the checkers that share its SM, and the
 #: host waits for the last checker. Elsewhere (ROCm, the interpreter) workers spin.
-NAP_NS = 128
+NAP_NS = 512
 
 
 @triton.jit

@@ -40,7 +40,12 @@ def _row(plain, form, reps: int) -> dict:
         done = form()
         assert not done[1].failed()
 
-    t = tm.one_call_us({"plain": lambda: plain, "form": lambda: form, "form_wait": lambda: wait}, reps)
+    def unwaited():
+        # a verdict not waited for, marked read: the timing waits for the device before the next
+        # call, whose open_verdict need not (an attribute write inside the timing)
+        form()[1].unread = False
+
+    t = tm.one_call_us({"plain": lambda: plain, "form": lambda: unwaited, "form_wait": lambda: wait}, reps)
     row = {name: v["host"] for name, v in t.items()}
     row["wait"] = row["form_wait"] - row["form"]
     return row

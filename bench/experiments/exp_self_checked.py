@@ -49,6 +49,16 @@ def _clone(v):
     return v.clone() if isinstance(v, torch.Tensor) else v
 
 
+def _unwaited(v):
+    """A verdict this timing never waits for, marked read (``lib.timing`` waits for the device before
+    the next call: no kernel of this one can still write the word), so that the next call's
+    ``open_verdict`` does not wait for the device itself (an attribute write inside the timing)."""
+    verdict = v[1] if isinstance(v, tuple) else v
+    if verdict is not None:
+        verdict.unread = False
+    return v
+
+
 def per_op(dev, reps: int, gpu: bool) -> dict:
     """Every op with a self-checked form at ``bench_validation.py``'s step (``--smoke``: the case
     generator's small steps, in the interpreter): its row of host µs, or ``declined``."""
@@ -78,7 +88,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
             assert done is not None and not done[1].failed(), f"{op}: the form refused the step"
 
         a0, kw0 = fresh(lambda a, kw: (a, kw))()()
-        if form(*a0, **kw0) is None:  # (a step it does not take: ratio 1, ...)
+        if _unwaited(form(*a0, **kw0)) is None:  # (a step it does not take: ratio 1, ...)
             out[op] = {"declined": True}
             print(f"{op:<22} declined the step (the validator runs)", flush=True)
             continue
@@ -89,12 +99,12 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
             "off": fresh(lambda a, kw: validated(a, kw, False)),
             "on": fresh(lambda a, kw: validated(a, kw, True)),
             "plain": fresh(lambda a, kw: plain(*a, **kw)),
-            "form": fresh(lambda a, kw: form(*a, **kw)),
+            "form": fresh(lambda a, kw: _unwaited(form(*a, **kw))),
             "form_wait": fresh(form_wait),
             "quick": fresh(lambda a, kw: spec.quick_check(*a, **kw)),
             "capture": fresh(lambda a, kw: capturing()),
             "enabled": fresh(lambda a, kw: value_checks_enabled()),
-            "verdict_open": fresh(lambda a, kw: open_verdict(dev)),
+            "verdict_open": fresh(lambda a, kw: _unwaited(open_verdict(dev))),
         }, reps)
         row = {name: v["host"] for name, v in t.items()}
         row["wait"] = row["form_wait"] - row["form"]

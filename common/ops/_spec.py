@@ -54,7 +54,10 @@ class OpSpec(Generic[P, R]):
     validator's host checks and :meth:`check_writes` for plain calls (contiguous tensors, no lazy
     bits), in a few host µs: True when every one passes, False when it cannot tell (the validator
     then runs); never True for a call they refuse. A variant with a ``self_checked`` form runs it
-    for a call this passes (its kernel tests the values).
+    for a call this passes (its kernel tests the values). ``writes_on_device``: the quick check
+    leaves :meth:`check_writes` out, and the self-checked kernel tests the same overlaps, exactly,
+    by address (a call whose written buffer meets an input gets the kernel's ``FAIL``, and the
+    validator's error).
 
     As a class attribute (``Ops``) it declares a typed method: on an instance, a callable with
     the reference's signature (the instance prepares it: ``Backend``).
@@ -73,6 +76,7 @@ class OpSpec(Generic[P, R]):
     index_layout: str | None = None
     gate: str | None = None
     quick_check: Callable[..., bool] | None = None
+    writes_on_device: bool = False
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.reference).parameters

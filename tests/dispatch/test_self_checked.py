@@ -48,24 +48,39 @@ def test_every_self_checked_op_has_a_quick_check():
     assert CHECKED and set(CHECKED) <= set(QUICK)
 
 
-def _host_checks_pass(op: str, args, kwargs) -> str | None:
-    """None when the validator's host checks and check_writes pass the call, else the error."""
+def _host_checks_pass(op: str, args, kwargs) -> tuple[str, str] | None:
+    """None when the validator's host checks and check_writes pass the call, else ``(which, error)``
+    (which: "validate" or "writes")."""
     spec = OPS[op]
     try:
         with one_read():
             validation._state.capturing = True  # as under a graph capture: no value is read
             spec.validate(*args, **kwargs)
+    except ValueError as exc:
+        return "validate", str(exc)
+    try:
         spec.check_writes(args, kwargs)
     except ValueError as exc:
-        return str(exc)
+        return "writes", str(exc)
     return None
+
+
+def _form_refuses(op: str, args, kwargs) -> bool:
+    """The op's self-checked form, on the call itself (aliases kept): its verdict is ``FAIL`` and
+    no written buffer changed."""
+    before = [w.clone() for w in _written(op, args, kwargs)]
+    done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(*args, **kwargs)
+    return (done is not None and done[1].failed()
+            and all(torch.equal(w, b) for w, b in zip(_written(op, args, kwargs), before)))
 
 
 @pytest.mark.parametrize("op", QUICK)
 def test_quick_check_is_never_looser_than_the_host_checks(op):
     """Every adversarial call of the fuzz suite (mutations of dtypes, shapes, devices, strides,
     views, lazy bits, aliasing, scalars) on several valid calls: a call the quick check passes
-    passes the validator's host checks; and most valid calls pass it (the path is taken)."""
+    passes the validator's host checks, and check_writes too unless the op leaves those to its
+    kernel (``OpSpec.writes_on_device``), whose self-checked form then refuses the call and
+    writes nothing; and most valid calls pass it (the path is taken)."""
     taken = 0
     for seed in range(6):
         rng = np.random.default_rng([seed, 38])
@@ -77,9 +92,62 @@ def test_quick_check_is_never_looser_than_the_host_checks(op):
             except Exception as exc:  # noqa: BLE001 - a quick check must answer, never raise
                 pytest.fail(f"{op} {label}: quick_check raised {type(exc).__name__}: {exc}")
             if quick:
-                why = _host_checks_pass(op, a, kw)
-                assert why is None, f"{op} {label}: quick_check passed a call the host checks refuse: {why}"
+                refused = _host_checks_pass(op, a, kw)
+                if refused is not None and refused[0] == "writes" and OPS[op].writes_on_device:
+                    assert _form_refuses(op, a, kw), f"{op} {label}: the kernel took a call check_writes refuses"
+                    continue
+                assert refused is None, f"{op} {label}: quick_check passed a call the host checks refuse: {refused}"
     assert taken >= 4, f"{op}: the quick check passed {taken} of 6 valid calls"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_pad_replayed_slots_kernel_tests_the_overlap_of_its_writes(device):
+    """``pad_replayed_slots`` leaves check_writes to its kernel (``OpSpec.writes_on_device``): slot
+    rows sliced from a wider buffer that also holds one input, in a row's own slots (refused:
+    the validator's error, nothing written) or in the gap past a row (taken: the inputs lie apart,
+    though inside the slots' span), for each input and through dispatch, validated."""
+    be = _backend() if device == "cpu" else sb.select("cuda")
+    T, B, G = 24, 2, 3
+    R = torch.tensor([4, 0], dtype=torch.int32, device=device)
+    from swa_backends.kernels import pad_replayed_slots as k
+
+    checked = k._K_CHECKED
+    launches = checked.launches
+
+    def call(where: str, hit: bool):
+        buf = torch.zeros(G, 64, dtype=torch.int64, device=device)
+        slots = buf[:, :T]  # rows of T slots, 64 apart: the gap is [T, 64) of each row
+        start = 2 if hit else T + 4
+        as32 = buf.view(torch.int32)[1, 2 * start:]  # int32 words of row 1 from `start` on
+        parts = {"positions": torch.cat([torch.arange(12), torch.arange(12)]).to(device),
+                 "cacheable_groups": torch.tensor([0, 2], dtype=torch.int32, device=device),
+                 "query_start_loc": torch.tensor([0, 12, T], dtype=torch.int32, device=device),
+                 "replay_start": R.clone()}
+        t = parts[where]
+        if t.dtype == torch.int64:
+            view = buf[1, start:start + t.numel()]
+        else:
+            view = as32[: t.numel()]
+        view.copy_(t)
+        parts[where] = view
+        buf[:, :T] = torch.arange(T, device=device)  # the slots (a hit's input is overwritten: set it again)
+        view.copy_(t)
+        return slots, parts
+
+    for where in ("positions", "cacheable_groups", "query_start_loc", "replay_start"):
+        for hit in (True, False):
+            slots, p = call(where, hit)
+            args = (slots, p["cacheable_groups"], p["query_start_loc"], p["positions"], p["replay_start"], 8)
+            assert OPS["pad_replayed_slots"].quick_check(*args), (where, hit)
+            before = slots.clone()
+            if hit:
+                with pytest.raises(ValueError, match="pad_replayed_slots: slot_mappings.*shares no memory"):
+                    be.pad_replayed_slots(*args)
+                assert torch.equal(slots, before), f"{where}: a refused call wrote"
+            else:
+                want = OPS["pad_replayed_slots"].reference(_copy(slots, "cpu"), *(_copy(a, "cpu") for a in args[1:]))
+                assert torch.equal(be.pad_replayed_slots(*args).cpu(), want), where
+    assert checked.launches == launches + 8  # every call went to the kernel
 
 
 def _int_tensors(args, kwargs):
