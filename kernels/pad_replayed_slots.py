@@ -31,6 +31,8 @@ CHECKED_MAX = 32768
 #: entries the checked kernel tests per step of its loop: a serving step's tokens (up to 4096) in
 #: one step, one memory round trip (what the host waits for), with eight warps to hold them
 CHECK_WIDE = 4096
+#: slot rows the checked kernel tests for overlap per step (a model's few groups: one step)
+ROWS = 16
 
 
 @triton.jit
@@ -57,25 +59,30 @@ def _pad_replayed_slots(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_p
 
 @jit
 def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, flag_ptr, B, T,
-                                Wr, n_steps, G, n_cols, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr):
-    # the batch, the groups, the positions and the slot rows a chunk at a time, their loads together
-    # (one memory round trip per chunk: program 0's checks are what the host waits for)
+                                Wr, n_steps, G, n_cols, max_p, BLOCK: tl.constexpr, CHECK: tl.constexpr,
+                                ROWS: tl.constexpr):
+    # the batch, the groups and the positions a chunk at a time, their loads together (one memory
+    # round trip per chunk: program 0's checks are what the host waits for)
     k = tl.arange(0, CHECK)
     wrong = tl.zeros([CHECK], tl.int32)
-    base = slot_ptr.to(tl.int64)
-    for s in range(0, tl.maximum(tl.maximum(B + 1, tl.maximum(n_groups, G)), T), CHECK):
+    for s in range(0, tl.maximum(tl.maximum(B + 1, n_groups), T), CHECK):
         j = s + k
         grp = tl.load(groups_ptr + j, mask=j < n_groups, other=0)
         p = tl.load(pos_ptr + j, mask=j < T, other=0)
         wrong |= batch_chunk_bad(qsl_ptr, rs_ptr, rs_ptr, B, T, max_p, j, True, False, True)
         wrong |= ((grp < 0) | (grp > G - 1) | (p < 0) | (p > max_p)).to(tl.int32)
-        # check_writes: slot row j (a run of n_cols slots: s_t is 1 or n_cols 1) meets no input
+    bad = tl.max(wrong, axis=0)
+    # check_writes: no slot row (a run of n_cols slots: s_t is 1 or n_cols 1) meets an input; a few
+    # rows, arithmetic only
+    r = tl.arange(0, ROWS)
+    base = slot_ptr.to(tl.int64)
+    for s in range(0, G, ROWS):
+        j = s + r
         lo = base + j.to(tl.int64) * s_g * 8
         hi = lo + n_cols * 8
         meets = (run_meets(lo, hi, groups_ptr, n_groups) | run_meets(lo, hi, qsl_ptr, B + 1)
                  | run_meets(lo, hi, pos_ptr, T) | run_meets(lo, hi, rs_ptr, B))
-        wrong |= ((j < G) & meets).to(tl.int32)
-    bad = tl.max(wrong, axis=0)
+        bad |= tl.max(((j < G) & meets).to(tl.int32), axis=0)
     verdict(flag_ptr, bad)
     if bad == 0:
         _pad(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_ptr, pos_ptr, rs_ptr, B, T, Wr, n_steps, BLOCK)
@@ -124,5 +131,5 @@ def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc,
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
                slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), cacheable_groups, n_groups,
                query_start_loc, positions, replay_start, verdict.word, B, T, Wr, B.bit_length(), G,
-               slot_mappings.shape[1], MAX_POSITION, BLOCK, CHECK_WIDE)
+               slot_mappings.shape[1], MAX_POSITION, BLOCK, CHECK_WIDE, ROWS)
     return slot_mappings, verdict

@@ -48,10 +48,11 @@ MAX_CHECKERS = 1024
 SCRATCH, GATE = 64, 32
 #: epochs run 1 .. EPOCHS, then wrap (``epoch * 4 + verdict`` stays an int32)
 EPOCHS = 2**28
-#: nanoseconds a worker sleeps between two reads of the gate on an NVIDIA GPU (PTX ``nanosleep``;
-#: 0: it spins). A spinning worker takes issue slots from the checkers that share its SM, and the
-#: host waits for the last checker. Elsewhere (ROCm, the interpreter) workers spin.
-NAP_NS = 512
+#: the longest a worker sleeps between two reads of the gate on an NVIDIA GPU, ns (PTX ``nanosleep``,
+#: from 32 ns doubling; 0: it spins). Spinning workers take issue slots from the checkers that share
+#: their SMs, and the host waits for the last checker (bench/README.md, 2026-12-04 evening).
+#: Elsewhere (ROCm, the interpreter) workers spin.
+NAP_NS = 2048
 
 
 @triton.jit
@@ -111,21 +112,24 @@ def settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE: tl.constexpr):
 
 
 @triton.jit
-def _nap(NAP: tl.constexpr):
-    """Sleeps about ``NAP`` ns (PTX ``nanosleep``; NVIDIA only)."""
-    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.b32 $0, 0;", "=r,r", [tl.full([], NAP, tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
+def _nap(ns):
+    """Sleeps about ``ns`` ns (PTX ``nanosleep``; NVIDIA only)."""
+    tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.b32 $0, 0;", "=r,r", [ns], dtype=tl.int32, is_pure=False,
+                              pack=1)
 
 
 @triton.jit
 def passed(scratch_ptr, epoch, GATE: tl.constexpr, NAP: tl.constexpr):
-    """A worker: waits for this call's verdict in the gate, ``NAP`` ns asleep between two reads
-    (0: none); True on ``PASS``. (Volatile loads: each one reads the word again; nothing the
-    checkers wrote but the word is read after it.)"""
+    """A worker: waits for this call's verdict in the gate; True on ``PASS``. Between two reads
+    it sleeps (``NAP`` > 0) 32 ns, then twice as long each time up to ``NAP`` ns: a gate that
+    opens soon is seen soon, a long wait polls seldom. (Volatile loads: each one reads the word
+    again; nothing the checkers wrote but the word is read after it.)"""
     g = tl.load(scratch_ptr + GATE, volatile=True)
+    ns = tl.full([], 32, tl.int32)
     while (g >> 2) != epoch:
         if NAP > 0:
-            _nap(NAP)
+            _nap(ns)
+            ns = tl.minimum(ns * 2, NAP)
         g = tl.load(scratch_ptr + GATE, volatile=True)
     return (g & 3) == PASS
 

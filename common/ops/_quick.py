@@ -45,12 +45,20 @@ def length(t, dtype: torch.dtype, device: torch.device) -> int:
 def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> bool:
     """A 2-D ``torch.Tensor`` itself whose rows are contiguous and apart (``stride(1) == 1``,
     ``stride(0) >= shape[1]``: a slice of a wider buffer), otherwise as :func:`plain`."""
+    return shape2(t, dtypes, device) is not None
+
+
+def shape2(t, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> tuple[int, int] | None:
+    """:func:`rows`, answered as the tensor's ``(rows, columns)`` (None: not such rows), for a quick
+    check that compares sizes next."""
     if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.ndim != 2 or t.is_neg()
             or (device is not None and t.device != device)):
-        return False
+        return None
     (n, m), (s0, s1) = t.shape, t.stride()
-    return (n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX
-            and (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1))))
+    if (n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX
+            and (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1)))):
+        return n, m
+    return None
 
 
 def _span(t: torch.Tensor) -> tuple[int, int] | None:

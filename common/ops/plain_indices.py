@@ -7,7 +7,7 @@ import torch
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
 from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
-from ._quick import pair_out, plain, rows
+from ._quick import length, pair_out, shape2
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, window_and_topk
@@ -54,27 +54,22 @@ def quick_check(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_
                 out=None) -> bool:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
     the index rows may be slices of wider buffers)."""
-    if not rows(swa_indices, _INDEX):
+    size = shape2(swa_indices, _INDEX)
+    if size is None:
         return False
     dev = swa_indices.device
-    T, SW = swa_indices.shape
-    if SW > MAX_WINDOW or not plain(swa_lens, _INDEX, 1, dev) or swa_lens.shape[0] != T:
+    T, SW = size
+    if SW > MAX_WINDOW or length(swa_lens, INDEX_DTYPE, dev) != T or (topk_slots is None) != (topk_lens is None):
         return False
-    if (topk_slots is None) != (topk_lens is None):
-        return False
-    inputs = (swa_indices, swa_lens)
-    K = 0
-    if topk_slots is not None:
-        if not (rows(topk_slots, _INDEX, dev) and plain(topk_lens, _INDEX, 1, dev)):
-            return False
-        K = topk_slots.shape[1]
-        if topk_slots.shape[0] != T or K > MAX_WINDOW or topk_lens.shape[0] != T:
-            return False
-        inputs += (topk_slots, topk_lens)
     if not (topk_offset.__class__ is int and window_offset.__class__ is int and 0 <= topk_offset <= INT32_MAX
             and 0 <= window_offset <= INT32_MAX):
         return False
-    return out is None or pair_out(out, dev, (T, K + SW), T, *inputs)
+    if topk_slots is None:
+        return out is None or pair_out(out, dev, (T, SW), T, swa_indices, swa_lens)
+    size = shape2(topk_slots, _INDEX, dev)
+    if size is None or size[0] != T or size[1] > MAX_WINDOW or length(topk_lens, INDEX_DTYPE, dev) != T:
+        return False
+    return out is None or pair_out(out, dev, (T, size[1] + SW), T, swa_indices, swa_lens, topk_slots, topk_lens)
 
 
 def reference(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
