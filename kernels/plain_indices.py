@@ -16,7 +16,7 @@ from ..common.types import INDEX_DTYPE
 from ._device import INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
 from .range_check import (BLOCK_C, BLOCK_R, CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed,
-                          rows_bad, rows_tiles, settle)
+                          rows_bad, settle, tiles_of)
 
 BLOCK_T = 16
 BLOCK_W = 128
@@ -102,9 +102,12 @@ _K_CHECKED = Kernel(_plain_indices_checked)
 
 
 def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, checked):
-    T, SW = swa_indices.shape
+    (T, SW), (sw_s0, sw_s1) = swa_indices.shape, swa_indices.stride()
     has_topk = topk_slots is not None
-    K = topk_slots.shape[1] if has_topk else 0
+    if has_topk:
+        (_, K), (tk_s0, tk_s1) = topk_slots.shape, topk_slots.stride()
+    else:
+        K = tk_s0 = tk_s1 = 0
     width = K + SW
     dev = swa_indices.device
     if out is None:
@@ -112,18 +115,18 @@ def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_of
     if T == 0:
         return out
     t_tiles, w_tiles = (T + BLOCK_T - 1) // BLOCK_T, max(1, (width + BLOCK_W - 1) // BLOCK_W)
-    args = (swa_indices, swa_indices.stride(0), swa_indices.stride(1), contiguous(swa_lens),
-            topk_slots, topk_slots.stride(0) if has_topk else 0, topk_slots.stride(1) if has_topk else 0,
-            contiguous(topk_lens) if has_topk else None, out[0], out[1])
     sizes = (T, SW, K, topk_offset, window_offset)
     if checked is None:
-        _K((has_topk,), (t_tiles, w_tiles, 1), *args, *sizes, has_topk, BLOCK_T, BLOCK_W)
+        _K((has_topk,), (t_tiles, w_tiles, 1), swa_indices, sw_s0, sw_s1, contiguous(swa_lens), topk_slots, tk_s0,
+           tk_s1, contiguous(topk_lens) if has_topk else None, out[0], out[1], *sizes, has_topk, BLOCK_T, BLOCK_W)
         return out
     verdict, scratch, epoch, nap = checked
-    # the checkers' tiles: of the lengths or of the index rows, whichever has more
-    P = checkers(max(flat_tiles(T), rows_tiles(swa_indices), rows_tiles(topk_slots) if has_topk else 0))
-    _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), *args, verdict.word, scratch, *sizes, w_tiles, P,
-               epoch, has_topk, BLOCK_T, BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
+    # the checkers' tiles: of the lengths or of the index rows, whichever has more (the quick check
+    # passed: the lengths are contiguous)
+    P = checkers(max(flat_tiles(T), tiles_of(T, SW, sw_s0, sw_s1), tiles_of(T, K, tk_s0, tk_s1) if has_topk else 0))
+    _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), swa_indices, sw_s0, sw_s1, swa_lens, topk_slots, tk_s0,
+               tk_s1, topk_lens, out[0], out[1], verdict.word, scratch, *sizes, w_tiles, P, epoch, has_topk, BLOCK_T,
+               BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
     return out
 
 

@@ -146,6 +146,11 @@ def flat_tiles(n: int) -> int:
 def rows_tiles(t: torch.Tensor) -> int:
     """:func:`rows_bad`'s tiles of the 2-D ``t``."""
     (R, C), (s0, s1) = t.shape, t.stride()
+    return tiles_of(R, C, s0, s1)
+
+
+def tiles_of(R: int, C: int, s0: int, s1: int) -> int:
+    """:func:`rows_tiles` of ``R x C`` values at strides ``(s0, s1)``."""
     if s1 == 1 and s0 == C:
         return -(-(R * C) // (BLOCK_R * BLOCK_C))
     return -(-R // BLOCK_R) * -(-C // BLOCK_C)
