@@ -14,7 +14,9 @@ leaves its verdict in one word, and the host waits for that word alone. Two form
 * :class:`Verdict` (a kernel that tests its own values, ``Variant.self_checked``): its program 0
   writes :data:`PASS` or :data:`FAIL` into a zeroed word; the host polls the word until it is set
   (no event: the first program's store is the earliest the host can know). One word per thread
-  and device: a call has read its verdict before it returns. An op of several kernels gates the
+  and device: a call has read its verdict before it returns (one that stopped between its launch and
+  its wait, on an exception or an interrupt, leaves the word unread: the next call on it waits for
+  the device before it zeroes the word). An op of several kernels gates the
   later ones on the word (each computes nothing when it reads ``FAIL``; a word zeroed by the next
   call reads as not failed): its word is per stream too (``per_stream``: a call on another stream
   could write ``FAIL`` into it before they run), and a ``FAIL`` makes the host wait for the stream

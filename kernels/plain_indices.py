@@ -123,7 +123,10 @@ def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_of
     verdict, scratch, epoch, nap = checked
     # the checkers' tiles: of the lengths or of the index rows, whichever has more (the quick check
     # passed: the lengths are contiguous)
-    P = checkers(max(flat_tiles(T), tiles_of(T, SW, sw_s0, sw_s1), tiles_of(T, K, tk_s0, tk_s1) if has_topk else 0))
+    tiles = tiles_of(T, SW, sw_s0, sw_s1)
+    if has_topk:
+        tiles = max(tiles, tiles_of(T, K, tk_s0, tk_s1))
+    P = checkers(max(flat_tiles(T), tiles))
     _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), swa_indices, sw_s0, sw_s1, swa_lens, topk_slots, tk_s0,
                tk_s1, topk_lens, out[0], out[1], verdict.word, scratch, *sizes, w_tiles, P, epoch, has_topk, BLOCK_T,
                BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
