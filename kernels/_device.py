@@ -2,6 +2,7 @@
 
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from . import _verdict
 
@@ -225,3 +226,9 @@ def verdict(flag_ptr, bad):
     written through the cache (:func:`publish`)."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         publish(flag_ptr, tl.where(bad > 0, FAIL, PASS))
+
+
+#: kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when they were decorated): it copies
+#: each tensor argument in and out around a launch and runs no inline assembly. Its kernels are
+#: not JITFunctions.
+INTERPRETED = not isinstance(verdict, JITFunction)

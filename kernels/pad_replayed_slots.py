@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops._quick import apart
 from ..common.types import MAX_POSITION
-from ._device import PAD, batch_chunk_bad, find_request, run_meets, verdict
+from ._device import INTERPRETED, PAD, batch_chunk_bad, find_request, run_meets, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -119,13 +120,15 @@ def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc,
     """The validated form (``Variant.self_checked``) of a call whose quick check passed (the host
     checks but the overlap of writes, which the kernel tests): ``(slot_mappings, Verdict)``, or None
     for a call it does not take (one that launches nothing, whose values the validator still tests;
-    past :data:`CHECKED_MAX` entries)."""
+    past :data:`CHECKED_MAX` entries; in Triton's interpreter, slot rows whose span meets an input's)."""
     T = positions.shape[0]
     n_groups = cacheable_groups.shape[0]
     B = query_start_loc.shape[0] - 1
     G = slot_mappings.shape[0]
     if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups + G > CHECKED_MAX:
         return None
+    if INTERPRETED and not apart(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start):
+        return None  # the interpreter copies each tensor in and out: the validator judges an overlap here
     verdict = open_verdict(positions.device)
     # the quick check passed: every tensor but slot_mappings is contiguous (no contiguous() call)
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),

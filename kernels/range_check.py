@@ -30,9 +30,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
 
-from ._device import CHECK, FAIL, PASS, publish
+from ._device import CHECK, FAIL, INTERPRETED, PASS, publish
 from ._verdict import Verdict, open_verdict
 
 #: values one checker tests per tile: 1-D, ``CHECK`` in a row (the self-checking kernels' step);
@@ -159,7 +158,7 @@ def tiles_of(R: int, C: int, s0: int, s1: int) -> int:
 def naps(device: torch.device) -> bool:
     """Whether workers on ``device`` sleep between reads of the gate (:data:`NAP_NS`): NVIDIA GPUs,
     in compiled mode."""
-    return device.type == "cuda" and torch.version.hip is None and not _INTERPRETED
+    return device.type == "cuda" and torch.version.hip is None and not INTERPRETED
 
 
 def open_checked(device: torch.device) -> tuple[Verdict, torch.Tensor, int, int]:
@@ -172,7 +171,3 @@ def open_checked(device: torch.device) -> tuple[Verdict, torch.Tensor, int, int]
         v.napping = naps(device)
     v.epoch = v.epoch % EPOCHS + 1
     return v, v.scratch, v.epoch, NAP_NS if v.napping else 0
-
-
-# Triton's interpreter runs no inline assembly: its kernels are not JITFunctions
-_INTERPRETED = not isinstance(passed, JITFunction)

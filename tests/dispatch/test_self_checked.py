@@ -66,12 +66,12 @@ def _host_checks_pass(op: str, args, kwargs) -> tuple[str, str] | None:
 
 
 def _form_refuses(op: str, args, kwargs) -> bool:
-    """The op's self-checked form, on the call itself (aliases kept): its verdict is ``FAIL`` and
-    no written buffer changed."""
+    """The op's self-checked form, on the call itself (aliases kept), declines it (the validator
+    then refuses it) or refuses it: its verdict is ``FAIL`` and no written buffer changed."""
     before = [w.clone() for w in _written(op, args, kwargs)]
     done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(*args, **kwargs)
-    return (done is not None and done[1].failed()
-            and all(torch.equal(w, b) for w, b in zip(_written(op, args, kwargs), before)))
+    return done is None or (done[1].failed()
+                            and all(torch.equal(w, b) for w, b in zip(_written(op, args, kwargs), before)))
 
 
 @pytest.mark.parametrize("op", QUICK)
@@ -105,7 +105,9 @@ def test_pad_replayed_slots_kernel_tests_the_overlap_of_its_writes(device):
     """``pad_replayed_slots`` leaves check_writes to its kernel (``OpSpec.writes_on_device``): slot
     rows sliced from a wider buffer that also holds one input, in a row's own slots (refused:
     the validator's error, nothing written) or in the gap past a row (taken: the inputs lie apart,
-    though inside the slots' span), for each input and through dispatch, validated."""
+    though inside the slots' span), for each input and through dispatch, validated. On the GPU the
+    kernel decides each; in Triton's interpreter, which copies each tensor in and out, the form
+    declines them all and the validator decides."""
     be = _backend() if device == "cpu" else sb.select("cuda")
     T, B, G = 24, 2, 3
     R = torch.tensor([4, 0], dtype=torch.int32, device=device)
@@ -147,7 +149,8 @@ def test_pad_replayed_slots_kernel_tests_the_overlap_of_its_writes(device):
             else:
                 want = OPS["pad_replayed_slots"].reference(_copy(slots, "cpu"), *(_copy(a, "cpu") for a in args[1:]))
                 assert torch.equal(be.pad_replayed_slots(*args).cpu(), want), where
-    assert checked.launches == launches + 8  # every call went to the kernel
+    # on the GPU every call went to the kernel; in the interpreter none did
+    assert checked.launches == launches + (8 if device == "cuda" else 0)
 
 
 def _int_tensors(args, kwargs):
