@@ -80,7 +80,7 @@ def _pad_replayed_slots_checked(slot_ptr, s_g, s_t, groups_ptr, n_groups, qsl_pt
     for s in range(0, G, ROWS):
         j = s + r
         lo = base + j.to(tl.int64) * s_g * 8
-        hi = lo + n_cols * 8
+        hi = lo + n_cols.to(tl.int64) * 8  # (a slot row may span past 2**31 bytes)
         meets = (run_meets(lo, hi, groups_ptr, n_groups) | run_meets(lo, hi, qsl_ptr, B + 1)
                  | run_meets(lo, hi, pos_ptr, T) | run_meets(lo, hi, rs_ptr, B))
         bad |= tl.max(((j < G) & meets).to(tl.int32), axis=0)
