@@ -215,8 +215,8 @@ def run_meets(lo, hi, ptr, n):
 @triton.jit
 def publish(flag_ptr, code):
     """Stores a verdict word the host polls (mapped pinned host memory on CUDA) write-through
-    (``st.wt``): a plain store of a system-memory word can stay in L2 until the line is evicted or
-    the kernel ends, and the host would wait for that instead of the store."""
+    (``st.wt``), so that no cache holds the store back from the host. (On the H200 the waits
+    measured the same with a plain store: bench/README.md, 2026-12-04 evening.)"""
     tl.store(flag_ptr, code, cache_modifier=".wt")
 
 

@@ -23,8 +23,9 @@ leaves its verdict in one word, and the host waits for that word alone. Two form
   (the next call on it zeroes the word only after every kernel that reads it has run).
 
 On an NVIDIA GPU the word is pinned host memory the kernel writes through the device's mapping of
-it, write-through (``_device.publish``). Elsewhere (a CPU tensor under Triton's interpreter; a ROCm device, where the pack has not
-measured a mapped host word) it is a one-element device tensor, read by a copy.
+it, write-through (``_device.publish``). Elsewhere (a CPU tensor under Triton's interpreter; a ROCm
+device, where the pack has not measured a mapped host word) it is a one-element device tensor, read
+by a copy.
 """
 
 from __future__ import annotations
