@@ -442,6 +442,34 @@ def capture_query(device) -> Callable[[], bool]:
     return lambda: getattr(_validation_state, "capturing", None) is True
 
 
+def home_device(device: DeviceInfo) -> torch.device | None:
+    """Where a validated call on ``device``'s backend requires its tensors: a real accelerator's
+    torch device (its kernels take addresses in its memory: a host tensor's, or another GPU's, is
+    memory outside their tensors); None for the host (the reference and the interpreter run on any
+    tensor) and for a fake device (the CPU suite runs host tensors through a faked accelerator's
+    variants under the interpreter)."""
+    if not device.runnable or device.torch_device == "cpu":
+        return None
+    return torch.device(device.torch_device)
+
+
+def _home_check(spec, home: torch.device | None):
+    """``check(args, kwargs)``: raises ``ValueError`` when the call's anchor tensor
+    (``OpSpec.anchor``) is not on ``home``; the validator compares every other tensor with one of the
+    call's. None where nothing is required (:func:`home_device`)."""
+    if home is None:
+        return None
+    op = spec.name
+    pos, name = spec.anchor_at
+
+    def check(args: tuple, kwargs: dict) -> None:
+        t = args[pos] if len(args) > pos else kwargs.get(name)
+        if isinstance(t, torch.Tensor) and t.device != home:  # (not a tensor: the validator says so)
+            fail(op, name, t, f"a tensor on {home}, the backend's device (every tensor argument on it)")
+
+    return check
+
+
 def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
     """A call whose device value check failed: the host checks raise its ``ValueError``."""
     validate(*args, **kwargs)
@@ -702,6 +730,7 @@ class Backend(_Declared):
         check_path = platform_input_check(device.platform, op)
         platform_check = load_attr(check_path) if check_path is not None else None
         reader = self._reader
+        on_home = _home_check(spec, home_device(device))
 
         def validate(*args, **kwargs):
             # the value checks' one device read comes at the end of the block: the host work
@@ -732,6 +761,8 @@ class Backend(_Declared):
                 nonlocal impl, self_checked
                 enabled = getattr(_validation_state, "enabled", None)
                 if enabled or (enabled is None and _validation_default()):
+                    if on_home is not None:
+                        on_home(args, kwargs)
                     if quick is not None and not capturing() and quick(*args, **kwargs):
                         if self_checked is None:
                             self_checked = load_attr(only.self_checked)
@@ -754,6 +785,8 @@ class Backend(_Declared):
                 tried: tuple[str, ...] = ()
                 v = gate = None
                 if checked and validation_enabled():
+                    if on_home is not None:
+                        on_home(args, kwargs)
                     if gate_fn is not None and value_checks_enabled():  # values readable: no capture
                         with values_on_device() as held:  # the host checks now, the value checks held
                             validate(*args, **kwargs)

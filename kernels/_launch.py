@@ -34,7 +34,8 @@ reading the addresses in Python. Both were measured on a ``prepare_replay_step``
 (``bench/experiments/exp_launch_cost.py``, ``bench/results/h200/exp_launch_cost.json``;
 bench/README.md, "The launch was what was left at the single-prefill steps"). That query
 catches only a host tensor (memory of another GPU passes it); the pack's validation checks
-every tensor's device, and a caller that turns validation off vouches for its inputs, as for
+every tensor's device (each against one of the call's, that one against the backend's:
+``dispatch.home_device``), and a caller that turns validation off vouches for its inputs, as for
 their sizes.
 Any other Triton, a kernel with scratch, or a hook set: ``CompiledKernel.run``, as before.
 

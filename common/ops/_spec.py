@@ -57,7 +57,9 @@ class OpSpec(Generic[P, R]):
     for a call this passes (its kernel tests the values). ``writes_on_device``: the quick check
     leaves :meth:`check_writes` out, and the self-checked kernel tests the same overlaps, exactly,
     by address (a call whose written buffer meets an input gets the kernel's ``FAIL``, and the
-    validator's error).
+    validator's error). ``anchor``: the required tensor argument a validated call on an
+    accelerator compares with the backend's device (the validator compares every other tensor
+    with one of the call's); "": the reference's first parameter.
 
     As a class attribute (``Ops``) it declares a typed method: on an instance, a callable with
     the reference's signature (the instance prepares it: ``Backend``).
@@ -77,6 +79,7 @@ class OpSpec(Generic[P, R]):
     gate: str | None = None
     quick_check: Callable[..., bool] | None = None
     writes_on_device: bool = False
+    anchor: str = ""
 
     def __post_init__(self) -> None:
         params = inspect.signature(self.reference).parameters
@@ -86,6 +89,13 @@ class OpSpec(Generic[P, R]):
                                  f"typed one of {SCALAR_TYPES}")
         if not self.short:
             object.__setattr__(self, "short", self.name)
+        names = list(params)
+        if not self.anchor:
+            object.__setattr__(self, "anchor", names[0])
+        if (self.anchor not in params or self.anchor in self.scalars
+                or params[self.anchor].default is not inspect.Parameter.empty):
+            raise ValueError(f"OpSpec {self.name}: anchor={self.anchor!r}: expected a required tensor argument of "
+                             "the reference")
         # the value checks are read with one device->host transfer at the validator's end (an
         # enclosing one_read block, the dispatcher's, reads them later still)
         object.__setattr__(self, "validate", _one_read(self.validate))
@@ -98,6 +108,11 @@ class OpSpec(Generic[P, R]):
     @functools.cached_property
     def signature(self) -> inspect.Signature:
         return inspect.signature(self.reference)
+
+    @functools.cached_property
+    def anchor_at(self) -> tuple[int, str]:
+        """``(position, name)`` of :attr:`anchor` in a call (a positional one, or by name)."""
+        return list(self.signature.parameters).index(self.anchor), self.anchor
 
     @functools.cached_property
     def reference_variant(self) -> Variant:

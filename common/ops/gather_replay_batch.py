@@ -271,4 +271,4 @@ def warmup(s: WarmupStep):
 
 
 OP = OpSpec(NAME, reference, validate, RESULTS, short="replay_batch", scalars={"W": "int"}, case=case, warmup=warmup,
-            quick_check=quick_check)
+            quick_check=quick_check, anchor="query_start_loc")

@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Where a validated ``plain_indices`` call's host time goes, and two changes of its checked kernel
+(issue 38: the validated call's host time at most 2x the unvalidated one's)::
+
+    . bench/gpu_env.sh && python3 bench/experiments/exp_plain_indices_parts.py --out $OUT
+    python bench/experiments/exp_plain_indices_parts.py --out /tmp/pp --smoke      # CPU wiring, one round
+
+On ``bench_validation.py``'s step (T 6388 tokens of 128-wide window rows and a one-wide top-k), host
+µs per call with the device idle before it (``lib.timing.one_call_us``, median of ``--reps``
+rounds, every path once per round):
+
+* the op through ``select(device)``: ``off`` (validation off) and ``on`` (validated, as it comes);
+* the validated call's parts: ``quick`` (the op's quick check), ``open`` (``range_check.open_checked``),
+  ``alloc`` (the two result tensors), ``plain_launch`` / ``checked_launch`` (the kernel's launcher
+  with the results given, unvalidated / checked: the checked one with ``open``);
+* per copy of ``kernels/plain_indices.py`` (``COPIES``; outputs compared with the pack's first):
+  ``<copy>:plain`` (the unvalidated op) and ``<copy>:form_wait`` (the checked form and the wait for
+  its verdict). ``base`` is the file as it is; ``wait_first``: a worker waits for the gate before it
+  loads its tile (the checkers alone read memory until the verdict); ``wide``: 256-column tiles
+  (``BLOCK_W``; one column tile for this step's 129 columns, half the workers); ``wide_wait`` both.
+
+Writes ``exp_plain_indices_parts.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lib import smoke  # noqa: E402
+
+smoke.use_interpreter()  # before anything imports Triton
+
+import torch  # noqa: E402
+
+import swa_backends as sb  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
+from lib.sparse_mla import load_module_copy  # noqa: E402
+from lib.steps import validation_cases  # noqa: E402
+from swa_backends.common.ops import OPS  # noqa: E402
+from swa_backends.kernels import plain_indices as kp  # noqa: E402
+from swa_backends.kernels import range_check  # noqa: E402
+
+KERNEL = Path(kp.__file__)
+_LATE_WAIT = ("    ok = True\n    if GATED:\n        ok = passed(scratch_ptr, epoch, GATE, NAP)\n    if ok:\n",
+              "    if ok:\n")
+_EARLY_WAIT = ("    t = tt * BLOCK_T + tl.arange(0, BLOCK_T)\n",
+               "    ok = True\n    if GATED:\n        ok = passed(scratch_ptr, epoch, GATE, NAP)\n"
+               "    t = tt * BLOCK_T + tl.arange(0, BLOCK_T)\n")
+_WIDE = ("BLOCK_W = 128\n", "BLOCK_W = 256\n")
+#: copy name -> the edits made to the kernel file (each found exactly once)
+COPIES = {"base": (), "wait_first": (_LATE_WAIT, _EARLY_WAIT), "wide": (_WIDE,), "wide_wait": (_WIDE, _LATE_WAIT,
+                                                                                              _EARLY_WAIT)}
+
+
+def copy_source(text: str, edits) -> str:
+    """``text`` with each ``(old, new)`` made; ValueError when ``old`` is not found exactly once."""
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise ValueError(f"copy_source: {old!r} found {text.count(old)} times in {KERNEL.name}; expected once")
+        text = text.replace(old, new)
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
+    a = p.parse_args(argv)
+    gpu = torch.cuda.is_available() and not a.smoke
+    tm.set_smoke(not gpu)
+    dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    args, kwargs = next((x, k) for op, x, k in validation_cases(dev, smoke=not gpu) if op == "plain_indices")
+    be = sb.select(str(dev) if gpu else "cpu", prefer=None if gpu else "triton")
+
+    text = KERNEL.read_text()
+    folder = Path(tempfile.mkdtemp(prefix="plain_copies_"))
+    mods = {}
+    for name, edits in COPIES.items():
+        path = folder / f"plain_indices_{name}.py"
+        path.write_text(copy_source(text, edits))
+        mods[name] = load_module_copy(f"plain_indices_{name}", path)
+    want = kp.plain_indices(*args, **kwargs)
+    for name, m in mods.items():
+        out, verdict = m.plain_indices_checked(*args, **kwargs)
+        assert not verdict.failed(), f"{name}: the checked form failed a valid call"
+        for got in (m.plain_indices(*args, **kwargs), out):
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{name}: not the pack's result"
+
+    quick = OPS["plain_indices"].quick_check
+    T, W = want[0].shape
+    given = (torch.empty_like(want[0]), torch.empty_like(want[1]))
+    topk_offset, window_offset = kwargs.get("topk_offset", 0), kwargs.get("window_offset", 0)
+    launch_args = (*args, topk_offset, window_offset, given)
+
+    def opened():
+        v = range_check.open_checked(dev)
+        v[0].unread = False
+        return v
+
+    def waited(form):
+        def go():
+            assert not form(*args, **kwargs)[1].failed()
+        return go
+
+    def through(on):
+        def go():
+            with sb.validation(on):
+                be.plain_indices(*args, **kwargs)
+        return go
+
+    prepares = {
+        "off": lambda: through(False), "on": lambda: through(True),
+        "quick": lambda: (lambda: quick(*args, **kwargs)),
+        "open": lambda: opened,
+        "alloc": lambda: (lambda: (torch.empty(T, W, dtype=torch.int32, device=dev),
+                                   torch.empty(T, dtype=torch.int32, device=dev))),
+        "plain_launch": lambda: (lambda: kp._launch(*launch_args, None)),
+        "checked_launch": lambda: (lambda: kp._launch(*launch_args, opened())),
+    }
+    for name, m in mods.items():
+        prepares[f"{name}:plain"] = (lambda m=m: (lambda: m.plain_indices(*args, **kwargs)))
+        prepares[f"{name}:form_wait"] = (lambda m=m: waited(m.plain_indices_checked))
+    times = tm.one_call_us(prepares, a.reps if gpu else 1)
+    res = {"meta": results.machine(dev), "reps": a.reps, "T": T, "width": W, "nap_ns": range_check.NAP_NS,
+           "host_us": {k: v["host"] for k, v in times.items()}, "wall_us": {k: v["wall"] for k, v in times.items()}}
+    h = res["host_us"]
+    res["ratio_on_off"] = h["on"] / h["off"]
+    res["copies"] = {n: {"plain": h[f"{n}:plain"], "form_wait": h[f"{n}:form_wait"],
+                         "form_wait/base_plain": h[f"{n}:form_wait"] / h["base:plain"]} for n in mods}
+    for k, v in times.items():
+        print(f"{k:>22}  host {v['host']:8.2f}  wall {v['wall']:8.2f}", flush=True)
+    print(f"on / off {res['ratio_on_off']:.3f}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    results.write_json(a.out / "exp_plain_indices_parts.json", res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

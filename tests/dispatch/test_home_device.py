@@ -1,0 +1,97 @@
+"""A validated call on an accelerator's backend takes tensors on that device only.
+
+The validator compares every tensor of a call with one of the call's (``check_tensor(device=...)``);
+dispatch compares that one (``OpSpec.anchor``) with the backend's device first. Without it a CUDA
+backend handed host tensors throughout would pass validation (they agree with each other) and
+launch its kernels on host addresses: memory outside their tensors.
+
+On the CPU the backend's device is a runnable stand-in (``meta``: no host tensor is on it); the
+``gpu`` test hands every op's host tensors to the real CUDA backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import swa_backends as sb
+from swa_backends.common.device import parse_device, resolve_device
+from swa_backends.common.ops import OPS
+from swa_backends.dispatch import home_device
+from swa_backends.testing.conformance import case_for
+
+OPS_SORTED = sorted(OPS)
+
+
+def _tensors(v) -> list[torch.Tensor]:
+    """Every tensor in an argument (tuples, dicts, a plan's fields)."""
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for x in v for t in _tensors(x)]
+    if isinstance(v, dict):
+        return [t for x in v.values() for t in _tensors(x)]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return [t for f in dataclasses.fields(v) for t in _tensors(getattr(v, f.name))]
+    return []
+
+
+def _snapshot(args, kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(t, t.clone()) for t in _tensors((args, kwargs))]
+
+
+def _refused_unwritten(be, op: str, args, kwargs) -> None:
+    before = _snapshot(args, kwargs)
+    with pytest.raises(ValueError) as err:
+        getattr(be, op)(*args, **kwargs)
+    text = str(err.value)
+    assert text.startswith(f"{op}: {OPS[op].anchor}=") and "the backend's device" in text, text
+    assert all(torch.equal(t, was) for t, was in before), f"{op} wrote into a refused call's tensors"
+
+
+def test_home_device_is_a_real_accelerators():
+    fake = parse_device("cuda:sm90")
+    assert home_device(fake) is None  # the CPU suite's fake accelerators run host tensors
+    assert home_device(resolve_device("cpu")) is None
+    real = dataclasses.replace(fake, fake=False, torch_device="cuda:0")
+    assert home_device(real) == torch.device("cuda:0")
+
+
+def test_every_anchor_is_a_required_tensor_argument():
+    for op, spec in OPS.items():
+        pos, name = spec.anchor_at
+        params = list(spec.signature.parameters.values())
+        assert params[pos].name == name and params[pos].default is params[pos].empty, op
+        assert spec.scalar_type(name) == "Tensor", op
+    assert OPS["gather_replay_batch"].anchor == "query_start_loc"  # (its first argument is the plan)
+
+
+@pytest.mark.parametrize("op", OPS_SORTED)
+def test_validated_call_refuses_tensors_off_the_backends_device(op):
+    # a runnable stand-in accelerator whose device no host tensor is on; the reference serves every op
+    info = dataclasses.replace(parse_device("cuda:sm90"), fake=False, torch_device="meta")
+    be = sb.select(info, prefer="reference")
+    rng = np.random.default_rng(OPS_SORTED.index(op))
+    args, kwargs = case_for(op, rng, "cpu", poison=True)
+    _refused_unwritten(be, op, args, kwargs)
+    named = OPS[op].signature.bind(*args, **kwargs).arguments  # every argument by name: the anchor too
+    _refused_unwritten(be, op, (), dict(named))
+    with sb.validation(False):  # validation off: the caller vouches for the devices (the reference runs)
+        args, kwargs = case_for(op, np.random.default_rng(1), "cpu")
+        getattr(be, op)(*args, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS_SORTED)
+def test_cuda_backend_refuses_host_tensors(op):
+    be = sb.select("cuda")
+    rng = np.random.default_rng(100 + OPS_SORTED.index(op))
+    args, kwargs = case_for(op, rng, "cpu", poison=True)
+    _refused_unwritten(be, op, args, kwargs)
+    torch.cuda.synchronize()  # nothing launched on host addresses: the device still works
+    args, kwargs = case_for(op, np.random.default_rng(7), "cuda")
+    getattr(be, op)(*args, **kwargs)
+    torch.cuda.synchronize()
