@@ -22,14 +22,25 @@ rounds, every path once per round):
   not the op's, not compared: the wait for the checks with nothing else on the device).
   ``--copies`` picks some.
 
+Then ``stamps``: copies of ``base`` and ``checkers_only`` whose programs note the device's
+``%globaltimer`` (ns) -- a checker as it starts, when its values are tested and when it has settled;
+a worker as it starts -- over ``--reps`` calls, each on an idle device, with the host's
+``time.time_ns()`` just before the call and when its verdict is read. Per call (medians): the
+checkers' start to their last test (``check``), that to the last settle (``settle``), the workers'
+first and last starts after the checkers' first, and ``host_to_start`` / ``settle_to_host``, which
+mean something only where the device's timer runs on the host's clock (it does on the H200 machine
+as far as they show: both positive and the sum with the device's part the host's time).
+
 Writes ``exp_plain_indices_parts.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +72,24 @@ COPIES = {"base": (), "wait_first": (_LATE_WAIT, _EARLY_WAIT), "wide": (_WIDE,),
           "wide_wait": (_WIDE, _LATE_WAIT, _EARLY_WAIT), "checkers_only": (_NO_WORKERS,)}
 #: copies whose output is not the op's
 UNCHECKED = {"checkers_only"}
+_STAMP_FN = ("BLOCK_W = 128\n", "BLOCK_W = 128\nSTAMPS = {}\n\n\n@triton.jit\ndef _stamp(x):\n"
+             "    return tl.inline_asm_elementwise(\"mov.u64 $0, %globaltimer;\", \"=l,r\", [x], dtype=tl.int64,"
+             " is_pure=False, pack=1)\n")
+_STAMP_EDITS = (
+    _STAMP_FN,
+    ("def _plain_indices_checked(swa_ptr,", "def _plain_indices_checked(dbg_ptr, swa_ptr,"),
+    ("    if pid < P:\n        bad = flat_bad(", "    if pid < P:\n        tl.store(dbg_ptr + pid * 4, _stamp(pid))\n"
+                                                 "        bad = flat_bad("),
+    ("        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)\n",
+     "        tl.store(dbg_ptr + pid * 4 + 1, _stamp(pid))\n        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)\n"
+     "        tl.store(dbg_ptr + pid * 4 + 2, _stamp(pid))\n"),
+    ("        w = pid - P\n", "        tl.store(dbg_ptr + pid * 4, _stamp(pid))\n        w = pid - P\n"),
+    ("    _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), swa_indices,",
+     "    STAMPS[\"P\"], STAMPS[\"n\"] = P, P + t_tiles * w_tiles\n"
+     "    _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), STAMPS[\"buf\"], swa_indices,"),
+)
+#: stamped copies: name -> the edits (the stamps' after the copy's own)
+STAMPED = {"base": _STAMP_EDITS, "checkers_only": _STAMP_EDITS + (_NO_WORKERS,)}
 
 
 def copy_source(text: str, edits) -> str:
@@ -70,6 +99,36 @@ def copy_source(text: str, edits) -> str:
             raise ValueError(f"copy_source: {old!r} found {text.count(old)} times in {KERNEL.name}; expected once")
         text = text.replace(old, new)
     return text
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def stamps(m, args, kwargs, dev, reps: int) -> dict:
+    """Median µs per call of a stamped copy ``m`` (see the module docstring)."""
+    m.STAMPS["buf"] = torch.zeros(4 * 16384, dtype=torch.int64, device=dev)
+    rows = []
+    for _ in range(reps):
+        m.STAMPS["buf"].zero_()
+        torch.cuda.synchronize()
+        h0 = time.time_ns()
+        done = m.plain_indices_checked(*args, **kwargs)
+        failed = done[1].failed()
+        h1 = time.time_ns()
+        assert not failed
+        torch.cuda.synchronize()
+        P, n = m.STAMPS["P"], m.STAMPS["n"]
+        d = m.STAMPS["buf"][: 4 * n].view(n, 4).cpu().double()
+        c0, c1, c2 = d[:P, 0].min().item(), d[:P, 1].max().item(), d[:P, 2].max().item()
+        row = {"check": c1 - c0, "settle": c2 - c1, "host_to_start": c0 - h0, "settle_to_host": h1 - c2,
+               "host": h1 - h0}
+        if n > P:
+            row["workers_first"] = d[P:, 0].min().item() - c0
+            row["workers_last"] = d[P:, 0].max().item() - c0
+        rows.append(row)
+    return {k: statistics.median(r[k] for r in rows) / 1e3 for k in rows[0]}
 
 
 def main(argv=None) -> int:
@@ -149,6 +208,14 @@ def main(argv=None) -> int:
     for k, v in times.items():
         print(f"{k:>22}  host {v['host']:8.2f}  wall {v['wall']:8.2f}", flush=True)
     print(f"on / off {res['ratio_on_off']:.3f}")
+    if gpu:
+        res["stamps"] = {}
+        for name, edits in STAMPED.items():
+            path = _write(folder / f"plain_indices_stamped_{name}.py", copy_source(text, edits))
+            res["stamps"][name] = stamps(load_module_copy(f"plain_indices_stamped_{name}", path), args, kwargs, dev,
+                                         a.reps)
+        for name, st in res["stamps"].items():
+            print(f"stamps {name:>14}  " + "  ".join(f"{k} {v:8.2f}" for k, v in st.items()), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     results.write_json(a.out / "exp_plain_indices_parts.json", res)
     return 0
