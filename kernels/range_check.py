@@ -7,12 +7,11 @@ stores, would read the tensors once per program. Here the op's checked kernel ha
 programs in front of its workers, in one 1-D grid (the range checks below are the shared part; an
 op's checkers run its own per-request checks too):
 
-* checker ``p < P`` tests its share of the values (every ``P``-th tile of each tensor), sets a
-  flag in the call's scratch words when one is out of range and counts itself done there; the
-  checker that counts last leaves ``PASS`` or ``FAIL`` in the call's verdict word (the host's,
-  ``_verdict.Verdict``) and in the *gate* word, tagged with the call's epoch, and zeroes the flag
-  and the count for the next call (atomics order the flags before the count: the last one sees
-  every flag);
+* checker ``p < P`` tests its share of the values (every ``P``-th tile of each tensor) and counts
+  itself done, and whether one of its values is out of range, with one atomic add to the call's
+  count word; the checker that counts last (the add's old value holds every other checker's
+  outcome) leaves ``PASS`` or ``FAIL`` in the call's verdict word (the host's, ``_verdict.Verdict``)
+  and in the *gate* word, tagged with the call's epoch, and zeroes the count for the next call;
 * every other program waits until the gate word carries this call's epoch and then does its part
   of the op's work, or nothing on ``FAIL``.
 
@@ -42,9 +41,12 @@ BLOCK_R, BLOCK_C = 16, 256
 #: trip before the verdict (bench/README.md, 2026-12-04 afternoon, "The checker programs' wait grows with the
 #: grid"). (Any count is safe: checkers wait for nothing.)
 MAX_CHECKERS = 1024
-#: the scratch words: [0] checkers done, [1] a value failed, [GATE] the gate (its own 128 bytes:
-#: the workers' polling stays off the line the checkers' atomics use)
+#: the scratch words: [0] the count (checkers done, and above :data:`FAILED` those that failed),
+#: [GATE] the gate (its own 128 bytes: the workers' polling stays off the line the checkers' atomics use)
 SCRATCH, GATE = 64, 32
+#: a failed checker's weight in the count word: above every count of checkers (MAX_CHECKERS and an
+#: op's own counts stay below it; MAX_CHECKERS failures times it stay an int32)
+FAILED = tl.constexpr(1 << 16)
 #: epochs run 1 .. EPOCHS, then wrap (``epoch * 4 + verdict`` stays an int32)
 EPOCHS = 2**28
 #: the longest a worker sleeps between two reads of the gate on an NVIDIA GPU, ns (PTX ``nanosleep``,
@@ -98,16 +100,19 @@ def rows_bad(ptr, R, C, s0, s1, low, high, pid, P, BLOCK_R: tl.constexpr, BLOCK_
 
 @triton.jit
 def settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE: tl.constexpr):
-    """A checker done (``bad``: it found a value out of range). The last of the ``P`` leaves the
-    verdict in the host's word and, tagged ``epoch``, in the gate, and zeroes the scratch pair."""
-    if bad > 0:
-        tl.atomic_or(scratch_ptr + 1, 1)
-    if tl.atomic_add(scratch_ptr, 1) == P - 1:  # the last checker: every flag is in
-        failed = tl.atomic_xchg(scratch_ptr + 1, 0)
-        tl.atomic_xchg(scratch_ptr, 0)
-        code = tl.where(failed > 0, FAIL, PASS)
+    """A checker done (``bad``: it found a value out of range): one atomic add counts it in the
+    count word's low bits and its failure above them (:data:`FAILED`), so the add's old value tells
+    the last of the ``P`` every checker's outcome: no flag word, no ordering between two words, so
+    no fence (``relaxed``). The last leaves the verdict in the host's word first (what the host waits
+    for), then, tagged ``epoch``, in the gate, then zeroes the count for the next call (which runs
+    after this kernel on the stream)."""
+    failing = (bad > 0).to(tl.int32)
+    old = tl.atomic_add(scratch_ptr, 1 + failing * FAILED, sem="relaxed")
+    if (old & (FAILED - 1)) == P - 1:  # the last checker: every outcome is in old
+        code = tl.where((old >= FAILED) | (failing > 0), FAIL, PASS)
         publish(flag_ptr, code)
-        tl.atomic_xchg(scratch_ptr + GATE, epoch * 4 + code)
+        tl.atomic_xchg(scratch_ptr + GATE, epoch * 4 + code, sem="relaxed")
+        tl.atomic_xchg(scratch_ptr, 0, sem="relaxed")
 
 
 @triton.jit
