@@ -20,7 +20,9 @@ rounds, every path once per round):
   (``BLOCK_W``; one column tile for this step's 129 columns, half the workers); ``wide_wait`` both;
   ``checkers_only``: the checked launch of the checker programs alone, no worker (its output is
   not the op's, not compared: the wait for the checks with nothing else on the device).
-  ``--copies`` picks some.
+  ``settle_before``: the file as it is over ``--range-check-before`` (a copy of
+  ``kernels/range_check.py``, e.g. ``git show <rev>:kernels/range_check.py``: the checker programs'
+  code before a change, in the same rounds). ``--copies`` picks some.
 
 Then ``stamps``: copies of ``base`` and ``checkers_only`` whose programs note the device's
 ``%globaltimer`` (ns) -- a checker as it starts, when its values are tested and when it has settled;
@@ -70,6 +72,8 @@ _NO_WORKERS = ("(P + t_tiles * w_tiles, 1, 1)", "(P, 1, 1)")
 #: copy name -> the edits made to the kernel file (each found exactly once)
 COPIES = {"base": (), "wait_first": (_LATE_WAIT, _EARLY_WAIT), "wide": (_WIDE,),
           "wide_wait": (_WIDE, _LATE_WAIT, _EARLY_WAIT), "checkers_only": (_NO_WORKERS,)}
+_BEFORE = ("from .range_check import", "from .range_check_before import")
+COPIES["settle_before"] = (_BEFORE,)
 #: copies whose output is not the op's
 UNCHECKED = {"checkers_only"}
 _STAMP_FN = ("BLOCK_W = 128\n", "BLOCK_W = 128\nSTAMPS = {}\n\n\n@triton.jit\ndef _stamp(x):\n"
@@ -89,7 +93,8 @@ _STAMP_EDITS = (
      "    _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), STAMPS[\"buf\"], swa_indices,"),
 )
 #: stamped copies: name -> the edits (the stamps' after the copy's own)
-STAMPED = {"base": _STAMP_EDITS, "checkers_only": _STAMP_EDITS + (_NO_WORKERS,)}
+STAMPED = {"base": _STAMP_EDITS, "checkers_only": _STAMP_EDITS + (_NO_WORKERS,),
+           "settle_before": _STAMP_EDITS + (_BEFORE,)}
 
 
 def copy_source(text: str, edits) -> str:
@@ -122,9 +127,10 @@ def stamps(m, args, kwargs, dev, reps: int) -> dict:
         P, n = m.STAMPS["P"], m.STAMPS["n"]
         d = m.STAMPS["buf"][: 4 * n].view(n, 4).cpu().double()
         c0, c1, c2 = d[:P, 0].min().item(), d[:P, 1].max().item(), d[:P, 2].max().item()
-        row = {"check": c1 - c0, "settle": c2 - c1, "host_to_start": c0 - h0, "settle_to_host": h1 - c2,
-               "host": h1 - h0}
-        if n > P:
+        row = {"check": c1 - c0, "settle": c2 - c1, "checkers_started": d[:P, 0].max().item() - c0,
+               "one_check": (d[:P, 1] - d[:P, 0]).median().item(), "host_to_start": c0 - h0,
+               "settle_to_host": h1 - c2, "host": h1 - h0}
+        if n > P and d[P:n, 0].min().item() > 0:  # (checkers_only launches no worker)
             row["workers_first"] = d[P:, 0].min().item() - c0
             row["workers_last"] = d[P:, 0].max().item() - c0
         rows.append(row)
@@ -135,7 +141,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--copies", default=",".join(COPIES), help="comma-separated names of COPIES")
+    p.add_argument("--copies", default="base,wait_first,wide,wide_wait,checkers_only",
+                   help="comma-separated names of COPIES")
+    p.add_argument("--range-check-before", type=Path, help="a copy of kernels/range_check.py (settle_before)")
     p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
     a = p.parse_args(argv)
     gpu = torch.cuda.is_available() and not a.smoke
@@ -150,6 +158,10 @@ def main(argv=None) -> int:
     names = a.copies.split(",")
     if "base" not in names or not set(names) <= set(COPIES):
         raise ValueError(f"--copies={a.copies!r}: expected names of {sorted(COPIES)}, base among them")
+    if ("settle_before" in names) != (a.range_check_before is not None):
+        raise ValueError("--range-check-before: expected exactly when --copies names settle_before")
+    if a.range_check_before is not None:
+        load_module_copy("range_check_before", a.range_check_before)
     for name in names:
         edits = COPIES[name]
         path = folder / f"plain_indices_{name}.py"
@@ -211,6 +223,8 @@ def main(argv=None) -> int:
     if gpu:
         res["stamps"] = {}
         for name, edits in STAMPED.items():
+            if name not in names:
+                continue
             path = _write(folder / f"plain_indices_stamped_{name}.py", copy_source(text, edits))
             res["stamps"][name] = stamps(load_module_copy(f"plain_indices_stamped_{name}", path), args, kwargs, dev,
                                          a.reps)
