@@ -171,13 +171,25 @@ def _stream_id(device: torch.device) -> int:
     return torch.cuda.current_stream(device).stream_id
 
 
+_CUDA: dict[torch.device, bool] = {}
+
+
+def _is_cuda(device: torch.device) -> bool:
+    """``device.type == "cuda"``, remembered per device: reading ``torch.device.type`` builds a
+    string each time, a few hundred ns of a validated call's host time."""
+    known = _CUDA.get(device)
+    if known is None:
+        known = _CUDA[device] = device.type == "cuda"
+    return known
+
+
 def open_verdict(device: torch.device, per_stream: bool = False) -> Verdict:
     """This thread's verdict for ``device`` (and its current stream, ``per_stream``), its word
     zeroed (a fresh device tensor where the word is not mapped host memory)."""
     verdicts = getattr(_local, "verdicts", None)
     if verdicts is None:
         verdicts = _local.verdicts = {}
-    key = (device, _stream_id(device)) if per_stream and device.type == "cuda" else device
+    key = (device, _stream_id(device)) if per_stream and _is_cuda(device) else device
     v = verdicts.get(key)
     if v is None:
         if not _mapped(device):

@@ -221,7 +221,7 @@ def _plan_values(plan, device: torch.device) -> torch.Tensor:
     """The plan's kept rows, trimmed and fixed (trimmed or prefilling) flags on ``device``, int32
     ``[3, B]``, copied once per plan and device (as its ``dropped_before``): what the checked
     kernel tests of the plan besides ``dropped_before`` (``plan._launch_cache``)."""
-    key = ("checked", device.type, device.index)
+    key = ("checked", device)  # (a torch.device hashes without building its type's string)
     cached = plan._launch_cache.get(key)
     if cached is None:
         host = plan.__dict__.get("_host")
