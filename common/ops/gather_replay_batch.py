@@ -136,7 +136,7 @@ def plan_tensors(plan: ReplayPlan, dev: torch.device) -> list[torch.Tensor]:
     found = list(plan._device_cache.values())
     for entry in plan._launch_cache.values():  # the kernels' own copies
         found += [v for v in (entry if entry.__class__ is tuple else (entry,)) if v.__class__ is torch.Tensor]
-    if dev.type == "cpu":
+    if dev == _CPU:  # (a torch.device compares without building its type's string)
         found += [plan.kept, plan.trimmed, plan.dropped_before] + ([pre] if (pre := plan.prefilling) is not None else [])
     return found
 

@@ -40,6 +40,7 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
 
 
 _TENSOR = torch.Tensor
+_META = torch.device("meta")
 
 
 def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
@@ -50,7 +51,7 @@ def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, rep
     if positions.__class__ is not _TENSOR:
         return False
     dev = positions.device
-    if dev.type == "meta":  # no values for the kernel to test (the validator says so)
+    if dev == _META:  # no values for the kernel to test (the validator says so)
         return False
     T = length(positions, SLOT_DTYPE, dev)
     B = length(query_start_loc, INDEX_DTYPE, dev) - 1
