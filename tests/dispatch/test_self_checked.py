@@ -559,3 +559,35 @@ def test_plain_indices_checkers_read_rows_sliced_from_wider_buffers(wide):
         assert agrees("plain_indices", args, {}) == "good"
     topk[-1, -1] = -5
     assert agrees("plain_indices", args, {}) == "bad"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bad_value_in_any_checkers_share_fails_the_call(device):
+    """The checker programs settle with one atomic add each, a failure counted above the count
+    (``range_check.settle``): whichever checker counts last reads every other's outcome from the
+    add. A bad value in each checker's share in turn (five checkers of 4096 index values, the
+    interpreter running them in order: the one that fails is never the last but once) refuses
+    the call and writes nothing; the clean call passes."""
+    from swa_backends.kernels import range_check
+
+    T, SW = 160, 128
+    share = range_check.BLOCK_R * range_check.BLOCK_C
+    assert range_check.checkers(range_check.tiles_of(T, SW, SW, 1)) == T * SW // share == 5
+    rng = np.random.default_rng(11)
+    swa = torch.tensor(rng.integers(-1, 1000, size=(T, SW)), dtype=torch.int32, device=device)
+    lens = torch.tensor(rng.integers(0, SW + 1, size=T), dtype=torch.int32, device=device)
+    assert agrees("plain_indices", (swa, lens), {}) == "good"
+    for k in range(5):
+        bad = swa.clone()
+        bad.view(-1)[k * share + int(rng.integers(share))] = -7
+        assert agrees("plain_indices", (bad, lens), {}) == "bad", f"a bad value in checker {k}'s share passed"
+
+
+def test_the_count_word_holds_every_checker_and_failure():
+    """``settle``'s count word: every checker count below ``FAILED`` (its failures counted above),
+    the largest sum an int32."""
+    from swa_backends.kernels import range_check
+
+    failed = range_check.FAILED.value if hasattr(range_check.FAILED, "value") else range_check.FAILED
+    assert range_check.checkers(10**9) == range_check.MAX_CHECKERS < failed
+    assert range_check.MAX_CHECKERS * (failed + 1) < 2**31
