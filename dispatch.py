@@ -213,6 +213,8 @@ class Explanation:
     input_checks: Mapping[str, str] = field(default_factory=dict)
     #: how validated calls read their value checks on this device (``Platform.value_reader``)
     value_reader: str | None = None
+    #: the torch device validated calls require their tensors on (:func:`home_device`; None: any)
+    home: str | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -222,6 +224,7 @@ class Explanation:
                       for c in self.table],
             "input_checks": dict(self.input_checks),
             "value_reader": self.value_reader,
+            "home": self.home,
         }
 
     def __str__(self) -> str:
@@ -340,9 +343,11 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
             lines.append("input checks (the platform's own, run with the op's validation):")
             lines += _bullets([f"{op}: {check}" for op, check in e.input_checks.items()], 2)
         lines.append("")
-        lines.append("value checks of validated calls:")
+        lines.append("validated calls (their devices and how their value checks are read):")
         lines += _bullets([f"read by: {e.value_reader} (one device pass and one copy; torch's reductions where it "
                            "declines a read)" if e.value_reader else "read by: torch's reductions and one copy"], 2)
+        lines += _bullets([f"tensors on: {e.home} (one tensor of a call compared with it first, the others with that "
+                           "one)" if e.home else "tensors on: any one device (each compared with one of the call's)"], 2)
         lines.append("")
         lines.append("every variant:")
         colours = {"chosen": "32", "per-call": "36", "rejected": "2"}
@@ -566,8 +571,9 @@ def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanatio
     info, config, matrix = _inputs(device, config, matrix)
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
+    home = home_device(info)
     return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
-                       _input_checks(info), _reader_path(info))
+                       _input_checks(info), _reader_path(info), None if home is None else str(home))
 
 
 def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool = True) -> "Backend":

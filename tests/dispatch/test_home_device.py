@@ -95,3 +95,11 @@ def test_cuda_backend_refuses_host_tensors(op):
     args, kwargs = case_for(op, np.random.default_rng(7), "cuda")
     getattr(be, op)(*args, **kwargs)
     torch.cuda.synchronize()
+
+
+def test_explain_shows_where_validated_calls_want_their_tensors():
+    real = sb.explain(dataclasses.replace(parse_device("cuda:sm90"), fake=False, torch_device="cuda:0"))
+    assert real.home == "cuda:0" and real.as_dict()["home"] == "cuda:0"
+    assert "tensors on: cuda:0" in str(real)
+    fake = sb.explain("cuda:sm90")
+    assert fake.home is None and "tensors on: any one device" in str(fake)
