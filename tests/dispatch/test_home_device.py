@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import swa_backends as sb
+from swa_backends.common import validation
 from swa_backends.common.device import parse_device, resolve_device
 from swa_backends.common.ops import OPS
 from swa_backends.dispatch import home_device
@@ -26,21 +27,8 @@ from swa_backends.testing.conformance import case_for
 OPS_SORTED = sorted(OPS)
 
 
-def _tensors(v) -> list[torch.Tensor]:
-    """Every tensor in an argument (tuples, dicts, a plan's fields)."""
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (tuple, list)):
-        return [t for x in v for t in _tensors(x)]
-    if isinstance(v, dict):
-        return [t for x in v.values() for t in _tensors(x)]
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return [t for f in dataclasses.fields(v) for t in _tensors(getattr(v, f.name))]
-    return []
-
-
 def _snapshot(args, kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(t, t.clone()) for t in _tensors((args, kwargs))]
+    return [(t, t.clone()) for _, t in validation._tensors("call", (args, kwargs))]  # (validation's own walk)
 
 
 def _refused_unwritten(be, op: str, args, kwargs) -> None:
