@@ -12,13 +12,22 @@ outputs are meaningless and not checked:
 * ``no_math``: each consumer waits for the KV halves it would free and frees them at once, with no
   Q K^T, softmax or P V; Q, the gathers, the row-sum exchange and the epilogue stay -- the kernel's
   time if the math cost nothing;
-* ``neither``: both taken out: what is left per item (Q, the barriers, the epilogue's stores).
+* ``neither``: both taken out: what is left per item (Q, the barriers, the epilogue's stores);
+* ``mma_only``: no gathers, and each consumer's pair is its tensor-core work alone: Q K^T over its
+  tile, then its two P V (its own S as P from registers, the other P slot read as it stands), with
+  no softmax and no hand-over between the consumers (each still waits for the halves it reads and
+  frees the halves it frees in the kernel, so the producer's barriers run as before) -- the
+  ceiling of this data flow (Q and the KV halves read by wgmma from shared memory, 64-row tiles);
+* ``mma_softmax``: ``mma_only`` plus each consumer's own online softmax over its tile (the valid
+  mask, row max, exp2, row sums, one rescale of its accumulator), still no hand-over: what the
+  softmax's own work costs, apart from the consumers' coupling.
 
 A schedule of this design (these gathers, this chain of math per pair) is no faster than either
 part alone, so ``floor`` = the slower of ``no_gather`` and ``no_math``; ``goal`` = 1.10 x FlashMLA
 (issue 38). Per cell: TFLOP/s of every path (2*T*H*K*(D_qk + d_v) / time, also for the copies),
-``ws/flashmla``, ``floor/flashmla`` and ``overlap`` (floor time / gluon_ws time: 1.0 is a perfect
-overlap of the two parts). Times are the median of ``--reps`` interleaved rounds
+``ws/flashmla``, ``floor/flashmla``, ``overlap`` (floor time / gluon_ws time: 1.0 is a perfect
+overlap of the two parts), ``ceiling/flashmla`` (``mma_only``) and ``chain`` (``mma_only`` time /
+``no_gather`` time: how close the kernel's math chain comes to its data flow's ceiling). Times are the median of ``--reps`` interleaved rounds
 (``lib.timing.interleaved_ms``, as ``bench_flashmla.py``), every path once per round after a GPU
 sleep. Writes ``exp_ws_floor.json`` under ``--out``; prints a line per cell and the geometric means.
 """
@@ -41,7 +50,9 @@ from lib.sparse_mla import CELLS, DV, D, load_module_copy, make_inputs, parse_ce
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "sparse_mla_gluon_ws.py"
 GOAL = 1.10
-COPIES = {"no_gather": (True, False), "no_math": (False, True), "neither": (True, True)}
+# name: (drop the producer's KV gathers, the consumers' pair loop replaced by LOOPS[...] or kept: None)
+COPIES = {"no_gather": (True, None), "no_math": (False, "no_math"), "neither": (True, "no_math"),
+          "mma_only": (True, "mma"), "mma_softmax": (True, "mma_softmax")}
 
 # the producer's four KV gathers of a pair (Q's two gathers read q_smem and stay)
 _GATHER = re.compile(r"^[ \t]+_gather_half\(KV, kv_smem\.index\(\d\),[^\n]*\n", re.M)
@@ -73,22 +84,89 @@ for j in range(n_pairs):
 
 """
 
+# the tensor-core work of a consumer's pair alone (mma_only; with _SOFTMAX spliced in: mma_softmax). Every
+# half a consumer reads is waited for and every half it frees in the kernel is freed after its reads, so
+# no barrier sees a phase twice (the producer refills a half only once freed); no hand-over between the
+# consumers: each uses its own S as P and reads the other's P slot as it stands (outputs meaningless)
+_MMA_LOOP = """\
+for j in range(n_pairs):
+    ph = (done + j) & 1
+    z = (done + j) // (length + 1073741824)
+    q_first = q_smem.index(FIRST + z)
+    q_second = q_smem.index(1 - FIRST + z)
+    kv_first = kv_smem.index(OWN + FIRST + z)
+    kv_second = kv_smem.index(OWN + 1 - FIRST + z)
+    kv0 = kv_smem.index(0 + z)
+    kv1 = kv_smem.index(1 + z)
+    kv2 = kv_smem.index(2 + z)
+    kv3 = kv_smem.index(3 + z)
+    p0 = p_smem.index(0 + z)
+    p1 = p_smem.index(1 + z)
+    mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
+    _fence_async_shared()
+    s = _wgmma(q_first, kv_first.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(bars.index(_READY + OWN + 1 - FIRST), ph)
+    _fence_async_shared()
+    s = _wgmma(q_second, kv_second.permute((1, 0)), s, is_async=True)
+@VALID@    s = _wgmma_wait(0, deps=(s,))
+    if j == n_pairs - 1:
+        _barrier()
+        mbarrier.arrive(bars.index(_QFREE), count=1)
+    p = s
+@SOFTMAX@    p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    if W == 0:
+        acc = _wgmma(p_op, kv0, acc, is_async=True)
+        mbarrier.wait(bars.index(_READY + 2), ph)
+        acc = _wgmma(p1, kv2, acc, is_async=True)
+        acc = _wgmma_wait(0, deps=(acc,))
+        _barrier()
+        mbarrier.arrive(bars.index(_FREE + 0), count=1)
+        mbarrier.arrive(bars.index(_FREE + 2), count=1)
+    else:
+        acc = _wgmma(p_op, kv3, acc, is_async=True)
+        mbarrier.wait(bars.index(_READY + 1), ph)
+        acc = _wgmma(p0, kv1, acc, is_async=True)
+        acc = _wgmma_wait(0, deps=(acc,))
+        _barrier()
+        mbarrier.arrive(bars.index(_FREE + 3), count=1)
+        mbarrier.arrive(bars.index(_FREE + 1), count=1)
 
-def variant_source(text: str, drop_gathers: bool, drop_math: bool) -> str:
+"""
+# the consumer's own online softmax over its tile (the kernel's, without the other consumer's row max)
+_VALID = "    valid = _valid_cols(idx_row, 2 * j + W, length, s_col)\n"
+_SOFTMAX = """\
+    s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_shift)
+    p = gl.exp2(s - gl.expand_dims(m_shift, 1))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+    m_i = m_new
+"""
+LOOPS = {"no_math": _NO_MATH_LOOP,
+         "mma": _MMA_LOOP.replace("@VALID@", "").replace("@SOFTMAX@", ""),
+         "mma_softmax": _MMA_LOOP.replace("@VALID@", _VALID).replace("@SOFTMAX@", _SOFTMAX)}
+
+
+def variant_source(text: str, drop_gathers: bool, loop: str | None = None) -> str:
     """``text`` (the ws kernel's module) with the producer's KV gathers and/or the consumers' math
     taken out, as the module docstring says. ValueError when the code they are found by has changed
-    (four gathers, one pair loop), so that a copy never silently keeps what it claims to drop."""
+    (four gathers, one pair loop), so that a copy never silently keeps what it claims to drop. ``loop``:
+    the consumers' pair loop replaced by ``LOOPS[loop]`` (None: kept)."""
     if drop_gathers:
         text, n = _GATHER.subn("", text)
         if n != 4:
             raise ValueError(f"variant_source: found {n} KV gathers in the producer's pair loop; expected 4")
-    if drop_math:
+    if loop is not None:
+        if loop not in LOOPS:
+            raise ValueError(f"variant_source: loop is {loop!r}; expected one of {sorted(LOOPS)} or None")
         found = list(_PAIR_LOOP.finditer(text))
         if len(found) != 1:
             raise ValueError(f"variant_source: found {len(found)} consumer pair loops; expected 1")
         indent = found[0]["indent"]
-        loop = "".join(indent + ln if ln else ln for ln in _NO_MATH_LOOP.splitlines(keepends=True))
-        text = text[:found[0].start()] + loop + text[found[0].end():]
+        body = "".join(indent + ln if ln.strip() else ln for ln in LOOPS[loop].splitlines(keepends=True))
+        text = text[:found[0].start()] + body + text[found[0].end():]
     return text
 
 
@@ -96,9 +174,9 @@ def load_copies(folder: Path) -> dict:
     """``{name: module}``: the copies of ``COPIES``, written to ``folder`` and imported."""
     text = KERNEL.read_text()
     mods = {}
-    for name, (gathers, math_) in COPIES.items():
+    for name, (gathers, loop) in COPIES.items():
         path = folder / f"ws_{name}.py"
-        path.write_text(variant_source(text, gathers, math_))
+        path.write_text(variant_source(text, gathers, loop))
         mods[name] = load_module_copy(f"_exp_ws_floor_{name}", path)
     return mods
 
@@ -110,7 +188,9 @@ def summarise(row: dict) -> dict:
     fm = ms["flashmla_direct"]
     return {"ws/flashmla": fm / ms["gluon_ws"], "floor/flashmla": fm / floor_ms, "overlap": floor_ms / ms["gluon_ws"],
             "bound_by": "math" if ms["no_gather"] >= ms["no_math"] else "gathers",
-            "goal_reachable": fm / floor_ms >= GOAL}
+            "goal_reachable": fm / floor_ms >= GOAL,
+            "ceiling/flashmla": fm / ms["mma_only"], "chain": ms["mma_only"] / ms["no_gather"],
+            "softmax_cost": ms["mma_softmax"] / ms["mma_only"]}
 
 
 def main(argv=None) -> int:
@@ -156,8 +236,8 @@ def main(argv=None) -> int:
         tf = row["tflops"]
         log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7}: " + "  ".join(f"{n} {v:6.1f}" for n, v in tf.items())
             + f"  ws/fmla {row['ws/flashmla']:.3f} floor/fmla {row['floor/flashmla']:.3f} ({row['bound_by']})"
-            f" overlap {row['overlap']:.3f}")
-    for key in ("ws/flashmla", "floor/flashmla", "overlap"):
+            f" overlap {row['overlap']:.3f} ceiling/fmla {row['ceiling/flashmla']:.3f} chain {row['chain']:.3f}")
+    for key in ("ws/flashmla", "floor/flashmla", "overlap", "ceiling/flashmla", "chain", "softmax_cost"):
         vals = [r[key] for r in result["cells"]]
         result[f"gm {key}"] = results.gmean(vals)
         log(f"geometric mean {key}: {result[f'gm {key}']:.3f}")

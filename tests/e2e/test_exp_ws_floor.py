@@ -1,6 +1,7 @@
 """``bench/experiments/exp_ws_floor.py`` takes out of its copies of the ws kernel exactly what it says
-(the producer's four KV gathers; the consumers' math, their waits and frees kept), refuses a kernel
-whose code it no longer recognises, and stops with the reason on a machine without a GPU."""
+(the producer's four KV gathers; the consumers' math, their waits and frees kept; the consumers' hand-overs
+and, for one copy, their softmax), refuses a kernel whose code it no longer recognises or a loop it does not
+have, and stops with the reason on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _function(text: str, name: str) -> str:
 
 
 def test_no_gather_drops_the_four_kv_gathers_and_keeps_q():
-    out = floor.variant_source(TEXT, True, False)
+    out = floor.variant_source(TEXT, True)
     producer = _function(out, "_produce_item")
     assert "_gather_half(KV" not in producer
     assert producer.count("_gather_half(Q, q_smem.index(") == 2
@@ -37,7 +38,7 @@ def test_no_gather_drops_the_four_kv_gathers_and_keeps_q():
 
 
 def test_no_math_keeps_every_wait_and_free_of_the_kernel():
-    out = floor.variant_source(TEXT, False, True)
+    out = floor.variant_source(TEXT, False, "no_math")
     consumer = _function(out, "_consume_item")
     assert "_wgmma" not in consumer and "exp2(s -" not in consumer
     # consumer 0 frees A lo and B lo (halves 0, 2), consumer 1 B hi and A hi (3, 1), as in the kernel;
@@ -51,12 +52,50 @@ def test_no_math_keeps_every_wait_and_free_of_the_kernel():
 
 
 def test_neither_is_both():
-    both = floor.variant_source(TEXT, True, True)
-    assert both == floor.variant_source(floor.variant_source(TEXT, True, False), False, True)
+    both = floor.variant_source(TEXT, True, "no_math")
+    assert both == floor.variant_source(floor.variant_source(TEXT, True), False, "no_math")
     compile(both, "ws_neither.py", "exec")
 
 
-@pytest.mark.parametrize("drop", [(True, False), (False, True)])
+def _waits_and_frees(body: str) -> tuple[list[str], list[str]]:
+    return re.findall(r"_READY \+ ([\w +-]+?)\)", body), re.findall(r"_FREE \+ (\d)", body)
+
+
+@pytest.mark.parametrize("loop", ["mma", "mma_softmax"])
+def test_the_mma_copies_keep_the_tensor_work_and_the_producers_barriers_only(loop):
+    out = floor.variant_source(TEXT, True, loop)
+    consumer = _function(out, "_consume_item")
+    kernel = _function(TEXT, "_consume_item")
+    # the four wgmma calls of a consumer's pair as in the kernel: two Q K^T halves, two P V
+    assert consumer.count("_wgmma(q_") == kernel.count("_wgmma(q_") == 2
+    assert consumer.count("_wgmma(p_op, kv") == kernel.count("_wgmma(p_op, kv") == 2
+    assert consumer.count("_wgmma(p1, kv2") == consumer.count("_wgmma(p0, kv1") == 1
+    # no hand-over between the consumers: no row max, no P published or waited for
+    for gone in ("_MBAR", "_SBAR", "_publish_"):
+        assert gone not in consumer.split("# row sums")[0]
+    # each consumer frees the halves it frees in the kernel (0: A lo, B lo; 1: B hi, A hi), after waiting
+    # for every half it reads
+    zero, one = consumer.split("if W == 0:")[1].split("else:")[:2]
+    assert _waits_and_frees(zero) == (["2"], ["0", "2"])
+    assert _waits_and_frees(one) == (["1"], ["3", "1"])
+    assert _waits_and_frees(consumer)[0][:2] == ["OWN + FIRST", "OWN + 1 - FIRST"]  # its own tile, both halves
+    assert ("exp2(s -" in consumer) == (loop == "mma_softmax") == ("_valid_cols(" in consumer)
+    assert _function(out, "_produce_item") == _function(floor.variant_source(TEXT, True), "_produce_item")
+    compile(out, f"ws_{loop}.py", "exec")
+
+
+def test_an_unknown_loop_is_refused():
+    with pytest.raises(ValueError, match=r"loop is 'math'; expected one of \['mma', 'mma_softmax', 'no_math'\]"):
+        floor.variant_source(TEXT, False, "math")
+
+
+def test_every_copy_is_made():
+    assert set(floor.COPIES) == {"no_gather", "no_math", "neither", "mma_only", "mma_softmax"}
+    for gathers, loop in floor.COPIES.values():
+        compile(floor.variant_source(TEXT, gathers, loop), "copy.py", "exec")
+
+
+@pytest.mark.parametrize("drop", [(True, None), (False, "no_math"), (False, "mma")])
 def test_code_it_does_not_recognise_is_refused(drop):
     changed = TEXT.replace("_gather_half(KV, kv_smem", "_gather(KV, kv_smem").replace("# row sums", "# sums")
     with pytest.raises(ValueError, match=r"variant_source: found 0 .*; expected"):
