@@ -123,8 +123,7 @@ _MBAR = gl.constexpr(9)  # + w: consumer w's row max in shared memory
 _LBAR = gl.constexpr(11)  # + w: consumer w's row sums in shared memory
 _QFREE = gl.constexpr(13)  # both consumers are past their last Q K^T of an item: Q may be refilled
 _SBAR = gl.constexpr(14)  # + w: consumer w's P in shared memory (consumer 0's rescaled to m_B)
-_GO = gl.constexpr(16)  # consumer 0 has issued a pair's Q K^T: consumer 1 may issue its own
-_NBAR = gl.constexpr(17)
+_NBAR = gl.constexpr(16)
 
 
 @gluon.jit
@@ -242,11 +241,7 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
         kv3 = kv_smem.index(3 + z)
         p0 = p_smem.index(0 + z)
         p1 = p_smem.index(1 + z)
-        # S = Q K^T over this consumer's tile, the half freed first, then the other; consumer 1 issues
-        # its own after consumer 0's (_GO), so that the tensor cores finish S_A first and run S_B under
-        # consumer 0's softmax, which consumer 1's softmax waits for anyway (m_A)
-        if W == 1:
-            mbarrier.wait(bars.index(_GO), ph)
+        # S = Q K^T over this consumer's tile, the half freed first, then the other
         mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
         _fence_async_shared()  # cp.async (generic proxy) writes -> wgmma (async proxy) reads
         s = _wgmma(q_first, kv_first.permute((1, 0)), s_zero, use_acc=False,
@@ -254,8 +249,6 @@ def _consume_item(W: gl.constexpr, KV, IDX, SINK, OUT, LSE, H, t, hb, length, st
         mbarrier.wait(bars.index(_READY + OWN + 1 - FIRST), ph)
         _fence_async_shared()
         s = _wgmma(q_second, kv_second.permute((1, 0)), s, is_async=True)
-        if W == 0:
-            mbarrier.arrive(bars.index(_GO), count=1)
         valid = _valid_cols(idx_row, 2 * j + W, length, s_col)  # L2-hot (the producer read it), under the wgmma
         s = _wgmma_wait(0, deps=(s,))
         if j == n_pairs - 1:  # this consumer's last read of Q in the item: the next item's Q may land
@@ -519,7 +512,6 @@ def _sparse_mla_gluon_ws_fwd(
         mbarrier.init(bars.index(_SBAR + i), count=1)
         mbarrier.init(bars.index(_LBAR + i), count=1)
     mbarrier.init(bars.index(_QFREE), count=2)
-    mbarrier.init(bars.index(_GO), count=1)
 
     # GATED: a validated call (kernels/sparse_mla_check.py) launched behind its device check, whose
     # flag GATE is nonzero when a value is out of range: then every program has no item, and the
