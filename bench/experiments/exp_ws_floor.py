@@ -26,10 +26,11 @@ A schedule of this design (these gathers, this chain of math per pair) is no fas
 part alone, so ``floor`` = the slower of ``no_gather`` and ``no_math``; ``goal`` = 1.10 x FlashMLA
 (issue 38). Per cell: TFLOP/s of every path (2*T*H*K*(D_qk + d_v) / time, also for the copies),
 ``ws/flashmla``, ``floor/flashmla``, ``overlap`` (floor time / gluon_ws time: 1.0 is a perfect
-overlap of the two parts), ``ceiling/flashmla`` (``mma_only``) and ``chain`` (``mma_only`` time /
-``no_gather`` time: how close the kernel's math chain comes to its data flow's ceiling). Times are the median of ``--reps`` interleaved rounds
-(``lib.timing.interleaved_ms``, as ``bench_flashmla.py``), every path once per round after a GPU
-sleep. Writes ``exp_ws_floor.json`` under ``--out``; prints a line per cell and the geometric means.
+overlap of the two parts), ``ceiling/flashmla`` (``mma_only``), ``chain`` (``mma_only`` time /
+``no_gather`` time: how close the kernel's math chain comes to its data flow's ceiling) and
+``softmax_cost`` (``mma_softmax`` time / ``mma_only`` time). Times are the median of ``--reps``
+interleaved rounds (``lib.timing.interleaved_ms``, as ``bench_flashmla.py``), every path once per
+round after a GPU sleep. Writes ``exp_ws_floor.json`` under ``--out``; prints a line per cell and the geometric means.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ for j in range(n_pairs):
 
 """
 
-# the tensor-core work of a consumer's pair alone (mma_only; with _SOFTMAX spliced in: mma_softmax). Every
+# the tensor-core work of a consumer's pair alone (mma_only; with _SOFTMAX spliced in: mma_softmax). Up to
+# @VALID@ it is the kernel's pair loop as it is, comments aside (tests/e2e/test_exp_ws_floor.py compares). Every
 # half a consumer reads is waited for and every half it frees in the kernel is freed after its reads, so
 # no barrier sees a phase twice (the producer refills a half only once freed); no hand-over between the
 # consumers: each uses its own S as P and reads the other's P slot as it stands (outputs meaningless)

@@ -84,6 +84,22 @@ def test_the_mma_copies_keep_the_tensor_work_and_the_producers_barriers_only(loo
     compile(out, f"ws_{loop}.py", "exec")
 
 
+def _code(text: str) -> str:
+    """``text`` without comments and whitespace (a statement split over lines compares as one)."""
+    return "".join(re.sub(r"#.*", "", ln) for ln in text.splitlines()).replace(" ", "")
+
+
+def test_the_mma_loops_start_as_the_kernels_pair_loop():
+    # the copies' Q K^T part (the views, the waits for the own tile's halves, the two wgmma) is the kernel's own
+    kernel_loop = floor._PAIR_LOOP.search(TEXT).group(0)
+    head = kernel_loop[:kernel_loop.index("valid = _valid_cols(")]
+    assert _code(floor._MMA_LOOP.split("@VALID@")[0]) == _code(head).replace("\n", "")
+    # and what follows the valid mask up to the release of Q
+    tail = kernel_loop[kernel_loop.index("s = _wgmma_wait(0"):kernel_loop.index("s = gl.where(")]
+    assert _code(tail) in _code(floor._MMA_LOOP.split("@VALID@")[1])
+    assert _code(floor._VALID) in _code(kernel_loop)
+
+
 def test_an_unknown_loop_is_refused():
     with pytest.raises(ValueError, match=r"loop is 'math'; expected one of \['mma', 'mma_softmax', 'no_math'\]"):
         floor.variant_source(TEXT, False, "math")
