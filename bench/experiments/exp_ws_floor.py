@@ -85,35 +85,13 @@ for j in range(n_pairs):
 
 """
 
-# the tensor-core work of a consumer's pair alone (mma_only; with _SOFTMAX spliced in: mma_softmax). Up to
-# @VALID@ it is the kernel's pair loop as it is, comments aside (tests/e2e/test_exp_ws_floor.py compares). Every
-# half a consumer reads is waited for and every half it frees in the kernel is freed after its reads, so
-# no barrier sees a phase twice (the producer refills a half only once freed); no hand-over between the
-# consumers: each uses its own S as P and reads the other's P slot as it stands (outputs meaningless)
-_MMA_LOOP = """\
-for j in range(n_pairs):
-    ph = (done + j) & 1
-    z = (done + j) // (length + 1073741824)
-    q_first = q_smem.index(FIRST + z)
-    q_second = q_smem.index(1 - FIRST + z)
-    kv_first = kv_smem.index(OWN + FIRST + z)
-    kv_second = kv_smem.index(OWN + 1 - FIRST + z)
-    kv0 = kv_smem.index(0 + z)
-    kv1 = kv_smem.index(1 + z)
-    kv2 = kv_smem.index(2 + z)
-    kv3 = kv_smem.index(3 + z)
-    p0 = p_smem.index(0 + z)
-    p1 = p_smem.index(1 + z)
-    mbarrier.wait(bars.index(_READY + OWN + FIRST), ph)
-    _fence_async_shared()
-    s = _wgmma(q_first, kv_first.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.wait(bars.index(_READY + OWN + 1 - FIRST), ph)
-    _fence_async_shared()
-    s = _wgmma(q_second, kv_second.permute((1, 0)), s, is_async=True)
-@VALID@    s = _wgmma_wait(0, deps=(s,))
-    if j == n_pairs - 1:
-        _barrier()
-        mbarrier.arrive(bars.index(_QFREE), count=1)
+# the tensor-core work of a consumer's pair alone (mma_only, mma_softmax): the kernel's own pair loop up to its
+# softmax (the views, the waits for the own tile's halves, the two Q K^T wgmma, the release of Q; for mma_only
+# without the valid mask), then _MMA_TAIL. Every half a consumer reads is waited for and every half it frees in
+# the kernel is freed after its reads, so no barrier sees a phase twice (the producer refills a half only once
+# freed); no hand-over between the consumers: each uses its own S as P and reads the other's P slot as it stands
+# (outputs meaningless)
+_MMA_TAIL = """\
     p = s
 @SOFTMAX@    p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     if W == 0:
@@ -135,7 +113,6 @@ for j in range(n_pairs):
 
 """
 # the consumer's own online softmax over its tile (the kernel's, without the other consumer's row max)
-_VALID = "    valid = _valid_cols(idx_row, 2 * j + W, length, s_col)\n"
 _SOFTMAX = """\
     s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -146,16 +123,37 @@ _SOFTMAX = """\
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
     m_i = m_new
 """
+# in the kernel's pair loop: its softmax's first line (where the mma loops leave it) and its valid mask's line
+_SOFTMAX_START = re.compile(r"^[ \t]+s = gl\.where\(", re.M)
+_VALID_LINE = re.compile(r"^[ \t]+valid = _valid_cols\([^\n]*\n", re.M)
+# name: (the kernel's loop head kept, with its valid mask, the rest) or the whole loop (str)
 LOOPS = {"no_math": _NO_MATH_LOOP,
-         "mma": _MMA_LOOP.replace("@VALID@", "").replace("@SOFTMAX@", ""),
-         "mma_softmax": _MMA_LOOP.replace("@VALID@", _VALID).replace("@SOFTMAX@", _SOFTMAX)}
+         "mma": (False, _MMA_TAIL.replace("@SOFTMAX@", "")),
+         "mma_softmax": (True, _MMA_TAIL.replace("@SOFTMAX@", _SOFTMAX))}
 
+
+def _mma_loop(kernel_loop: str, indent: str, keep_valid: bool, tail: str) -> str:
+    """The kernel's pair loop ``kernel_loop`` up to its softmax (less its valid mask unless ``keep_valid``),
+    then ``tail`` indented as the loop. ValueError when the kernel's loop has no such places."""
+    starts, valids = list(_SOFTMAX_START.finditer(kernel_loop)), list(_VALID_LINE.finditer(kernel_loop))
+    if len(starts) != 1 or len(valids) != 1:
+        raise ValueError(f"variant_source: found {len(starts)} softmax starts and {len(valids)} valid masks in the "
+                         "consumer pair loop; expected 1 and 1")
+    head = kernel_loop[:starts[0].start()]
+    if not keep_valid:
+        head = _VALID_LINE.sub("", head)
+    return head + _indented(tail, indent)
+
+
+def _indented(text: str, indent: str) -> str:
+    return "".join(indent + ln if ln.strip() else ln for ln in text.splitlines(keepends=True))
 
 def variant_source(text: str, drop_gathers: bool, loop: str | None = None) -> str:
     """``text`` (the ws kernel's module) with the producer's KV gathers and/or the consumers' math
     taken out, as the module docstring says. ValueError when the code they are found by has changed
     (four gathers, one pair loop), so that a copy never silently keeps what it claims to drop. ``loop``:
-    the consumers' pair loop replaced by ``LOOPS[loop]`` (None: kept)."""
+    the consumers' pair loop replaced by ``LOOPS[loop]``, or for the mma loops its part after the
+    softmax's start (None: kept)."""
     if drop_gathers:
         text, n = _GATHER.subn("", text)
         if n != 4:
@@ -167,7 +165,10 @@ def variant_source(text: str, drop_gathers: bool, loop: str | None = None) -> st
         if len(found) != 1:
             raise ValueError(f"variant_source: found {len(found)} consumer pair loops; expected 1")
         indent = found[0]["indent"]
-        body = "".join(indent + ln if ln.strip() else ln for ln in LOOPS[loop].splitlines(keepends=True))
+        if isinstance(LOOPS[loop], tuple):
+            body = _mma_loop(found[0].group(0), indent, *LOOPS[loop])
+        else:
+            body = _indented(LOOPS[loop], indent)
         text = text[:found[0].start()] + body + text[found[0].end():]
     return text
 

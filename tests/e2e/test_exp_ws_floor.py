@@ -84,20 +84,22 @@ def test_the_mma_copies_keep_the_tensor_work_and_the_producers_barriers_only(loo
     compile(out, f"ws_{loop}.py", "exec")
 
 
-def _code(text: str) -> str:
-    """``text`` without comments and whitespace (a statement split over lines compares as one)."""
-    return "".join(re.sub(r"#.*", "", ln) for ln in text.splitlines()).replace(" ", "")
-
-
-def test_the_mma_loops_start_as_the_kernels_pair_loop():
-    # the copies' Q K^T part (the views, the waits for the own tile's halves, the two wgmma) is the kernel's own
+@pytest.mark.parametrize("loop", ["mma", "mma_softmax"])
+def test_the_mma_loops_start_as_the_kernels_pair_loop(loop):
+    # the copies' Q K^T part (the views, the waits for the own tile's halves, the two wgmma, the release of Q) is
+    # the kernel's own text, up to its softmax; mma_only leaves out the valid mask
     kernel_loop = floor._PAIR_LOOP.search(TEXT).group(0)
-    head = kernel_loop[:kernel_loop.index("valid = _valid_cols(")]
-    assert _code(floor._MMA_LOOP.split("@VALID@")[0]) == _code(head).replace("\n", "")
-    # and what follows the valid mask up to the release of Q
-    tail = kernel_loop[kernel_loop.index("s = _wgmma_wait(0"):kernel_loop.index("s = gl.where(")]
-    assert _code(tail) in _code(floor._MMA_LOOP.split("@VALID@")[1])
-    assert _code(floor._VALID) in _code(kernel_loop)
+    head = kernel_loop[:kernel_loop.index("s = gl.where(")].rstrip(" ")
+    valid = next(ln + "\n" for ln in head.splitlines() if "valid = _valid_cols(" in ln)
+    copy = _function(floor.variant_source(TEXT, True, loop), "_consume_item")
+    assert (head if loop == "mma_softmax" else head.replace(valid, "")) in copy
+    assert (valid in copy) == (loop == "mma_softmax")
+
+
+def test_a_kernel_loop_without_its_softmax_start_is_refused():
+    changed = TEXT.replace("s = gl.where(gl.expand_dims(valid, 0)", "s = (gl.where(gl.expand_dims(valid, 0)")
+    with pytest.raises(ValueError, match=r"found 0 softmax starts and 1 valid masks .*; expected 1 and 1"):
+        floor.variant_source(changed, True, "mma")
 
 
 def test_an_unknown_loop_is_refused():
