@@ -19,6 +19,8 @@ from ..common.ops._steps import POISON_INT, Batch, CaseDraw, host_plan, poisoned
 from ..common.ops.prepare_replay_step import random_case as prepare_case  # noqa: F401
 from ..common.ops.rows import random_case as rows_case  # noqa: F401
 from ..common.ops.sparse_mla import records_case as sparse_mla_record_case  # noqa: F401
+from ..common.ops.sparse_mla import MOVING_MAX_PATTERNS  # noqa: F401
+from ..common.ops.sparse_mla import moving_max_case as sparse_mla_moving_max_case  # noqa: F401
 from ..common.ops.sparse_mla import rows_case as sparse_mla_case  # noqa: F401
 from ..common.types import ReplayBatch
 

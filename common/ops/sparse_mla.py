@@ -196,6 +196,55 @@ def rows_case(rng: np.random.Generator, dev, *, T: int | None = None, H: int | N
     return (q, kv, idx.to(dev), lens.to(dev), float(1.0 / math.sqrt(D)), d_v), kw
 
 
+#: How ``moving_max_case`` scales a token's KV rows by their position in its index list, tile by tile
+#: (``tile`` rows): where the online softmax's running row max moves and by how much.
+MOVING_MAX_PATTERNS = ("grow", "shrink", "odd_tiles_high", "even_tiles_high", "spiky")
+
+
+def moving_max_case(pattern: str, dev, *, T: int, H: int, K: int, D: int = HEAD_DIM, d_v: int | None = None,
+                    tile: int = 64, dtype: torch.dtype = torch.bfloat16, sink: bool = True, seed: int = 0) -> Call:
+    """A call whose scores' running max moves far between tiles of ``tile`` index entries, the
+    corners of an online softmax's rescaling that random data rarely reaches: every token reads
+    rows ``[0, K)`` in order, row ``j`` scaled by a gain of its tile ``j // tile``:
+
+    * ``grow``: each tile's gain 4 above the one before (the max jumps at every tile);
+    * ``shrink``: the same, falling (the first tile holds the max; later ones underflow);
+    * ``odd_tiles_high`` / ``even_tiles_high``: the odd (even) tiles high and rising, the others
+      at 1 (the max moves within a pair of tiles, by its second (first) tile);
+    * ``spiky``: one row in twenty at gain 12.
+
+    Heads are scaled apart (0.25-1.75), so rows of a tile disagree on where their max lies;
+    every 13th token reads the rows in reverse order (the max falling instead), every 7th stops
+    at a random length, token 3 reads nothing and every 11th has PAD over entries
+    ``[tile, 2 * tile + 2)``. ``sink``: a random sink per head."""
+    if pattern not in MOVING_MAX_PATTERNS:
+        raise ValueError(f"moving_max_case: pattern is {pattern!r}; expected one of {list(MOVING_MAX_PATTERNS)}")
+    d_v = D if d_v is None else d_v
+    g = torch.Generator().manual_seed(seed)
+    n = torch.arange(K) // tile
+    if pattern == "grow":
+        gain = 1.0 + 4.0 * n
+    elif pattern == "shrink":
+        gain = 1.0 + 4.0 * (n.max() - n)
+    elif pattern == "odd_tiles_high":
+        gain = torch.where(n % 2 == 1, 2.0 + 3.0 * n, 1.0)
+    elif pattern == "even_tiles_high":
+        gain = torch.where(n % 2 == 0, 2.0 + 3.0 * n, 1.0)
+    else:
+        gain = torch.where(torch.rand(K, generator=g) < 0.05, 12.0, 1.0)
+    kv = (torch.randn(K, D, generator=g) * gain[:, None]).to(dtype)
+    q = (torch.randn(T, H, D, generator=g) * (0.25 + 1.5 * torch.rand(1, H, 1, generator=g))).to(dtype)
+    idx = torch.arange(K, dtype=INDEX_DTYPE).repeat(T, 1)
+    idx[::13] = idx[::13].flip(1)
+    idx[5::11, tile:2 * tile + 2] = PAD
+    lens = torch.full((T,), K, dtype=INDEX_DTYPE)
+    lens[1::7] = torch.randint(0, K + 1, (len(range(1, T, 7)),), generator=g, dtype=INDEX_DTYPE)
+    if T > 3:
+        lens[3] = 0
+    kw = {"sink": torch.randn(H, generator=g).to(dev)} if sink else {}
+    return (q.to(dev), kv.to(dev), idx.to(dev), lens.to(dev), float(1.0 / math.sqrt(D)), d_v), kw
+
+
 def records_case(rng: np.random.Generator, dev, *, kv_format: str | None = None, fp8: str | None = None,
                  T: int | None = None, H: int | None = None, K: int | None = None, block_size: int | None = None,
                  num_blocks: int | None = None, block_stride: int | None = None, sink: bool | None = None,

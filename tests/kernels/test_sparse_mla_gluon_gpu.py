@@ -1,9 +1,9 @@
 """The Gluon (Hopper) sparse-MLA kernels -- variants ``gluon_ws`` and ``gluon`` -- on an sm90 GPU
 (``-m gpu``), against the fp32 torch reference: random data (never zeros), PAD holes inside
 the length, whole PAD tiles, lens 0, short rows, odd T, H 64 / 96 / 128, with and without
-sink, bf16 and fp16, poisoned outputs, both gather widths of the ws kernel; and the dispatch:
-which calls take which kernel, what ``explain()`` says, graph capture, warmup, and a kernel
-that fails to build.
+sink, bf16 and fp16, poisoned outputs, both gather widths of the ws kernel, scores whose running
+max moves far between tiles; and the dispatch: which calls take which kernel, what
+``explain()`` says, graph capture, warmup, and a kernel that fails to build.
 
     python -m pytest -q -m gpu tests/kernels/test_sparse_mla_gluon_gpu.py
 """
@@ -18,6 +18,7 @@ import torch
 
 from swa_backends import KernelUnavailable, select
 from swa_backends.common.device import cuda_l2_bytes
+from swa_backends.testing.conformance import MOVING_MAX_PATTERNS, sparse_mla_moving_max_case
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
 
@@ -149,6 +150,25 @@ def test_large_scores_and_all_empty(mods, cache, which):
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
+
+@pytest.mark.parametrize("pattern", MOVING_MAX_PATTERNS)
+@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("which", VARIANTS)
+def test_running_max_moving_between_tiles(mods, monkeypatch, pattern, H, which):
+    """Scores whose running max jumps at every 64-row tile, falls, or moves by the first or the
+    second tile of a pair, per row differently (``moving_max_case``): each rescale of the ws
+    kernel's consumers (consumer 0 moving the max for tile A, consumer 1 for tile B, P_A rescaled
+    to m_B), with and without a sink, both gather widths."""
+    widths = (False, True) if which == "gluon_ws" else (None,)
+    for K in (200, 640, 1152):
+        for sink in (False, True):
+            args, kw = sparse_mla_moving_max_case(pattern, "cuda", T=96, H=H, K=K, tile=64, sink=sink, seed=H + K)
+            for wide in widths:
+                if wide is not None:
+                    monkeypatch.setattr(mods["gluon_ws"], "wide_gathers", lambda kv, wide=wide: wide)
+                got = _run(mods, which, args, kw)
+                assert torch.isfinite(got[0]).all()
+                check(got, args, kw)
 @pytest.mark.parametrize("H", [64, 96, 128])
 def test_dispatch_takes_gluon_ws_for_prefill(mods, cache, H):
     backend = select("cuda")

@@ -1,8 +1,9 @@
 """The compiled Triton sparse-MLA kernel at DeepSeek-V4.1 shapes (``-m gpu``).
 
 D_qk = d_v = 512, H 8..128, index width 128 / 640 / 1152, T from 1 (decode, split-K) to a
-few hundred, PAD inside and past the length, with and without sink, bf16 and fp16,
-against the fp32 torch reference; every swept launch config; CUDA-graph capture.
+few hundred, PAD inside and past the length, with and without sink, bf16 and fp16, scores whose
+running max moves far between tiles, against the fp32 torch reference; every swept launch
+config; CUDA-graph capture.
 
     python -m pytest -m gpu tests/kernels/test_sparse_mla_gpu.py
 """
@@ -16,6 +17,7 @@ import torch
 
 from swa_backends import select
 from swa_backends.dispatch import variant
+from swa_backends.testing.conformance import MOVING_MAX_PATTERNS, sparse_mla_moving_max_case
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
 
@@ -53,6 +55,21 @@ def test_decode_split_k(backend, cache, T, H, dtype):
 def test_all_valid_long_rows(backend, cache):
     args, kw = case(cache, 1024, 64, 1152, torch.bfloat16, sink=False, seed=1, pads=False)
     check(backend.sparse_mla(*args, **kw), args, kw)
+
+
+
+@pytest.mark.parametrize("pattern", MOVING_MAX_PATTERNS)
+@pytest.mark.parametrize("T", [1, 96])
+def test_running_max_moving_between_tiles(backend, pattern, T):
+    """Scores whose running max jumps, falls or moves inside a pair of 64-row tiles, per row
+    differently (``moving_max_case``), prefill-sized and at T 1 (split-K, whose combine rescales
+    the splits' partial results)."""
+    for H, K in ((64, 640), (128, 1152)):
+        args, kw = sparse_mla_moving_max_case(pattern, "cuda", T=T, H=H, K=K, tile=64, seed=H + K + T)
+        assert backend.variant_for("sparse_mla", *args, **kw) == "triton"
+        got = backend.sparse_mla(*args, **kw)
+        assert torch.isfinite(got[0]).all()
+        check(got, args, kw)
 
 
 # The kernel's knobs, one config per feature (bench/bench_sparse_mla.py --sweep times more).

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swa_backends import OPS, PAD, KernelUnavailable, SelectionError, select, validation
-from swa_backends.testing.conformance import mismatch, sparse_mla_case
+from swa_backends.testing.conformance import (MOVING_MAX_PATTERNS, mismatch, sparse_mla_case,
+                                              sparse_mla_moving_max_case)
 from swa_backends.common.device import resolve_device
 from swa_backends.dispatch import variant
 
@@ -200,6 +201,25 @@ def test_large_logits_stay_finite(backend):
     out, lse = backend.sparse_mla(*args, **kw)
     assert torch.isfinite(out).all()
     _check((out, lse), args, kw)
+
+
+
+@pytest.mark.parametrize("pattern", MOVING_MAX_PATTERNS)
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_running_max_moving_between_tiles(kmod, pattern, block_n):
+    """Scores whose running max jumps, falls or moves inside a pair of tiles of the kernel's
+    ``BLOCK_N`` rows, per row differently (``moving_max_case``): every rescale path of the online
+    softmax, against the reference."""
+    args, kw = _to(*sparse_mla_moving_max_case(pattern, "cpu", T=14, H=3, K=5 * block_n + 3, D=32, tile=block_n,
+                                               seed=block_n))
+    got = kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=block_n, num_stages=1, splits=1))
+    assert torch.isfinite(got[0]).all()
+    _check(got, args, kw)
+
+
+def test_moving_max_case_refuses_an_unknown_pattern():
+    with pytest.raises(ValueError, match=r"pattern is 'up'; expected one of \['grow', 'shrink', "):
+        sparse_mla_moving_max_case("up", "cpu", T=2, H=1, K=8)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2")
