@@ -21,6 +21,11 @@ outputs are meaningless and not checked:
 * ``mma_softmax``: ``mma_only`` plus each consumer's own online softmax over its tile (the valid
   mask, row max, exp2, row sums, one rescale of its accumulator), still no hand-over: what the
   softmax's own work costs, apart from the consumers' coupling.
+* ``mma_gather``, ``mma_softmax_gather``: the two above with the producer's gathers kept: the data
+  flow's ceiling as it runs, its tensor-core reads of shared memory beside the gathers' writes there
+  and their DRAM / L2 traffic (``mma_only`` and ``no_math`` each leave one of the two out, and a
+  schedule that overlapped them perfectly is all that their slower one bounds); and the kernel
+  without its hand-overs.
 
 A schedule of this design (these gathers, this chain of math per pair) is no faster than either
 part alone, so ``floor`` = the slower of ``no_gather`` and ``no_math``; ``goal`` = 1.10 x FlashMLA
@@ -28,7 +33,8 @@ part alone, so ``floor`` = the slower of ``no_gather`` and ``no_math``; ``goal``
 ``ws/flashmla``, ``floor/flashmla``, ``overlap`` (floor time / gluon_ws time: 1.0 is a perfect
 overlap of the two parts), ``ceiling/flashmla`` (``mma_only``), ``chain`` (``mma_only`` time /
 ``no_gather`` time: how close the kernel's math chain comes to its data flow's ceiling) and
-``softmax_cost`` (``mma_softmax`` time / ``mma_only`` time). Times are the median of ``--reps``
+``softmax_cost`` (``mma_softmax`` time / ``mma_only`` time), ``data_flow/flashmla`` (``mma_gather``:
+the ceiling with the gathers running) and ``no_handover/flashmla`` (``mma_softmax_gather``). Times are the median of ``--reps``
 interleaved rounds (``lib.timing.interleaved_ms``, as ``bench_flashmla.py``), every path once per
 round after a GPU sleep. Writes ``exp_ws_floor.json`` under ``--out``; prints a line per cell and the geometric means.
 """
@@ -53,7 +59,8 @@ KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "sparse_mla_gluon_ws.
 GOAL = 1.10
 # name: (drop the producer's KV gathers, the consumers' pair loop replaced by LOOPS[...] or kept: None)
 COPIES = {"no_gather": (True, None), "no_math": (False, "no_math"), "neither": (True, "no_math"),
-          "mma_only": (True, "mma"), "mma_softmax": (True, "mma_softmax")}
+          "mma_only": (True, "mma"), "mma_softmax": (True, "mma_softmax"),
+          "mma_gather": (False, "mma"), "mma_softmax_gather": (False, "mma_softmax")}
 
 # the producer's four KV gathers of a pair (Q's two gathers read q_smem and stay)
 _GATHER = re.compile(r"^[ \t]+_gather_half\(KV, kv_smem\.index\(\d\),[^\n]*\n", re.M)
@@ -193,7 +200,8 @@ def summarise(row: dict) -> dict:
             "bound_by": "math" if ms["no_gather"] >= ms["no_math"] else "gathers",
             "goal_reachable": fm / floor_ms >= GOAL,
             "ceiling/flashmla": fm / ms["mma_only"], "chain": ms["mma_only"] / ms["no_gather"],
-            "softmax_cost": ms["mma_softmax"] / ms["mma_only"]}
+            "softmax_cost": ms["mma_softmax"] / ms["mma_only"], "data_flow/flashmla": fm / ms["mma_gather"],
+            "no_handover/flashmla": fm / ms["mma_softmax_gather"]}
 
 
 def main(argv=None) -> int:
@@ -239,8 +247,10 @@ def main(argv=None) -> int:
         tf = row["tflops"]
         log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7}: " + "  ".join(f"{n} {v:6.1f}" for n, v in tf.items())
             + f"  ws/fmla {row['ws/flashmla']:.3f} floor/fmla {row['floor/flashmla']:.3f} ({row['bound_by']})"
-            f" overlap {row['overlap']:.3f} ceiling/fmla {row['ceiling/flashmla']:.3f} chain {row['chain']:.3f}")
-    for key in ("ws/flashmla", "floor/flashmla", "overlap", "ceiling/flashmla", "chain", "softmax_cost"):
+            f" overlap {row['overlap']:.3f} ceiling/fmla {row['ceiling/flashmla']:.3f} chain {row['chain']:.3f}"
+            f" data_flow/fmla {row['data_flow/flashmla']:.3f} no_handover/fmla {row['no_handover/flashmla']:.3f}")
+    for key in ("ws/flashmla", "floor/flashmla", "overlap", "ceiling/flashmla", "chain", "softmax_cost",
+                "data_flow/flashmla", "no_handover/flashmla"):
         vals = [r[key] for r in result["cells"]]
         result[f"gm {key}"] = results.gmean(vals)
         log(f"geometric mean {key}: {result[f'gm {key}']:.3f}")

@@ -96,6 +96,15 @@ def test_the_mma_loops_start_as_the_kernels_pair_loop(loop):
     assert (valid in copy) == (loop == "mma_softmax")
 
 
+@pytest.mark.parametrize("loop", ["mma", "mma_softmax"])
+def test_the_mma_copies_with_gathers_differ_from_theirs_in_the_producer_alone(loop):
+    # the ceiling as it runs: the same consumers, the kernel's producer with its four KV gathers
+    out = floor.variant_source(TEXT, False, loop)
+    assert floor.COPIES[f"{loop}_gather"] == (False, loop)
+    assert _function(out, "_produce_item") == _function(TEXT, "_produce_item")
+    assert _function(out, "_consume_item") == _function(floor.variant_source(TEXT, True, loop), "_consume_item")
+
+
 def test_a_kernel_loop_without_its_softmax_start_is_refused():
     changed = TEXT.replace("s = gl.where(gl.expand_dims(valid, 0)", "s = (gl.where(gl.expand_dims(valid, 0)")
     with pytest.raises(ValueError, match=r"found 0 softmax starts and 1 valid masks .*; expected 1 and 1"):
@@ -108,7 +117,8 @@ def test_an_unknown_loop_is_refused():
 
 
 def test_every_copy_is_made():
-    assert set(floor.COPIES) == {"no_gather", "no_math", "neither", "mma_only", "mma_softmax"}
+    assert set(floor.COPIES) == {"no_gather", "no_math", "neither", "mma_only", "mma_softmax", "mma_gather",
+                                 "mma_softmax_gather"}
     for gathers, loop in floor.COPIES.values():
         compile(floor.variant_source(TEXT, gathers, loop), "copy.py", "exec")
 
