@@ -5,7 +5,6 @@ have, and stops with the reason on a machine without a GPU."""
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from pathlib import Path
@@ -17,15 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 import exp_ws_floor as floor  # noqa: E402
+from kernel_copies import function_source as _function  # noqa: E402
 from lib.smoke import run_script  # noqa: E402
 
 TEXT = floor.KERNEL.read_text()
-
-
-def _function(text: str, name: str) -> str:
-    tree = ast.parse(text)
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    return ast.get_source_segment(text, node)
 
 
 def test_no_gather_drops_the_four_kv_gathers_and_keeps_q():

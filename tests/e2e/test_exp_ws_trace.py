@@ -4,7 +4,6 @@ the reason on a machine without a GPU."""
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
@@ -16,15 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 import exp_ws_trace as tr  # noqa: E402
+from kernel_copies import function_source as _function  # noqa: E402
 from lib.smoke import run_script  # noqa: E402
 
 TEXT = tr.KERNEL.read_text()
-
-
-def _function(text: str, name: str) -> str:
-    tree = ast.parse(text)
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    return ast.get_source_segment(text, node)
 
 
 def test_every_mark_is_stamped_at_its_line_and_nothing_else_changes():
