@@ -205,14 +205,15 @@ def test_large_logits_stay_finite(backend):
 
 
 @pytest.mark.parametrize("pattern", MOVING_MAX_PATTERNS)
-@pytest.mark.parametrize("block_n", [16, 32])
-def test_running_max_moving_between_tiles(kmod, pattern, block_n):
+@pytest.mark.parametrize("block_n,splits", [(16, 1), (32, 1), (16, 3)])
+def test_running_max_moving_between_tiles(kmod, pattern, block_n, splits):
     """Scores whose running max jumps, falls or moves inside a pair of tiles of the kernel's
     ``BLOCK_N`` rows, per row differently (``moving_max_case``): every rescale path of the online
-    softmax, against the reference."""
+    softmax, and with split-K the combine of partial results whose maxima lie far apart, against
+    the reference."""
     args, kw = _to(*sparse_mla_moving_max_case(pattern, "cpu", T=14, H=3, K=5 * block_n + 3, D=32, tile=block_n,
-                                               seed=block_n))
-    got = kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=block_n, num_stages=1, splits=1))
+                                               seed=block_n + splits))
+    got = kmod.launch(*args, **kw, config=kmod.Config(block_h=16, block_n=block_n, num_stages=1, splits=splits))
     assert torch.isfinite(got[0]).all()
     _check(got, args, kw)
 
