@@ -24,7 +24,8 @@ then per pair and half ``free<h>`` (the half free to refill) and ``issued<h>`` (
 ``summarise`` turns the readings into median cycles per phase over the traced programs, items (the
 first left out: compiles and cold caches) and pairs (the first and the last of an item apart from
 the ones between). Writes ``exp_ws_trace.json`` (the phases per cell and the raw readings) under
-``--out``; prints the phases per cell.
+``--out``; prints the phases per cell. ``--kernel FILE`` traces a copy of the kernel's module instead
+(a variant's file, e.g. one ``bench_flashmla.py --variant`` times), with the same marks.
 """
 
 from __future__ import annotations
@@ -248,7 +249,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="interleaved rounds of the overhead timing per cell")
     p.add_argument("--cells", type=parse_cells, default=None, metavar="H:K:T:ROWS,...",
                    help="these cells instead of the four default ones")
+    p.add_argument("--kernel", type=Path, default=KERNEL,
+                   help="a copy of kernels/sparse_mla_gluon_ws.py to trace instead (e.g. a variant's file); the "
+                        "overhead is timed against the kernel as it is")
     args = p.parse_args(argv)
+    if not args.kernel.is_file():
+        raise ValueError(f"--kernel: {str(args.kernel)!r} is not a file; expected a copy of {KERNEL.name}")
+    source = trace_source(args.kernel.read_text())  # refused here, before the GPU, if its marks are not there
     if not torch.cuda.is_available():
         raise SystemExit("exp_ws_trace: needs a CUDA GPU")
     from swa_backends.kernels import sparse_mla_gluon_ws
@@ -258,11 +265,12 @@ def main(argv=None) -> int:
     scale = 1.0 / D ** 0.5
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "ws_trace.py"
-        path.write_text(trace_source(KERNEL.read_text()))
+        path.write_text(source)
         mod = load_module_copy("_exp_ws_trace", path)
     width = max(w for _i, _p, w in _layout().values())
     result = {**results.machine(dev), "reps": args.reps, "command": results.command_line(),
-              "kernel_sha": results.file_sha(KERNEL), "programs": PROGRAMS, "items": ITEMS, "pairs": PAIRS,
+              "kernel_sha": results.file_sha(KERNEL), "traced": str(args.kernel),
+              "traced_sha": results.file_sha(args.kernel), "programs": PROGRAMS, "items": ITEMS, "pairs": PAIRS,
               "layout": {fn: {"item": i, "pair": pr} for fn, (i, pr, _w) in _layout().items()}, "cells": []}
     kvs = {}
     for H, K, T, S in args.cells or CELLS:

@@ -137,3 +137,14 @@ def test_without_a_gpu_it_stops_with_the_reason(tmp_path, capsys):
     assert run_script(ROOT / "bench" / "experiments" / "exp_ws_trace.py", "--out", str(tmp_path / "o")) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_kernel_file_that_is_not_there_or_lacks_the_marks_is_refused_before_the_gpu(tmp_path):
+    with pytest.raises(ValueError, match=r"--kernel: '.*nothing\.py' is not a file; expected a copy of "
+                                         r"sparse_mla_gluon_ws\.py"):
+        tr.main(["--out", str(tmp_path / "o"), "--kernel", str(tmp_path / "nothing.py")])
+    copy = tmp_path / "ws_copy.py"
+    copy.write_text(TEXT.replace("m_i = m_b", "m_i = m_b + 0.0"))
+    with pytest.raises(ValueError, match=r"found 0 lines 'm_i = m_b' in _consume_item; expected 2"):
+        tr.main(["--out", str(tmp_path / "o"), "--kernel", str(copy)])
+    assert not (tmp_path / "o").exists()
