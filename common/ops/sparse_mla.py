@@ -219,6 +219,11 @@ def moving_max_case(pattern: str, dev, *, T: int, H: int, K: int, D: int = HEAD_
     ``[tile, 2 * tile + 2)``. ``sink``: a random sink per head."""
     if pattern not in MOVING_MAX_PATTERNS:
         raise ValueError(f"moving_max_case: pattern is {pattern!r}; expected one of {list(MOVING_MAX_PATTERNS)}")
+    for name, value, least in (("T", T, 1), ("H", H, 1), ("K", K, 1), ("D", D, 1), ("tile", tile, 1)):
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"moving_max_case: {name} is {value!r}; expected an int >= {least}")
+    if d_v is not None and not (isinstance(d_v, int) and 1 <= d_v <= D):
+        raise ValueError(f"moving_max_case: d_v is {d_v!r}; expected an int in [1, D={D}]")
     d_v = D if d_v is None else d_v
     g = torch.Generator().manual_seed(seed)
     n = torch.arange(K) // tile

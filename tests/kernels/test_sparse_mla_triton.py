@@ -218,9 +218,13 @@ def test_running_max_moving_between_tiles(kmod, pattern, block_n, splits):
     _check(got, args, kw)
 
 
-def test_moving_max_case_refuses_an_unknown_pattern():
+def test_moving_max_case_refuses_bad_arguments():
     with pytest.raises(ValueError, match=r"pattern is 'up'; expected one of \['grow', 'shrink', "):
         sparse_mla_moving_max_case("up", "cpu", T=2, H=1, K=8)
+    with pytest.raises(ValueError, match=r"moving_max_case: tile is 0; expected an int >= 1"):
+        sparse_mla_moving_max_case("grow", "cpu", T=2, H=1, K=8, tile=0)
+    with pytest.raises(ValueError, match=r"moving_max_case: d_v is 80; expected an int in \[1, D=64\]"):
+        sparse_mla_moving_max_case("grow", "cpu", T=2, H=1, K=8, D=64, d_v=80)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2")
