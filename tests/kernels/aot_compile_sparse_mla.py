@@ -95,7 +95,7 @@ def sass_report(k) -> str:
         sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     regs = re.search(r"Used (\d+) registers", v)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", v)
-    ops = Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)", sass))
+    ops = Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)", sass))
     # tensor-core instructions by shape: HGMMA (Hopper warpgroup MMA) or HMMA (mma.sync)
     mma = " ".join(f"{n}x{o.split('.')[0]}.{o.split('.')[1]}" for o, n in sorted(ops.items())
                    if o.startswith(("HGMMA.", "HMMA.")))
