@@ -8,8 +8,8 @@ the torch-native baseline, per cell of H 64 / 128 x K 640 / 1152 x T 4K / 16K x 
     . bench/gpu_env.sh && PYTHONPATH=.flashmla:$PYTHONPATH python3 bench/bench_flashmla.py --out $OUT
 
 Kernel experiments: ``--variant LABEL=FILE`` (repeatable) also times a copy of the ws kernel's module
-(``git show <rev>:kernels/sparse_mla_gluon_ws.py > FILE``, edited or not) as path ``ws_LABEL`` in the same
-rounds, checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its
+(``git show <rev>:kernels/sparse_mla_gluon_ws.py > FILE``, edited or not; or a ``.diff`` of it, e.g. a
+candidate of ``bench/experiments/candidates/``, applied strictly) as path ``ws_LABEL`` in the same rounds, checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its
 ratio to FlashMLA direct and to ``pack_gluon_ws``, per cell class: min and geometric mean).
 ``pack_default`` is ``select(device).sparse_mla`` with validation off (the hot path) and
 ``pack_default_validated`` the same call with validation on, as it comes: what a user who times the
@@ -49,7 +49,7 @@ from lib import smoke
 smoke.use_interpreter()  # before anything imports Triton
 
 import swa_backends as sb  # noqa: E402
-from lib import results, timing as tm  # noqa: E402
+from lib import patch, results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
 from lib.sparse_mla import (CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, tflops,  # noqa: E402
                             torch_baseline)
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=9, help="interleaved rounds per cell")
     p.add_argument("--quick", action="store_true", help="the 1M-row cells of T 16K only")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=FILE",
-                   help="also time this copy of kernels/sparse_mla_gluon_ws.py as path ws_LABEL")
+                   help="also time this copy of kernels/sparse_mla_gluon_ws.py (or a .diff of it) as path ws_LABEL")
     p.add_argument("--skip", default="", help="comma-separated paths not to run (e.g. pack_flashmla,pack_default)")
     p.add_argument("--cells", default="", metavar="H:K:T:ROWS,...",
                    help="these cells instead of the grid (e.g. 128:2048:4096:1048576 for H 128, K 2048, T 4K, 1M rows)")
@@ -141,6 +141,8 @@ def main(argv=None) -> int:
         if not label.isidentifier() or not Path(file).is_file() or label in files:
             raise ValueError(f"--variant: {v!r}; expected LABEL=FILE, LABEL an identifier not given before, FILE an "
                              f"existing file")
+        if file.endswith(".diff"):
+            patch.patched(Path(file))  # a diff the kernel has moved away from: refused now, naming its hunk
         files[label] = file
     why = smoke.refusal(args.smoke)
     if why:

@@ -10,12 +10,15 @@ module loaded beside the pack's (:func:`load_module_copy`, for A/B runs of a ker
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib
 import importlib.util
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,11 +96,13 @@ def make_inputs(T, H, K, D, *, kv, pads=False, seed=0, dev="cuda", dtype=torch.b
     return q, idx, lens, sink
 
 
-def check(got, q, kv, idx, lens, scale, d_v, sink, n=None, **records) -> tuple[str | None, float]:
+def check(got, q, kv, idx, lens, scale, d_v, sink, n=None, want=None, **records) -> tuple[str | None, float]:
     """(``mismatch()`` of the first ``n`` tokens against the fp32 torch reference, relative error
-    of the output); ``records``: ``kv_format`` / ``fp8`` of a record cache."""
+    of the output); ``records``: ``kv_format`` / ``fp8`` of a record cache; ``want``: the
+    reference's result for those tokens, when the caller computed it already."""
     n = q.shape[0] if n is None else min(n, q.shape[0])
-    want = REF(q[:n], kv, idx[:n], lens[:n], scale, d_v, sink=sink, **records)
+    if want is None:
+        want = REF(q[:n], kv, idx[:n], lens[:n], scale, d_v, sink=sink, **records)
     out = (got[0][:n], got[1][:n])
     why = mismatch("sparse_mla", out, want)
     o, w = out[0].float(), want[0].float()
@@ -274,7 +279,18 @@ def before_after_args(doc: str, kernel_file: str, argv=None, **extra):
 def load_module_copy(name: str, path: Path):
     """The module in ``path`` (a copy of one of ``kernels/*.py``, e.g. ``git show
     <rev>:kernels/sparse_mla_gluon_ws.py``) imported as ``swa_backends.kernels.<name>``, a sibling
-    of the pack's kernels (its relative imports resolve there) with compiled kernels of its own."""
+    of the pack's kernels (its relative imports resolve there) with compiled kernels of its own.
+    A ``.diff`` (``bench/experiments/candidates/``) is applied strictly to the file it names
+    (:func:`lib.patch.patched`), the result written to a directory of this user's own."""
+    path = Path(path)
+    if path.suffix == ".diff":
+        from .patch import patched
+
+        text = patched(path)  # refused here, naming the hunk, when the kernel has moved on
+        folder = tempfile.mkdtemp(prefix="swa_copy_")  # mode 0700: nobody else writes it
+        atexit.register(shutil.rmtree, folder, True)  # kept while the process runs: Triton reads the source
+        path = Path(folder) / f"{path.stem}.py"
+        path.write_text(text)
     full = f"swa_backends.kernels.{name}"
     spec = importlib.util.spec_from_file_location(full, path)
     mod = importlib.util.module_from_spec(spec)

@@ -88,6 +88,17 @@ def test_bad_variant_refused(bench, tmp_path, argv, what, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_variant_diff_is_applied_strictly_before_anything_runs(bench, tmp_path):
+    """A ``--variant`` given as a ``.diff`` of the kernel (a candidate of bench/experiments/candidates) that no
+    longer applies is refused, naming its hunk, before any output or GPU work."""
+    stale = tmp_path / "stale.diff"
+    stale.write_text("--- a/kernels/sparse_mla_gluon_ws.py\n+++ b/kernels/sparse_mla_gluon_ws.py\n"
+                     "@@ -1,1 +1,1 @@\n-not the kernel's first line\n+x\n")
+    with pytest.raises(ValueError, match="stale.diff: the hunk at line 3 does not apply"):
+        bench.main(["--out", str(tmp_path / "o"), "--variant", f"s={stale}"])
+    assert not (tmp_path / "o").exists()
+
+
 def test_variant_summary(bench, capsys):
     cells = [{"S": 1 << 20, "tflops": {"flashmla_direct": 400.0, "pack_gluon_ws": 360.0, "ws_a": 380.0}},
              {"S": 1 << 20, "tflops": {"flashmla_direct": 500.0, "pack_gluon_ws": 450.0, "ws_a": 400.0}},
