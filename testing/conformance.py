@@ -9,6 +9,7 @@ is compared with the reference on the same kind of data; :func:`case_for` is the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,33 @@ def case_for(op: str, rng: np.random.Generator, device, *, batch: Batch | None =
     b = batch if batch is not None else random_batch(rng)
     poison = bool(rng.random() < 0.5) if poison is None else poison
     return spec.case(CaseDraw(rng, torch.device(device), b, batch, poison, exact_out))
+
+
+def poisoning_empty(real=torch.empty, *, ints: bool = True):
+    """A stand-in for ``torch.empty`` (``real``) that fills what it allocates with a value no
+    output may keep -- NaN, and ``POISON_INT`` for integer dtypes where ``ints`` -- so that an
+    output a kernel leaves unwritten shows instead of passing with a previous call's bytes (the
+    caching allocator hands the same block back)."""
+
+    def empty(*shape, **kw):
+        t = real(*shape, **kw)
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        return t.fill_(POISON_INT) if ints else t
+
+    return empty
+
+
+@contextmanager
+def poisoned_allocations(*, ints: bool = True):
+    """Inside it, ``torch.empty`` is :func:`poisoning_empty` (``ints``: integer buffers too;
+    leave them alone where a call reads a flag it allocated, e.g. a validated call's gate)."""
+    real = torch.empty
+    torch.empty = poisoning_empty(real, ints=ints)
+    try:
+        yield
+    finally:
+        torch.empty = real
 
 
 # ---------------------------------------------------------------------------------------

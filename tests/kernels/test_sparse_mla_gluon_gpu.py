@@ -18,7 +18,7 @@ import torch
 
 from swa_backends import KernelUnavailable, select
 from swa_backends.common.device import cuda_l2_bytes
-from swa_backends.testing.conformance import MOVING_MAX_PATTERNS, sparse_mla_moving_max_case
+from swa_backends.testing.conformance import MOVING_MAX_PATTERNS, poisoned_allocations, sparse_mla_moving_max_case
 
 from _sparse_mla_cases import D, cache, capture, case, check  # noqa: F401  (cache: a fixture)
 
@@ -35,18 +35,10 @@ def mods():
 
 
 def _poison(fn):
-    """Run a variant with torch.empty returning NaN-poisoned buffers: unwritten outputs show."""
-    real = torch.empty
-
-    def empty(*a, **k):
-        t = real(*a, **k)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = empty
-    try:
+    """Run a variant with torch.empty returning NaN-poisoned buffers: unwritten outputs show
+    (integer ones left alone: a validated call allocates its gate flag)."""
+    with poisoned_allocations(ints=False):
         out = fn()
-    finally:
-        torch.empty = real
     torch.cuda.synchronize()
     return out
 

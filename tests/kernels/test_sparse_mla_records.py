@@ -39,7 +39,7 @@ from swa_backends import OPS, PAD, SelectionError, select, validation
 from swa_backends.common.ops import _records as R
 from swa_backends.common.registry import Variant
 from swa_backends.dispatch import variant
-from swa_backends.testing.conformance import mismatch, sparse_mla_record_case
+from swa_backends.testing.conformance import mismatch, poisoning_empty, sparse_mla_record_case
 
 if __name__ == "__main__":  # run as a script (--aot, below): the shared helpers, as tests/conftest.py adds them
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
@@ -118,14 +118,6 @@ def _to(args, kw):
     buf.untyped_storage().copy_(kv.untyped_storage())
     a[1] = buf.to(DEV).as_strided(kv.shape, kv.stride(), kv.storage_offset())  # keep the block stride
     return tuple(mv(x) for x in a), {k: mv(v) for k, v in kw.items()}
-
-
-def _poison_empty(real):
-    def empty(*shape, dtype=None, device=None):
-        t = real(*shape, dtype=dtype, device=device)
-        return t.fill_(float("nan") if t.is_floating_point() else -7)
-
-    return empty
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,7 +253,7 @@ def test_pad_patterns_every_format(kmod, fmt, fp8, with_sink):
 def test_launch_shapes(kmod, monkeypatch, fmt, fp8, launch):
     """One pass, split-K (partial + combine), skip-empty tiles, S split across warpgroups; every
     buffer poisoned (unwritten outputs or partials would show)."""
-    monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
+    monkeypatch.setattr(kmod, "_empty", poisoning_empty(torch.empty))
     args, kw = _to(*_record_batch(fmt, fp8, with_sink=True, seed=5))
     cfg = None if LAUNCHES[launch] is None else kmod.Config(**LAUNCHES[launch])
     _check(kmod.launch(*args, **kw, config=cfg), args, kw)
@@ -362,7 +354,7 @@ def test_kernel_dequant_is_the_reference_bit_for_bit(kmod, monkeypatch, fmt, nat
 @pytest.mark.parametrize("launch", ["default", "split3"])
 @pytest.mark.parametrize("records", [False, True], ids=["rows", "v4"])
 def test_return_lse_false_gives_none_and_the_same_out(kmod, monkeypatch, records, launch):
-    monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
+    monkeypatch.setattr(kmod, "_empty", poisoning_empty(torch.empty))
     if records:
         args, kw = _record_batch("v4_fp8", "e4m3fn", with_sink=True, seed=9)
     else:

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swa_backends import OPS, PAD, KernelUnavailable, SelectionError, select, validation
-from swa_backends.testing.conformance import (MOVING_MAX_PATTERNS, mismatch, sparse_mla_case,
-                                              sparse_mla_moving_max_case)
+from swa_backends.testing.conformance import (MOVING_MAX_PATTERNS, POISON_INT, mismatch, poisoned_allocations,
+                                              poisoning_empty, sparse_mla_case, sparse_mla_moving_max_case)
 from swa_backends.common.device import resolve_device
 from swa_backends.dispatch import variant
 
@@ -42,16 +42,6 @@ def kmod(backend):
     """The kernel module, imported the way dispatch imports it (interpreter set up first)."""
     variant("sparse_mla", "triton").load()
     return importlib.import_module("swa_backends.kernels.sparse_mla")
-
-
-def _poison_empty(real):
-    """torch.empty that fills every buffer with NaN / -7: unwritten outputs show."""
-
-    def empty(*shape, dtype=None, device=None):
-        t = real(*shape, dtype=dtype, device=device)
-        return t.fill_(float("nan") if t.is_floating_point() else -7)
-
-    return empty
 
 
 def _check(got, args, kw):
@@ -144,7 +134,7 @@ def test_pad_patterns(kmod, dtype, with_sink, launch):
 
 @pytest.mark.parametrize("launch", ["default", "split3", "dvsplit", "split_s"])
 def test_poisoned_outputs(kmod, monkeypatch, launch):
-    monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
+    monkeypatch.setattr(kmod, "_empty", poisoning_empty(torch.empty))
     args, kw = _to(*_pad_batch(torch.bfloat16, True, seed=3))
     cfg = None if LAUNCHES[launch] is None else kmod.Config(**LAUNCHES[launch])
     _check(kmod.launch(*args, **kw, config=cfg), args, kw)
@@ -170,7 +160,7 @@ def test_odd_shapes(backend, T, H, D, d_v, K):
 def test_split_k_up_to_the_combine_limit(kmod, monkeypatch):
     """More splits than MAX_SPLITS are clipped to it; the combine reads every split (poisoned
     partials would show) and empty splits (all PAD, or past the length) weigh nothing."""
-    monkeypatch.setattr(kmod, "_empty", _poison_empty(torch.empty))
+    monkeypatch.setattr(kmod, "_empty", poisoning_empty(torch.empty))
     K = 16 * kmod.MAX_SPLITS
     args, kw = _to(*sparse_mla_case(np.random.default_rng(21), "cpu", T=3, H=4, D=16, d_v=16, K=K))
     idx, lens = args[2].clone(), args[3].clone()
@@ -225,6 +215,18 @@ def test_moving_max_case_refuses_bad_arguments():
         sparse_mla_moving_max_case("grow", "cpu", T=2, H=1, K=8, tile=0)
     with pytest.raises(ValueError, match=r"moving_max_case: d_v is 80; expected an int in \[1, D=64\]"):
         sparse_mla_moving_max_case("grow", "cpu", T=2, H=1, K=8, D=64, d_v=80)
+
+
+def test_poisoned_allocations_show_what_is_left_unwritten_and_put_torch_empty_back():
+    real = torch.empty
+    f, i = poisoning_empty()(3, dtype=torch.float32), poisoning_empty()(3, dtype=torch.int32)
+    assert torch.isnan(f).all() and (i == POISON_INT).all()
+    assert (poisoning_empty(torch.zeros, ints=False)(3, dtype=torch.int32) == 0).all()  # integer buffers as allocated
+    with pytest.raises(RuntimeError, match="inside"):
+        with poisoned_allocations(ints=False):
+            assert torch.empty is not real and torch.isnan(torch.empty(2, 2)).all()
+            raise RuntimeError("inside")
+    assert torch.empty is real
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2")
