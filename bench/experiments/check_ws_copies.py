@@ -10,20 +10,22 @@ falling, moving by a pair's first or second tile, per row differently; tokens wi
 read, PAD runs, short lengths), H 64 and 128, K 200 / 640 / 1152, with and without a sink, and
 T 96 and 600 (one item per program, and several: a persistent program's hand-over from one item
 to the next), each through both gather widths. Outputs are allocated NaN-poisoned, so an
-unwritten one shows. First each copy makes one call per width under a watch (``--hang-seconds``):
-a copy whose barriers deadlock ends the run there, named in the JSON, exit 3, instead of taking
-the whole GPU command's time. Writes ``check_ws_copies.json`` under ``--out`` (one row per copy,
+unwritten one shows. First each copy makes one call per width in a process of its own, watched
+(``--hang-seconds``): a copy whose barriers deadlock costs that long and is left out, named,
+instead of taking the whole GPU command's time (a kernel that never ends holds its context).
+Writes ``check_ws_copies.json`` under ``--out`` (each copy's probe verdict; one row per copy,
 call and width: the mismatch or null, the output's relative error) and ``passed_variants.txt``
 (``--variant LABEL=FILE`` for each copy that passed every check: ``bench_flashmla.py``'s
-arguments); prints a line per copy; exit 1 when any check fails, 2 on a machine without a CUDA
-GPU. A ``.diff`` the kernel has moved away from is refused, naming its hunk, before the GPU is
-asked for.
+arguments); prints a line per copy; exit 1 when a copy fails, 2 on a machine without a CUDA GPU.
+A ``.diff`` the kernel has moved away from is refused, naming its hunk, before the GPU is asked
+for.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,28 +38,15 @@ from lib import patch, results  # noqa: E402
 from lib.results import log  # noqa: E402
 from lib.sparse_mla import REF, check, load_module_copy  # noqa: E402
 
-from swa_backends.testing.conformance import MOVING_MAX_PATTERNS, sparse_mla_moving_max_case  # noqa: E402
+from swa_backends.testing.conformance import (MOVING_MAX_PATTERNS, poisoned_allocations,  # noqa: E402
+                                            sparse_mla_moving_max_case)
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "sparse_mla_gluon_ws.py"
 PROBE = ("grow", 128, 640, 600, True)  # several items per program: the hand-over from one item to the next
 HANG_SECONDS = 60.0
+DEADLOCKED = 3  # --probe's exit status when a call never finished
 CALLS = [(pattern, H, K, T, sink) for pattern in MOVING_MAX_PATTERNS for H in (64, 128) for K in (200, 640, 1152)
          for T in (96, 600) for sink in (False, True)]
-
-
-def poisoned(fn):
-    """``fn()`` with every floating ``torch.empty`` it allocates filled with NaN."""
-    real = torch.empty
-
-    def empty(*a, **k):
-        t = real(*a, **k)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = empty
-    try:
-        return fn()
-    finally:
-        torch.empty = real
 
 
 def check_copies(mods: dict, calls=CALLS, dev="cuda") -> dict:
@@ -73,7 +62,8 @@ def check_copies(mods: dict, calls=CALLS, dev="cuda") -> dict:
             for label, mod in mods.items():
                 for wide in (False, True):
                     mod.wide_gathers = lambda kv, w=wide: w
-                    got = poisoned(lambda: mod.sparse_mla(*args, **kw))
+                    with poisoned_allocations(ints=False):
+                        got = mod.sparse_mla(*args, **kw)
                     if torch.device(dev).type == "cuda":
                         torch.cuda.synchronize()
                     why, rel = check(got, *args, kw.get("sink"), want=want)
@@ -100,19 +90,56 @@ def finishes(fn, seconds: float) -> bool:
     return True
 
 
+def probe(path: Path, seconds: float) -> int:
+    """``--probe``: the copy in ``path`` makes :data:`PROBE`'s call once per gather width, watched;
+    0 when both finish, :data:`DEADLOCKED` (by ``os._exit``: the context holds a kernel that never
+    ends) when one does not."""
+    mod = load_module_copy(f"_probe_{path.stem}", path)
+    pattern, H, K, T, sink = PROBE
+    args, kw = sparse_mla_moving_max_case(pattern, "cuda", T=T, H=H, K=K, sink=sink)
+    for wide in (False, True):
+        mod.wide_gathers = lambda kv, w=wide: w
+        if not finishes(lambda: mod.sparse_mla(*args, **kw), seconds):
+            log(f"check_ws_copies: {path.stem} (wide={wide}) did not finish in {seconds} s: deadlocked")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(DEADLOCKED)
+    return 0
+
+
+def probe_apart(path: Path, seconds: float) -> str:
+    """``ok``, ``deadlocked`` or why it failed: :func:`probe` of ``path`` in a process of its own,
+    so that a deadlocked copy costs ``seconds`` and leaves this process's GPU context alone."""
+    run = subprocess.run([sys.executable, __file__, "--probe", str(path), "--hang-seconds", str(seconds)],
+                         capture_output=True, text=True)
+    if run.returncode == 0:
+        return "ok"
+    if run.returncode == DEADLOCKED:
+        return "deadlocked"
+    tail = (run.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+    return f"failed (exit {run.returncode}): {tail}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
     p.add_argument("--hang-seconds", type=float, default=HANG_SECONDS,
                    help="a copy whose first calls take longer than this on the GPU is taken for deadlocked")
-    p.add_argument("copies", nargs="+", type=Path, metavar="FILE",
+    p.add_argument("--probe", type=Path, metavar="FILE", help=argparse.SUPPRESS)  # probe_apart's child
+    p.add_argument("copies", nargs="*", type=Path, metavar="FILE",
                    help="a copy of kernels/sparse_mla_gluon_ws.py, or a .diff of it")
     args = p.parse_args(argv)
+    if args.probe is not None:
+        return probe(args.probe, args.hang_seconds)
+    if args.out is None or not args.copies:
+        raise ValueError(f"--out {args.out} and copies {[str(c) for c in args.copies]}; expected --out DIR and at "
+                         f"least one FILE")
     labels = {}
     for f in args.copies:
-        if not f.is_file() or f.stem in labels or not f.stem.isidentifier() or f.stem == "kernel":
-            raise ValueError(f"copies: {str(f)!r}; expected an existing file whose name (less its suffix) is an "
-                             f"identifier other than 'kernel', not given before")
+        if (not f.is_file() or f.suffix not in (".py", ".diff") or f.stem in labels or not f.stem.isidentifier()
+                or f.stem == "kernel"):
+            raise ValueError(f"copies: {str(f)!r}; expected an existing .py or .diff file whose name (less its "
+                             f"suffix) is an identifier other than 'kernel', not given before")
         if f.suffix == ".diff":
             patch.patched(f)  # refused now, naming its hunk, when the kernel has moved on
         labels[f.stem] = f
@@ -122,38 +149,27 @@ def main(argv=None) -> int:
     from swa_backends.kernels import sparse_mla_gluon_ws
 
     args.out.mkdir(parents=True, exist_ok=True)
-    mods = {"kernel": sparse_mla_gluon_ws}
-    mods.update({label: load_module_copy(f"_check_{label}", f) for label, f in labels.items()})
     result = {**results.machine(torch.device("cuda")), "command": results.command_line(),
-              "kernel_sha": results.file_sha(KERNEL), "copies": {k: str(v) for k, v in labels.items()}}
-    # first one call per copy and width, watched: a deadlocked copy ends the run here, named, with what
-    # is known written (the process must exit: its context holds a kernel that never ends)
-    pattern, H, K, T, sink = PROBE
-    args_, kw = sparse_mla_moving_max_case(pattern, "cuda", T=T, H=H, K=K, sink=sink)
-    for label, mod in mods.items():
-        saved = mod.wide_gathers
-        for wide in (False, True):
-            mod.wide_gathers = lambda kv, w=wide: w
-            if not finishes(lambda: mod.sparse_mla(*args_, **kw), args.hang_seconds):
-                result["hung"] = {"copy": label, "wide": wide, "call": PROBE}
-                results.write_json(args.out / "check_ws_copies.json", result)
-                log(f"check_ws_copies: {label} (wide={wide}) did not finish in {args.hang_seconds} s: deadlocked")
-                os._exit(3)
-        mod.wide_gathers = saved
-    failed = 0
+              "kernel_sha": results.file_sha(KERNEL), "copies": {k: str(v) for k, v in labels.items()},
+              "probe": {label: probe_apart(f, args.hang_seconds) for label, f in labels.items()}}
+    for label, verdict in result["probe"].items():
+        if verdict != "ok":
+            log(f"{label}: {verdict}; not checked")
+    mods = {"kernel": sparse_mla_gluon_ws}
+    mods.update({label: load_module_copy(f"_check_{label}", f) for label, f in labels.items()
+                 if result["probe"][label] == "ok"})
     result["rows"] = check_copies(mods)
     passed = []
     for label, rows in result["rows"].items():
         bad = [r for r in rows if r["mismatch"]]
-        failed += len(bad)
         if not bad and label in labels:
             passed.append(f"--variant {label}={labels[label]}")
         log(f"{label}: {len(rows) - len(bad)}/{len(rows)} checks passed, worst relative error "
             f"{max(r['rel'] for r in rows):.2e}" + "".join(f"\n  MISS {r}" for r in bad[:10]))
     results.write_json(args.out / "check_ws_copies.json", result)
-    # the copies that passed, as bench_flashmla.py's arguments: $(cat $OUT/passed_variants.txt)
+    # the copies that passed every check, as bench_flashmla.py's arguments: $(cat $OUT/passed_variants.txt)
     (args.out / "passed_variants.txt").write_text(" ".join(passed) + "\n")
-    return 1 if failed else 0
+    return 0 if len(passed) == len(labels) else 1
 
 
 if __name__ == "__main__":

@@ -106,13 +106,21 @@ def test_copies_are_checked_per_call_and_width_with_poisoned_outputs():
     assert wide_only.wide_gathers(None) is False  # the module's own choice is put back
 
 
-@pytest.mark.parametrize("argv, what", [(["x.diff"], "expected an existing file"),
+@pytest.mark.parametrize("argv, what", [([], "expected --out DIR and at least one FILE"),
+                                        (["x.diff"], "expected an existing .py or .diff file"),
+                                        (["bench/experiments/candidates/README.md"], "expected an existing .py or .diff file"),
                                         (["bench/bench_flashmla.py", "bench/bench_flashmla.py"], "not given before")])
 def test_bad_copies_refused(tmp_path, monkeypatch, argv, what):
     monkeypatch.chdir(ROOT)
     with pytest.raises(ValueError, match=what):
         cc.main(["--out", str(tmp_path / "o")] + argv)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_copy_may_not_take_the_kernels_own_label(tmp_path):
+    (tmp_path / "kernel.py").write_text((ROOT / "kernels" / "sparse_mla_gluon_ws.py").read_text())
+    with pytest.raises(ValueError, match="other than 'kernel'"):
+        cc.main(["--out", str(tmp_path / "o"), str(tmp_path / "kernel.py")])
 
 
 def test_a_stale_diff_is_refused_before_the_gpu(tmp_path):
@@ -155,3 +163,33 @@ def test_a_deadlocked_copy_is_told_by_a_watch_not_a_synchronize(monkeypatch, pol
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("a synchronize would hang with the kernel"))
     assert cc.finishes(lambda: calls.append(1), 0.2) is finished
     assert calls == [1]
+
+
+@pytest.mark.parametrize("rc, stderr, verdict", [(0, "", "ok"), (cc.DEADLOCKED, "", "deadlocked"),
+                                                 (1, "Traceback\nRuntimeError: PassManager::run failed\n",
+                                                  "failed (exit 1): RuntimeError: PassManager::run failed")])
+def test_each_copy_is_probed_in_a_process_of_its_own(monkeypatch, rc, stderr, verdict):
+    seen = []
+
+    def run(cmd, **kw):
+        seen.append(cmd)
+        return SimpleNamespace(returncode=rc, stderr=stderr, stdout="")
+
+    monkeypatch.setattr(cc.subprocess, "run", run)
+    assert cc.probe_apart(CANDIDATES[0], 7.5) == verdict
+    assert seen == [[sys.executable, cc.__file__, "--probe", str(CANDIDATES[0]), "--hang-seconds", "7.5"]]
+
+
+def test_the_probe_exits_deadlocked_at_once_when_a_call_does_not_finish(monkeypatch):
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    calls = []
+    monkeypatch.setattr(cc, "sparse_mla_moving_max_case", lambda *a, **k: ((), {}))
+    monkeypatch.setattr(cc, "finishes", lambda fn, seconds: calls.append(seconds) or len(calls) < 2)
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cc.os, "_exit", exit_)
+    with pytest.raises(SystemExit) as e:
+        cc.main(["--probe", str(CANDIDATES[0]), "--hang-seconds", "5"])
+    assert e.value.code == cc.DEADLOCKED and calls == [5.0, 5.0]  # narrow finished, wide did not
