@@ -13,7 +13,8 @@ to the next), each through both gather widths. Outputs are allocated NaN-poisone
 unwritten one shows. First each copy makes one call per width in a process of its own, watched
 (``--hang-seconds``): a copy whose barriers deadlock costs that long and is left out, named,
 instead of taking the whole GPU command's time (a kernel that never ends holds its context).
-Writes ``check_ws_copies.json`` under ``--out`` (each copy's probe verdict; one row per copy,
+Every later call is watched the same way; one that never finishes stops the run there (exit 3),
+with the rows so far and the call named in the JSON. Writes ``check_ws_copies.json`` under ``--out`` (each copy's probe verdict; one row per copy,
 call and width: the mismatch or null, the output's relative error) and ``passed_variants.txt``
 (``--variant LABEL=FILE`` for each copy that passed every check: ``bench_flashmla.py``'s
 arguments); prints a line per copy; exit 1 when a copy fails, 2 on a machine without a CUDA GPU.
@@ -49,11 +50,14 @@ CALLS = [(pattern, H, K, T, sink) for pattern in MOVING_MAX_PATTERNS for H in (6
          for T in (96, 600) for sink in (False, True)]
 
 
-def check_copies(mods: dict, calls=CALLS, dev="cuda") -> dict:
-    """``{label: rows}``, one row per call and gather width: ``mismatch`` (None: it matched) and
-    ``rel`` (the output's relative error); the reference computed once per call. ``mods``: modules
-    with the kernel module's ``sparse_mla`` and ``wide_gathers``."""
-    rows = {label: [] for label in mods}
+def check_copies(mods: dict, calls=CALLS, dev="cuda", settled=None, rows=None) -> dict:
+    """``{label: rows}`` (filled into ``rows`` as it goes, when given), one row per call and gather
+    width: ``mismatch`` (None: it matched) and ``rel`` (the output's relative error); the reference
+    computed once per call. ``mods``: modules with the kernel module's ``sparse_mla`` and
+    ``wide_gathers``. ``settled(label, call, wide)``: waits for each call's GPU work (default: a
+    synchronize on CUDA)."""
+    rows = {} if rows is None else rows
+    rows.update({label: [] for label in mods})
     saved = {label: mod.wide_gathers for label, mod in mods.items()}
     try:
         for pattern, H, K, T, sink in calls:
@@ -64,7 +68,9 @@ def check_copies(mods: dict, calls=CALLS, dev="cuda") -> dict:
                     mod.wide_gathers = lambda kv, w=wide: w
                     with poisoned_allocations(ints=False):
                         got = mod.sparse_mla(*args, **kw)
-                    if torch.device(dev).type == "cuda":
+                    if settled is not None:
+                        settled(label, (pattern, H, K, T, sink), wide)
+                    elif torch.device(dev).type == "cuda":
                         torch.cuda.synchronize()
                     why, rel = check(got, *args, kw.get("sink"), want=want)
                     rows[label].append({"pattern": pattern, "H": H, "K": K, "T": T, "sink": sink, "wide": wide,
@@ -80,6 +86,11 @@ def finishes(fn, seconds: float) -> bool:
     happen before it returns). Polled, not synchronised: a copy whose barriers deadlock never
     returns from a synchronize, and would take the whole command's time with it."""
     fn()
+    return finished(seconds)
+
+
+def finished(seconds: float) -> bool:
+    """Whether the GPU work queued so far completes within ``seconds`` (polled)."""
     done = torch.cuda.Event()
     done.record()
     deadline = time.monotonic() + seconds
@@ -158,7 +169,19 @@ def main(argv=None) -> int:
     mods = {"kernel": sparse_mla_gluon_ws}
     mods.update({label: load_module_copy(f"_check_{label}", f) for label, f in labels.items()
                  if result["probe"][label] == "ok"})
-    result["rows"] = check_copies(mods)
+    result["rows"] = {}
+
+    def settled(label, call, wide):  # a copy that passed its probe may still deadlock on another call
+        if not finished(args.hang_seconds):
+            result["hung"] = {"copy": label, "call": call, "wide": wide}
+            results.write_json(args.out / "check_ws_copies.json", result)  # the rows so far
+            log(f"check_ws_copies: {label} (wide={wide}) did not finish {call} in {args.hang_seconds} s: deadlocked; "
+                f"stopped (a kernel that never ends holds this process's context)")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(DEADLOCKED)
+
+    check_copies(mods, settled=settled, rows=result["rows"])
     passed = []
     for label, rows in result["rows"].items():
         bad = [r for r in rows if r["mismatch"]]

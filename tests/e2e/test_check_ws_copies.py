@@ -193,3 +193,11 @@ def test_the_probe_exits_deadlocked_at_once_when_a_call_does_not_finish(monkeypa
     with pytest.raises(SystemExit) as e:
         cc.main(["--probe", str(CANDIDATES[0]), "--hang-seconds", "5"])
     assert e.value.code == cc.DEADLOCKED and calls == [5.0, 5.0]  # narrow finished, wide did not
+
+
+def test_each_call_is_settled_through_the_callers_watch():
+    seen, rows = [], {}
+    cc.check_copies({"ok": _reference_module()}, CALLS[:1], dev="cpu",
+                    settled=lambda label, call, wide: seen.append((label, call, wide)), rows=rows)
+    assert seen == [("ok", CALLS[0], False), ("ok", CALLS[0], True)]
+    assert [r["wide"] for r in rows["ok"]] == [False, True]  # filled in place: what a stopped run writes
