@@ -9,8 +9,9 @@ the torch-native baseline, per cell of H 64 / 128 x K 640 / 1152 x T 4K / 16K x 
 
 Kernel experiments: ``--variant LABEL=FILE`` (repeatable) also times a copy of the ws kernel's module
 (``git show <rev>:kernels/sparse_mla_gluon_ws.py > FILE``, edited or not; or a ``.diff`` of it, e.g. a
-candidate of ``bench/experiments/candidates/``, applied strictly) as path ``ws_LABEL`` in the same rounds, checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its
-ratio to FlashMLA direct and to ``pack_gluon_ws``, per cell class: min and geometric mean).
+candidate of ``bench/experiments/candidates/``, applied strictly) as path ``ws_LABEL`` in the same rounds,
+checked like every path; ``--skip`` leaves paths out; a summary per variant prints last (its ratio to FlashMLA
+direct and to ``pack_gluon_ws``, per cell class: min and geometric mean).
 ``pack_default`` is ``select(device).sparse_mla`` with validation off (the hot path) and
 ``pack_default_validated`` the same call with validation on, as it comes: what a user who times the
 default call measures (its one device read and its host checks land inside the measured time).
