@@ -14,8 +14,9 @@ unwritten one shows. First each copy makes one call per width in a process of it
 (``--hang-seconds``): a copy whose barriers deadlock costs that long and is left out, named,
 instead of taking the whole GPU command's time (a kernel that never ends holds its context).
 Every later call is watched the same way; one that never finishes stops the run there (exit 3),
-with the rows so far and the call named in the JSON. Writes ``check_ws_copies.json`` under ``--out`` (each copy's probe verdict; one row per copy,
-call and width: the mismatch or null, the output's relative error) and ``passed_variants.txt``
+with the rows so far and the call named in the JSON. Writes ``check_ws_copies.json`` under
+``--out`` (each copy's probe verdict; one row per copy, call and width: the mismatch or null, the
+output's relative error) and ``passed_variants.txt``
 (``--variant LABEL=FILE`` for each copy that passed every check: ``bench_flashmla.py``'s
 arguments); prints a line per copy; exit 1 when a copy fails, 2 on a machine without a CUDA GPU.
 A ``.diff`` the kernel has moved away from is refused, naming its hunk, before the GPU is asked

@@ -108,7 +108,8 @@ def test_copies_are_checked_per_call_and_width_with_poisoned_outputs():
 
 @pytest.mark.parametrize("argv, what", [([], "expected --out DIR and at least one FILE"),
                                         (["x.diff"], "expected an existing .py or .diff file"),
-                                        (["bench/experiments/candidates/README.md"], "expected an existing .py or .diff file"),
+                                        (["bench/experiments/candidates/README.md"],
+                                         "expected an existing .py or .diff file"),
                                         (["bench/bench_flashmla.py", "bench/bench_flashmla.py"], "not given before")])
 def test_bad_copies_refused(tmp_path, monkeypatch, argv, what):
     monkeypatch.chdir(ROOT)
