@@ -112,11 +112,17 @@ def probe(path: Path, seconds: float) -> int:
     for wide in (False, True):
         mod.wide_gathers = lambda kv, w=wide: w
         if not finishes(lambda: mod.sparse_mla(*args, **kw), seconds):
-            log(f"check_ws_copies: {path.stem} (wide={wide}) did not finish in {seconds} s: deadlocked")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(DEADLOCKED)
+            stop_deadlocked(f"{path.stem} (wide={wide}) did not finish in {seconds} s: deadlocked")
     return 0
+
+
+def stop_deadlocked(why: str) -> None:
+    """Say ``why`` and exit :data:`DEADLOCKED` at once: with a kernel that never ends in its
+    context, the process cannot synchronise, free or exit normally."""
+    log(f"check_ws_copies: {why}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(DEADLOCKED)
 
 
 def probe_apart(path: Path, seconds: float) -> str:
@@ -176,11 +182,8 @@ def main(argv=None) -> int:
         if not finished(args.hang_seconds):
             result["hung"] = {"copy": label, "call": call, "wide": wide}
             results.write_json(args.out / "check_ws_copies.json", result)  # the rows so far
-            log(f"check_ws_copies: {label} (wide={wide}) did not finish {call} in {args.hang_seconds} s: deadlocked; "
-                f"stopped (a kernel that never ends holds this process's context)")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(DEADLOCKED)
+            stop_deadlocked(f"{label} (wide={wide}) did not finish {call} in {args.hang_seconds} s: deadlocked; "
+                            f"stopped, the rows so far written")
 
     check_copies(mods, settled=settled, rows=result["rows"])
     passed = []
