@@ -2,13 +2,16 @@
 
 :func:`serving_config` maps a ``VllmConfig`` onto :class:`swa_backends.ServingConfig`;
 :func:`decide` adds the device and returns the pack's :class:`~swa_backends.Capabilities`
-next to what vLLM itself would do with encoder replay (0.33's ``attention.py`` turns it off
-without model runner V2, under PCP without prefix caching, and on ROCm). Both are pure
+next to what vLLM itself would do with encoder replay (its ``attention.py`` turns it off under
+PCP without prefix caching, and on ROCm: 0.33 on every ROCm device and without model runner V2,
+0.34 outside CDNA 3 and 4). Both are pure
 functions of the config objects (attribute reads only), so they are unit-tested on configs
 built without a model. See ``swa-backends info --config KEY=VALUE`` for the same decision.
 
-What a release pins -- vLLM's lists mirrored here, its speculative methods, the lines each rule
-restates -- is the release subpackage's ``config`` module (``v0_33/config.py``), read for the
+What a release pins -- vLLM's lists mirrored here, its speculative methods, the rules that differ
+between releases (the model runner, sequence-parallel MoE, the ROCm gate of encoder replay), the
+lines each rule restates -- is the release subpackage's ``config`` module (``v0_33/config.py``,
+``v0_34/config.py``), read for the
 installed vLLM's release (``current_release()``: the newest supported where vLLM is absent).
 """
 
@@ -44,7 +47,7 @@ def graph_mode(vllm_config) -> str:
 
 
 def facts():
-    """The release's ``config`` module (``v0_33/config.py``) for the installed vLLM."""
+    """The release's ``config`` module (``v0_33/config.py``, ...) for the installed vLLM."""
     from . import current_release
 
     return current_release().config
@@ -67,13 +70,18 @@ def mega_moe(vllm_config) -> bool:
 
 
 def sequence_parallel_moe(vllm_config) -> bool:
-    """vLLM's ``_use_sequence_parallel`` (DeepSeek-V4.1 ``nvidia/model.py``): PP 1, expert
-    parallel, TP > 1 and (a MegaMoE backend or DP > 1)."""
-    pc = vllm_config.parallel_config
+    """vLLM's ``_use_sequence_parallel`` (DeepSeek-V4.1 ``nvidia/model.py``), as the release
+    states it (its ``config.sequence_parallel_moe``): expert parallel, TP > 1 and (a MegaMoE
+    backend or DP > 1); 0.33 also needs PP 1."""
     kernel = getattr(vllm_config, "kernel_config", None)
     mega = getattr(kernel, "moe_backend", None) in _mega_moe_backends()
-    return bool(pc.pipeline_parallel_size == 1 and getattr(pc, "enable_expert_parallel", False)
-                and getattr(pc, "tensor_parallel_size", 1) > 1 and (mega or pc.data_parallel_size > 1))
+    return bool(facts().sequence_parallel_moe(vllm_config.parallel_config, mega))
+
+
+def model_runner(vllm_config) -> str:
+    """``"v2"`` or ``"v1"``: the model runner vLLM runs (the release's ``config.model_runner``:
+    0.33 reads ``use_v2_model_runner``; 0.34 has model runner V2 only)."""
+    return facts().model_runner(vllm_config)
 
 
 def stage_holds_all_layers_after_cut(vllm_config, pp_rank: int | None = None) -> bool:
@@ -139,7 +147,7 @@ def serving_config(vllm_config, *, pp_rank: int | None = None) -> ServingConfig:
 
     ``engram_after_cut`` counts an Engram layer *at* the cut too: vLLM's replay batch
     starts at the cut layer (it writes every row's KV, then runs trimmed).
-    ``drafter_aux_layers`` stays empty: vLLM 0.33 hands the drafter the replay layers'
+    ``drafter_aux_layers`` stays empty: vLLM (0.33, 0.34) hands the drafter the replay layers'
     aux hidden states for the kept rows and gates the drafter by its window instead
     (``drafter_window``). ``kv_connector`` and ``kv_connector_owns_scheduling`` are both
     "a ``kv_transfer_config`` is set": vLLM's PCP check refuses any connector."""
@@ -149,7 +157,7 @@ def serving_config(vllm_config, *, pp_rank: int | None = None) -> ServingConfig:
     engram = tuple(getattr(text, "engram_layer_ids", None) or ())
     sched = vllm_config.scheduler_config
     return ServingConfig(
-        model_runner="v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1",
+        model_runner=model_runner(vllm_config),
         pipeline_parallel_size=int(pc.pipeline_parallel_size),
         prefill_context_parallel_size=int(getattr(pc, "prefill_context_parallel_size", 1) or 1),
         decode_context_parallel_size=int(getattr(pc, "decode_context_parallel_size", 1) or 1),
@@ -171,13 +179,17 @@ def serving_config(vllm_config, *, pp_rank: int | None = None) -> ServingConfig:
     )
 
 
-def vllm_encoder_replay(vllm_config, *, platform: str | None = None) -> tuple[bool, str | None]:
-    """What vLLM 0.33 itself does with encoder replay (``attention.py`` L538-561):
-    ``(on, reason it is off)``. ``platform``: ``"rocm"``, ``"cuda"``, ... (None: vLLM's)."""
+def vllm_encoder_replay(vllm_config, *, platform: str | None = None, arch: str | None = None
+                        ) -> tuple[bool, str | None]:
+    """What vLLM itself does with encoder replay (DeepSeek-V4.1's ``attention.py``):
+    ``(on, reason it is off)``. ``platform``: ``"rocm"``, ``"cuda"``, ... (None: vLLM's);
+    ``arch``: the device's (``gfx942``, ...), which the release's ROCm gate may read
+    (``config.rocm_replay_off``: 0.33 keeps it off on every ROCm device, 0.34 on all but CDNA 3
+    and 4)."""
     cc = vllm_config.cache_config
     if not getattr(cc, "swa_bounded_replay", False):
         return False, "--swa-bounded-replay is off (cache_config.swa_bounded_replay=False)"
-    if not getattr(vllm_config, "use_v2_model_runner", False):
+    if model_runner(vllm_config) != "v2":
         return False, "vLLM needs model runner V2 for SWA bounded replay"
     if getattr(vllm_config.parallel_config, "prefill_context_parallel_size", 1) > 1 and not cc.enable_prefix_caching:
         return False, "vLLM turns SWA bounded replay off under PCP without prefix caching"
@@ -186,8 +198,9 @@ def vllm_encoder_replay(vllm_config, *, platform: str | None = None) -> tuple[bo
 
         platform = "rocm" if current_platform.is_rocm() else "other"
     if platform == "rocm":
-        return False, ("vLLM turns prefix-cache SWA replay off on ROCm (its AITER attention reads the window "
-                       "without the replay-start clamp)")
+        why = facts().rocm_replay_off(arch)
+        if why is not None:
+            return False, why
     return True, None
 
 
@@ -250,6 +263,8 @@ def decide(vllm_config, device=None, *, pp_rank: int | None = None, platform: st
         device = getattr(getattr(vllm_config, "device_config", None), "device", None)
     cfg = serving_config(vllm_config, pp_rank=pp_rank)
     caps = capabilities(device, config=cfg)
-    on, why = vllm_encoder_replay(vllm_config, platform=platform)
-    rocm_only = not on and why is not None and vllm_encoder_replay(vllm_config, platform="cuda")[0]
+    on, why = vllm_encoder_replay(vllm_config, platform=platform, arch=caps.device.arch)
+    # the pack turns on what vLLM keeps off for ROCm alone only where the release's ROCm path lets it
+    rocm_only = (facts().PACK_TURNS_ROCM_ENCODER_ON and not on and why is not None
+                 and vllm_encoder_replay(vllm_config, platform="cuda")[0])
     return Decision(cfg, caps, on, why, vllm_requires_encoder_replay(vllm_config), rocm_only)

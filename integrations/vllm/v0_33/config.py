@@ -1,9 +1,10 @@
 """What the core's config mapping (``swa_backends.integrations.vllm.config``) reads of vLLM 0.33.
 
-Data only, no vLLM import: the lists of vLLM's the mapping mirrors (read where a config is
-built without vLLM), the speculative methods it names, and the lines of vLLM's source each of
-the integration's restated rules follows (the drift test finds every one in the installed
-vLLM; the seam table pins the same definitions' fingerprints).
+No vLLM import: the lists of vLLM's the mapping mirrors (read where a config is built without
+vLLM), the speculative methods it names, the rules that differ between releases (each a small
+pure function of config objects), and the lines of vLLM's source each of the integration's
+restated rules follows (the drift test finds every one in the installed vLLM; the seam table
+pins the same definitions' fingerprints).
 """
 
 from __future__ import annotations
@@ -19,6 +20,29 @@ DRAFTER_KINDS = {"dspark": "dspark", "mtp": "mtp", "eagle": "eagle", "eagle3": "
 #: the methods of ``SpeculativeMethod`` that are ``other`` on purpose (no drafter the rules know); with
 #: :data:`DRAFTER_KINDS` and the MTP model types, every method this release takes
 OTHER_DRAFTERS = ("custom_class", "extract_hidden_states")
+
+#: the pack may turn on, on ROCm, the encoder replay vLLM builds off there (``model._encoder_on_rocm``:
+#: 0.33's ROCm prefill attention is patched to the pack's clamped ``sparse_mla``)
+PACK_TURNS_ROCM_ENCODER_ON = True
+
+
+def model_runner(vllm_config) -> str:
+    """``VllmConfig.use_v2_model_runner`` as ``"v2"`` / ``"v1"`` (0.33 has both runners)."""
+    return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
+
+
+def sequence_parallel_moe(parallel_config, mega_moe: bool) -> bool:
+    """``_use_sequence_parallel``: PP 1, expert parallel, TP > 1 and (MegaMoE or DP > 1)."""
+    pc = parallel_config
+    return (pc.pipeline_parallel_size == 1 and bool(getattr(pc, "enable_expert_parallel", False))
+            and getattr(pc, "tensor_parallel_size", 1) > 1 and (mega_moe or pc.data_parallel_size > 1))
+
+
+def rocm_replay_off(arch: str | None) -> str | None:
+    """Why 0.33's attention layer turns encoder replay off on ROCm: on every device."""
+    return ("vLLM turns prefix-cache SWA replay off on ROCm (its AITER attention reads the window without the "
+            "replay-start clamp)")
+
 
 _DSV41 = "vllm.models.deepseek_v41"
 
