@@ -13,13 +13,15 @@
 * the release's modules import here (its model class, patches and the runtime: a worker
   imports them when it builds the model);
 * every vLLM definition the integration relies on matches the release its subpackage was
-  written for (:mod:`.seams` checks the subpackage's table, ``v0_33/seams.py``): a ``0.33.x``
-  that changed one is left untouched, with one log line naming the seams that differ.
+  written for (:mod:`.seams` checks the subpackage's table, ``v0_33/seams.py``,
+  ``v0_34/seams.py``): a ``0.33.x`` that changed one is left untouched, with one log line naming
+  the seams that differ.
 
 Then it registers the architecture ``DeepseekV41ForCausalLM`` under the same name as a
 lazy ``"module:Class"`` string (vLLM's supported extension point,
 ``ModelRegistry.register_model``): the release's ``model:DeepseekV41ForCausalLM``
-(``swa_backends.integrations.vllm.v0_33.model:DeepseekV41ForCausalLM`` for 0.33), a thin
+(``swa_backends.integrations.vllm.v0_33.model:DeepseekV41ForCausalLM`` for 0.33, ``...v0_34.model:...``
+for 0.34, which names the same module), a thin
 subclass of the class vLLM would pick on this platform. Nothing is patched here: when that
 model is built in a worker it computes the pack's capability decision from vLLM's config
 (:mod:`.config`), applies the release's few unavoidable patches and routes the sides the pack
@@ -39,23 +41,26 @@ release's part of the core module of the same name:
 * ``kernels.py``: where vLLM's replay-metadata kernels live and how its call sites launch them
   (``swa_backends.testing.vllm_kernels`` loads them for the differential).
 
-Adding vLLM 0.34 (the checklist):
+Adding a release (the checklist; 0.34 was added this way):
 
-1. copy ``v0_33/`` to ``v0_34/``, set its ``RELEASE``, and add ``"0.34": "swa_backends.integrations.vllm.v0_34"``
-   to :data:`RELEASES` (and ``swa_backends.integrations.vllm.v0_34`` to pyproject's packages);
-2. with vLLM 0.34 installed, run ``python -m swa_backends.integrations.vllm.v0_34.seams``: it holds the installed
-   vLLM against the copy's table (0.33's values) and marks every seam that differs; read vLLM's diff of each,
-   adapt ``v0_34/`` (model, patches, config, target, kernels), then take the values it prints into
-   ``v0_34/seams.py``. A marked seam whose rule the core restates (``runtime.predicted_split`` /
-   ``predicted_kept``, ``config``'s encoder gates, ...) and 0.34 changed moves into the subpackages first:
-   a function in each release's module of that name, which the core reads from ``current_release()`` as
-   ``config`` reads its facts;
-3. point :data:`TESTED_VLLM` at the release CI should install (``.ci/run`` reads it) and run
-   ``tests/integration/vllm`` against it: the tests pick the installed release's subpackage
+1. add ``v0_35/`` with its ``RELEASE`` and ``"0.35": "swa_backends.integrations.vllm.v0_35"`` in
+   :data:`RELEASES` (and the subpackage in pyproject's packages); start its ``seams`` from the
+   newest table's copy;
+2. with vLLM 0.35 installed, run ``python -m swa_backends.integrations.vllm.v0_35.seams``: it holds the installed
+   vLLM against the copy's table and marks every seam that differs; read vLLM's diff of each.
+   A part whose every relied-on definition kept its parameters and (where it is reproduced or
+   patched) its fingerprint is the previous release's module, re-exported (0.34's ``model``,
+   ``patches``, ``kernels`` are 0.33's); a part that must change is the release's own. A rule the
+   core restates that the release changed is a function of the releases' ``config`` modules,
+   which the core reads from ``current_release()`` (0.34 moved ``model_runner``,
+   ``sequence_parallel_moe`` and ``rocm_replay_off`` there). Then take the values the script
+   prints into the table;
+3. point :data:`TESTED_VLLM` at the newest release and run ``tests/integration/vllm`` against
+   each supported one: the tests pick the installed release's subpackage
    (``tests/integration/vllm/_release.py``); ``test_releases.py`` fails, naming the fix, while the installed
-   vLLM has none. The tests that build vLLM's own objects without a model (``_vllm_harness.py``, ``rocm/``)
-   follow vLLM's constructors: adapt them where 0.34 changed one;
-4. drop a release series from :data:`RELEASES` (and its subpackage) when it is no longer supported.
+   vLLM has none. CI installs every subpackage's ``RELEASE`` (``.ci/install_vllm.py``);
+4. drop a release series from :data:`RELEASES` (and its subpackage) when it is no longer supported,
+   moving a module the newer releases re-export into the newest of them first.
 """
 
 from __future__ import annotations
@@ -76,14 +81,16 @@ from ...common.validation import env_switch
 #: vLLM release series (major.minor) -> the subpackage holding everything the integration ties to
 #: that release. The one place the supported releases are declared: the version gate, the tests
 #: (``tests/integration/vllm/_release.py``) and the decision command read it.
-RELEASES: dict[str, str] = {"0.33": "swa_backends.integrations.vllm.v0_33"}
+RELEASES: dict[str, str] = {"0.33": "swa_backends.integrations.vllm.v0_33",
+                             "0.34": "swa_backends.integrations.vllm.v0_34"}
 #: the modules every release subpackage holds (each imported on first access: ``release.model``)
 RELEASE_PARTS = ("seams", "patches", "model", "config", "target", "kernels")
 #: the supported release series (:data:`RELEASES`' keys)
 SUPPORTED_VLLM: tuple[str, ...] = tuple(RELEASES)
-#: The release CI installs (``.ci/run`` reads this line); the ``RELEASE`` of one subpackage, every
-#: pinned signature and source hash of which was taken from it.
-TESTED_VLLM = "0.33.0"
+#: The newest release the integration is tested against: the ``RELEASE`` of one subpackage, every
+#: pinned signature and source hash of which was taken from it, and :func:`current_release`'s
+#: fallback. CI installs every subpackage's ``RELEASE``, each in a venv of its own (``.ci/run``).
+TESTED_VLLM = "0.34.0"
 
 #: The environment switch: ``0``/``off``/``false``/``no`` turn the whole plugin off;
 #: ``force`` skips the platform check; anything else (or unset) is automatic.

@@ -1,4 +1,4 @@
-"""vLLM 0.33's replay-metadata calls, mapped onto the pack's ops (no vLLM import).
+"""vLLM's replay-metadata calls (0.33 and 0.34 alike), mapped onto the pack's ops (no vLLM import).
 
 Each function here takes exactly what vLLM hands its own kernel at that call site and
 writes the same tensors through the pack's :class:`~swa_backends.Backend`, into the
@@ -241,7 +241,7 @@ def scatter_rows(be: Backend, y: torch.Tensor, rows: torch.Tensor, num_rows: int
 # one launch per step: what vLLM's call sites will ask for, written ahead by one launch
 # ---------------------------------------------------------------------------------------
 #
-# vLLM 0.33 launches a step's replay metadata from five call sites in three stages (the model
+# vLLM (0.33, 0.34) launches a step's replay metadata from five call sites in three stages (the model
 # state pads slots, each sparse-SWA builder writes decode rows, prefill rows and gather
 # lengths, the model state gathers the decoder sub-batch). The model state (model.py) opens a
 # step, vLLM's pad call is held, and before the builders run :func:`prepare_step` launches

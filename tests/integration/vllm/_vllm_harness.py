@@ -95,7 +95,7 @@ def make_config(*, W: int, spec: int, max_seqs: int = 32, max_tokens: int = 2048
     cfg.parallel_config.data_parallel_size = 1
     cfg.aux_output_config.enable_return_routed_experts = False
     cfg.compilation_config.cudagraph_decoder_replay = False
-    cfg.speculative_config = (SimpleNamespace(num_speculative_tokens=spec, parallel_drafting=False,
+    cfg.speculative_config = (SimpleNamespace(num_speculative_tokens=spec, parallel_drafting=False, max_num_new_slots_for_drafting=0,
                                               use_dspark=lambda: False) if spec else None)
     cfg.use_v2_model_runner = True
     cfg.lora_config = None

@@ -72,3 +72,32 @@ def clean_integration(caplog):
     yield
     patches.restore()
     integration._reset_for_tests()
+
+
+@pytest.fixture
+def as_release(release, monkeypatch):
+    """``release``, whose facts and rules the decision then reads (``config.facts()``:
+    ``current_release()`` answers ``release``), for the tests of a decision on config objects."""
+    from swa_backends.integrations import vllm as integration
+
+    monkeypatch.setattr(integration, "current_release", lambda: release)
+    return release
+
+
+@pytest.fixture
+def with_v1(as_release):
+    """``as_release`` for a release that still has model runner V1 (0.33); skips the others."""
+    import _configs
+
+    if as_release.config.model_runner(_configs.vllm_config(use_v2_model_runner=False)) != "v1":
+        pytest.skip(f"vLLM {as_release.RELEASE} has model runner V2 only")
+    return as_release
+
+
+@pytest.fixture
+def rocm_turn_on(as_release):
+    """``as_release`` for a release where the pack turns on the encoder replay vLLM keeps off on
+    ROCm (0.33); skips the others (0.34 keeps it on itself on CDNA 3 and 4)."""
+    if not as_release.config.PACK_TURNS_ROCM_ENCODER_ON:
+        pytest.skip(f"with vLLM {as_release.RELEASE} the pack does not turn encoder replay on on ROCm")
+    return as_release

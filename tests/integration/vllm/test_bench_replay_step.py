@@ -23,6 +23,8 @@ if importlib.util.find_spec("vllm") is None:
 
 from test_launch_counts import TABLE  # noqa: E402
 
+from swa_backends.integrations import vllm as integration  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -34,7 +36,7 @@ def test_smoke_against_vllm(tmp_path):
                            "--smoke"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "bench_replay_step.json").read_text())
-    assert res["meta"]["vllm_ran"] is True and res["meta"]["vllm_kernels"].startswith("installed vllm 0.33")
+    assert res["meta"]["vllm_ran"] is True and res["meta"]["vllm_kernels"].startswith(f"installed vllm {integration.vllm_version()}")
     for row in res["steps"]:
         assert row["checked_against"] == "vllm"
         assert row["vllm_host_us"] > 0 and row["pack_vs_vllm_host_us"] > 0

@@ -39,8 +39,8 @@ def test_importing_the_pack_imports_no_integration_and_no_vllm():
 
 
 @pytest.mark.parametrize("version,ok", [("0.33.0", True), ("0.33.1", True), ("0.33.1.dev12+gabc", True),
-                                        ("0.33.0+cu130", True), ("0.32.2", False), ("0.34.0", False),
-                                        ("1.33.0", False), ("garbage", False), (None, False)])
+                                        ("0.33.0+cu130", True), ("0.32.2", False), ("0.34.0", True),
+                                        ("0.34.1rc1", True), ("0.35.0", False), ("1.33.0", False), ("garbage", False), (None, False)])
 def test_supported_versions_are_declared_once(version, ok):
     assert integration.supported(version) is ok
     assert integration.release_series(integration.TESTED_VLLM) in integration.RELEASES
@@ -75,11 +75,11 @@ def test_switch_off_leaves_vllm_untouched(monkeypatch, fresh):
 
 def test_unsupported_vllm_is_left_untouched_with_one_warning(monkeypatch, fresh):
     monkeypatch.delenv(integration.ENV, raising=False)
-    monkeypatch.setattr(integration, "vllm_version", lambda: "0.34.2")
+    monkeypatch.setattr(integration, "vllm_version", lambda: "0.35.2")
     st = integration.install()
     integration.install()
-    assert not st.installed and st.vllm_version == "0.34.2" and "not a supported release" in st.reason
-    assert "0.33.x" in st.reason and st.release is None
+    assert not st.installed and st.vllm_version == "0.35.2" and "not a supported release" in st.reason
+    assert "0.33.x, 0.34.x" in st.reason and st.release is None
     assert [r.levelno for r in fresh.records] == [logging.WARNING]
 
 
@@ -104,7 +104,7 @@ def test_any_failure_is_one_warning(monkeypatch, fresh):
 # ---------------------------------------------------------------------------------------
 
 
-def test_serving_config_mapping():
+def test_serving_config_mapping(as_release):
     cfg = icfg.serving_config(_configs.vllm_config())
     assert cfg.model_runner == "v2" and cfg.graph_mode == "full_and_piecewise" and cfg.window == 128
     assert cfg.cut_layer == 20 and cfg.async_scheduling and not cfg.engram_after_cut and cfg.drafter_window is None
@@ -114,8 +114,9 @@ def test_serving_config_mapping():
         parallel_config__use_ubatching=True, compilation_config__cudagraph_mode=_configs.CUDAGraphMode.FULL_DECODE_ONLY,
         scheduler_config__async_scheduling=False, lora_config=object(), kv_transfer_config=object(),
         model_config__hf_text_config__engram_layer_ids=[20]))
+    has_v1 = as_release.RELEASE.startswith("0.33.")  # 0.34 removed model runner V1
     assert (cfg.model_runner, cfg.prefill_context_parallel_size, cfg.decode_context_parallel_size,
-            cfg.data_parallel_size) == ("v1", 2, 4, 2)
+            cfg.data_parallel_size) == ("v1" if has_v1 else "v2", 2, 4, 2)
     assert cfg.microbatching and cfg.graph_mode == "decode_only" and not cfg.async_scheduling
     assert cfg.lora and cfg.kv_connector_owns_scheduling and cfg.engram_after_cut  # an Engram layer AT the cut counts
     assert cfg.kv_connector and not cfg.mega_moe and cfg.drafter == "none"
@@ -123,6 +124,8 @@ def test_serving_config_mapping():
     sp = _configs.vllm_config(parallel_config__enable_expert_parallel=True, parallel_config__tensor_parallel_size=8,
                               parallel_config__data_parallel_size=2)
     assert icfg.serving_config(sp).sequence_parallel_moe
+    sp.parallel_config.pipeline_parallel_size = 2  # 0.34's _use_sequence_parallel dropped its PP-1 condition
+    assert icfg.sequence_parallel_moe(sp) is not has_v1
 
 
 @pytest.mark.parametrize("draft,expected", [
@@ -179,12 +182,13 @@ def test_pcp_refusals_become_reasons():
         assert [r for r in d.capabilities.encoder_replay.reasons if r.startswith(f"[{rule}]")], over
 
 
-def test_ascend_decision_from_a_vllm_config():
+def test_ascend_decision_from_a_vllm_config(as_release):
     """On an Ascend row the same config gives vllm-ascend's gate: model runner v2, graph mode
     NONE or FULL_DECODE_ONLY, DSpark only."""
     ok = dict(compilation_config__cudagraph_mode=_configs.CUDAGraphMode.FULL_DECODE_ONLY)
     assert _decide("ascend:910b", platform="other", **ok).capabilities.decoder_replay.enabled
-    for over, rule in ((dict(use_v2_model_runner=False), "[ascend-runner]"),
+    v1 = ((dict(use_v2_model_runner=False), "[ascend-runner]"),) if as_release.RELEASE.startswith("0.33.") else ()
+    for over, rule in (*v1,
                        (dict(speculative_config=_configs.drafter(method="eagle")), "[ascend-drafter]"),
                        (dict(compilation_config__cudagraph_mode=_configs.CUDAGraphMode.PIECEWISE), "[ascend-graph]")):
         caps = _decide("ascend:910b", platform="other", **{**ok, **over}).capabilities
@@ -219,7 +223,7 @@ def test_decide_pcp_with_prefix_caching_cannot_turn_encoder_off():
     assert not eager.capabilities.decoder_replay.enabled  # the pack keeps decoder trimming off under PCP
 
 
-def test_decide_vllm_off_on_rocm_pack_on():
+def test_decide_vllm_off_on_rocm_pack_on(rocm_turn_on):
     d = _decide(device="rocm:gfx942", platform="rocm")
     assert d.capabilities.encoder_replay.enabled and not d.vllm_encoder and not d.encoder
     assert "ROCm" in d.vllm_encoder_reason
@@ -232,15 +236,17 @@ def test_decide_vllm_off_on_rocm_pack_on():
     (dict(speculative_config=_configs.drafter()), "drafter"),
     (dict(parallel_config__decode_context_parallel_size=2), "the pack turns encoder replay off"),
 ])
-def test_decide_rocm_turn_on_blocked(over, needle):
+def test_decide_rocm_turn_on_blocked(rocm_turn_on, over, needle):
     d = _decide(device="rocm:gfx950", platform="rocm", **over)
     assert d.vllm_off_for_rocm_only and needle in d.encoder_on_rocm
     assert not d.as_dict()["pack_turns_encoder_on_on_rocm"]
 
 
 @pytest.mark.parametrize("over", [dict(use_v2_model_runner=False), dict(cache_config__swa_bounded_replay=False)])
-def test_decide_rocm_other_vllm_reasons_stand(over):
+def test_decide_rocm_other_vllm_reasons_stand(as_release, over):
     """vLLM's other reasons for off (model runner v1, the flag off) are not ROCm's: never overridden."""
+    if "use_v2_model_runner" in over and not as_release.RELEASE.startswith("0.33."):
+        pytest.skip(f"vLLM {as_release.RELEASE} has model runner V2 only")
     d = _decide(device="rocm:gfx942", platform="rocm", **over)
     assert not d.vllm_encoder and not d.vllm_off_for_rocm_only and d.encoder_on_rocm is not None
 
@@ -251,15 +257,35 @@ def test_decide_rocm_other_vllm_reasons_stand(over):
     (dict(parallel_config__use_ubatching=True), "microbatching"),
     (dict(use_v2_model_runner=False), "requires encoder replay"),
 ])
-def test_decide_decoder_off(over, needle):
+def test_decide_decoder_off(as_release, over, needle):
+    if "use_v2_model_runner" in over and not as_release.RELEASE.startswith("0.33."):
+        pytest.skip(f"vLLM {as_release.RELEASE} has model runner V2 only")
     d = _decide(**over)
     assert not d.capabilities.decoder_replay.enabled
     assert any(needle in r for r in d.capabilities.decoder_replay.reasons), d.capabilities.decoder_replay.reasons
 
 
-def test_decide_v1_runner():
+def test_decide_v1_runner(with_v1):
     d = _decide(use_v2_model_runner=False)
     assert not d.vllm_encoder and not d.capabilities.encoder_replay.enabled
+
+
+def test_decide_rocm_from_0_34(as_release):
+    """From vLLM 0.34 its attention layer keeps encoder replay on on ROCm for CDNA 3 and 4 (gfx942,
+    gfx950), with its own clamped prefill attention: the pack routes the replay metadata there as
+    on CUDA and never turns encoder replay on itself."""
+    if as_release.config.PACK_TURNS_ROCM_ENCODER_ON:
+        pytest.skip(f"vLLM {as_release.RELEASE} keeps encoder replay off on ROCm (the pack turns it on)")
+    for arch in ("gfx942", "gfx950"):
+        d = _decide(device=f"rocm:{arch}", platform="rocm")
+        assert d.vllm_encoder and d.encoder and d.vllm_encoder_reason is None and not d.vllm_off_for_rocm_only
+        assert d.capabilities.decoder_replay.enabled
+    # another ROCm arch: vLLM's own "off", which the pack never overrides
+    assert icfg.vllm_encoder_replay(_configs.vllm_config(), platform="rocm", arch="gfx90a") == (
+        False, as_release.config.rocm_replay_off("gfx90a"))
+    assert "CDNA 3 and 4" in as_release.config.rocm_replay_off("gfx90a")
+    d = _decide(device="rocm:gfx942", platform="rocm", speculative_config=_configs.drafter())
+    assert d.vllm_encoder and not d.vllm_off_for_rocm_only  # a drafter no longer matters to vLLM's ROCm gate
 
 
 # ---------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ import pytest
 import torch
 
 pytest.importorskip("vllm", reason="needs vLLM (the main CI venv has none; the vLLM CI stage runs "
-                                   "tests/integration/vllm with vllm==0.33.0, CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1)")
+                                   "tests/integration/vllm with each supported vLLM, CUDA_VISIBLE_DEVICES= "
+                                   "TRITON_INTERPRET=1)")
 
 cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils",
                          reason="this vLLM has no DeepSeek-V4.1 cache_utils (vLLM 0.33 has)")

@@ -4,6 +4,7 @@ supported release) and in the vLLM stage (the installed one)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -22,7 +23,8 @@ READ_BY_THE_CORE = {
     "seams": ("SEAMS", "FILES", "RELEASE"),
     "patches": ("PATCHES", "apply", "route", "routes", "status", "restore", "pin", "failed"),
     "model": ("model_class", "ModelMixin", "Route"),
-    "config": ("MEGA_MOE_BACKENDS", "DRAFTER_KINDS", "OTHER_DRAFTERS", "MIRRORS"),
+    "config": ("MEGA_MOE_BACKENDS", "DRAFTER_KINDS", "OTHER_DRAFTERS", "MIRRORS", "PACK_TURNS_ROCM_ENCODER_ON",
+               "model_runner", "sequence_parallel_moe", "rocm_replay_off"),
     "target": ("v2_model_runner", "graph_mode", "async_scheduling", "prefix_caching"),
     "kernels": (*vk.FROM_RELEASE, "INSTALLED_KERNELS", "INSTALLED_LAUNCHERS", "SOURCE_LAUNCHERS", "LAUNCH_PRELUDE"),
 }
@@ -39,12 +41,16 @@ def test_the_release_map_is_the_one_place_releases_are_declared():
     assert tested.RELEASE == integration.TESTED_VLLM, "TESTED_VLLM is not the release its subpackage was pinned from"
 
 
-def test_ci_installs_tested_vllm():
-    """``.ci/run`` reads the release to install from this package's source: its line, run here."""
-    (line,) = [ln for ln in (REPO / ".ci" / "run").read_text().splitlines() if ln.startswith("VLLM_VERSION=$(")]
-    res = subprocess.run(["bash", "-c", f'{line}; printf %s "$VLLM_VERSION"'], capture_output=True, text=True,
+def test_ci_installs_every_supported_release():
+    """``.ci/run`` reads the releases to install (one venv each) from this package: its line, run
+    here. TESTED_VLLM is among them."""
+    (line,) = [ln for ln in (REPO / ".ci" / "run").read_text().splitlines() if ln.startswith("VLLM_RELEASES=$(")]
+    line = line.replace("$(python ", f"$({sys.executable} ", 1)
+    res = subprocess.run(["bash", "-c", f'{line}; printf %s "$VLLM_RELEASES"'], capture_output=True, text=True,
                          cwd=REPO, timeout=60)
-    assert res.returncode == 0 and res.stdout == integration.TESTED_VLLM, (line, res.stdout, res.stderr)
+    want = [integration.release_module(s).RELEASE for s in integration.RELEASES]
+    assert res.returncode == 0 and res.stdout.split() == want, (line, res.stdout, res.stderr)
+    assert integration.TESTED_VLLM in want
 
 
 def test_a_release_holds_every_part_the_core_reads(release):
@@ -52,13 +58,16 @@ def test_a_release_holds_every_part_the_core_reads(release):
     assert release.RELEASE.startswith(series + "."), release.RELEASE
     for part, names in READ_BY_THE_CORE.items():
         module = getattr(release, part)
-        assert module.__name__ == f"{release.__name__}.{part}"
+        # the release's own module, or an earlier release's it keeps unchanged (0.34's model is 0.33's)
+        assert module.__name__ in {f"{name}.{part}" for name in integration.RELEASES.values()}, module.__name__
         missing = [n for n in names if not hasattr(module, n)]
         assert not missing, f"{module.__name__} lacks {missing}"
     assert set(READ_BY_THE_CORE) == set(integration.RELEASE_PARTS)
     assert release.seams.RELEASE == release.RELEASE
     module, cls = integration.model_class_path(release).split(":")
-    assert module == release.model.__name__ and cls == integration.ARCH
+    # the release's own path, which imports its model module (0.34's is 0.33's module object)
+    assert module == f"{release.__name__}.model" and cls == integration.ARCH
+    assert importlib.import_module(module) is release.model
 
 
 def test_a_releases_kernel_tables_agree(release):
@@ -137,3 +146,24 @@ def test_a_new_release_is_a_subpackage_and_a_map_entry(tmp_path, monkeypatch):
     finally:
         for name in ("toy_release_v0_99.config", "toy_release_v0_99"):
             sys.modules.pop(name, None)
+
+
+def test_ci_installs_a_release_with_its_own_requirements(tmp_path):
+    """``.ci/install_vllm.py`` installs a release's own requirements (those without an extra),
+    relaxing only the exact pins it names, each to a lower bound."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location("install_vllm", REPO / ".ci" / "install_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    wheel = tmp_path / "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm-0.34.0.dist-info/METADATA", "\n".join([
+            "Metadata-Version: 2.4", "Name: vllm", "Version: 0.34.0",
+            "Requires-Dist: torch==2.14.0", "Requires-Dist: flashinfer-python==0.7.3",
+            'Requires-Dist: tokenspeed-mla==2.0.3; platform_system == "Linux"',
+            'Requires-Dist: pytest; extra == "test"', "", "long description"]))
+    assert mod.requirements(wheel) == ["torch==2.14.0", "flashinfer-python>=0.7.3",
+                                       'tokenspeed-mla==2.0.3; platform_system == "Linux"']
+    assert set(mod.RELAXED) == {"flashinfer-python"}

@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
+pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs each supported release in a venv of its own)")
 
 from _env import child_env  # noqa: E402
 from _release import installed  # noqa: E402
@@ -105,12 +105,17 @@ def test_the_decision_command_answers_for_the_device_it_is_given(tmp_path):
         assert got["enabled"] is want.enabled is True and got["reasons"] == list(want.reasons)
         assert getattr(capabilities("cuda:sm90"), side).enabled is True
 
-    # rocm:gfx942: V2 there too; vLLM keeps encoder replay off on ROCm, the pack can turn it on
+    # rocm:gfx942: V2 there too; vLLM 0.33 keeps encoder replay off on ROCm, the pack can turn it on;
+    # vLLM 0.34 keeps it on there (CDNA 3)
     assert gfx942["inferred"]["model_runner"]["value"] == "v2"
     assert gfx942["serving_config"]["model_runner"] == "v2"
     assert gfx942["capabilities"]["device"]["arch"] == "gfx942"
-    assert not gfx942["vllm_encoder"] and "ROCm" in gfx942["vllm_encoder_reason"]
-    assert gfx942["vllm_off_for_rocm_only"] and gfx942["pack_turns_encoder_on_on_rocm"]
+    if release.config.PACK_TURNS_ROCM_ENCODER_ON:
+        assert not gfx942["vllm_encoder"] and "ROCm" in gfx942["vllm_encoder_reason"]
+        assert gfx942["vllm_off_for_rocm_only"] and gfx942["pack_turns_encoder_on_on_rocm"]
+    else:
+        assert gfx942["vllm_encoder"] and gfx942["vllm_encoder_reason"] is None
+        assert not gfx942["vllm_off_for_rocm_only"] and not gfx942["pack_turns_encoder_on_on_rocm"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -136,6 +141,11 @@ def test_the_model_runner_rule(monkeypatch):
     target = release.target
 
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    if release.config.model_runner(_cfg()) == "v2":  # model runner V2 only (0.34): whatever the config
+        for platform in ("cuda", "rocm"):
+            assert target.v2_model_runner(_cfg(unsupported=["speculative method 'suffix'"]), platform) == (
+                True, f"vLLM {release.RELEASE.rsplit('.', 1)[0]} has model runner V2 only")
+        return
     assert target.v2_model_runner(_cfg(), "cuda")[0] is True
     v2, why = target.v2_model_runner(_cfg(unsupported=["speculative method 'suffix'"]), "rocm")
     assert v2 is False and "suffix" in why

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
+pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs each supported release in a venv of its own)")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -98,6 +98,8 @@ def test_pack_turns_decoder_off_after_the_build(caplog):
 def test_vllm_off_pack_on_is_logged_not_changed(caplog, monkeypatch):
     """ROCm with a drafter: the pack would run encoder replay, vLLM builds it off, and the pack
     does not turn it on (it would switch only the target's window caches)."""
+    if not release.config.PACK_TURNS_ROCM_ENCODER_ON:
+        pytest.skip(f"vLLM {release.RELEASE} keeps encoder replay on on ROCm itself (gfx942)")
     cfg = _configs.vllm_config(speculative_config=_configs.drafter())
     real = icfg.decide
     monkeypatch.setattr(m, "decide", lambda c: real(c, "rocm:gfx942", platform="rocm"))
@@ -113,6 +115,8 @@ def test_vllm_off_pack_on_is_logged_not_changed(caplog, monkeypatch):
 def test_rocm_turn_on_needs_the_rocm_patch(caplog, monkeypatch):
     """On ROCm the pack turns encoder replay on after the build; where the consumer's patch
     does not apply (here: not ROCm) it stays off and every route goes back to vLLM."""
+    if not release.config.PACK_TURNS_ROCM_ENCODER_ON:
+        pytest.skip(f"with vLLM {release.RELEASE} the pack does not turn encoder replay on on ROCm")
     cfg = _configs.vllm_config()
     real = icfg.decide
     monkeypatch.setattr(m, "decide", lambda c: real(c, "rocm:gfx942", platform="rocm"))
@@ -125,6 +129,25 @@ def test_rocm_turn_on_needs_the_rocm_patch(caplog, monkeypatch):
                                 "rocm_sparse_attn_prefill": False}
     assert any("encoder replay stays off on rocm:gfx942" in s and "rocm_sparse_attn_prefill" in s
                for s in _messages(caplog, logging.WARNING))
+
+
+def test_rocm_replay_kept_on_by_vllm(caplog, monkeypatch):
+    """vLLM 0.34 keeps encoder replay on on ROCm for CDNA 3 and 4: the pack routes the replay
+    metadata as on CUDA, leaves vLLM's window caches and prefill attention alone and never pins
+    a route (vLLM's own kernels stay its fallback)."""
+    if release.config.PACK_TURNS_ROCM_ENCODER_ON:
+        pytest.skip(f"vLLM {release.RELEASE} keeps encoder replay off on ROCm (the pack turns it on)")
+    cfg = _configs.vllm_config()
+    real = icfg.decide
+    monkeypatch.setattr(m, "decide", lambda c: real(c, "rocm:gfx942", platform="rocm"))
+    route = m._before_build(cfg)
+    assert route.encoder and not route.rocm and cfg.cache_config.swa_bounded_replay is True
+    model, inner = _fake_model()
+    route = m._after_build(model, route)
+    assert route.encoder and not route.rocm and route.decoder and route.builders
+    assert patches.routes() == {"pad_replayed_slots": True, "swa_indices_and_lens": True, "prefill_gather_lens": True,
+                                "rocm_sparse_attn_prefill": False}
+    assert not any("encoder replay turned on" in s for s in _messages(caplog, logging.WARNING))
 
 
 def test_decision_failure_is_vllms_path(caplog, monkeypatch):

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
+pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs each supported release in a venv of its own)")
+
+from swa_backends.integrations.vllm import vllm_version  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,4 +28,7 @@ def test_rocm_path_on_a_faked_gpu(arch):
                           env=env, cwd=HERE, capture_output=True, text=True, timeout=1200)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
-    assert " passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
+    assert " passed" in tail and "deselected" not in tail, tail
+    # a skip only for what the installed release does itself (0.34 keeps encoder replay on on ROCm)
+    skips = [ln for ln in tail.splitlines() if ln.startswith("SKIPPED")]
+    assert all(f"vLLM {vllm_version()} keeps encoder replay" in ln for ln in skips), skips

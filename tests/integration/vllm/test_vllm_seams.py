@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
+pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs each supported release in a venv of its own)")
 
 from swa_backends.integrations import vllm as integration  # noqa: E402
 from swa_backends.integrations.vllm import seams  # noqa: E402

@@ -1,6 +1,6 @@
-"""Encoder replay through vLLM 0.33's ROCm DeepSeek-V4.1 path, on a faked gfx942 / gfx950.
+"""Encoder replay through vLLM's ROCm DeepSeek-V4.1 path, on a faked gfx942 / gfx950.
 
-vLLM builds encoder replay off on ROCm. The pack turns it on (``model._encoder_on_rocm``) when
+vLLM 0.33 builds encoder replay off on ROCm. The pack turns it on (``model._encoder_on_rocm``) when
 everything that makes or reads the clamped window runs through it; this file checks, with
 vLLM's own ROCm modules imported (``conftest.py`` fakes the arch):
 
@@ -15,7 +15,9 @@ vLLM's own ROCm modules imported (``conftest.py`` fakes the arch):
   and the new tokens the cold run's output over the same clamped window, bit for bit, with
   every window-cache block below the replay start poisoned;
 * the model class turns encoder replay on in the window caches vLLM built (their KV-cache spec
-  then replays), and leaves it off, with the reason, where it cannot.
+  then replays), and leaves it off, with the reason, where it cannot (0.33); with 0.34, which
+  keeps encoder replay on on CDNA 3 and 4 itself, it routes the replay metadata and switches
+  nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from unittest.mock import MagicMock
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs vllm==0.33.0 in its own venv)")
+pytest.importorskip("vllm", reason="needs vLLM (the CI stage installs each supported release in a venv of its own)")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -260,6 +262,9 @@ def _run_prefill(layer, swa, q, cache):
 
 
 def test_replay_equals_cold_through_vllms_rocm_prefill(be, monkeypatch):
+    """The consumer is the pack's ``sparse_mla`` (the patch routed: what the pack turns on with
+    vLLM 0.33). vLLM 0.34's own consumer, which 0.34 runs on CDNA 3 and 4 over the same clamped
+    window, asserts device tensors (its ragged Triton path): it cannot run on this CPU machine."""
     h.install_cpu_stubs(monkeypatch)
     workspace.init_workspace_manager(torch.device("cpu"))
     # vLLM's platform on this CPU machine is UnspecifiedPlatform: the prefill reads the SWA cache's
@@ -349,6 +354,11 @@ class _Model(torch.nn.Module):
         self.model = SimpleNamespace(decoder_replay_layers=None, decoder_replay_start=43, end_layer=43)
 
 
+#: vLLM 0.33 builds encoder replay off on ROCm and the pack turns it on; 0.34 keeps it on itself (CDNA 3, 4)
+turns_on = pytest.mark.skipif(not release.config.PACK_TURNS_ROCM_ENCODER_ON,
+                              reason=f"vLLM {release.RELEASE} keeps encoder replay on on ROCm itself")
+
+
 def _rocm_decide(monkeypatch):
     real = icfg.decide
     monkeypatch.setattr(m, "decide", lambda c: real(c, DEVICE, platform="rocm"))
@@ -358,6 +368,7 @@ def _messages(caplog):
     return [r.getMessage() for r in caplog.records]
 
 
+@turns_on
 def test_model_turns_encoder_replay_on(caplog, monkeypatch):
     _rocm_decide(monkeypatch)
     patches.apply(platform="rocm")
@@ -374,6 +385,7 @@ def test_model_turns_encoder_replay_on(caplog, monkeypatch):
     assert any("encoder replay turned on on" in s and "3 window caches" in s for s in _messages(caplog))
 
 
+@turns_on
 def test_model_leaves_it_off_without_the_consumer_route(caplog, monkeypatch):
     _rocm_decide(monkeypatch)
     cfg = _configs.vllm_config()
@@ -386,6 +398,7 @@ def test_model_leaves_it_off_without_the_consumer_route(caplog, monkeypatch):
     assert any("encoder replay stays off" in s and "rocm_sparse_attn_prefill" in s for s in _messages(caplog))
 
 
+@turns_on
 def test_model_leaves_it_off_with_a_drafter(caplog, monkeypatch):
     _rocm_decide(monkeypatch)
     patches.apply(platform="rocm")
@@ -396,3 +409,23 @@ def test_model_leaves_it_off_with_a_drafter(caplog, monkeypatch):
     m._after_build(model, route)
     assert not any(c.bounded_replay for c in model.caches)
     assert any("encoder replay stays off" in s and "drafter" in s for s in _messages(caplog))
+
+
+@pytest.mark.skipif(release.config.PACK_TURNS_ROCM_ENCODER_ON,
+                    reason=f"vLLM {release.RELEASE} keeps encoder replay off on ROCm (the pack turns it on)")
+def test_model_keeps_vllms_rocm_replay(caplog, monkeypatch):
+    """vLLM 0.34 keeps encoder replay on on CDNA 3 and 4 with its own prefill attention: the
+    model routes the slot padding, window indices and gather lengths through the pack, leaves
+    the window caches as vLLM built them and the prefill patch unrouted."""
+    _rocm_decide(monkeypatch)
+    patches.apply(platform="rocm")
+    cfg = _configs.vllm_config()
+    route = m._before_build(cfg)
+    assert route.encoder and not route.rocm and cfg.cache_config.swa_bounded_replay is True
+    model = _Model()
+    route = m._after_build(model, route)
+    assert route.encoder and route.builders and not route.rocm
+    assert patches.routes() == {"pad_replayed_slots": True, "swa_indices_and_lens": True, "prefill_gather_lens": True,
+                                "rocm_sparse_attn_prefill": False}
+    assert not any(c.bounded_replay for c in model.caches)  # as vLLM built them: the pack switched nothing
+    assert not any("encoder replay turned on" in s for s in _messages(caplog))
