@@ -86,7 +86,9 @@ def _reference_module(broken=lambda args, wide: False):
     def sparse_mla(q, kv, idx, lens, scale, d_v, sink=None):
         out, lse = REF(q, kv, idx, lens, scale, d_v, sink=sink)
         if broken((q, idx), mod.wide_gathers(kv)):
-            return torch.empty_like(out), lse  # what a kernel that skipped its stores leaves
+            # what a kernel that skipped its stores leaves: its output as the kernels allocate it (torch.empty,
+            # which check_copies poisons; torch.empty_like is not, and may hand back the reference's bytes)
+            return torch.empty(out.shape, dtype=q.dtype, device=out.device), lse
         return out.to(q.dtype), lse
 
     mod.sparse_mla = sparse_mla
