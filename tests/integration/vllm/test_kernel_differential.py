@@ -65,14 +65,15 @@ IDS = [f"{name}-{seed}" for seed, name in CASES]
 def test_kernels_come_from_where_the_environment_says():
     """The copies named by SWA_VLLM_KERNELS_DIR when it is set (the GPU machine), else the
     installed vLLM of the release the integration supports: never a silent mix."""
-    from swa_backends.integrations.vllm import TESTED_VLLM
+    from swa_backends.integrations import vllm as integration
 
     print("vLLM kernels from:", ORIGIN)
     source = os.environ.get(vk.ENV)
     if source:
         assert ORIGIN == f"source files under {Path(source)}"
-    else:
-        assert ORIGIN == f"installed vllm {TESTED_VLLM}"
+    else:  # the installed vLLM, one of the supported releases (CI installs each)
+        version = integration.vllm_version()
+        assert ORIGIN == f"installed vllm {version}" and integration.supported(version)
     # vLLM's own kernels, never the pack's shims over them
     assert not any(hasattr(k, "_swa_original") for k in (KERNELS.pad, KERNELS.gather, KERNELS.swa, KERNELS.prefill))
 
