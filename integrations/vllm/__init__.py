@@ -20,8 +20,8 @@
 Then it registers the architecture ``DeepseekV41ForCausalLM`` under the same name as a
 lazy ``"module:Class"`` string (vLLM's supported extension point,
 ``ModelRegistry.register_model``): the release's ``model:DeepseekV41ForCausalLM``
-(``swa_backends.integrations.vllm.v0_33.model:DeepseekV41ForCausalLM`` for 0.33, ``...v0_34.model:...``
-for 0.34, which names the same module), a thin
+(``swa_backends.integrations.vllm.v0_33.model:DeepseekV41ForCausalLM`` for 0.33 and for 0.34,
+whose ``model`` part is 0.33's), a thin
 subclass of the class vLLM would pick on this platform. Nothing is patched here: when that
 model is built in a worker it computes the pack's capability decision from vLLM's config
 (:mod:`.config`), applies the release's few unavoidable patches and routes the sides the pack
@@ -49,8 +49,9 @@ Adding a release (the checklist; 0.34 was added this way):
 2. with vLLM 0.35 installed, run ``python -m swa_backends.integrations.vllm.v0_35.seams``: it holds the installed
    vLLM against the copy's table and marks every seam that differs; read vLLM's diff of each.
    A part whose every relied-on definition kept its parameters and (where it is reproduced or
-   patched) its fingerprint is the previous release's module, re-exported (0.34's ``model``,
-   ``patches``, ``kernels`` are 0.33's); a part that must change is the release's own. A rule the
+   patched) its fingerprint is the previous release's module, named in the release's
+   ``SHARED_PARTS`` (0.34's ``model``, ``patches``, ``kernels`` are 0.33's: ``{"model": "v0_33",
+   ...}``); a part that must change is the release's own file. A rule the
    core restates that the release changed is a function of the releases' ``config`` modules,
    which the core reads from ``current_release()`` (0.34 moved ``model_runner``,
    ``sequence_parallel_moe`` and ``rocm_replay_off`` there). Then take the values the script
@@ -60,7 +61,7 @@ Adding a release (the checklist; 0.34 was added this way):
    (``tests/integration/vllm/_release.py``); ``test_releases.py`` fails, naming the fix, while the installed
    vLLM has none. CI installs every subpackage's ``RELEASE`` (``.ci/install_vllm.py``);
 4. drop a release series from :data:`RELEASES` (and its subpackage) when it is no longer supported,
-   moving a module the newer releases re-export into the newest of them first.
+   moving a module the newer releases share (``SHARED_PARTS``) into the newest of them first.
 """
 
 from __future__ import annotations
@@ -175,9 +176,26 @@ def current_release() -> ModuleType:
     return release_module(version if supported(version) else TESTED_VLLM)
 
 
+def part_module_name(release: str, part: str, shared: dict[str, str]) -> str:
+    """The module that is release subpackage ``release``'s ``part`` (one of :data:`RELEASE_PARTS`):
+    its own, or, where the release's ``SHARED_PARTS`` names an earlier release for ``part``, that
+    release's module (0.34's ``model`` is ``v0_33.model``). AttributeError for any other name."""
+    if part not in RELEASE_PARTS:
+        raise AttributeError(f"module {release!r} has no attribute {part!r}")
+    owner = shared.get(part)
+    return f"{__name__}.{owner}.{part}" if owner else f"{release}.{part}"
+
+
+def release_part(release: str, part: str, shared: dict[str, str]) -> ModuleType:
+    """A release subpackage's ``__getattr__``: its ``part``, imported on first access
+    (:func:`part_module_name`)."""
+    return importlib.import_module(part_module_name(release, part, shared))
+
+
 def model_class_path(release: ModuleType) -> str:
-    """The ``"module:Class"`` string vLLM's registry is given for ``release``."""
-    return f"{release.__name__}.model:{ARCH}"
+    """The ``"module:Class"`` string vLLM's registry is given for ``release``: the module that
+    is its ``model`` part (read without importing it)."""
+    return f"{part_module_name(release.__name__, 'model', release.SHARED_PARTS)}:{ARCH}"
 
 
 def vllm_version() -> str | None:

@@ -12,15 +12,14 @@ at import.
 
 from __future__ import annotations
 
-import importlib
-
-from .. import RELEASE_PARTS
+from .. import release_part
 
 #: the release every pinned parameter list, fingerprint, file hash and mirrored line here was taken from
 RELEASE = "0.33.0"
 
+#: the parts that are an earlier release's module (none: 0.33 is the first series the pack supports)
+SHARED_PARTS: dict[str, str] = {}
+
 
 def __getattr__(name: str):
-    if name in RELEASE_PARTS:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return release_part(__name__, name, SHARED_PARTS)

@@ -56,18 +56,30 @@ def test_ci_installs_every_supported_release():
 def test_a_release_holds_every_part_the_core_reads(release):
     series = next(s for s, name in integration.RELEASES.items() if name == release.__name__)
     assert release.RELEASE.startswith(series + "."), release.RELEASE
+    here = Path(release.__file__).parent
     for part, names in READ_BY_THE_CORE.items():
         module = getattr(release, part)
-        # the release's own module, or an earlier release's it keeps unchanged (0.34's model is 0.33's)
-        assert module.__name__ in {f"{name}.{part}" for name in integration.RELEASES.values()}, module.__name__
+        # the release's own file, or the module of the earlier release SHARED_PARTS names (0.34's model is 0.33's)
+        owner = release.SHARED_PARTS.get(part)
+        if owner is None:
+            assert module.__name__ == f"{release.__name__}.{part}", module.__name__
+        else:
+            assert f"{integration.__name__}.{owner}" in integration.RELEASES.values(), owner
+            assert module.__name__ == f"{integration.__name__}.{owner}.{part}", module.__name__
+            assert module.__name__ < release.__name__, "a release shares an earlier release's part"
+        # no file of a shared part's name in the release: one place for each module
+        assert (here / f"{part}.py").exists() == (owner is None), (release.__name__, part)
         missing = [n for n in names if not hasattr(module, n)]
         assert not missing, f"{module.__name__} lacks {missing}"
     assert set(READ_BY_THE_CORE) == set(integration.RELEASE_PARTS)
+    assert set(release.SHARED_PARTS) <= set(integration.RELEASE_PARTS) - {"seams", "config"}
     assert release.seams.RELEASE == release.RELEASE
     module, cls = integration.model_class_path(release).split(":")
-    # the release's own path, which imports its model module (0.34's is 0.33's module object)
-    assert module == f"{release.__name__}.model" and cls == integration.ARCH
+    # the module that is the release's model part, which vLLM's registry imports by name
+    assert module == release.model.__name__ and cls == integration.ARCH
     assert importlib.import_module(module) is release.model
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        release.nonsense
 
 
 def test_a_releases_kernel_tables_agree(release):
