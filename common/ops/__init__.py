@@ -40,21 +40,8 @@ from .agree_across_dp import agree_across_dp
 from .gather_replay_batch import allocate_out as allocate_replay_batch_out
 from .pcp_partition import PCPPartition, pcp_gather_columns, pcp_partition, pcp_restore_tokens
 from .plan_replay_batch import STEP_GRAPH_MODES, TRIM_THRESHOLD
-from .plan_replay_batch import reference as _plan_reference
-from .plan_replay_batch import validate as _plan_validate
+from .plan_replay_batch import host_op as plan_replay_batch
 from .scheduler import admit_prefix_hit, mark_prefix_replay, replay_block_is_live, replay_layer_ids
-
-
-def plan_replay_batch(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
-                      trim_threshold=TRIM_THRESHOLD, num_tokens=None):
-    """Host plan of the decoder-side sub-batch; None when nothing trims, for a FULL-graph
-    step and for a step of fewer than ``trim_threshold`` tokens (SPEC §3.1, §3.5)."""
-    from ..validation import validation_enabled
-
-    kw = dict(pad_to=pad_to, graph_mode=graph_mode, trim_threshold=trim_threshold, num_tokens=num_tokens)
-    if validation_enabled():
-        _plan_validate(query_start_loc_host, is_prefilling, keeps_rows, W, **kw)
-    return _plan_reference(query_start_loc_host, is_prefilling, keeps_rows, W, **kw)
 
 
 class Ops:

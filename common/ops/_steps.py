@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayPlan
+from .plan_replay_batch import host_op as plan_replay_batch  # validated while validation is on
 
 POISON_INT = -7  # never a valid slot, index or length: shows unwritten outputs
 
@@ -157,26 +158,20 @@ def host_plan(rng: np.random.Generator, b: Batch, keeps: np.ndarray) -> ReplayPl
     n_host, n_dev = int(kept.sum()), int(kept.sum() - host_q[~pre].sum() + b.q[~pre].sum())
     pad_to = max(n_host, n_dev) + (0 if n_dev <= n_host and rng.random() < 0.5 else int(rng.integers(0, 9)))
     pad_to = max(pad_to, 1)  # (graph sizes start at 1: a batch of no request)
-    from . import plan_replay_batch  # the public host op (validated while validation is on)
-
     plan = plan_replay_batch(host_qsl, pre, keeps, b.W, pad_to=pad_to, trim_threshold=0)
     if plan is None:  # nothing trims (no prefill longer than W): an engine's own plan that keeps every row
         plan = ReplayPlan.from_kept(kept.astype(np.int32), host_qsl, pad_to, b.W, is_prefilling=pre)
     return plan
 
 
-def window_and_topk(d: "CaseDraw") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inputs of the layout ops: the batch's window indices and lengths (the reference's) and
-    random top-k slots (width 0, 1, 5 or 16, PAD among them) with random lengths."""
-    from .swa_indices_and_lens import reference
-
-    b, t, rng, dev = d.batch, d.tensors, d.rng, d.device
-    swa, lens = reference(t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, b.W, t["replay_start"],
-                          num_tokens=b.T)
+def random_topk(d: "CaseDraw") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random top-k slots (width 0, 1, 5 or 16, PAD among them) with random lengths, one row per
+    token of the case's batch: the layout ops' top-k input."""
+    b, rng, dev = d.batch, d.rng, d.device
     K = int(rng.choice([0, 1, 5, 16]))
     topk = torch.tensor(rng.integers(-1, 1000, size=(b.T, K)), dtype=INDEX_DTYPE, device=dev)
     topk_lens = torch.tensor(rng.integers(0, K + 1, size=b.T), dtype=INDEX_DTYPE, device=dev)
-    return swa, lens, topk, topk_lens
+    return topk, topk_lens
 
 
 def poisoned(shape, dtype, device) -> torch.Tensor:
@@ -261,18 +256,8 @@ class WarmupStep:
     @functools.cached_property
     def plan(self) -> ReplayPlan:
         """A trimming plan of the step, padded three rows past its kept rows."""
-        from . import plan_replay_batch
-
         return plan_replay_batch(self.qsl_host, self.prefilling_host, np.zeros(self.B, bool), self.W,
                                  pad_to=self.n_kept + 3, trim_threshold=0)
-
-    @functools.cached_property
-    def window(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's window indices and lengths (``swa_indices_and_lens``'s reference)."""
-        from .swa_indices_and_lens import reference
-
-        return reference(self.qsl, self.seq, self.block_table, self.block_size, self.W, self.R,
-                         index_width=self.width, num_tokens=self.T)
 
     @functools.cached_property
     def topk(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from ._quick import apart, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
+from .swa_indices_and_lens import step_window
 
 NAME = "indices_to_csr"
 
@@ -95,7 +96,7 @@ def case(d: CaseDraw) -> Call:
 
 
 def warmup(s: WarmupStep):
-    yield s.window, {}
+    yield step_window(s), {}
 
 
 OP = OpSpec(NAME, reference, validate, RESULTS, short="to_csr", case=case, warmup=warmup, quick_check=quick_check)

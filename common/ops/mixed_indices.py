@@ -10,7 +10,8 @@ from ._checks import check_index_rows
 from ._quick import pair_out, plain, rows
 from ._results import Results
 from ._spec import Call, OpSpec
-from ._steps import CaseDraw, WarmupStep, window_and_topk
+from ._steps import CaseDraw, WarmupStep, random_topk
+from .swa_indices_and_lens import case_window, step_window
 
 NAME = "mixed_indices"
 TOPK_MULTIPLE = 4  # FlashInfer's DSv4 decode reads the top-k part in groups of 4
@@ -84,14 +85,15 @@ RESULTS = Results(("indices", "lens"), lambda a: {
 
 
 def case(d: CaseDraw) -> Call:
-    swa, _, topk, topk_lens = window_and_topk(d)
+    swa, _ = case_window(d)
+    topk, topk_lens = random_topk(d)
     T, K = topk.shape
     kw = {"out": (d.out((T, mixed_width(d.batch.W, K)), INDEX_DTYPE), d.out((T,), INDEX_DTYPE))} if d.poison else {}
     return (swa, topk, topk_lens), kw
 
 
 def warmup(s: WarmupStep):
-    swa, _ = s.window
+    swa, _ = step_window(s)
     topk, topk_lens = s.topk
     yield (swa, topk, topk_lens), {}
 

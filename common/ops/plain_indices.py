@@ -10,7 +10,8 @@ from ._checks import check_index_rows
 from ._quick import length, pair_out, shape2
 from ._results import Results
 from ._spec import Call, OpSpec
-from ._steps import CaseDraw, WarmupStep, window_and_topk
+from ._steps import CaseDraw, WarmupStep, random_topk
+from .swa_indices_and_lens import case_window, step_window
 
 NAME = "plain_indices"
 
@@ -112,7 +113,8 @@ RESULTS = Results(("indices", "lens"), lambda a: {"indices": ((a["swa_indices"].
 
 def case(d: CaseDraw) -> Call:
     """Window rows with top-k rows after them (none at times), at random offsets."""
-    swa, lens, topk, topk_lens = window_and_topk(d)
+    swa, lens = case_window(d)
+    topk, topk_lens = random_topk(d)
     rng = d.rng
     T, K = topk.shape
     kw = {"topk_offset": int(rng.integers(0, 50)), "window_offset": int(rng.integers(0, 50))}
@@ -125,7 +127,7 @@ def case(d: CaseDraw) -> Call:
 
 def warmup(s: WarmupStep):
     """The window alone and with top-k rows."""
-    swa, lens = s.window
+    swa, lens = step_window(s)
     topk, topk_lens = s.topk
     yield (swa, lens), {}
     yield (swa, lens, topk, topk_lens), {}

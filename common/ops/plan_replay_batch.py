@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..types import MAX_POSITION, MAX_WINDOW, ReplayPlan
-from ..validation import check_int, fail
+from ..validation import check_int, fail, validation_enabled
 
 NAME = "plan_replay_batch"
 
@@ -100,3 +100,15 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
         fits = [s for s in pad_to if s >= n]
         n_pad = min(fits) if fits else n
     return ReplayPlan.from_kept(kept, qsl, n_pad, W, is_prefilling=prefilling)
+
+
+def host_op(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
+            trim_threshold=TRIM_THRESHOLD, num_tokens=None):
+    """Host plan of the decoder-side sub-batch; None when nothing trims, for a FULL-graph
+    step and for a step of fewer than ``trim_threshold`` tokens (SPEC §3.1, §3.5). The public
+    op (``swa_backends.plan_replay_batch``): :func:`validate` while validation is on, then
+    :func:`reference`."""
+    kw = dict(pad_to=pad_to, graph_mode=graph_mode, trim_threshold=trim_threshold, num_tokens=num_tokens)
+    if validation_enabled():
+        validate(query_start_loc_host, is_prefilling, keeps_rows, W, **kw)
+    return reference(query_start_loc_host, is_prefilling, keeps_rows, W, **kw)

@@ -171,6 +171,20 @@ def warmup(s: WarmupStep):
                dict(index_width=s.width, num_tokens=s.T_pad, valid=valid))
 
 
+
+def case_window(d: CaseDraw) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window indices and lengths of a case's batch (the reference's): the input the layout
+    ops (``plain_indices``, ``mixed_indices``) are drawn on."""
+    b, t = d.batch, d.tensors
+    return reference(t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, b.W, t["replay_start"],
+                     num_tokens=b.T)
+
+
+def step_window(s: WarmupStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """The warmup step's window indices and lengths (the reference's): the layout ops' and
+    ``indices_to_csr``'s warmup input."""
+    return reference(s.qsl, s.seq, s.block_table, s.block_size, s.W, s.R, index_width=s.width, num_tokens=s.T)
+
 OP = OpSpec(NAME, reference, validate, RESULTS, short="swa_idx",
             scalars={"block_size": "int", "W": "int", "index_width": "int", "num_tokens": "int",
                      "token_offset": "int"},
