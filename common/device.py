@@ -1,7 +1,8 @@
 """The device model: which platform and arch an op will run on.
 
 The platforms, their archs and how each detects its devices are the platforms' own declarations
-(:class:`~swa_backends.common.platforms.Platform`, read here through the registry). Detection is
+(:class:`~swa_backends.common.platforms.Platform`, read here: this module sits above them, and
+what a device is, :class:`DeviceInfo`, beneath them in :mod:`.device_info`). Detection is
 lazy and cached per torch device; nothing runs at import. A platform imports its vendor runtime
 only in its own detection (Ascend's ``torch_npu``, which fails without the CANN runtime: that
 becomes a reason). Tests and the CLI name fake devices with :func:`parse_device`
@@ -15,66 +16,22 @@ import functools
 import re
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
-#: The host platform: every process has it, detection ends with it, its device spec has no arch.
-HOST = "cpu"
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """``platform`` (a registered platform: cpu/cuda/rocm/ascend), ``arch`` (cpu, sm90, gfx942, 910b, ...),
-    ``name`` (marketing name), ``torch_device`` (where tensors go; None for a fake device),
-    ``capability`` (CUDA compute capability), ``fake`` (injected, not detected),
-    ``problems`` (why detection was partial, e.g. torch_npu failed to import)."""
-
-    platform: str
-    arch: str
-    name: str = ""
-    torch_device: str | None = None
-    capability: tuple[int, int] | None = None
-    fake: bool = False
-    problems: tuple[str, ...] = field(default=())
-
-    def __str__(self) -> str:
-        where = "fake" if self.fake else (self.torch_device or "?")
-        return f"{self.spec} ({self.name or self.arch}, {where})"
-
-    @property
-    def spec(self) -> str:
-        """The one name of this platform/arch, as ``--device`` takes it and as the matrix
-        row is called: ``cpu``, ``cuda:sm90``, ``rocm:gfx942``, ``ascend:910b``."""
-        return device_spec(self.platform, self.arch)
-
-
-    @property
-    def runnable(self) -> bool:
-        """Tensors can be placed on this device in this process."""
-        return not self.fake and self.torch_device is not None
-
-
-def device_spec(platform: str, arch: str) -> str:
-    """``cpu`` or ``platform:arch``: the one name of a device kind (CLI, API, matrix rows)."""
-    return HOST if platform == HOST else f"{platform}:{arch}"
-
-
-def _registry():
-    # the registry sits beside this module and imports the platforms' declarations on first use
-    from .platforms import platforms
-
-    return platforms()
+from .device_info import HOST, DeviceInfo, device_spec  # noqa: F401  (re-exported: the device API is here)
+from .platforms import platforms
 
 
 def platform_names() -> tuple[str, ...]:
     """Every registered platform (``cpu``, ``cuda``, ``rocm``, ``ascend``, and any added since)."""
-    return tuple(_registry())
+    return tuple(platforms())
 
 
 def known_archs() -> dict[str, tuple[str, ...]]:
     """Known archs per platform: a matrix row naming anything else is rejected, and a fake
     device whose arch looks like a device index (``rocm:0``) must name one of these."""
-    return {name: p.archs for name, p in _registry().items()}
+    return {name: p.archs for name, p in platforms().items()}
 
 
 _SPEC_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([A-Za-z0-9_.]+))?$")
@@ -86,7 +43,7 @@ def parse_device(spec: str) -> DeviceInfo:
     are named by their torch device (``cuda:N``, also on ROCm; ``npu:N``; :func:`resolve_device`)."""
     if not isinstance(spec, str):
         raise ValueError(f"device={spec!r}: expected a string like 'rocm:gfx942'")
-    registry = _registry()
+    registry = platforms()
     m = _SPEC_RE.match(spec.strip().lower())
     p = registry.get(m.group(1)) if m else None
     if p is None:
@@ -198,7 +155,7 @@ def resolve_device(device: DeviceInfo | str | torch.device | None) -> DeviceInfo
 
 
 def _torch_types() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(t for p in _registry().values() for t in p.torch_types))
+    return tuple(dict.fromkeys(t for p in platforms().values() for t in p.torch_types))
 
 
 def _real_device(s: str) -> tuple[str, int | None] | None:
@@ -213,7 +170,7 @@ def _real_device(s: str) -> tuple[str, int | None] | None:
 @functools.cache
 def _detect_default() -> DeviceInfo:
     # the first platform (in registration order) whose detection finds a current device, else the host
-    for p in _registry().values():
+    for p in platforms().values():
         if p.name != HOST and p.detect is not None:
             info = p.detect(None)
             if isinstance(info, DeviceInfo):
@@ -232,7 +189,7 @@ def detect(torch_device: str) -> DeviceInfo:
                          f"({', '.join(k if k == HOST else k + '[:index]' for k in kinds)})")
     kind, index = found
     why: list[str] = []
-    for p in _registry().values():
+    for p in platforms().values():
         if kind in p.torch_types:
             info = p.detect(index)
             if isinstance(info, DeviceInfo):

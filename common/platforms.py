@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from .device import HOST
+from .device_info import HOST
 from .registry import Variant, declarations_changed
 from .validation import fail
 
 if TYPE_CHECKING:
-    from .device import DeviceInfo
+    from .device_info import DeviceInfo
 
 #: Where the pack's own platforms are listed (``PLATFORMS``: the folders, each exporting ``PLATFORM``).
 BUILTIN = "swa_backends.backends"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import DeviceInfo
+from .device_info import DeviceInfo
 
 LAYOUTS = ("plain", "combined", "mixed", "csr")
 
