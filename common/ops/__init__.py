@@ -40,7 +40,7 @@ from .agree_across_dp import agree_across_dp
 from .gather_replay_batch import allocate_out as allocate_replay_batch_out
 from .pcp_partition import PCPPartition, pcp_gather_columns, pcp_partition, pcp_restore_tokens
 from .plan_replay_batch import STEP_GRAPH_MODES, TRIM_THRESHOLD
-from .plan_replay_batch import host_op as plan_replay_batch
+from .plan_replay_batch import plan_replay_batch
 from .scheduler import admit_prefix_hit, mark_prefix_replay, replay_block_is_live, replay_layer_ids
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, PAD, SLOT_DTYPE, ReplayPlan
-from .plan_replay_batch import host_op as plan_replay_batch  # validated while validation is on
+from .plan_replay_batch import plan_replay_batch  # the public host op: validated while validation is on
 
 POISON_INT = -7  # never a valid slot, index or length: shows unwritten outputs
 

@@ -102,8 +102,8 @@ def reference(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None
     return ReplayPlan.from_kept(kept, qsl, n_pad, W, is_prefilling=prefilling)
 
 
-def host_op(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
-            trim_threshold=TRIM_THRESHOLD, num_tokens=None):
+def plan_replay_batch(query_start_loc_host, is_prefilling, keeps_rows, W, *, pad_to=None, graph_mode="none",
+                      trim_threshold=TRIM_THRESHOLD, num_tokens=None):
     """Host plan of the decoder-side sub-batch; None when nothing trims, for a FULL-graph
     step and for a step of fewer than ``trim_threshold`` tokens (SPEC §3.1, §3.5). The public
     op (``swa_backends.plan_replay_batch``): :func:`validate` while validation is on, then
