@@ -58,11 +58,30 @@ hidden = torch.randn(T, 7168, device=dev).to(torch.bfloat16)
 h = backend.gather_rows(hidden, sub.rows)
 h = h * 2  # stand-in for layers 4..7 (attention with sub.positions / sub.slot_mappings / sub.kv_start)
 
-# 4. back into the full batch: rows the replay layers did not run are zero
-out = backend.scatter_rows(h[: sub.num_rows], sub.rows[: sub.num_rows], hidden.shape[0])
+# 4. back into the full batch: rows the replay layers did not run are zero. count: the sub-batch's device row
+#    count (rows past it are graph padding, not written: see 5)
+out = backend.scatter_rows(h[: sub.num_rows], sub.rows[: sub.num_rows], hidden.shape[0], count=sub.query_start_loc[-1:])
 kept = torch.zeros(T, dtype=torch.bool, device=dev)
 kept[sub.rows] = True
 assert torch.equal(out[kept], hidden[kept] * 2) and not out[~kept].any()
 print(f"scatter_rows: {int(kept.sum())} rows back from the replay layers, {int((~kept).sum())} trimmed rows are "
       "zero; the last row of every prefill is among the kept ones")
 assert all(bool(kept[int(e) - 1]) for e in qsl_host[1:])
+
+# 5. speculative decoding: adaptive verification may resize the decodes on the device alone, after the host
+#    planned (SPEC 3.2). Two decodes and a 10-token prefill, W 4: the host counts [1, 1, 10] rows, the device
+#    verifies none for the second decode and the batch shrinks by one row. The sub-batch follows the device;
+#    its last row is padding (row 0, slots PAD), which the scatter leaves alone given the device count.
+plan = sb.plan_replay_batch([0, 1, 2, 12], np.array([False, False, True]), np.zeros(3, dtype=bool), 4,
+                            trim_threshold=0)
+dev_qsl = torch.tensor([0, 1, 1, 11], dtype=torch.int32, device=dev)
+pos = torch.tensor([40, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], device=dev)  # decode at 40; the prefill at 0..9
+sub = backend.gather_replay_batch(plan, dev_qsl, torch.tensor([41, 30, 10], dtype=torch.int32, device=dev),
+                                  torch.zeros(3, dtype=torch.int32, device=dev), pos, pos[None] + 100, 4)
+assert sub.rows.tolist() == [0, 7, 8, 9, 10, 0] and sub.query_start_loc.tolist() == [0, 1, 1, 5]
+h = backend.gather_rows(torch.arange(11.0, device=dev)[:, None] + 1, sub.rows) * 10  # the replay layers' stand-in
+h[5] = -1.0  # what the layers leave in a padding row: anything
+out = backend.scatter_rows(h[: sub.num_rows], sub.rows[: sub.num_rows], 11, count=sub.query_start_loc[-1:])
+assert out[:, 0].tolist() == [10.0, 0, 0, 0, 0, 0, 0, 80.0, 90.0, 100.0, 110.0]
+print(f"resized on the device: {sub.num_rows} sub-batch rows planned, {int(sub.query_start_loc[-1])} kept; "
+      "row 0 keeps the decode's own output, not the padding row's")

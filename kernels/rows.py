@@ -62,11 +62,14 @@ def _copy_tile(src_ptr, dst_ptr, idx_ptr, n, rt, ct, ROW: tl.constexpr, WORD: tl
 
 
 @jit(align=("src_ptr", "dst_ptr"))
-def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, n, ROW: tl.constexpr, WORD: tl.constexpr, SCATTER: tl.constexpr,
-               R_TILE: tl.constexpr, BLOCK_C: tl.constexpr, GATED: tl.constexpr):
+def _copy_rows(src_ptr, dst_ptr, idx_ptr, flag_ptr, count_ptr, n, ROW: tl.constexpr, WORD: tl.constexpr,
+               SCATTER: tl.constexpr, R_TILE: tl.constexpr, BLOCK_C: tl.constexpr, GATED: tl.constexpr,
+               HAS_COUNT: tl.constexpr):
     if GATED:  # a validated scatter behind its checked fill: nothing on a FAIL
         if tl.load(flag_ptr) == FAIL:
             return
+    if HAS_COUNT:  # a scatter of the first count rows; clamped, so that any value stays inside the tensors
+        n = tl.minimum(tl.maximum(tl.load(count_ptr).to(tl.int64), 0), n)
     _copy_tile(src_ptr, dst_ptr, idx_ptr, n, tl.program_id(0), tl.program_id(1), ROW, WORD, SCATTER, R_TILE, BLOCK_C)
 
 
@@ -85,13 +88,19 @@ def _copy_rows_checked(src_ptr, dst_ptr, idx_ptr, flag_ptr, scratch_ptr, n, high
 
 
 @jit(align=("dst_ptr",))
-def _fill_zero_checked(dst_ptr, idx_ptr, flag_ptr, scratch_ptr, n_idx, high, n, P, epoch, WORD: tl.constexpr,
-                       BLOCK: tl.constexpr, CHECK: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
-    """A validated scatter's zero fill: ``P`` checker programs test every row id, the others fill
-    ``BLOCK`` words each once they pass (the copy behind it reads the verdict word)."""
+def _fill_zero_checked(dst_ptr, idx_ptr, flag_ptr, scratch_ptr, count_ptr, n_idx, high, n, P, epoch,
+                       WORD: tl.constexpr, BLOCK: tl.constexpr, CHECK: tl.constexpr, GATE: tl.constexpr,
+                       NAP: tl.constexpr, HAS_COUNT: tl.constexpr):
+    """A validated scatter's zero fill: ``P`` checker programs test every row id (checker 0 also
+    the count: in ``[0, n_idx]``), the others fill ``BLOCK`` words each once they pass (the copy
+    behind it reads the verdict word)."""
     pid = tl.program_id(0)
     if pid < P:
-        settle(flat_bad(idx_ptr, n_idx, 0, high, pid, P, CHECK), P, flag_ptr, scratch_ptr, epoch, GATE)
+        bad = flat_bad(idx_ptr, n_idx, 0, high, pid, P, CHECK)
+        if HAS_COUNT:
+            c = tl.load(count_ptr).to(tl.int64)
+            bad |= ((pid == 0) & ((c < 0) | (c > n_idx))).to(tl.int32)
+        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
     elif passed(scratch_ptr, epoch, GATE, NAP):
         i = (pid - P).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         dst = dst_ptr.to(tl.pointer_type(WORD), bitcast=True)
@@ -116,16 +125,19 @@ def _plan(src: torch.Tensor, dst: torch.Tensor):
     return word, row, max(1, TILE // block_c), block_c
 
 
-def _launch(src, dst, idx, n, scatter: bool, flag=None) -> None:
+def _launch(src, dst, idx, n, scatter: bool, flag=None, count=None) -> None:
     word, row, r_tile, block_c = _plan(src, dst)
     if row == 0 or n == 0:
         return
     if src.dtype not in _NATIVE:
         src, dst = src.view(torch.uint8), dst.view(torch.uint8)
     gated = flag is not None
-    key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0, gated)
+    has_count = count is not None
+    key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0,
+           count.dtype if has_count else None, gated)
     grid = ((n + r_tile - 1) // r_tile, (row + block_c - 1) // block_c, 1)
-    _K(key, grid, src, dst, idx, flag if gated else idx, n, row, _WORDS[word], scatter, r_tile, block_c, gated)
+    _K(key, grid, src, dst, idx, flag if gated else idx, count if has_count else idx, n, row, _WORDS[word], scatter,
+       r_tile, block_c, gated, has_count)
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:
@@ -143,17 +155,17 @@ def gather_rows(x, rows, *, out=None) -> torch.Tensor:
     return out
 
 
-def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
-    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]``. ``rows`` must be unique
-    (a repeated row keeps an unspecified one of its values); trimmed rows are zero.
-    A memset plus one launch."""
+def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
+    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]`` for ``i < count`` (every ``i``
+    without one: the reference's semantics). A memset plus one launch (which reads ``count`` on
+    the device)."""
     if out is None:
         out = torch.zeros((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
     else:
         out.zero_()
     n = rows.shape[0]
     if n and num_rows:
-        _launch(contiguous(_values(y)), out, contiguous(rows), n, True)
+        _launch(contiguous(_values(y)), out, contiguous(rows), n, True, count=count)
     return out
 
 
@@ -183,11 +195,12 @@ def gather_rows_checked(x, rows, *, out=None):
     return out, verdict
 
 
-def scatter_rows_checked(y, rows, num_rows, *, out=None):
+def scatter_rows_checked(y, rows, num_rows, *, count=None, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)``: the zero fill's launch has checker programs that test every row id (its
-    other programs fill once they pass), the copy behind it reads the verdict word (nothing
-    written on a ``FAIL``); None for a call it does not take (no row, or an output of no bytes)."""
+    ``(out, Verdict)``: the zero fill's launch has checker programs that test every row id and
+    the count (its other programs fill once they pass), the copy behind it reads the verdict word
+    (nothing written on a ``FAIL``); None for a call it does not take (no row, or an output of no
+    bytes)."""
     n = rows.shape[0]
     if n == 0:
         return None
@@ -201,9 +214,11 @@ def scatter_rows_checked(y, rows, num_rows, *, out=None):
     dst = out if out.dtype in _NATIVE else out.view(torch.uint8)
     verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
+    has_count = count is not None
     # (a count past 2**31 is a 64-bit argument: a key of its own)
-    key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31, nap)
-    _ZERO(key, (P + (words + FILL_BLOCK - 1) // FILL_BLOCK, 1, 1), dst, idx, verdict.word, scratch, n, num_rows - 1,
-          words, P, epoch, _WORDS[word], FILL_BLOCK, CHECK, GATE, nap)
-    _launch(contiguous(_values(y)), out, idx, n, True, verdict.word)
+    key = (dst.dtype, word, dst.data_ptr() % 16 == 0, words >= 2**31, nap, count.dtype if has_count else None)
+    _ZERO(key, (P + (words + FILL_BLOCK - 1) // FILL_BLOCK, 1, 1), dst, idx, verdict.word, scratch,
+          count if has_count else idx, n, num_rows - 1, words, P, epoch, _WORDS[word], FILL_BLOCK, CHECK, GATE, nap,
+          has_count)
+    _launch(contiguous(_values(y)), out, idx, n, True, verdict.word, count)
     return out, verdict

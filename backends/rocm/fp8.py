@@ -52,7 +52,7 @@ def check_gather_rows(device, x, rows, *, out=None) -> None:
     check_fp8("gather_rows", "out", out, device.arch)
 
 
-def check_scatter_rows(device, y, rows, num_rows, *, out=None) -> None:
+def check_scatter_rows(device, y, rows, num_rows, *, count=None, out=None) -> None:
     check_fp8("scatter_rows", "y", y, device.arch)
     check_fp8("scatter_rows", "out", out, device.arch)
 

@@ -31,6 +31,7 @@ def validate_gather(x, rows, *, out=None) -> None:
 
 
 _SLOT = (SLOT_DTYPE,)
+_COUNT = (torch.int32, torch.int64)
 
 
 def _rows_and_out(data, rows, n_out: int, out) -> bool:
@@ -55,11 +56,15 @@ def quick_gather(x, rows, *, out=None) -> bool:
     return _rows_and_out(x, rows, rows.shape[0] if rows.__class__ is torch.Tensor else -1, out)
 
 
-def quick_scatter(y, rows, num_rows, *, out=None) -> bool:
-    """``validate_scatter``'s host checks and ``check_writes`` (``OpSpec.quick_check``)."""
+def quick_scatter(y, rows, num_rows, *, count=None, out=None) -> bool:
+    """``validate_scatter``'s host checks and ``check_writes`` (``OpSpec.quick_check``); a
+    ``count``'s value is the self-checked kernel's to test."""
     if num_rows.__class__ is not int or not 0 <= num_rows <= INT32_MAX:
         return False
-    return _rows_and_out(y, rows, num_rows, out) and rows.shape[0] == y.shape[0]
+    if not (_rows_and_out(y, rows, num_rows, out) and rows.shape[0] == y.shape[0]):
+        return False
+    return count is None or (plain(count, _COUNT, 1, y.device) and count.shape[0] == 1
+                             and (out is None or apart(out, count)))
 
 
 def gather_rows(x, rows, *, out=None) -> torch.Tensor:
@@ -69,28 +74,35 @@ def gather_rows(x, rows, *, out=None) -> torch.Tensor:
     return torch.index_select(x, 0, rows, out=out)
 
 
-def validate_scatter(y, rows, num_rows, *, out=None) -> None:
+def validate_scatter(y, rows, num_rows, *, count=None, out=None) -> None:
     check_tensor(SCATTER, "y", y, min_ndim=1, lazy_bits=True)
     check_tensor(SCATTER, "rows", rows, dtypes=SLOT_DTYPE, ndim=1, device=y.device)
     check_extents(SCATTER, "rows", rows)
     if rows.shape[0] != y.shape[0]:
         fail(SCATTER, "rows", rows, f"{y.shape[0]} entries (one per row of y; slice off graph padding first)")
     check_int(SCATTER, "num_rows", num_rows, min_value=0)
+    if count is not None:
+        check_tensor(SCATTER, "count", count, dtypes=_COUNT, ndim=1, shape=(1,), device=y.device)
     if out is not None:
         check_out(SCATTER, "out", out, shape=(num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
     check_range(SCATTER, "rows", rows, low=0, high=num_rows)
+    if count is not None:
+        check_range(SCATTER, "count", count, low=0, high=rows.shape[0] + 1)
 
 
-def scatter_rows(y, rows, num_rows, *, out=None) -> torch.Tensor:
-    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]``. ``rows`` must be unique
-    (a repeated row keeps an unspecified one of its values); trimmed rows are zero (all bits
-    clear). Rows move as bytes, so every dtype moves bit for bit (torch's ``index_copy_``
-    has no CPU kernel for FP8 or the wide unsigned types)."""
+def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
+    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]`` for ``i < count`` (``count``: a
+    one-element device tensor, e.g. a sub-batch's device row count, ``query_start_loc[B:B+1]``;
+    None: every row). The rows scattered must be unique (a repeated row keeps an unspecified one
+    of its values): rows past ``count`` (a sub-batch's graph padding, row 0 repeated) are not
+    written. Trimmed rows are zero (all bits clear). Rows move as bytes, so every dtype moves
+    bit for bit (torch's ``index_copy_`` has no CPU kernel for FP8 or the wide unsigned types)."""
     if out is None:
         out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+    n = y.shape[0] if count is None else int(count[0])
     dst = _bytes(out, num_rows)
     dst.zero_()
-    dst.index_copy_(0, rows, _bytes(y.resolve_conj().resolve_neg().contiguous(), y.shape[0]))
+    dst.index_copy_(0, rows[:n], _bytes(y.resolve_conj().resolve_neg().contiguous(), y.shape[0])[:n])
     return out
 
 
@@ -105,7 +117,9 @@ SCATTER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["num_rows"], *a["y"]
 
 def random_case(op: str, rng: np.random.Generator, dev, *, poison: bool = False) -> Call:
     """Rows of random values in one of five dtypes and trailing shapes, a sorted
-    random subset of row ids; ``out=`` filled with 77 when ``poison``."""
+    random subset of row ids; ``out=`` filled with 77 when ``poison``. A third of the scatters
+    take a ``count`` (int32 or int64) with the rows past it a sub-batch's graph padding (row 0
+    repeated: not written)."""
     N = int(rng.integers(1, 60))
     trailing = [(), (3,), (7,), (2, 5), (33,)][int(rng.integers(0, 5))]
     dtype = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8][int(rng.integers(0, 5))]
@@ -118,6 +132,10 @@ def random_case(op: str, rng: np.random.Generator, dev, *, poison: bool = False)
         return (x, rows), kw
     y = (torch.randn(n, *trailing, generator=g) * 50).to(dtype).to(dev)
     kw = {"out": torch.full((N, *trailing), 77, dtype=dtype, device=dev)} if poison else {}
+    if rng.integers(0, 3) == 0:
+        k = int(rng.integers(0, n + 1))
+        rows[k:] = 0
+        kw["count"] = torch.tensor([k], dtype=_COUNT[int(rng.integers(0, 2))], device=dev)
     return (y, rows, N), kw
 
 
@@ -145,7 +163,10 @@ def gather_warmup(s: WarmupStep):
 
 def scatter_warmup(s: WarmupStep):
     for x, rows in _rows(s):
-        yield (x[: s.plan.num_rows].contiguous(), rows, s.T), {}
+        y = x[: s.plan.num_rows].contiguous()
+        yield (y, rows, s.T), {}
+        # with the sub-batch's device row count (its own specialisation of the kernels)
+        yield (y, rows, s.T), {"count": torch.tensor([rows.shape[0]], dtype=torch.int32, device=s.device)}
 
 
 GATHER_OP = OpSpec(GATHER, gather_rows, validate_gather, GATHER_RESULTS, case=gather_case, warmup=gather_warmup,

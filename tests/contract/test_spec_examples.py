@@ -345,6 +345,23 @@ def test_gather_replay_batch_follows_device_resized_decodes(be):
     assert rb.rows.tolist() == [0, 1, 2, 3, 10, 11] and rb.rows.shape == (6,)
 
 
+def test_scatter_of_a_resized_sub_batch_leaves_its_padding_out(be):
+    # SPEC §3.3's example: the sub-batch of §3.2's device qsl [0, 1, 1, 11], its last row padding (row 0)
+    rb, _, _ = _resized(be, [0, 1, 1, 11])
+    y = torch.arange(1.0, 7.0)[:, None].expand(6, 3).contiguous()  # row i of the sub-batch: i + 1
+    got = be.scatter_rows(y, rb.rows, 12, count=rb.query_start_loc[-1:])
+    want = torch.zeros(12, 3)
+    want[[0, 7, 8, 9, 10]] = y[:5]
+    assert torch.equal(got, want)  # row 0 is the decode's own row, not the padding's 6
+    assert torch.equal(be.scatter_rows(y, rb.rows, 12, count=torch.tensor([0], dtype=i64)), torch.zeros(12, 3))
+    assert torch.equal(be.scatter_rows(y[:5], rb.rows[:5], 12, count=torch.tensor([5], dtype=i64)),
+                       be.scatter_rows(y[:5], rb.rows[:5], 12))  # every row: as without a count
+    with pytest.raises(ValueError, match=r"scatter_rows: count=7: expected values in \[0, 7\)"):
+        be.scatter_rows(y, rb.rows, 12, count=torch.tensor([7], dtype=i32))
+    with pytest.raises(ValueError, match="scatter_rows: count=.*expected shape"):
+        be.scatter_rows(y, rb.rows, 12, count=torch.tensor([5, 5], dtype=i32))
+
+
 def test_gather_replay_batch_refuses_a_resized_prefill(be):
     with pytest.raises(ValueError, match="a trimmed request"):
         _resized(be, [0, 1, 2, 11])  # the prefill (trimmed) is a row shorter on the device

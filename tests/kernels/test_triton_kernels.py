@@ -624,6 +624,8 @@ def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
                 x = torch.randn(N, 40).to(torch.bfloat16)
                 rows = torch.tensor(np.sort(rng.permutation(N)[:n]), dtype=SLOT_DTYPE)
                 args, kwargs = ((x, rows), {}) if op == "gather_rows" else ((x[:n].clone(), rows, N), {})
+                if op == "scatter_rows" and _:  # with a sub-batch's device row count (int32, as its qsl)
+                    kwargs = {"count": torch.tensor([n - 1], dtype=torch.int32)}
             else:
                 b = random_batch(rng, W=8, block_size=16, num_groups=3, long_prefill=True, max_q=30)
                 args, kwargs = case_for(op, rng, "cpu", batch=b)

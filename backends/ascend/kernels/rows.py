@@ -20,16 +20,21 @@ _BYTE_TYPES = (torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_
 
 
 @triton.jit
-def _move_kernel(src_ptr, rows_ptr, out_ptr, total, C, SCATTER: tl.constexpr, BLOCK: tl.constexpr):
+def _move_kernel(src_ptr, rows_ptr, out_ptr, count_ptr, total, C, SCATTER: tl.constexpr, BLOCK: tl.constexpr,
+                 HAS_COUNT: tl.constexpr):
     """Element ``e`` of the row-major ``[len(rows), C]`` side: gather ``out[e] =
     src[rows[r], c]`` or scatter ``out[rows[r], c] = src[e]`` (``r, c = divmod(e, C)``);
-    a grid-stride loop over int64 element offsets."""
+    a grid-stride loop over int64 element offsets. ``HAS_COUNT``: only the first ``count``
+    rows (clamped to ``[0, len(rows)]``: any value stays inside the tensors)."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     base = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64 element offsets
+    limit = total
+    if HAS_COUNT:
+        limit = tl.minimum(tl.maximum(tl.load(count_ptr).to(tl.int64), 0) * C, total)
     for start in range(0, total, step):
         e = base + start
-        m = e < total
+        m = e < limit
         r = e // C
         row = tl.load(rows_ptr + r, mask=m, other=0).to(tl.int64)  # int64: row * C can pass 2**31
         if SCATTER:
@@ -63,15 +68,17 @@ def gather_rows(x, rows, *, out=None):
     if total == 0:
         return out
     dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    _move_kernel[grid(total, BLOCK, x.device)](_flat(x), rows.contiguous(), _flat(dst), total, C, SCATTER=False,
-                                               BLOCK=BLOCK)
+    idx = rows.contiguous()
+    _move_kernel[grid(total, BLOCK, x.device)](_flat(x), idx, _flat(dst), idx, total, C, SCATTER=False, BLOCK=BLOCK,
+                                               HAS_COUNT=False)
     if dst is not out:
         out.copy_(dst)
     return out
 
 
-def scatter_rows(y, rows, num_rows, *, out=None):
-    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]`` (the reference's semantics)."""
+def scatter_rows(y, rows, num_rows, *, count=None, out=None):
+    """``out = zeros(num_rows, ...)``; ``out[rows[i]] = y[i]`` for ``i < count`` (the
+    reference's semantics)."""
     if out is None:
         out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
     C = math.prod(y.shape[1:])
@@ -81,8 +88,9 @@ def scatter_rows(y, rows, num_rows, *, out=None):
         _zero_kernel[grid(num_rows * C, BLOCK, y.device)](flat, num_rows * C, BLOCK=BLOCK)
     total = rows.shape[0] * C
     if total:
-        _move_kernel[grid(total, BLOCK, y.device)](_flat(y), rows.contiguous(), flat, total, C, SCATTER=True,
-                                                   BLOCK=BLOCK)
+        idx = rows.contiguous()
+        _move_kernel[grid(total, BLOCK, y.device)](_flat(y), idx, flat, idx if count is None else count, total, C,
+                                                   SCATTER=True, BLOCK=BLOCK, HAS_COUNT=count is not None)
     if dst is not out:
         out.copy_(dst)
     return out
