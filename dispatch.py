@@ -769,7 +769,11 @@ class Backend(_Declared):
                 if enabled or (enabled is None and _validation_default()):
                     if on_home is not None:
                         on_home(args, kwargs)
-                    if quick is not None and not capturing() and quick(*args, **kwargs):
+                    try:
+                        quick_ok = quick is not None and not capturing() and quick(*args, **kwargs)
+                    except Exception:  # an argument the quick checks cannot read: the validator names it
+                        quick_ok = False
+                    if quick_ok:
                         if self_checked is None:
                             self_checked = load_attr(only.self_checked)
                         done = self_checked(*args, **kwargs)

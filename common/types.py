@@ -127,17 +127,21 @@ class ReplayPlan:
                   is_prefilling=None) -> "ReplayPlan":
         """The plan of a decision already made: ``kept`` rows per request (host ints) over a
         batch's host ``query_start_loc`` ([B+1] or longer), ``dropped_before`` derived
-        (:meth:`dropped_before_of`) unless given; no checks (a planner's result:
+        (:meth:`dropped_before_of`) unless given; no checks of the decision (a planner's result:
         ``plan_replay_batch``, or a serving engine's own planning). ``device_dropped_before``:
         the same values already on a device (an engine's own upload): the plan's device copy
-        there, so :meth:`device_dropped_before` copies nothing. ``is_prefilling`` (host bools,
-        optional): the plan's ``prefilling``. ``kept`` and ``dropped_before``, as int32 arrays,
-        are taken as they are, not copied (the plan's tensors are views of them, made on first
-        use): the caller leaves them unchanged."""
+        there, so :meth:`device_dropped_before` copies nothing; the kernels read it as it is, so
+        its layout is checked (a contiguous int32 ``[B+1]``, else a ``ValueError``; its values are
+        the caller's word). ``is_prefilling`` (host bools, optional): the plan's ``prefilling``.
+        ``kept`` and ``dropped_before``, as contiguous int32 arrays, are taken as they are, not
+        copied (the plan's tensors are views of them, made on first use): the caller leaves them
+        unchanged; others are copied."""
         import numpy as np
 
         if type(kept) is not np.ndarray or kept.dtype != np.int32:  # noqa: E721 - the common case, checked cheaply
             kept = np.asarray(kept).astype(np.int32, copy=False)
+        if not kept.flags.c_contiguous:  # the plan's tensors and their device copies are views of these
+            kept = np.ascontiguousarray(kept)
         B = kept.shape[0]
         qsl = np.asarray(query_start_loc_host)[: B + 1]
         if dropped_before is None:
@@ -145,6 +149,15 @@ class ReplayPlan:
         dropped = dropped_before
         if type(dropped) is not np.ndarray or dropped.dtype != np.int32:  # noqa: E721
             dropped = np.asarray(dropped).astype(np.int32, copy=False)
+        if not dropped.flags.c_contiguous:
+            dropped = np.ascontiguousarray(dropped)
+        ddb = device_dropped_before
+        if ddb is not None and (ddb.__class__ is not torch.Tensor or ddb.dtype != torch.int32
+                                or ddb.shape != (B + 1,) or not ddb.is_contiguous()):
+            shown = (f"tensor(shape={tuple(ddb.shape)}, dtype={ddb.dtype}, contiguous={ddb.is_contiguous()})"
+                     if isinstance(ddb, torch.Tensor) else repr(ddb)[:120])
+            raise ValueError(f"ReplayPlan.from_kept: device_dropped_before={shown}: expected a contiguous int32 tensor "
+                             f"of shape [{B + 1}] (one entry per boundary of the {B} requests)")
         if is_prefilling is not None:
             pre = is_prefilling
             if type(pre) is not np.ndarray or pre.dtype != np.bool_:  # noqa: E721

@@ -53,7 +53,8 @@ class OpSpec(Generic[P, R]):
     writes no caller buffer (a gated variant computes into fresh results). ``quick_check``: the
     validator's host checks and :meth:`check_writes` for plain calls (contiguous tensors, no lazy
     bits), in a few host µs: True when every one passes, False when it cannot tell (the validator
-    then runs); never True for a call they refuse. A variant with a ``self_checked`` form runs it
+    then runs; so does a call it raises on, e.g. a 0-dim tensor where it reads a row count); never
+    True for a call they refuse. A variant with a ``self_checked`` form runs it
     for a call this passes (its kernel tests the values). ``writes_on_device``: the quick check
     leaves :meth:`check_writes` out, and the self-checked kernel tests the same overlaps, exactly,
     by address (a call whose written buffer meets an input gets the kernel's ``FAIL``, and the

@@ -107,8 +107,11 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
 
 
 def _bytes(t: torch.Tensor, n: int) -> torch.Tensor:
-    """A contiguous ``[n, ...]`` tensor as ``[n, row bytes]`` uint8, the same memory."""
-    return t.view(n, math.prod(t.shape[1:])).view(torch.uint8)
+    """A contiguous ``[n, ...]`` tensor as ``[n, row bytes]`` uint8, the same memory. (By its
+    strides, not ``view``: torch calls a tensor contiguous whatever the strides of its dimensions
+    of size 1, and ``view`` can keep such a stride last, where a byte view needs 1.)"""
+    row = math.prod(t.shape[1:])
+    return t.as_strided((n, row), (row, 1)).view(torch.uint8)
 
 
 GATHER_RESULTS = Results(("rows",), lambda a: {"rows": ((a["rows"].shape[0], *a["x"].shape[1:]), a["x"].dtype)}, out="tensor")

@@ -1,0 +1,96 @@
+"""A caller's odd views and arguments at the entry of the ops, on the reference and the Triton
+variants: each gives the reference's result or the pack's ``ValueError`` naming the argument,
+never a torch error from inside, and never a write before it.
+
+- tensors torch calls contiguous whose dimensions of size 1 carry any stride (a one-row slice,
+  a transposed column): rows move as bytes, and a byte view needs the last stride 1;
+- a 0-dim tensor where a 1-D one is expected reaches the validated fast path's quick host
+  checks, which read row counts before the validator would refuse it;
+- a plan made from strided host arrays, or handed a device copy of its ``dropped_before``
+  (``ReplayPlan.from_kept``): the kernels read that copy as it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import swa_backends as sb
+from swa_backends.common.types import ReplayPlan
+
+I32, I64 = torch.int32, torch.int64
+REF = sb.select("cpu")
+TRI = sb.select("cpu", prefer={"gather_rows": "triton", "scatter_rows": "triton", "gather_replay_batch": "triton",
+                               "prepare_replay_step": "triton"})
+TRI_UNCHECKED = sb.select("cpu", prefer="triton", checked=False)
+BACKENDS = {"reference": REF, "triton": TRI}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_scatter_of_rows_with_odd_strides_on_their_size_one_dimensions(name):
+    be = BACKENDS[name]
+    buf = torch.arange(12, dtype=I64)
+    y = buf[1::2][:1]  # shape [1], stride 2: contiguous to torch
+    assert y.is_contiguous() and y.stride() == (2,)
+    assert be.scatter_rows(y, torch.tensor([2]), 4).tolist() == [0, 0, 1, 0]
+    y2 = buf.view(6, 2)[1:2, ::2]  # [1, 1], strides (2, 2)
+    assert be.scatter_rows(y2, torch.tensor([0]), 2).tolist() == [[2], [0]]
+    out = torch.full((3, 3), 9, dtype=I64)[1:2, :].t()  # [3, 1], strides (1, 3): written through
+    got = be.scatter_rows(torch.tensor([[5], [6]]), torch.tensor([0, 2]), 3, out=out)
+    assert got is out and out.flatten().tolist() == [5, 0, 6]
+
+
+def _step():
+    """decoder_trim.py's step: a decode, a 900-token prefill, a 100-token replaying chunk (W 128)."""
+    qsl_host = np.array([0, 1, 901, 1001], dtype=np.int32)
+    positions = torch.cat([torch.tensor([999]), torch.arange(900), torch.arange(200, 300)])
+    args = (torch.tensor(qsl_host), torch.tensor([1000, 900, 300], dtype=I32), torch.tensor([0, 0, 50], dtype=I32),
+            positions, torch.stack([positions + 1000, positions + 5000]), 128)
+    plan = sb.plan_replay_batch(qsl_host, np.array([False, True, True]), np.zeros(3, dtype=bool), 128)
+    return qsl_host, plan, args
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_zero_dim_tensor_where_a_row_count_is_read_is_named(name):
+    be = BACKENDS[name]
+    x = torch.arange(12.0).view(4, 3)
+    with pytest.raises(ValueError, match=r"gather_rows: rows=.*expected 1 dimension"):
+        be.gather_rows(x, torch.tensor(2))
+    with pytest.raises(ValueError, match=r"gather_rows: out=.*expected shape \[1\]"):
+        be.gather_rows(torch.arange(5), torch.tensor([3]), out=torch.zeros((), dtype=I64))
+    out = torch.full((), 7, dtype=I64)
+    with pytest.raises(ValueError, match=r"scatter_rows: out=.*expected shape \[1\]"):
+        be.scatter_rows(torch.tensor([5]), torch.tensor([0]), 1, out=out)
+    assert int(out) == 7
+    _, plan, args = _step()
+    with pytest.raises(ValueError, match=r"gather_replay_batch: query_start_loc=.*expected 1 dimension"):
+        be.gather_replay_batch(plan, torch.tensor(0, dtype=I32), *args[1:])
+
+
+def test_a_plan_of_strided_host_arrays_gives_the_same_sub_batch():
+    qsl_host, plan, args = _step()
+    want = REF.gather_replay_batch(plan, *args)
+    kept = np.zeros((3, 2), dtype=np.int32)
+    kept[:, 0] = plan.kept.numpy()
+    dropped = np.zeros((4, 2), dtype=np.int32)
+    dropped[:, 0] = plan.dropped_before.numpy()
+    for be in (REF, TRI, TRI_UNCHECKED):
+        strided = ReplayPlan.from_kept(kept[:, 0], qsl_host, plan.num_rows_padded, 128, dropped_before=dropped[:, 0],
+                                       is_prefilling=[False, True, True])
+        got = be.gather_replay_batch(strided, *args)
+        for field in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+@pytest.mark.parametrize("device_copy", [torch.zeros(8, dtype=I32)[::2], torch.zeros(2, dtype=I32),
+                                         torch.tensor(0, dtype=I32), torch.zeros(4, dtype=I64), [0, 0, 0, 0]],
+                         ids=["strided", "short", "0-dim", "int64", "list"])
+def test_a_device_copy_of_dropped_before_the_kernels_cannot_read_as_it_is_is_refused(device_copy):
+    qsl_host, plan, _ = _step()
+    with pytest.raises(ValueError, match=r"ReplayPlan.from_kept: device_dropped_before=.*expected a contiguous int32 "
+                                         r"tensor of shape \[4\]"):
+        ReplayPlan.from_kept(plan.kept.numpy(), qsl_host, plan.num_rows_padded, 128, device_dropped_before=device_copy)
+    good = plan.dropped_before.clone()
+    made = ReplayPlan.from_kept(plan.kept.numpy(), qsl_host, plan.num_rows_padded, 128, device_dropped_before=good)
+    assert made.device_dropped_before(torch.device("cpu")) is good
