@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE
@@ -96,7 +97,9 @@ RESULTS = Results(("slots",), lambda a: {"slots": ((a["token_slots"].shape[0],),
 
 
 def case(d: CaseDraw) -> Call:
-    """A ratio dividing the block size; a fifth of the token slots PAD."""
+    """A ratio dividing the block size; a fifth of the token slots PAD; the null block 0 (the
+    default), none, or (a third each) a block of the table's first row (an engine whose null
+    block is another id)."""
     b, t, rng = d.batch, d.tensors, d.rng
     T = b.T
     ratio = int(rng.choice([r for r in (1, 2, 4, 8, 16, 128) if b.block_size % r == 0]))
@@ -104,6 +107,11 @@ def case(d: CaseDraw) -> Call:
     if T:
         tok[torch.tensor(rng.random(T) < 0.2, device=d.device)] = PAD
     kw = {"out": d.out((T,), SLOT_DTYPE)} if d.poison else {}
+    null = int(rng.integers(0, 3))
+    if null == 1:
+        kw["null_block"] = None
+    elif null == 2 and b.block_table.size:
+        kw["null_block"] = int(np.asarray(b.block_table)[0, int(rng.integers(0, b.block_table.shape[1]))])
     return (tok, t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, ratio), kw
 
 

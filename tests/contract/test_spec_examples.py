@@ -48,6 +48,15 @@ def test_admit_prefix_hit_worked_numbers(local, external, hit, R, computed, sche
     assert a.dropped == (0 < local + external - (external % 16) <= 32)
 
 
+@pytest.mark.parametrize("local, external", [(20, 0), (0, 63), (96, 7), (0, 0)])
+def test_admit_prefix_hit_without_replay(local, external):
+    # Wr 0: nothing replays; the whole hit counts, no block cut, nothing dropped (a short hit too)
+    a = sb.admit_prefix_hit(local, external, 0, 16)
+    hit = local + external
+    assert (a.hit, a.replay_start, a.num_computed, a.replays, a.dropped) == (hit, 0, hit, False, False)
+    assert a.start_async_load == (external > 0)
+
+
 def test_admit_prefix_hit_short_external_cut_to_zero_starts_no_load():
     a = sb.admit_prefix_hit(0, 15, 32, 16)
     assert (a.hit, a.start_async_load, a.external_hit) == (0, False, 0)
@@ -232,6 +241,17 @@ def test_gather_and_scatter_rows_roundtrip(be):
     assert back[mask].eq(0).all()  # trimmed rows of the scatter output are zero
 
 
+def test_sparse_mla_sink_joins_the_denominator_not_the_lse(be):
+    q, kv = torch.randn(1, 2, 8), torch.randn(4, 8)
+    idx = torch.tensor([[0, 2, PAD, 3]], dtype=i32)
+    sink = torch.tensor([0.5, float("-inf")])
+    out, lse = be.sparse_mla(q, kv, idx, torch.tensor([3], dtype=i32), 0.3, 8, sink=sink)
+    scores = (q[0] @ kv[[0, 2]].T) * 0.3  # [H, 2]: the valid indices (PAD and j >= lens skipped)
+    assert torch.allclose(lse[0], torch.logsumexp(scores, dim=-1), atol=1e-5)
+    denom = torch.exp(scores).sum(-1) + torch.exp(sink)  # exp(-inf) = 0: no sink for head 1
+    assert torch.allclose(out[0], (torch.exp(scores) / denom[:, None]) @ kv[[0, 2]], atol=1e-5)
+
+
 def test_sparse_mla_nothing_valid_gives_zeros_and_neg_inf(be):
     q = torch.randn(2, 3, 8)
     kv = torch.randn(5, 8)
@@ -291,6 +311,13 @@ def test_stale_replay_start_counts_as_no_replay(be):
                                  slots, torch.tensor([0], dtype=i32), table, 64, 8, 8)
     assert got.replay_start.tolist() == [0] and got.stale_replay.tolist() == [1]
     assert torch.equal(got.swa_indices, cold_idx) and slots[0].tolist() == [104, 105, 106, 107]
+    # §2.2: any_replay=False says every R as given is 0; a stale R > 0 is still one (the host flag
+    # cannot know it is stale)
+    with pytest.raises(ValueError, match="any_replay"):
+        be.pad_replayed_slots(slots, torch.tensor([0], dtype=i32), qsl, positions, R, 8, any_replay=False)
+    with pytest.raises(ValueError, match="any_replay"):
+        be.prepare_replay_step(R, torch.tensor([0], dtype=i32), torch.tensor([True]), qsl, seq, positions, slots,
+                               torch.tensor([0], dtype=i32), table, 64, 8, 8, any_replay=False)
 
 
 def test_live_replay_start_is_not_stale(be):
@@ -383,6 +410,10 @@ def test_plan_trim_policy():
     assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128) is None  # 301 < 768 tokens
     assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128, num_tokens=1024).kept.tolist() == [1, 128]  # padded size
     assert sb.TRIM_THRESHOLD == 768
+    # the threshold itself trims, a token fewer does not
+    assert sb.plan_replay_batch([0, 1, 768], pre, keeps, 128).kept.tolist() == [1, 128]
+    assert sb.plan_replay_batch([0, 1, 767], pre, keeps, 128) is None
+    assert sb.plan_replay_batch([0, 1, 301], pre, keeps, 128, num_tokens=767) is None
 
 
 # --- §4 the capability decision -----------------------------------------------------------
