@@ -99,7 +99,7 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
     bit for bit (torch's ``index_copy_`` has no CPU kernel for FP8 or the wide unsigned types)."""
     if out is None:
         out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
-    n = y.shape[0] if count is None else int(count[0])
+    n = y.shape[0] if count is None else min(max(int(count[0]), 0), y.shape[0])  # clamped as the kernels do
     dst = _bytes(out, num_rows)
     dst.zero_()
     dst.index_copy_(0, rows[:n], _bytes(y.resolve_conj().resolve_neg().contiguous(), y.shape[0])[:n])

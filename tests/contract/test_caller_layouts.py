@@ -94,3 +94,14 @@ def test_a_device_copy_of_dropped_before_the_kernels_cannot_read_as_it_is_is_ref
     good = plan.dropped_before.clone()
     made = ReplayPlan.from_kept(plan.kept.numpy(), qsl_host, plan.num_rows_padded, 128, device_dropped_before=good)
     assert made.device_dropped_before(torch.device("cpu")) is good
+
+
+@pytest.mark.parametrize("prefer", [None, "triton"])
+def test_an_unchecked_count_out_of_its_range_is_clamped(prefer):
+    # with validation off a count outside [0, len(rows)] is the caller's error; the kernels clamp it and
+    # stay inside the tensors, and the reference does the same
+    be = sb.select("cpu", prefer={"scatter_rows": prefer} if prefer else None, checked=False)
+    y, rows = torch.arange(1.0, 4.0)[:, None], torch.tensor([0, 2, 3])
+    for count, want in ((-5, [0.0, 0.0, 0.0, 0.0]), (2**31 - 1, [1.0, 0.0, 2.0, 3.0])):
+        got = be.scatter_rows(y, rows, 4, count=torch.tensor([count], dtype=I64))
+        assert got.flatten().tolist() == want
