@@ -33,7 +33,9 @@ def _host_1d(name: str, value, dtype) -> np.ndarray:
         fail(NAME, name, value, "a 1-D sequence")
     if dtype is bool:
         if arr.dtype != np.bool_:
-            fail(NAME, name, value, "booleans")
+            if arr.size:
+                fail(NAME, name, value, "booleans")
+            arr = arr.astype(np.bool_)  # an empty batch's [] (numpy makes it float64)
         return arr
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         fail(NAME, name, value, "integers")

@@ -227,6 +227,7 @@ def test_plan_none_when_nothing_trims():
     assert sb.plan_replay_batch([0, 1, 2, 130], [False, False, True], [False, False, False], 128, trim_threshold=0) is None
     assert sb.plan_replay_batch([0, 300], [True], [True], 128, trim_threshold=0) is None  # keeps all rows (prompt logprobs)
     assert sb.plan_replay_batch([0, 300], [False], [False], 128, trim_threshold=0) is None  # decode/spec rows never trim
+    assert sb.plan_replay_batch([0], [], [], 128, trim_threshold=0) is None  # an empty batch (plain lists)
 
 
 def test_gather_and_scatter_rows_roundtrip(be):
