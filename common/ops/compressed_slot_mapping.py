@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE
@@ -111,7 +110,7 @@ def case(d: CaseDraw) -> Call:
     if null == 1:
         kw["null_block"] = None
     elif null == 2 and b.block_table.size:
-        kw["null_block"] = int(np.asarray(b.block_table)[0, int(rng.integers(0, b.block_table.shape[1]))])
+        kw["null_block"] = int(b.block_table[0, int(rng.integers(0, b.block_table.shape[1]))])
     return (tok, t["query_start_loc"], t["seq_lens"], t["block_table"], b.block_size, ratio), kw
 
 

@@ -390,6 +390,23 @@ def test_scatter_of_a_resized_sub_batch_leaves_its_padding_out(be):
         be.scatter_rows(y, rb.rows, 12, count=torch.tensor([5, 5], dtype=i32))
 
 
+@pytest.mark.parametrize("checked", [True, False])
+def test_the_resized_sub_batch_round_trip_on_triton(be, checked):
+    # the same corner through the Triton variants, validated and not: gather, scatter with the device count
+    tb = sb.select("cpu", prefer={"gather_replay_batch": "triton", "gather_rows": "triton", "scatter_rows": "triton"},
+                   checked=checked)
+    rb, _, _ = _resized(tb, [0, 1, 1, 11], validate=checked)
+    assert rb.rows.tolist() == [0, 7, 8, 9, 10, 0] and rb.query_start_loc.tolist() == [0, 1, 1, 5]
+    h = torch.arange(1.0, 13.0)[:, None].expand(12, 3).contiguous()  # row r of the batch: r + 1
+    y = tb.gather_rows(h, rb.rows) * 10
+    y[5] = -1.0  # whatever the replay layers leave in the padding row
+    got = tb.scatter_rows(y, rb.rows, 12, count=rb.query_start_loc[-1:])
+    want = torch.zeros(12, 3)
+    want[[0, 7, 8, 9, 10]] = h[[0, 7, 8, 9, 10]] * 10
+    assert torch.equal(got, want)
+    assert torch.equal(got, be.scatter_rows(y, rb.rows, 12, count=rb.query_start_loc[-1:]))
+
+
 def test_gather_replay_batch_refuses_a_resized_prefill(be):
     with pytest.raises(ValueError, match="a trimmed request"):
         _resized(be, [0, 1, 2, 11])  # the prefill (trimmed) is a row shorter on the device
