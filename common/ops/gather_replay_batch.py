@@ -165,8 +165,24 @@ def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> N
         return
     reads = [("query_start_loc", query_start_loc), ("plan.kept", plan.kept),
              ("plan.dropped_before", plan.dropped_before), ("plan.trimmed", plan.trimmed)]
-    reads += [("plan.prefilling", plan.prefilling)] if plan.prefilling is not None else []
-    defer(op, reads, lambda *values: _check_plan_values(op, plan, *values))
+    has_prefilling = plan.prefilling is not None
+    reads += [("plan.prefilling", plan.prefilling)] if has_prefilling else []
+    # the plan's copy on the call's device is what the kernels read (an engine's own upload, given to
+    # from_kept, or one a graph's replays rewrite): checked against the host values checked here
+    copy = plan._device_cache.get(str(query_start_loc.device))
+    has_copy = copy is not None and copy is not plan.dropped_before
+    reads += [("plan.device_dropped_before", copy)] if has_copy else []
+
+    def test(qsl, kept_host, dropped, trimmed, *rest):
+        prefilling = rest[0] if has_prefilling else None
+        if has_copy and not np.array_equal(rest[-1], dropped):
+            i = first_true(rest[-1] != dropped)
+            fail(op, "plan.device_dropped_before", f"its entry {i}={int(rest[-1][i])}",
+                 f"plan.dropped_before[{i}]={int(dropped[i])}: the device copy the kernels read holds the plan's "
+                 "host values (ReplayPlan.from_kept's device_dropped_before is the caller's upload of them)")
+        _check_plan_values(op, plan, qsl, kept_host, dropped, trimmed, prefilling)
+
+    defer(op, reads, test)
 
 
 def _check_plan_values(op: str, plan: ReplayPlan, qsl, kept_host, dropped, trimmed, prefilling=None) -> None:

@@ -96,6 +96,30 @@ def test_a_device_copy_of_dropped_before_the_kernels_cannot_read_as_it_is_is_ref
     assert made.device_dropped_before(torch.device("cpu")) is good
 
 
+
+@pytest.mark.parametrize("be", [REF, TRI], ids=["reference", "triton"])
+def test_a_device_copy_of_dropped_before_with_other_values_is_named(be):
+    # the kernels read the device copy, the host checks read the host values: a copy that disagrees
+    # (a stale upload, a graph buffer rewritten for another step) is named, before anything is written
+    qsl_host, plan, args = _step()
+    stale = plan.dropped_before.clone()
+    stale[-1] += 1
+    made = ReplayPlan.from_kept(plan.kept.numpy(), qsl_host, plan.num_rows_padded, 128, device_dropped_before=stale)
+    from swa_backends.common.ops.gather_replay_batch import allocate_out
+
+    out = allocate_out(plan, args[4].shape[0], "cpu")
+    for t in out.values():
+        t.fill_(-7)
+    with pytest.raises(ValueError, match=r"gather_replay_batch: plan.device_dropped_before='its entry 3=\d+': expected "
+                                         r"plan.dropped_before\[3\]=\d+: the device copy"):
+        be.gather_replay_batch(made, *args, out=out)
+    assert all(bool((t == -7).all()) for t in out.values())
+    same = ReplayPlan.from_kept(plan.kept.numpy(), qsl_host, plan.num_rows_padded, 128,
+                                device_dropped_before=plan.dropped_before.clone())
+    want = REF.gather_replay_batch(plan, *args)
+    got = be.gather_replay_batch(same, *args)
+    assert torch.equal(got.rows, want.rows) and torch.equal(got.query_start_loc, want.query_start_loc)
+
 @pytest.mark.parametrize("prefer", [None, "triton"])
 def test_an_unchecked_count_out_of_its_range_is_clamped(prefer):
     # with validation off a count outside [0, len(rows)] is the caller's error; the kernels clamp it and
