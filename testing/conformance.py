@@ -8,6 +8,7 @@ is compared with the reference on the same kind of data; :func:`case_for` is the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,6 +124,44 @@ def mismatch(op: str, got, want, *, rtol: float = 1e-2) -> str | None:
         return None
     return None if got == want else f"{got!r} != {want!r}"
 
+
+def scatter_repeats(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``scatter_rows`` call writes some row twice: a repeated row among the rows it
+    writes (those before ``count``; a sub-batch's padding past it repeats row 0 unwritten)."""
+    rows = args[1].detach().cpu()
+    n = _scatter_count(rows, kwargs)
+    return rows[:n].unique().numel() < n
+
+
+def repeated_scatter_mismatch(got, args: tuple, kwargs: dict) -> str | None:
+    """``scatter_rows``' result where a row is written twice (the op keeps an unspecified one of
+    its values: the reference's is one right answer of several). None when every row written
+    holds, bit for bit, the value of one of the rows of ``y`` scattered to it and every other
+    row is zero."""
+    y, rows, num_rows = args[0].detach().cpu(), args[1].detach().cpu(), int(args[2])
+    if not isinstance(got, torch.Tensor):
+        return f"expected a tensor, got {type(got).__name__}"
+    g = got.detach().cpu()
+    if g.dtype != y.dtype or g.shape != (num_rows, *y.shape[1:]):
+        return f"{g.dtype}{tuple(g.shape)} != {y.dtype}{(num_rows, *y.shape[1:])}"
+    width = math.prod(y.shape[1:])
+    gb = g.contiguous().reshape(num_rows, width).view(torch.uint8)
+    yb = y.contiguous().reshape(y.shape[0], width).view(torch.uint8)
+    writers: dict[int, list[int]] = {}
+    for j in range(_scatter_count(rows, kwargs)):
+        writers.setdefault(int(rows[j]), []).append(j)
+    for r in range(num_rows):
+        js = writers.get(r)
+        if js is None and bool(gb[r].any()):
+            return f"row {r}: no row of y is scattered to it, and it is not zero"
+        if js is not None and not any(torch.equal(gb[r], yb[j]) for j in js):
+            return f"row {r}: holds the value of none of the rows of y scattered to it ({js[:8]})"
+    return None
+
+
+def _scatter_count(rows: torch.Tensor, kwargs: dict) -> int:
+    count = kwargs.get("count")
+    return rows.shape[0] if count is None else min(max(int(count.reshape(-1)[0]), 0), rows.shape[0])
 
 @dataclass(frozen=True)
 class Result:

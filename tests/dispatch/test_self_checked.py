@@ -29,7 +29,7 @@ from swa_backends.common.registry import load_attr
 from swa_backends.common.types import MAX_POSITION, ReplayPlan
 from swa_backends.common import validation
 from swa_backends.common.validation import one_read
-from swa_backends.testing.conformance import case_for, mismatch
+from swa_backends.testing.conformance import case_for, mismatch, repeated_scatter_mismatch, scatter_repeats
 
 pytest.importorskip("triton")
 from swa_backends.kernels import METADATA_KERNELS, SELF_CHECKED, _launch  # noqa: E402
@@ -227,8 +227,11 @@ def agrees(op: str, args, kwargs) -> str:
         for w, b in zip(_written(op, args, kwargs), before):
             assert torch.equal(w, b), "a refused call wrote"
         return "bad"
-    if op == "scatter_rows" and args[1].unique().numel() < args[1].numel():
-        return "good"  # a repeated row keeps an unspecified one of its values (the op's contract): no reference
+    if op == "scatter_rows" and scatter_repeats(plain_args, plain_kwargs):
+        # a repeated row keeps an unspecified one of its values (the op's contract): any of them
+        why = repeated_scatter_mismatch(result, plain_args, plain_kwargs)
+        assert why is None, why
+        return "good"
     plain = load_attr(f"swa_backends.kernels.{METADATA_KERNELS[op][0]}")(*plain_args, **plain_kwargs)
     why = mismatch(op, result, plain)
     assert why is None, f"the checked form differs from the plain kernel: {why}"
@@ -240,6 +243,24 @@ def agrees(op: str, args, kwargs) -> str:
         why = mismatch(op, result, want)
         assert why is None, why
     return "good"
+
+
+def test_a_repeated_scatter_is_compared_with_every_answer_the_op_allows():
+    # the comparison the self-checked agreement and the sanitizer use where a row is scattered twice:
+    # either writer's value, zero where nothing is scattered, nothing past the count
+    y, rows = torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([1, 1, 0])
+    assert scatter_repeats((y, rows, 3), {})
+    for ok in ([[3.0], [1.0], [0.0]], [[3.0], [2.0], [0.0]]):
+        assert repeated_scatter_mismatch(torch.tensor(ok), (y, rows, 3), {}) is None
+    assert "row 1: holds the value of none" in repeated_scatter_mismatch(torch.tensor([[3.0], [0.0], [0.0]]), (y, rows, 3), {})
+    assert "row 2: no row of y" in repeated_scatter_mismatch(torch.tensor([[3.0], [2.0], [5.0]]), (y, rows, 3), {})
+    assert "(3, 1)" in repeated_scatter_mismatch(torch.zeros(3, 2), (y, rows, 3), {})
+    count = {"count": torch.tensor([2], dtype=torch.int32)}
+    assert repeated_scatter_mismatch(torch.tensor([[0.0], [2.0], [0.0]]), (y, rows, 3), count) is None
+    assert "row 0: no row of y" in repeated_scatter_mismatch(torch.tensor([[3.0], [2.0], [0.0]]), (y, rows, 3), count)
+    # a sub-batch's padding past its count repeats row 0 unwritten: compared with the reference exactly
+    assert not scatter_repeats((y, torch.tensor([0, 1, 0, 0]), 3), {"count": torch.tensor([2])})
+    assert not scatter_repeats((y, rows, 3), {"count": torch.tensor([1], dtype=torch.int64)})
 
 
 @pytest.mark.parametrize("op", CHECKED)
