@@ -168,8 +168,9 @@ def _window_rows(t, m, ok, req, pos, R, P, swa_ptr, swa_s0, lens_ptr, pswa_ptr, 
     j = cb * BLOCK_W + tl.arange(0, BLOCK_W)
     live = (j[None, :] < lens[:, None]) & ok[:, None]
     nb, within = block_split(lo_off[:, None] + j[None, :], block_size, bs_shift)
-    col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)
-    block = tl.load(bt_ptr + req.to(tl.int64)[:, None] * bt_s0 + col.to(tl.int64) * bt_s1, mask=live, other=0)
+    col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)  # -1 only for an empty table: block 0, as the reference
+    block = tl.load(bt_ptr + req.to(tl.int64)[:, None] * bt_s0 + col.to(tl.int64) * bt_s1, mask=live & (col >= 0),
+                    other=0)
     slot = tl.where(live, block * block_size + within, PAD)
     tl.store(row_at[:, None] + j[None, :], slot, mask=m[:, None] & (j[None, :] < width))
 

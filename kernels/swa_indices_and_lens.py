@@ -69,9 +69,9 @@ def _rows(qsl_ptr, seq_ptr, rs_ptr, bt_ptr, bt_s0, bt_s1, n_cols, valid_ptr, idx
     lo_col, lo_off = block_split(lo, block_size, bs_shift)
     live = (j[None, :] < lens[:, None]) & ok[:, None]
     nb, within = block_split(lo_off[:, None] + j[None, :], block_size, bs_shift)
-    col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)
+    col = tl.minimum(lo_col[:, None] + nb, n_cols - 1)  # -1 only for an empty table: block 0, as the reference
     row = req.to(tl.int64) * bt_s0
-    block = tl.load(bt_ptr + row[:, None] + col.to(tl.int64) * bt_s1, mask=live, other=0)
+    block = tl.load(bt_ptr + row[:, None] + col.to(tl.int64) * bt_s1, mask=live & (col >= 0), other=0)
     out = tl.where(live, block * block_size + within, PAD)
     tl.store(idx_ptr + t.to(tl.int64)[:, None] * idx_s0 + j[None, :], out, mask=m[:, None] & (j[None, :] < width))
 

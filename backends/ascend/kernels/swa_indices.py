@@ -16,7 +16,7 @@ MAX_BLOCK_W = 256
 
 
 @triton.jit
-def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx_ptr, lens_ptr,
+def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, n_cols, valid_ptr, idx_ptr, lens_ptr,
                 T, t_off, B, block_size, W, width,
                 HAS_VALID: tl.constexpr, STEPS: tl.constexpr, BLOCK_W: tl.constexpr):
     pid = tl.program_id(0)
@@ -46,7 +46,10 @@ def _swa_kernel(qsl_ptr, seq_ptr, r_ptr, table_ptr, table_stride, valid_ptr, idx
             j = j0 + cols
             live = j < n
             p = (lo + j).to(tl.int64)
-            blk = tl.load(row + p // block_size, mask=live, other=0).to(tl.int64)
+            # a table shorter than the positions: its last column, as the reference reads it
+            # (-1 only for an empty table: block 0)
+            col = tl.minimum(p // block_size, n_cols - 1)
+            blk = tl.load(row + col, mask=live & (col >= 0), other=0).to(tl.int64)
             slot = blk * block_size + p % block_size
             tl.store(out + j, tl.where(live, slot, -1).to(tl.int32), mask=j < width)
 
@@ -65,14 +68,13 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     if T == 0:
         return out
     B = query_start_loc.shape[0] - 1
-    table = block_table if block_table.numel() else torch.zeros((1, 1), dtype=INDEX_DTYPE, device=dev)
-    table = table.contiguous()
+    table = block_table.contiguous()
     dst_idx = idx if idx.is_contiguous() else torch.empty_like(idx, memory_format=torch.contiguous_format)
     block_w = min(MAX_BLOCK_W, triton.next_power_of_2(max(width, 1)))
     programs = max(1, min(core_count(str(dev)), T))
     qsl = query_start_loc.contiguous()  # the 1-D inputs are read at unit stride
     _swa_kernel[(programs,)](
-        qsl, seq_lens.contiguous(), replay_start.contiguous(), table, table.stride(0),
+        qsl, seq_lens.contiguous(), replay_start.contiguous(), table, table.stride(0), table.shape[1],
         valid.contiguous() if valid is not None else qsl, dst_idx, lens,
         T, off, B, block_size, W, width,
         HAS_VALID=valid is not None, STEPS=search_steps(B), BLOCK_W=block_w)
