@@ -60,7 +60,7 @@ h = h * 2  # stand-in for layers 4..7 (attention with sub.positions / sub.slot_m
 
 # 4. back into the full batch: rows the replay layers did not run are zero. count: the sub-batch's device row
 #    count (rows past it are graph padding, not written: see 5)
-out = backend.scatter_rows(h[: sub.num_rows], sub.rows[: sub.num_rows], hidden.shape[0], count=sub.query_start_loc[-1:])
+out = backend.scatter_rows(h, sub.rows, hidden.shape[0], count=sub.query_start_loc[-1:])
 kept = torch.zeros(T, dtype=torch.bool, device=dev)
 kept[sub.rows] = True
 assert torch.equal(out[kept], hidden[kept] * 2) and not out[~kept].any()
@@ -81,7 +81,7 @@ sub = backend.gather_replay_batch(plan, dev_qsl, torch.tensor([41, 30, 10], dtyp
 assert sub.rows.tolist() == [0, 7, 8, 9, 10, 0] and sub.query_start_loc.tolist() == [0, 1, 1, 5]
 h = backend.gather_rows(torch.arange(11.0, device=dev)[:, None] + 1, sub.rows) * 10  # the replay layers' stand-in
 h[5] = -1.0  # what the layers leave in a padding row: anything
-out = backend.scatter_rows(h[: sub.num_rows], sub.rows[: sub.num_rows], 11, count=sub.query_start_loc[-1:])
+out = backend.scatter_rows(h, sub.rows, 11, count=sub.query_start_loc[-1:])
 assert out[:, 0].tolist() == [10.0, 0, 0, 0, 0, 0, 0, 80.0, 90.0, 100.0, 110.0]
 print(f"resized on the device: {sub.num_rows} sub-batch rows planned, {int(sub.query_start_loc[-1])} kept; "
       "row 0 keeps the decode's own output, not the padding row's")

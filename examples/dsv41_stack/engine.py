@@ -349,7 +349,7 @@ class Engine:
                 h = be.gather_rows(x, sub.rows)
                 for layer in self.replay_layers:
                     h = self._replay_layer(layer, h, sub.positions, sub.slot_mappings[SWA], sidx, slens, ctx)
-                x = be.scatter_rows(h[: sub.num_rows], sub.rows[: sub.num_rows], T, count=sub.query_start_loc[-1:])
+                x = be.scatter_rows(h, sub.rows, T, count=sub.query_start_loc[-1:])
                 replay_rows = sub.num_rows
             else:  # "clamp": every row, the kept rows with the sub-batch's windows
                 idx = swa_idx.index_copy(0, sub.rows, sidx)

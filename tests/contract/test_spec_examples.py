@@ -347,10 +347,10 @@ def test_compressed_slot_mapping_never_writes_the_null_block(be):
     assert got[1::2].tolist() == [0, 1, PAD, PAD, 2, 3, 4, 5] and got[0::2].eq(PAD).all()
 
 
-def _resized(be, device_qsl, *, validate=True, T=12):
+def _resized(be, device_qsl, *, validate=True, T=12, pad_to=None):
     """SPEC §3.2's resized example: two decodes and a 10-token prefill, W 4, host qsl [0, 1, 2, 12]
     (``T`` tokens in the batch's buffers)."""
-    plan = sb.plan_replay_batch([0, 1, 2, 12], [False, False, True], [False] * 3, 4, trim_threshold=0)
+    plan = sb.plan_replay_batch([0, 1, 2, 12], [False, False, True], [False] * 3, 4, trim_threshold=0, pad_to=pad_to)
     assert plan.kept.tolist() == [1, 1, 4] and plan.dropped_before.tolist() == [0, 0, 0, 6]
     positions = torch.arange(100, 100 + T, dtype=i64)
     slots = torch.stack([positions + 1000, positions + 2000])
@@ -388,6 +388,20 @@ def test_scatter_of_a_resized_sub_batch_leaves_its_padding_out(be):
         be.scatter_rows(y, rb.rows, 12, count=torch.tensor([7], dtype=i32))
     with pytest.raises(ValueError, match="scatter_rows: count=.*expected shape"):
         be.scatter_rows(y, rb.rows, 12, count=torch.tensor([5, 5], dtype=i32))
+
+
+def test_scatter_of_a_sub_batch_the_device_grew_writes_every_kept_row(be):
+    # SPEC §3.3: decodes the device grew (host [1, 1], device [2, 2]) inside a graph-padded sub-batch
+    # (n_pad 8): n_dev = 8 > num_rows = 6, so the real rows run past num_rows
+    rb, _, _ = _resized(be, [0, 2, 4, 14], T=14, pad_to=8)
+    assert rb.num_rows == 6 and rb.rows.tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    y = torch.arange(1.0, 9.0)[:, None]
+    got = be.scatter_rows(y, rb.rows, 14, count=rb.query_start_loc[-1:])
+    want = torch.zeros(14, 1)
+    want[[0, 1, 2, 3, 10, 11, 12, 13]] = y
+    assert torch.equal(got, want)
+    short = be.scatter_rows(y[: rb.num_rows], rb.rows[: rb.num_rows], 14)  # only the plan's rows: the prefill's last two lost
+    assert short[12:].eq(0).all() and not want[12:].eq(0).any()
 
 
 @pytest.mark.parametrize("checked", [True, False])
