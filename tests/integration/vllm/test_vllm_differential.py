@@ -191,6 +191,56 @@ def _piecewise(state, setup, batch, *, extra: int):
     return h.run_step(state, setup, batch, mode=CUDAGraphMode.PIECEWISE)
 
 
+def _graph_step(state, setup, batch, *, mode, threshold):
+    h.add_requests(state, batch)
+    if mode == CUDAGraphMode.PIECEWISE:
+        state.replay_cudagraphs = h.FakeReplayGraphs([4 * batch.T_pad + 64])
+        setup.layers.trim_threshold = threshold
+    return h.run_step(state, setup, batch, mode=mode, full=mode == CUDAGraphMode.FULL)
+
+
+def _rows_kept(batch, replay) -> list[int]:
+    """The full batch's rows the replay layers run on (vLLM's sub-batch rows, or all of them)."""
+    return list(range(int(batch.qsl_np[batch.num_reqs]))) if replay is None else replay["rows"].tolist()
+
+
+def _planned_rows(batch, plan) -> list[int]:
+    qsl = batch.qsl_np[: batch.num_reqs + 1]
+    if plan is None:
+        return list(range(int(qsl[-1])))
+    return [r for i, k in enumerate(plan.kept.tolist()) for r in range(int(qsl[i + 1]) - k, int(qsl[i + 1]))]
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _cases.mixed_batches(0)])
+def test_the_public_planner_keeps_the_rows_vllm_keeps(name):
+    """``plan_replay_batch`` (SPEC §3.5) against vLLM's own ``_prepare_replay_batch``: the same rows
+    run the replay layers in every graph mode. Eager steps: vLLM trims whatever the step's size, the
+    planner with ``trim_threshold=0`` (its default threshold also holds small eager steps whole:
+    SPEC §3.5's rule, checked here as the one difference); PIECEWISE: from vLLM's threshold, on the
+    padded size, on both sides of it; FULL: never."""
+    import swa_backends as sb
+
+    batch = dict(_cases.mixed_batches(0))[name]
+    B = batch.num_reqs
+    qsl, pre, keeps = batch.qsl_np[: B + 1], batch.is_prefilling[:B], batch.keeps_rows[:B]
+    cases = [(CUDAGraphMode.NONE, 0, dict(graph_mode="none", trim_threshold=0)),
+             (CUDAGraphMode.FULL, 0, dict(graph_mode="full", trim_threshold=0))]
+    cases += [(CUDAGraphMode.PIECEWISE, t, dict(graph_mode="piecewise", trim_threshold=t, num_tokens=batch.T_pad))
+              for t in (batch.W + 1, batch.T_pad, batch.T_pad + 1)]
+    for mode, threshold, kw in cases:
+        want = _vllm_run(batch, _graph_step, mode=mode, threshold=threshold)["replay"]
+        plan = sb.plan_replay_batch(qsl, pre, keeps, batch.W, **kw)
+        assert _planned_rows(batch, plan) == _rows_kept(batch, want), (mode, threshold)
+    # the planner's default keeps an eager step under its 768 tokens whole, where vLLM trims it
+    eager = _vllm_run(batch, _graph_step, mode=CUDAGraphMode.NONE, threshold=0)["replay"]
+    default = sb.plan_replay_batch(qsl, pre, keeps, batch.W)
+    if int(qsl[-1]) < sb.TRIM_THRESHOLD:
+        assert default is None
+        assert (eager is not None) == bool(((batch.q[:B] > batch.W) & pre & ~keeps).any())
+    else:
+        assert _planned_rows(batch, default) == _rows_kept(batch, eager)
+
+
 @pytest.mark.parametrize("extra", [0, 5])
 @pytest.mark.parametrize("name", ["mixed", "spec-decode+replay", "prefill-only"])
 def test_piecewise_replay_graph_padding(be, name, extra):
