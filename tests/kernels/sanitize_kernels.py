@@ -18,7 +18,8 @@ overrun inside PyTorch's cached segment is invisible to it). ``--no-huge`` leave
 ``--no-huge-strides`` only the huge-stride cases (``--huge-only START:STOP`` runs a slice of
 them alone: under memcheck each case's memory stays taken until the process ends); ``--kept-only``
 runs only ``prepare_replay_step``'s decoder sub-batch cases (resized by the device, and with the
-sub-batch's window builds) and the value reader's; ``--gated-only`` only the validated sparse-MLA call
+sub-batch's window builds), the window slots through short and empty block tables, and the value
+reader's; ``--gated-only`` only the validated sparse-MLA call
 gated behind its device check (both forms of the check: a contiguous index tensor and a strided view);
 ``--self-checked-only`` only the validated calls of the ops whose kernels test their own values
 (``Variant.self_checked``), on valid calls and on calls with one value poisoned.
@@ -113,6 +114,36 @@ def adaptive_verification_cases(be, dev) -> list[str]:
             if why:
                 bad.append(f"prepare_replay_step resized {device_qsl} {sorted(kw)}: {why}")
         print(f"ran adaptive verification {device_qsl}", flush=True)
+    return bad
+
+
+def table_edge_cases(be, dev) -> list[str]:
+    """Window slots through a block table with fewer columns than the window needs, and through
+    one with no column at all (an empty tensor: no storage behind it), validation off: the
+    kernels read the table's last column, an empty table as block 0 (the reference's result)."""
+    bad = []
+    i32 = torch.int32
+    qsl, seq, R = torch.tensor([0, 1, 2], dtype=i32), torch.tensor([8, 8], dtype=i32), torch.zeros(2, dtype=i32)
+    pos = torch.tensor([7, 7])
+    tables = {"short": torch.tensor([[10, 11], [20, 21]], dtype=i32), "empty": torch.zeros(2, 0, dtype=i32)}
+    for name, table in tables.items():
+        want = OPS["swa_indices_and_lens"].reference(qsl, seq, table, 2, 8, R, num_tokens=2)
+        with sb.validation(False):
+            got = be.swa_indices_and_lens(*to_device((qsl, seq, table), dev), 2, 8, R.to(dev), num_tokens=2)
+            torch.cuda.synchronize()
+        why = mismatch("swa_indices_and_lens", got, want)
+        if why:
+            bad.append(f"swa_indices_and_lens, {name} table: {why}")
+        step = (R, torch.arange(2, dtype=i32), torch.ones(2, dtype=torch.bool), qsl, seq, pos,
+                torch.stack([pos + 100, pos + 200]), torch.zeros(0, dtype=i32), table, 2, 8, 4)
+        want = OPS["prepare_replay_step"].reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in step])
+        with sb.validation(False):
+            got = be.prepare_replay_step(*to_device(step, dev))
+            torch.cuda.synchronize()
+        why = mismatch("prepare_replay_step", got, want)
+        if why:
+            bad.append(f"prepare_replay_step, {name} table: {why}")
+    print("ran window slots through a short and an empty block table", flush=True)
     return bad
 
 
@@ -282,7 +313,8 @@ def main(argv: list[str]) -> int:
         elif "--gated-only" in argv:
             bad = gated_cases(dev, rng, torch.cuda.get_device_properties(dev).multi_processor_count)
         else:
-            bad = adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng) + value_read_cases(dev, rng)
+            bad = (adaptive_verification_cases(be, dev) + kept_window_cases(be, dev, rng) + table_edge_cases(be, dev)
+                   + value_read_cases(dev, rng))
         for b in bad:
             print("WRONG", b)
         print(f"wrong results: {len(bad)}")
@@ -296,6 +328,7 @@ def main(argv: list[str]) -> int:
                 bad.append(f"{op}: {why}")
     bad += adaptive_verification_cases(be, dev)
     bad += kept_window_cases(be, dev, rng)
+    bad += table_edge_cases(be, dev)
     bad += value_read_cases(dev, rng)
     # sparse MLA: each variant directly, at shapes it takes
     from swa_backends.kernels import sparse_mla as tl
