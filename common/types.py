@@ -132,7 +132,8 @@ class ReplayPlan:
         the same values already on a device (an engine's own upload): the plan's device copy
         there, so :meth:`device_dropped_before` copies nothing; the kernels read it as it is, so
         its layout is checked (a contiguous int32 ``[B+1]``, else a ``ValueError``; a validated
-        call compares its values with the host's, an unchecked one takes them on the caller's word). ``is_prefilling`` (host bools, optional): the plan's ``prefilling``.
+        call compares its values with the host's, an unchecked one takes them on the caller's
+        word). ``is_prefilling`` (host bools, optional): the plan's ``prefilling``.
         ``kept`` and ``dropped_before``, as contiguous int32 arrays, are taken as they are, not
         copied (the plan's tensors are views of them, made on first use): the caller leaves them
         unchanged; others are copied."""

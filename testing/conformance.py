@@ -163,6 +163,7 @@ def _scatter_count(rows: torch.Tensor, kwargs: dict) -> int:
     count = kwargs.get("count")
     return rows.shape[0] if count is None else min(max(int(count.reshape(-1)[0]), 0), rows.shape[0])
 
+
 @dataclass(frozen=True)
 class Result:
     op: str

@@ -400,7 +400,8 @@ def test_scatter_of_a_sub_batch_the_device_grew_writes_every_kept_row(be):
     want = torch.zeros(14, 1)
     want[[0, 1, 2, 3, 10, 11, 12, 13]] = y
     assert torch.equal(got, want)
-    short = be.scatter_rows(y[: rb.num_rows], rb.rows[: rb.num_rows], 14)  # only the plan's rows: the prefill's last two lost
+    # only the plan's first num_rows rows: the prefill's last two are lost
+    short = be.scatter_rows(y[: rb.num_rows], rb.rows[: rb.num_rows], 14)
     assert short[12:].eq(0).all() and not want[12:].eq(0).any()
 
 

@@ -252,7 +252,8 @@ def test_a_repeated_scatter_is_compared_with_every_answer_the_op_allows():
     assert scatter_repeats((y, rows, 3), {})
     for ok in ([[3.0], [1.0], [0.0]], [[3.0], [2.0], [0.0]]):
         assert repeated_scatter_mismatch(torch.tensor(ok), (y, rows, 3), {}) is None
-    assert "row 1: holds the value of none" in repeated_scatter_mismatch(torch.tensor([[3.0], [0.0], [0.0]]), (y, rows, 3), {})
+    none_of_its = repeated_scatter_mismatch(torch.tensor([[3.0], [0.0], [0.0]]), (y, rows, 3), {})
+    assert "row 1: holds the value of none" in none_of_its
     assert "row 2: no row of y" in repeated_scatter_mismatch(torch.tensor([[3.0], [2.0], [5.0]]), (y, rows, 3), {})
     assert "(3, 1)" in repeated_scatter_mismatch(torch.zeros(3, 2), (y, rows, 3), {})
     count = {"count": torch.tensor([2], dtype=torch.int32)}
