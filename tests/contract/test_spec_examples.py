@@ -420,6 +420,14 @@ def test_the_resized_sub_batch_round_trip_on_triton(be, checked):
     want[[0, 7, 8, 9, 10]] = h[[0, 7, 8, 9, 10]] * 10
     assert torch.equal(got, want)
     assert torch.equal(got, be.scatter_rows(y, rb.rows, 12, count=rb.query_start_loc[-1:]))
+    # decodes the device grew inside a graph-padded sub-batch (n_dev 8 > num_rows 6): every kept row comes back
+    rb, _, _ = _resized(tb, [0, 2, 4, 14], validate=checked, T=14, pad_to=8)
+    assert rb.rows.tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    h = torch.arange(1.0, 15.0)[:, None].expand(14, 3).contiguous()
+    got = tb.scatter_rows(tb.gather_rows(h, rb.rows) * 10, rb.rows, 14, count=rb.query_start_loc[-1:])
+    want = torch.zeros(14, 3)
+    want[rb.rows] = h[rb.rows] * 10
+    assert torch.equal(got, want)
 
 
 def test_gather_replay_batch_refuses_a_resized_prefill(be):
