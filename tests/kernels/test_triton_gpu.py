@@ -380,32 +380,38 @@ def test_graph_harness_on_cpu_reference(op):
 
 
 @pytest.mark.gpu
-def test_warmup_then_serving_compiles_nothing(gb):
+@pytest.mark.parametrize("validated", [False, True], ids=["unvalidated", "validated"])
+def test_warmup_then_serving_compiles_nothing(gb, validated):
     """After ``Backend.warmup()``, serving-like steps of many sizes (replaying, trimming,
-    graph-padded, every op) neither compile a Triton kernel nor miss the launch cache."""
+    graph-padded, every op) neither compile a Triton kernel nor miss the launch cache: the
+    calls with validation off after a warmup of the plain kernels, the validated calls after
+    one of the self-checked forms. The warmup is limited to the ops served here and to one
+    form a test (all of it, the sparse-MLA kernels and both forms of ``prepare_replay_step``'s
+    128 specialisations, did not end within a 400 s GPU command)."""
     from swa_backends.kernels import _launch
 
-    gb.warmup(W=128, block_size=64, num_groups=5, hidden_sizes=(7168,), hidden_dtypes=(torch.bfloat16,), top_k=512)
+    gb.warmup(ops=KERNEL_OPS, W=128, block_size=64, num_groups=5, hidden_sizes=(7168,),
+              hidden_dtypes=(torch.bfloat16,), top_k=512, validated=validated)
     compiled = _launch.total_compiled()
     fast_keys = {name: set(k._compiled) for name, k in _launch.KERNELS.items()}
     dev = _dev(gb)
     rng = np.random.default_rng(5)
-    for step in range(6):
-        b = random_batch(rng, max_reqs=int(rng.integers(1, 40)), max_q=int(rng.integers(2, 900)), W=128,
-                         block_size=64, num_groups=5, long_prefill=True)
-        for op in KERNEL_OPS:
-            if op in ("gather_rows", "scatter_rows"):
-                N = int(rng.integers(200, 3000))
-                n = int(rng.integers(1, min(N, 1024)))
-                rows = torch.tensor(np.sort(rng.permutation(N)[:n]), dtype=SLOT_DTYPE, device=dev)
-                x = torch.randn(N, 7168, device=dev).to(torch.bfloat16)
-                y = gb.gather_rows(x, rows)
-                gb.scatter_rows(y, rows, N)
-                continue
-            args, kwargs = case_for(op, rng, "cpu", batch=b)
-            if op in ("batch_replay_start", "indices_to_csr", "mixed_indices", "plain_indices"):
-                args, kwargs = case_for(op, rng, "cpu")
-            with validation(False):
+    with validation(validated):
+        for step in range(6):
+            b = random_batch(rng, max_reqs=int(rng.integers(1, 40)), max_q=int(rng.integers(2, 900)), W=128,
+                             block_size=64, num_groups=5, long_prefill=True)
+            for op in KERNEL_OPS:
+                if op in ("gather_rows", "scatter_rows"):
+                    N = int(rng.integers(200, 3000))
+                    n = int(rng.integers(1, min(N, 1024)))
+                    rows = torch.tensor(np.sort(rng.permutation(N)[:n]), dtype=SLOT_DTYPE, device=dev)
+                    x = torch.randn(N, 7168, device=dev).to(torch.bfloat16)
+                    y = gb.gather_rows(x, rows)
+                    gb.scatter_rows(y, rows, N)
+                    continue
+                args, kwargs = case_for(op, rng, "cpu", batch=b)
+                if op in ("batch_replay_start", "indices_to_csr", "mixed_indices", "plain_indices"):
+                    args, kwargs = case_for(op, rng, "cpu")
                 getattr(gb, op)(*to_device(args, dev), **to_device(kwargs, dev))
     torch.cuda.synchronize(dev)
     assert _launch.total_compiled() == compiled, "a serving-like call compiled a new Triton kernel"
