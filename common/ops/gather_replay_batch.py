@@ -224,7 +224,8 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
     ``query_start_loc``, ``positions``, ``slot_mappings`` and ``kv_start`` (``max(R,
     seq_len - W)`` for trimmed requests, ``R`` otherwise; a stale R counts as 0). Rows from
     ``qsl[B] - dropped_before[B]`` (the device's kept count) to ``num_rows_padded`` are graph
-    padding: row 0 with every slot PAD; kept rows past ``num_rows_padded`` are not written.
+    padding: row 0 with every slot PAD (position 0 in a step with no token rows); kept rows past
+    ``num_rows_padded`` are not written.
     """
     dev = positions.device
     n, n_pad = plan.num_rows, plan.num_rows_padded
@@ -241,12 +242,16 @@ def reference(plan, query_start_loc, seq_lens, replay_start, positions, slot_map
         rows = torch.where(real, o + dropped.to(torch.int64)[req + 1], 0)
     R = live_replay_start(query_start_loc, seq_lens, replay_start)
     kv_start = torch.where(trimmed, torch.maximum(R, seq_lens.to(torch.int64) - W), R).to(INDEX_DTYPE)
-    gathered_slots = slot_mappings.index_select(1, rows)
-    gathered_slots = torch.where(real[None, :], gathered_slots, PAD)
+    if positions.shape[0] == 0:  # a step with no token rows: every row padding, read from nothing (position 0)
+        gathered_slots = slot_mappings.new_full((slot_mappings.shape[0], n_pad), PAD)
+        gathered_positions = positions.new_zeros(n_pad)
+    else:
+        gathered_slots = torch.where(real[None, :], slot_mappings.index_select(1, rows), PAD)
+        gathered_positions = positions.index_select(0, rows)
     result = {
         "rows": rows,
         "query_start_loc": out_qsl.to(INDEX_DTYPE),
-        "positions": positions.index_select(0, rows),
+        "positions": gathered_positions,
         "slot_mappings": gathered_slots,
         "kv_start": kv_start,
     }

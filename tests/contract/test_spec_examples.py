@@ -223,6 +223,29 @@ def test_gather_replay_batch_padding_gathers_row0_with_pad_slots(be):
     assert rb.slot_mappings[:, :128].ne(PAD).all()
 
 
+@pytest.mark.parametrize("variant, checked", [("reference", True), ("triton", True), ("triton", False)])
+@pytest.mark.parametrize("B", [0, 1])
+def test_a_step_with_no_token_rows_is_all_graph_padding(variant, checked, B):
+    # no token row at all (no request, or a request of 0 tokens) and a sub-batch padded to a graph size:
+    # every row is padding, position 0 (there is no row 0 to read), every slot PAD, in every variant
+    ops = {"gather_replay_batch": variant, "prepare_replay_step": variant}
+    b = sb.select("cpu", prefer=ops if variant == "triton" else None, checked=checked)
+    plan = sb.ReplayPlan.from_kept(np.zeros(B, np.int32), np.zeros(B + 1, np.int64), 2, 8,
+                                   is_prefilling=np.zeros(B, bool))
+    qsl, seq = torch.zeros(B + 1, dtype=i32), torch.full((B,), 14, dtype=i32)
+    positions, slots = torch.zeros(0, dtype=i64), torch.zeros(2, 0, dtype=i64)
+    rb = b.gather_replay_batch(plan, qsl, seq, torch.zeros(B, dtype=i32), positions, slots, 8)
+    assert rb.rows.tolist() == [0, 0] and rb.positions.tolist() == [0, 0] and rb.query_start_loc.tolist() == [0] * (B + 1)
+    assert rb.slot_mappings.eq(PAD).all() and rb.slot_mappings.shape == (2, 2)
+    if B:
+        st = b.prepare_replay_step(torch.tensor([20], dtype=i32), torch.zeros(B, dtype=i32), torch.ones(B, dtype=torch.bool),
+                                   qsl, seq, positions, slots, torch.tensor([0], dtype=i32), torch.zeros(B, 4, dtype=i32),
+                                   4, 8, 8, plan=plan)
+        assert st.replay_start.tolist() == [0] and st.stale_replay.tolist() == [1]
+        assert st.replay_batch.rows.tolist() == [0, 0] and st.replay_batch.positions.tolist() == [0, 0]
+        assert st.replay_batch.slot_mappings.eq(PAD).all()
+
+
 def test_plan_none_when_nothing_trims():
     assert sb.plan_replay_batch([0, 1, 2, 130], [False, False, True], [False, False, False], 128, trim_threshold=0) is None
     assert sb.plan_replay_batch([0, 300], [True], [True], 128, trim_threshold=0) is None  # keeps all rows (prompt logprobs)
