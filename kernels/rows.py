@@ -125,12 +125,19 @@ def _plan(src: torch.Tensor, dst: torch.Tensor):
     return word, row, max(1, TILE // block_c), block_c
 
 
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as flat uint8, taken by its strides: torch calls a tensor
+    contiguous whatever the strides of its dimensions of size 1 (a ``[1, N]`` row transposed is
+    ``[N, 1]`` with strides ``(1, N)``), and ``view`` to a narrower dtype needs a last stride of 1."""
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
+
+
 def _launch(src, dst, idx, n, scatter: bool, flag=None, count=None) -> None:
     word, row, r_tile, block_c = _plan(src, dst)
     if row == 0 or n == 0:
         return
     if src.dtype not in _NATIVE:
-        src, dst = src.view(torch.uint8), dst.view(torch.uint8)
+        src, dst = _as_bytes(src), _as_bytes(dst)
     gated = flag is not None
     has_count = count is not None
     key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0,
@@ -185,7 +192,7 @@ def gather_rows_checked(x, rows, *, out=None):
         return None
     dst = out
     if src.dtype not in _NATIVE:
-        src, dst = src.view(torch.uint8), dst.view(torch.uint8)
+        src, dst = _as_bytes(src), _as_bytes(dst)
     verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
     c_tiles = (row + block_c - 1) // block_c
@@ -211,7 +218,7 @@ def scatter_rows_checked(y, rows, num_rows, *, count=None, out=None):
     if not words:
         return None
     idx = contiguous(rows)
-    dst = out if out.dtype in _NATIVE else out.view(torch.uint8)
+    dst = out if out.dtype in _NATIVE else _as_bytes(out)
     verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
     has_count = count is not None

@@ -68,10 +68,13 @@ def quick_scatter(y, rows, num_rows, *, count=None, out=None) -> bool:
 
 
 def gather_rows(x, rows, *, out=None) -> torch.Tensor:
-    """``out[i] = x[rows[i]]`` for any trailing shape and dtype."""
+    """``out[i] = x[rows[i]]`` for any trailing shape and dtype. Rows move as bytes, as
+    ``scatter_rows``' do (torch's ``index_select`` has no CPU kernel for the wide unsigned types)."""
+    n = rows.shape[0]
     if out is None:
-        return x.index_select(0, rows)
-    return torch.index_select(x, 0, rows, out=out)
+        out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    torch.index_select(_bytes(x.resolve_conj().resolve_neg().contiguous(), x.shape[0]), 0, rows, out=_bytes(out, n))
+    return out
 
 
 def validate_scatter(y, rows, num_rows, *, count=None, out=None) -> None:

@@ -41,6 +41,44 @@ def test_scatter_of_rows_with_odd_strides_on_their_size_one_dimensions(name):
     assert got is out and out.flatten().tolist() == [5, 0, 6]
 
 
+ROW_BACKENDS = {"reference": REF, "triton": TRI, "triton_unchecked": TRI_UNCHECKED}
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.uint16, torch.uint64, torch.int64])
+@pytest.mark.parametrize("name", ROW_BACKENDS)
+def test_rows_of_a_byte_moved_dtype_with_a_strided_size_one_last_dimension(name, dtype):
+    # a [1, N] row transposed is a [N, 1] column with strides (1, N), contiguous to torch: the kernels move
+    # complex and wide unsigned rows as bytes, and a byte view taken by `view` needs the last stride 1
+    be = ROW_BACKENDS[name]
+    wide = torch.complex64 if dtype.is_complex else I64  # the values compared in a dtype torch indexes on a CPU
+    vals = torch.arange(1, 6, dtype=I64)
+    vals = vals + 1j * vals if dtype.is_complex else vals
+    col = vals.to(dtype)[None, :].t()
+    assert col.is_contiguous() and col.stride() == (1, 5)
+    rows = torch.tensor([4, 0, 2])
+    assert be.gather_rows(col, rows).to(wide).flatten().tolist() == vals[rows].tolist()
+    out = torch.zeros(1, 3, dtype=dtype).t()
+    assert be.gather_rows(col, rows, out=out) is out and out.to(wide).flatten().tolist() == vals[rows].tolist()
+    back = torch.full((1, 5), 7, dtype=dtype).t()
+    got = be.scatter_rows(col[:3], rows, 5, out=back)
+    want = torch.zeros(5, dtype=vals.dtype)
+    want[rows] = vals[:3]
+    assert got is back and back.to(wide).flatten().tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+@pytest.mark.parametrize("name", ROW_BACKENDS)
+def test_one_dimensional_rows_of_the_wide_unsigned_types(name, dtype):
+    # torch's index_select has no CPU kernel for them: the reference moves rows as bytes, as the kernels do
+    be = ROW_BACKENDS[name]
+    x = torch.arange(5, dtype=I64).to(dtype)
+    rows = torch.tensor([4, 0, 2])
+    assert be.gather_rows(x, rows).to(I64).tolist() == [4, 0, 2]
+    out = torch.full((3,), 9, dtype=I64).to(dtype)
+    assert be.gather_rows(x, rows, out=out) is out and out.to(I64).tolist() == [4, 0, 2]
+    assert be.scatter_rows(x[:3], rows, 5).to(I64).tolist() == [1, 0, 2, 0, 0]
+
+
 def _step():
     """decoder_trim.py's step: a decode, a 900-token prefill, a 100-token replaying chunk (W 128)."""
     qsl_host = np.array([0, 1, 901, 1001], dtype=np.int32)
