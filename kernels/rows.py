@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.rows import as_row_bytes
 from ._device import FAIL
 from ._launch import Kernel, contiguous, jit, next_pow2
 from .range_check import CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed, settle
@@ -125,19 +126,12 @@ def _plan(src: torch.Tensor, dst: torch.Tensor):
     return word, row, max(1, TILE // block_c), block_c
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's memory as flat uint8, taken by its strides: torch calls a tensor
-    contiguous whatever the strides of its dimensions of size 1 (a ``[1, N]`` row transposed is
-    ``[N, 1]`` with strides ``(1, N)``), and ``view`` to a narrower dtype needs a last stride of 1."""
-    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
-
-
 def _launch(src, dst, idx, n, scatter: bool, flag=None, count=None) -> None:
     word, row, r_tile, block_c = _plan(src, dst)
     if row == 0 or n == 0:
         return
     if src.dtype not in _NATIVE:
-        src, dst = _as_bytes(src), _as_bytes(dst)
+        src, dst = as_row_bytes(src, src.shape[0]), as_row_bytes(dst, dst.shape[0])
     gated = flag is not None
     has_count = count is not None
     key = (src.dtype, row, word, scatter, src.data_ptr() % 16 == 0, dst.data_ptr() % 16 == 0,
@@ -192,7 +186,7 @@ def gather_rows_checked(x, rows, *, out=None):
         return None
     dst = out
     if src.dtype not in _NATIVE:
-        src, dst = _as_bytes(src), _as_bytes(dst)
+        src, dst = as_row_bytes(src, src.shape[0]), as_row_bytes(dst, dst.shape[0])
     verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
     c_tiles = (row + block_c - 1) // block_c
@@ -218,7 +212,7 @@ def scatter_rows_checked(y, rows, num_rows, *, count=None, out=None):
     if not words:
         return None
     idx = contiguous(rows)
-    dst = out if out.dtype in _NATIVE else _as_bytes(out)
+    dst = out if out.dtype in _NATIVE else as_row_bytes(out, out.shape[0])
     verdict, scratch, epoch, nap = open_checked(idx.device)
     P = checkers(flat_tiles(n))
     has_count = count is not None

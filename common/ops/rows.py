@@ -73,7 +73,8 @@ def gather_rows(x, rows, *, out=None) -> torch.Tensor:
     n = rows.shape[0]
     if out is None:
         out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    torch.index_select(_bytes(x.resolve_conj().resolve_neg().contiguous(), x.shape[0]), 0, rows, out=_bytes(out, n))
+    src = as_row_bytes(x.resolve_conj().resolve_neg().contiguous(), x.shape[0])
+    torch.index_select(src, 0, rows, out=as_row_bytes(out, n))
     return out
 
 
@@ -103,13 +104,13 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
     if out is None:
         out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
     n = y.shape[0] if count is None else min(max(int(count[0]), 0), y.shape[0])  # clamped as the kernels do
-    dst = _bytes(out, num_rows)
+    dst = as_row_bytes(out, num_rows)
     dst.zero_()
-    dst.index_copy_(0, rows[:n], _bytes(y.resolve_conj().resolve_neg().contiguous(), y.shape[0])[:n])
+    dst.index_copy_(0, rows[:n], as_row_bytes(y.resolve_conj().resolve_neg().contiguous(), y.shape[0])[:n])
     return out
 
 
-def _bytes(t: torch.Tensor, n: int) -> torch.Tensor:
+def as_row_bytes(t: torch.Tensor, n: int) -> torch.Tensor:
     """A contiguous ``[n, ...]`` tensor as ``[n, row bytes]`` uint8, the same memory. (By its
     strides, not ``view``: torch calls a tensor contiguous whatever the strides of its dimensions
     of size 1, and ``view`` can keep such a stride last, where a byte view needs 1.)"""
