@@ -7,6 +7,7 @@ without a GPU told so with nothing written."""
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -28,6 +29,19 @@ TEXT = "".join(f"line {i}\n" for i in range(1, 21))
 
 def _diff(*hunks: str, path: str = "kernels/x.py") -> str:
     return f"--- a/{path}\n+++ b/{path}\n" + "".join(hunks)
+
+
+@pytest.fixture
+def sample(tmp_path) -> Path:
+    """A candidate as the folder holds one (the folder may hold none): one comment of the kernel changed."""
+    name = "kernels/sparse_mla_gluon_ws.py"
+    old = (ROOT / name).read_text().splitlines(keepends=True)
+    new = list(old)
+    at = next(i for i, line in enumerate(old) if line.lstrip().startswith("# "))
+    new[at] = new[at].rstrip("\n") + " (a candidate)\n"
+    path = tmp_path / "ws_sample.diff"
+    path.write_text("".join(difflib.unified_diff(old, new, name, name)))
+    return path
 
 
 def test_apply_changes_exactly_what_the_hunks_say():
@@ -57,6 +71,14 @@ def test_apply_refuses_what_does_not_stand_where_it_says(diff, what):
 
 @pytest.mark.parametrize("diff", CANDIDATES, ids=lambda p: p.stem)
 def test_each_candidate_applies_to_the_kernel_as_it_is_and_loads_apart(diff):
+    _applies_and_loads_apart(diff)
+
+
+def test_a_candidate_made_as_the_readme_says_applies_and_loads_apart(sample):
+    _applies_and_loads_apart(sample)  # (the folder may hold no candidate)
+
+
+def _applies_and_loads_apart(diff: Path) -> None:
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     assert patch.target(diff.read_text()) == "kernels/sparse_mla_gluon_ws.py"
     text = patch.patched(diff)
@@ -135,9 +157,9 @@ def test_a_stale_diff_is_refused_before_the_gpu(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, monkeypatch, capsys, sample):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cc.main(["--out", str(tmp_path / "o"), str(CANDIDATES[0])]) == 2
+    assert cc.main(["--out", str(tmp_path / "o"), str(sample)]) == 2
     said = capsys.readouterr()
     assert "needs a CUDA GPU" in said.err + said.out
     assert not (tmp_path / "o").exists()
@@ -171,7 +193,7 @@ def test_a_deadlocked_copy_is_told_by_a_watch_not_a_synchronize(monkeypatch, pol
 @pytest.mark.parametrize("rc, stderr, verdict", [(0, "", "ok"), (cc.DEADLOCKED, "", "deadlocked"),
                                                  (1, "Traceback\nRuntimeError: PassManager::run failed\n",
                                                   "failed (exit 1): RuntimeError: PassManager::run failed")])
-def test_each_copy_is_probed_in_a_process_of_its_own(monkeypatch, rc, stderr, verdict):
+def test_each_copy_is_probed_in_a_process_of_its_own(monkeypatch, rc, stderr, verdict, sample):
     seen = []
 
     def run(cmd, **kw):
@@ -179,11 +201,11 @@ def test_each_copy_is_probed_in_a_process_of_its_own(monkeypatch, rc, stderr, ve
         return SimpleNamespace(returncode=rc, stderr=stderr, stdout="")
 
     monkeypatch.setattr(cc.subprocess, "run", run)
-    assert cc.probe_apart(CANDIDATES[0], 7.5) == verdict
-    assert seen == [[sys.executable, cc.__file__, "--probe", str(CANDIDATES[0]), "--hang-seconds", "7.5"]]
+    assert cc.probe_apart(sample, 7.5) == verdict
+    assert seen == [[sys.executable, cc.__file__, "--probe", str(sample), "--hang-seconds", "7.5"]]
 
 
-def test_the_probe_exits_deadlocked_at_once_when_a_call_does_not_finish(monkeypatch):
+def test_the_probe_exits_deadlocked_at_once_when_a_call_does_not_finish(monkeypatch, sample):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     calls = []
     monkeypatch.setattr(cc, "sparse_mla_moving_max_case", lambda *a, **k: ((), {}))
@@ -194,7 +216,7 @@ def test_the_probe_exits_deadlocked_at_once_when_a_call_does_not_finish(monkeypa
 
     monkeypatch.setattr(cc.os, "_exit", exit_)
     with pytest.raises(SystemExit) as e:
-        cc.main(["--probe", str(CANDIDATES[0]), "--hang-seconds", "5"])
+        cc.main(["--probe", str(sample), "--hang-seconds", "5"])
     assert e.value.code == cc.DEADLOCKED and calls == [5.0, 5.0]  # narrow finished, wide did not
 
 
