@@ -130,8 +130,11 @@ def _token_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_ptr, slot
     t64 = t.to(tl.int64)
     if DO_PAD and cb == 0:
         p = tl.load(pos_ptr + t, mask=ok, other=0)
+        # pad_replayed_slots' own rule too: an R above the request's first position pads nothing
+        # (the two agree for a consistent batch; SPEC §0)
+        first_p = tl.load(pos_ptr + start, mask=ok, other=0)
         R64 = R.to(tl.int64)
-        replayed = ok & (R64 > 0) & (p >= R64) & (p < R64 + Wr)
+        replayed = ok & (R64 > 0) & (R64 <= first_p) & (p >= R64) & (p < R64 + Wr)
         k = tl.arange(0, KB)
         for k0 in range(0, n_groups, KB):
             km = k0 + k < n_groups
@@ -261,6 +264,9 @@ def _request_gather_role(pid, rall_ptr, idx_ptr, pre_ptr, qsl_ptr, seq_ptr, pos_
                 tl.store(kglf_ptr + (b - gk), _gather_len(start, end, seq, tl.where(raw <= first, raw, 0), W),
                          mask=has & (b >= gk))
     R64 = R.to(tl.int64)
+    # the padding rule of pad_replayed_slots: an R above the request's first position pads nothing
+    first_p = tl.load(pos_ptr + q0, mask=has & (q0 < q1), other=0)
+    R64 = tl.where(R64 <= first_p, R64, 0)
     cacheable = tl.zeros([GB], tl.int32)
     if DO_PAD:
         cacheable = _cacheable(groups_ptr, n_groups, g, KB)

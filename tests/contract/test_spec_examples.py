@@ -246,6 +246,28 @@ def test_a_step_with_no_token_rows_is_all_graph_padding(variant, checked, B):
         assert st.replay_batch.slot_mappings.eq(PAD).all()
 
 
+@pytest.mark.parametrize("variant, checked", [("reference", True), ("triton", True), ("triton", False)])
+@pytest.mark.parametrize("with_plan", [False, True])
+def test_prepare_step_pads_as_its_parts_when_positions_and_seq_lens_disagree(variant, checked, with_plan):
+    # R = 8 is live by seq_lens (seq 12 - q 4) and stale by the first position (7): the step is the
+    # composition of its parts (SPEC §3.6), and pad_replayed_slots judges R against the first
+    # position (SPEC §0), so nothing is padded, in the batch's slots or the sub-batch's gathered ones
+    ops = {"prepare_replay_step": variant, "pad_replayed_slots": variant}
+    b = sb.select("cpu", prefer=ops if variant == "triton" else None, checked=checked)
+    qsl, seq, positions = torch.tensor([0, 4], dtype=i32), torch.tensor([12], dtype=i32), torch.arange(7, 11, dtype=i64)
+    slots = torch.stack([torch.arange(100, 104, dtype=i64), torch.arange(200, 204, dtype=i64)])
+    alone = slots.clone()
+    b.pad_replayed_slots(alone, torch.tensor([0], dtype=i32), qsl, positions, torch.tensor([8], dtype=i32), 8)
+    plan = sb.ReplayPlan.from_kept(np.array([2], np.int32), np.array([0, 4], np.int64), 2, 2) if with_plan else None
+    st = b.prepare_replay_step(torch.tensor([8], dtype=i32), torch.tensor([0], dtype=i32), torch.tensor([True]), qsl,
+                               seq, positions, slots, torch.tensor([0], dtype=i32),
+                               torch.arange(4, dtype=i32).reshape(1, 4), 4, 2 if with_plan else 8, 8, plan=plan)
+    assert torch.equal(slots, alone) and slots[0].tolist() == [100, 101, 102, 103]
+    assert st.replay_start.tolist() == [8] and st.stale_replay.tolist() == [0]
+    if with_plan:
+        assert st.replay_batch.slot_mappings.tolist() == [[102, 103], [202, 203]]
+
+
 def test_plan_none_when_nothing_trims():
     assert sb.plan_replay_batch([0, 1, 2, 130], [False, False, True], [False, False, False], 128, trim_threshold=0) is None
     assert sb.plan_replay_batch([0, 300], [True], [True], 128, trim_threshold=0) is None  # keeps all rows (prompt logprobs)
