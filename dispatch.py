@@ -405,6 +405,8 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
             reasons = v.not_supported_reasons(device)
             if row is not None and name not in row.allowed(op):
                 reasons.append(f"matrix.yaml row {row.id} does not list it for {op}")
+            elif row is None and name != "reference":  # (a preferred one: what the fallback says runs, runs)
+                reasons.append(f"no matrix.yaml row for {device.platform}:{device.arch}: only the reference runs there")
             if device.platform in v.emulated_on and name != wanted:
                 reasons.append(f"runs emulated on {device.platform} (interpreter): only with prefer={name!r}")
             assessed.append((v, reasons))
@@ -566,14 +568,20 @@ def capabilities(device=None, *, config=None, matrix=None) -> Capabilities:
     return _decide(info, config, matrix, row, fallback, chains)
 
 
-def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanation:
-    """The decision plus every variant of every op with its status and reasons."""
-    info, config, matrix = _inputs(device, config, matrix)
+def _explained(info: DeviceInfo, config, matrix: Matrix, prefer) -> tuple[dict, Explanation]:
+    """The chains and the whole explanation of one decision (what :func:`explain` returns and a
+    :class:`Backend` shows)."""
     row, fallback, chains, table = _plan(info, matrix, prefer)
     caps = _decide(info, config, matrix, row, fallback, chains)
     home = home_device(info)
-    return Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
-                       _input_checks(info), _reader_path(info), None if home is None else str(home))
+    return chains, Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
+                               _input_checks(info), _reader_path(info), None if home is None else str(home))
+
+
+def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanation:
+    """The decision plus every variant of every op with its status and reasons."""
+    info, config, matrix = _inputs(device, config, matrix)
+    return _explained(info, config, matrix, prefer)[1]
 
 
 def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool = True) -> "Backend":
@@ -591,11 +599,8 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
     if not isinstance(checked, bool):
         fail("select", "checked", checked, "a bool")
     info, config, matrix = _inputs(device, config, matrix)
-    row, fallback, chains, table = _plan(info, matrix, prefer)
-    caps = _decide(info, config, matrix, row, fallback, chains)
-    expl = Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
-                       _input_checks(info), _reader_path(info))
-    return Backend(info, chains, caps, expl, checked=checked)
+    chains, expl = _explained(info, config, matrix, prefer)
+    return Backend(info, chains, expl.capabilities, expl, checked=checked)
 
 
 @functools.lru_cache(maxsize=None)

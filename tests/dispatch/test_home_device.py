@@ -91,3 +91,15 @@ def test_explain_shows_where_validated_calls_want_their_tensors():
     assert "tensors on: cuda:0" in str(real)
     fake = sb.explain("cuda:sm90")
     assert fake.home is None and "tensors on: any one device" in str(fake)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:sm90", "rocm:gfx942", "meta"])
+def test_a_backends_explanation_is_explains(device):
+    # select(d).explain() is the whole decision explain(d) shows, the device validated calls want included
+    info = (dataclasses.replace(parse_device("cuda:sm90"), fake=False, torch_device="meta") if device == "meta"
+            else device)
+    be = sb.select(info)
+    assert be.explain().as_dict() == sb.explain(info).as_dict()
+    assert str(be.explain()) == str(sb.explain(info))
+    if device == "meta":
+        assert be.explain().home == "meta" and "tensors on: meta" in str(be.explain())

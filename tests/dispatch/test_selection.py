@@ -65,6 +65,17 @@ def test_unknown_device_falls_back_to_reference_with_reason():
         assert b.capabilities.row is None
 
 
+@pytest.mark.parametrize("prefer", ["triton", {"gather_rows": "triton"}])
+def test_a_device_without_a_row_runs_the_reference_whatever_is_preferred(prefer):
+    # the fallback says the reference runs there: prefer= cannot put a variant no row lists in front
+    for dev in ("cuda:sm75", "rocm:gfx90a"):
+        with pytest.raises(sb.SelectionError, match="no matrix.yaml row for .*: only the reference runs there"):
+            sb.select(dev, prefer=prefer)
+        e = sb.explain(dev)
+        assert all(c.variant == "reference" for c in e.table)
+    assert set(sb.select("cuda:sm75", prefer="reference").variants.values()) == {("reference",)}
+
+
 def test_fake_device_parsing():
     assert sb.parse_device("rocm:gfx942").arch == "gfx942"
     assert sb.parse_device("ascend:910b").arch == "910b"
