@@ -62,6 +62,7 @@ class Route:
     builders: bool = False
     decoder: bool = False
     rocm: bool = False  # encoder replay turned on by the pack on ROCm (vLLM builds it off there)
+    vllm_keeps_encoder: bool = False  # encoder replay on through vLLM's own kernels (the pack would turn it off)
 
     @property
     def any(self) -> bool:
@@ -82,7 +83,7 @@ def _before_build(vllm_config) -> Route:
         return Route(None)
     enc = decision.capabilities.encoder_replay
     dev = decision.capabilities.device
-    rocm = False
+    rocm = keeps = False
     if decision.encoder:
         encoder = True
     elif decision.vllm_off_for_rocm_only and decision.encoder_on_rocm is None:
@@ -101,6 +102,7 @@ def _before_build(vllm_config) -> Route:
                  decision.vllm_encoder_reason, _reasons(enc))
     elif decision.must_keep_encoder:
         encoder = False
+        keeps = True
         log_once(logging.WARNING, "the pack turns encoder replay off on %s (%s), but %s: it stays on, through vLLM's "
                  "own kernels; disable prefix caching to follow the pack", dev, _reasons(enc),
                  decision.must_keep_encoder)
@@ -113,7 +115,18 @@ def _before_build(vllm_config) -> Route:
         patches.apply()
     except Exception as exc:  # noqa: BLE001
         log_once(logging.WARNING, "applying the patches failed (%s: %s)", type(exc).__name__, exc)
-    return Route(decision, encoder=encoder, rocm=rocm)
+    return Route(decision, encoder=encoder, rocm=rocm, vllm_keeps_encoder=keeps)
+
+
+#: why the replay layers vLLM built go when encoder replay ends up off (the core's reason code)
+_NEEDS_ENCODER = "[needs-encoder] decoder replay requires encoder replay, which is off in vLLM ({})"
+
+
+def _decoder_off(inner, dev, why: str) -> None:
+    """Decoder replay off in the built model: every layer runs on the whole batch."""
+    inner.decoder_replay_layers = None
+    inner.decoder_replay_start = inner.end_layer
+    log_once(logging.WARNING, "decoder replay turned off on %s (every layer runs on the whole batch): %s", dev, why)
 
 
 def _language_model(model):
@@ -130,10 +143,11 @@ def _after_build(model, route: Route) -> Route:
     inner = _language_model(model)
     layers = getattr(inner, "decoder_replay_layers", None)
     if layers is not None and not dec.enabled:
-        inner.decoder_replay_layers = None
-        inner.decoder_replay_start = inner.end_layer
-        log_once(logging.WARNING, "decoder replay turned off on %s (every layer runs on the whole batch): %s", dev,
-                 _reasons(dec))
+        _decoder_off(inner, dev, _reasons(dec))
+    elif layers is not None and not (route.encoder or route.vllm_keeps_encoder):
+        # vLLM builds its replay layers from the config flag alone, also where its attention keeps
+        # encoder replay off (ROCm) and the pack cannot turn it on
+        _decoder_off(inner, dev, _NEEDS_ENCODER.format(route.decision.vllm_encoder_reason))
     elif layers is not None:
         layers.__class__ = _swapped(type(layers), ReplayLayersMixin)
         route.decoder = True
@@ -153,6 +167,12 @@ def _after_build(model, route: Route) -> Route:
                 log_once(logging.WARNING, "%s stays vLLM's kernel: patch %s", name, patches.status().get(name))
     if route.rocm:
         route = _encoder_on_rocm(model, route, on)
+        if not route.rocm and route.decoder:  # encoder replay stayed off after all: so does decoder replay
+            _unswap(inner.decoder_replay_layers)
+            _decoder_off(inner, dev, _NEEDS_ENCODER.format(route.decision.vllm_encoder_reason))
+            route.decoder = route.builders = False
+            for name in BUILDER_ROUTES:
+                patches.route(name, None)
         on = [name for name, is_on in patches.routes().items() if is_on]
     if route.decoder:
         on += ["gather_replay_batch", "gather_rows", "scatter_rows"]

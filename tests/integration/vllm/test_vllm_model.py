@@ -124,10 +124,32 @@ def test_rocm_turn_on_needs_the_rocm_patch(caplog, monkeypatch):
     assert route.encoder and route.rocm
     model, inner = _fake_model()
     route = m._after_build(model, route)
-    assert not route.encoder and not route.rocm and route.decoder and route.builders
-    assert patches.routes() == {"pad_replayed_slots": False, "swa_indices_and_lens": True, "prefill_gather_lens": True,
-                                "rocm_sparse_attn_prefill": False}
-    assert any("encoder replay stays off on rocm:gfx942" in s and "rocm_sparse_attn_prefill" in s
+    # encoder replay stayed off, so decoder replay goes too (SPEC §4: it requires encoder replay)
+    assert not route.encoder and not route.rocm and not route.decoder and not route.builders
+    assert patches.routes() == dict.fromkeys(patches.routes(), False)
+    assert inner.decoder_replay_layers is None and inner.decoder_replay_start == inner.end_layer
+    warn = _messages(caplog, logging.WARNING)
+    assert any("encoder replay stays off on rocm:gfx942" in s and "rocm_sparse_attn_prefill" in s for s in warn)
+    assert any("decoder replay turned off" in s and "[needs-encoder]" in s for s in warn)
+
+
+def test_replay_layers_go_where_vllm_keeps_encoder_replay_off(caplog, monkeypatch):
+    """vLLM's AMD model builds its replay layers from the config flag alone, also where its
+    attention keeps encoder replay off and the pack does not turn it on (0.33: ROCm with a drafter;
+    0.34: a ROCm arch outside CDNA 3 and 4): the pack removes them, as vLLM's rule and SPEC §4's
+    say (decoder replay requires encoder replay), and routes nothing."""
+    turns_on = release.config.PACK_TURNS_ROCM_ENCODER_ON
+    cfg = _configs.vllm_config(speculative_config=_configs.drafter()) if turns_on else _configs.vllm_config()
+    device = "rocm:gfx942" if turns_on else "rocm:gfx90a"
+    real = icfg.decide
+    monkeypatch.setattr(m, "decide", lambda c: real(c, device, platform="rocm"))
+    route = m._before_build(cfg)
+    assert not route.encoder and not route.rocm
+    model, inner = _fake_model()
+    route = m._after_build(model, route)
+    assert not route.any and patches.routes() == dict.fromkeys(patches.routes(), False)
+    assert inner.decoder_replay_layers is None and inner.decoder_replay_start == inner.end_layer
+    assert any("decoder replay turned off" in s and "[needs-encoder]" in s and "off in vLLM" in s
                for s in _messages(caplog, logging.WARNING))
 
 
