@@ -143,8 +143,16 @@ class ReplayPlan:
             kept = np.asarray(kept).astype(np.int32, copy=False)
         if not kept.flags.c_contiguous:  # the plan's tensors and their device copies are views of these
             kept = np.ascontiguousarray(kept)
+        if kept.ndim != 1:
+            _plan_arg("kept", kept, "1-D host ints: the rows kept per request")
         B = kept.shape[0]
-        qsl = np.asarray(query_start_loc_host)[: B + 1]
+        qsl = np.asarray(query_start_loc_host)
+        if qsl.ndim != 1 or qsl.shape[0] < B + 1:
+            _plan_arg("query_start_loc_host", qsl, f"1-D host ints of length at least {B + 1} (kept has {B} requests)")
+        qsl = qsl[: B + 1]
+        for name, value in (("num_rows_padded", num_rows_padded), ("window", window)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                _plan_arg(name, value, "an int")
         if dropped_before is None:
             dropped_before = cls.dropped_before_of(kept, qsl)
         dropped = dropped_before
@@ -152,6 +160,8 @@ class ReplayPlan:
             dropped = np.asarray(dropped).astype(np.int32, copy=False)
         if not dropped.flags.c_contiguous:
             dropped = np.ascontiguousarray(dropped)
+        if dropped.shape != (B + 1,):
+            _plan_arg("dropped_before", dropped, f"1-D host ints of length {B + 1} (one per boundary of the {B} requests)")
         ddb = device_dropped_before
         if ddb is not None and (ddb.__class__ is not torch.Tensor or ddb.dtype != torch.int32
                                 or ddb.shape != (B + 1,) or not ddb.is_contiguous()):
@@ -190,6 +200,11 @@ class ReplayPlan:
         if cached is None:
             cached = self._device_cache[key] = self.dropped_before.to(device)
         return cached
+
+
+def _plan_arg(name: str, value, expected: str) -> None:
+    shown = f"array(shape={tuple(value.shape)})" if hasattr(value, "shape") else repr(value)[:120]
+    raise ValueError(f"ReplayPlan.from_kept: {name}={shown}: expected {expected}")
 
 
 #: ReplayPlan's host tensors a plan of ``from_kept`` makes on first use, from its numpy ``(kept,

@@ -167,3 +167,23 @@ def test_an_unchecked_count_out_of_its_range_is_clamped(prefer):
     for count, want in ((-5, [0.0, 0.0, 0.0, 0.0]), (2**31 - 1, [1.0, 0.0, 2.0, 3.0])):
         got = be.scatter_rows(y, rows, 4, count=torch.tensor([count], dtype=I64))
         assert got.flatten().tolist() == want
+
+
+@pytest.mark.parametrize("change, name, expected", [
+    ({"kept": [[1, 2]]}, "kept", "1-D host ints"),
+    ({"kept": [1, 2, 3, 4]}, "query_start_loc_host", "1-D host ints of length at least 5"),
+    ({"query_start_loc_host": [[0, 1, 2, 3]]}, "query_start_loc_host", "1-D host ints"),
+    ({"num_rows_padded": "x"}, "num_rows_padded", "an int"),
+    ({"num_rows_padded": 1.5}, "num_rows_padded", "an int"),
+    ({"window": True}, "window", "an int"),
+    ({"dropped_before": [0, 0]}, "dropped_before", "1-D host ints of length 4"),
+], ids=["kept-2d", "kept-longer", "qsl-2d", "padded-str", "padded-float", "window-bool", "dropped-short"])
+def test_a_plan_from_mismatched_arguments_is_refused_naming_the_argument(change, name, expected):
+    qsl_host, plan, _ = _step()
+    args = {"kept": plan.kept.numpy(), "query_start_loc_host": qsl_host, "num_rows_padded": plan.num_rows_padded,
+            "window": 128}
+    args.update(change)
+    with pytest.raises(ValueError, match=rf"ReplayPlan.from_kept: {name}=.*: expected {expected}"):
+        ReplayPlan.from_kept(**args)
+    made = ReplayPlan.from_kept(plan.kept.numpy(), qsl_host, np.int64(plan.num_rows_padded), np.int32(128))
+    assert (made.num_rows, made.num_rows_padded, made.window) == (plan.num_rows, plan.num_rows_padded, 128)
