@@ -113,7 +113,8 @@ class _Form:
             pos += _plan_schema()
         n = len(self.result_names())
         if self.with_out:
-            optional = {"out_" + n for n in self.spec.results.optional_names}
+            extra = self.spec.results.optional_names  # (their keywords spelled as out_keywords spells them)
+            optional = set(self.out_keywords(extra)) if extra else set()
             kw = [f"Tensor({next(letters)}!)? {k}=None" if k in optional else f"Tensor({next(letters)}!) {k}"
                   for k in self.out_keywords(self.result_names())] + kw
             returns = "()"

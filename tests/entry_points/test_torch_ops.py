@@ -220,6 +220,34 @@ def test_importing_the_package_defines_no_op():
 
 
 @pytest.mark.skipif("prepare_replay_step" not in OPS, reason="this build has no prepare_replay_step op")
+def test_out_buffers_of_results_made_on_request_may_be_left_out():
+    # Results.optional_names: "their out= entries may be left out": each one's keyword defaults to None in every
+    # out form's schema (kept-window results included, whose result names carry a dot), the others are required
+    for name in torch_ops.OP_NAMES:
+        if not name.endswith("_out"):
+            continue
+        spec = OPS[name.removesuffix("_out").removesuffix("_plan")]
+        if spec.results.out == "tensor":
+            continue
+        schema = getattr(ns, name).default._schema
+        optional = {"out_" + n.replace(".", "_") for n in spec.results.optional_names}
+        outs = {a.name: a.has_default_value() for a in schema.arguments if a.name.startswith("out_")}
+        assert optional <= set(outs), (name, optional - set(outs))
+        assert {n for n, has in outs.items() if has} == optional, name
+    # a direct call of a plain step passes only the buffers of the results it makes
+    rng = np.random.default_rng(3)
+    while True:
+        args, kwargs = case_for("prepare_replay_step", rng, "cpu")
+        if kwargs.get("plan") is None and not kwargs.get("kept_windows") and kwargs.get("out") is not None:
+            break
+    want = OPS["prepare_replay_step"].reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+    out = kwargs.pop("out")
+    kwargs.pop("plan", None)
+    ns.prepare_replay_step_out(*args, **kwargs, **{f"out_{k}": v for k, v in out.items() if v is not None})
+    for k in ("replay_start", "swa_indices", "swa_lens", "stale_replay"):
+        assert torch.equal(out[k], getattr(want, k)), k
+
+
 def test_prepare_replay_step_all_four_forms():
     """With and without a plan, functional and out=: opcheck and the reference, each form."""
     rng = np.random.default_rng(21)
