@@ -2,7 +2,8 @@
 
 Each program walks ``BLOCK``-element chunks of the flattened ``[n, C]`` output (gather) or
 input (scatter) with a stride of ``programs * BLOCK``; the row of an element is
-``e // C``. Any dtype: 1-byte types without a Triton pointer type (bool, FP8) move as uint8.
+``e // C``. Any dtype: a type without a Triton pointer type (bool, FP8 and FP4, complex, ...) moves as
+its bytes, and a lazy conjugate or negative bit is applied first (the ops move values bit for bit).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import triton.language as tl
 from ._launch import grid
 
 BLOCK = 1024
-_BYTE_TYPES = (torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+#: the dtypes Triton loads and stores as they are; every other one moves as bytes
+_TRITON_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+                 torch.int64, torch.uint8)
 
 
 @triton.jit
@@ -53,9 +56,14 @@ def _zero_kernel(out_ptr, total, BLOCK: tl.constexpr):
         tl.store(out_ptr + e, 0, mask=e < total)  # the scalar is cast to the element type
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    return t.view(torch.uint8) if t.dtype in _BYTE_TYPES else t
+def _flat(t: torch.Tensor, source: bool = True) -> tuple[torch.Tensor, int]:
+    """``t`` contiguous (a source with its lazy bits applied; a destination is written as it is) as
+    a type Triton moves, and the elements of that type one element of ``t`` is (its bytes where
+    ``t``'s type is not one Triton moves)."""
+    t = t.resolve_conj().resolve_neg().contiguous() if source else t
+    if t.dtype in _TRITON_TYPES:
+        return t, 1
+    return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8), t.element_size()
 
 
 def gather_rows(x, rows, *, out=None):
@@ -69,8 +77,9 @@ def gather_rows(x, rows, *, out=None):
         return out
     dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
     idx = rows.contiguous()
-    _move_kernel[grid(total, BLOCK, x.device)](_flat(x), idx, _flat(dst), idx, total, C, SCATTER=False, BLOCK=BLOCK,
-                                               HAS_COUNT=False)
+    (src, k), (flat, _) = _flat(x), _flat(dst, source=False)
+    _move_kernel[grid(total * k, BLOCK, x.device)](src, idx, flat, idx, total * k, C * k, SCATTER=False, BLOCK=BLOCK,
+                                                   HAS_COUNT=False)
     if dst is not out:
         out.copy_(dst)
     return out
@@ -83,14 +92,14 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None):
         out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
     C = math.prod(y.shape[1:])
     dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    flat = _flat(dst)
+    flat, k = _flat(dst, source=False)
     if num_rows * C:
-        _zero_kernel[grid(num_rows * C, BLOCK, y.device)](flat, num_rows * C, BLOCK=BLOCK)
-    total = rows.shape[0] * C
+        _zero_kernel[grid(num_rows * C * k, BLOCK, y.device)](flat, num_rows * C * k, BLOCK=BLOCK)
+    total = rows.shape[0] * C * k
     if total:
         idx = rows.contiguous()
-        _move_kernel[grid(total, BLOCK, y.device)](_flat(y), idx, flat, idx if count is None else count, total, C,
-                                                   SCATTER=True, BLOCK=BLOCK, HAS_COUNT=count is not None)
+        _move_kernel[grid(total, BLOCK, y.device)](_flat(y)[0], idx, flat, idx if count is None else count, total,
+                                                   C * k, SCATTER=True, BLOCK=BLOCK, HAS_COUNT=count is not None)
     if dst is not out:
         out.copy_(dst)
     return out
