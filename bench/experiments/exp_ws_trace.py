@@ -243,6 +243,15 @@ def summarise(cycles: np.ndarray, n_pairs: int) -> dict:
     return {key: {"median": float(np.median(v)), "n": len(v)} for key, v in sorted(phases.items()) if v}
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it (no machine's path in a kept result)."""
+    root = KERNEL.parents[1]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return path.name
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -269,7 +278,7 @@ def main(argv=None) -> int:
         mod = load_module_copy("_exp_ws_trace", path)
     width = max(w for _i, _p, w in _layout().values())
     result = {**results.machine(dev), "reps": args.reps, "command": results.command_line(),
-              "kernel_sha": results.file_sha(KERNEL), "traced": str(args.kernel),
+              "kernel_sha": results.file_sha(KERNEL), "traced": _shown(args.kernel),
               "traced_sha": results.file_sha(args.kernel), "programs": PROGRAMS, "items": ITEMS, "pairs": PAIRS,
               "layout": {fn: {"item": i, "pair": pr} for fn, (i, pr, _w) in _layout().items()}, "cells": []}
     kvs = {}
