@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.ops.rows import as_row_bytes
+from ..common.ops.rows import TRITON_DTYPES, as_row_bytes
 from ._device import FAIL
 from ._launch import Kernel, contiguous, jit, next_pow2
 from .range_check import CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed, settle
@@ -35,8 +35,7 @@ MAX_BLOCK_C = 256  # 2 KiB of int64 words per row segment
 _WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
 # dtypes handed to Triton as they are; any other (complex, ...) goes as a uint8 view of the
 # same memory (the kernel only uses the base address: it moves words)
-_NATIVE = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
-           torch.int32, torch.int64, torch.bool}
+_NATIVE = TRITON_DTYPES | {torch.bool}
 
 
 @triton.jit

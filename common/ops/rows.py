@@ -110,6 +110,12 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
     return out
 
 
+#: dtypes Triton loads and stores as they are (a Triton kernel moves any other one as its bytes:
+#: :func:`as_row_bytes`)
+TRITON_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
+                           torch.int16, torch.int32, torch.int64})
+
+
 def as_row_bytes(t: torch.Tensor, n: int) -> torch.Tensor:
     """A contiguous ``[n, ...]`` tensor as ``[n, row bytes]`` uint8, the same memory. (By its
     strides, not ``view``: torch calls a tensor contiguous whatever the strides of its dimensions

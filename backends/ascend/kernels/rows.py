@@ -14,12 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ....common.ops.rows import TRITON_DTYPES, as_row_bytes
 from ._launch import grid
 
 BLOCK = 1024
-#: the dtypes Triton loads and stores as they are; every other one moves as bytes
-_TRITON_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-                 torch.int64, torch.uint8)
 
 
 @triton.jit
@@ -61,9 +59,9 @@ def _flat(t: torch.Tensor, source: bool = True) -> tuple[torch.Tensor, int]:
     a type Triton moves, and the elements of that type one element of ``t`` is (its bytes where
     ``t``'s type is not one Triton moves)."""
     t = t.resolve_conj().resolve_neg().contiguous() if source else t
-    if t.dtype in _TRITON_TYPES:
+    if t.dtype in TRITON_DTYPES:
         return t, 1
-    return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8), t.element_size()
+    return as_row_bytes(t, t.shape[0]), t.element_size()
 
 
 def gather_rows(x, rows, *, out=None):
