@@ -39,7 +39,8 @@ from .common.platforms import Platform, get_platform, platforms
 from .common.registry import KV_FORMAT_OPS, Variant, declarations_version, load_attr
 from .common.validation import _env_default as _validation_default
 from .common.validation import _state as _validation_state
-from .common.validation import fail, one_read, run_held, validation_enabled, value_checks_enabled, values_on_device
+from .common.validation import (Reduced, fail, one_read, run_held, validation_enabled, value_checks_enabled,
+                                values_on_device)
 
 # ---------------------------------------------------------------------------------------
 # the declarations: every op's reference and every platform's variants
@@ -839,7 +840,11 @@ class Backend(_Declared):
     def warmup(self, ops=None, **kwargs) -> list[str]:
         """Compile what the serving path launches: calls each chosen variant's declared
         ``warmup`` hook once (Triton kernels: every specialisation, by real launches).
-        ``ops``: only the variants of these ops (None: every op). Returns the hooks that ran."""
+        ``ops``: only the variants of these ops (None: every op). A backend that validates, unless
+        ``validated=False`` and where a hook ran: also the platform's value reader, by one read of a reduced piece (a
+        validated call reads its value checks through it where its op has no self-checked form or
+        that form declines the call; ``kernels/value_read.py`` compiles one kernel for every read).
+        Returns the hooks that ran (the reader as ``value reader <module:attr>``)."""
         ran: list[str] = []
         for op, chain in self._chains.items():
             if ops is not None and op not in ops:
@@ -848,6 +853,9 @@ class Backend(_Declared):
                 if v.warmup and v.warmup not in ran:
                     load_attr(v.warmup)(self, **kwargs)
                     ran.append(v.warmup)
+        if ran and self.checked and self._reader is not None and kwargs.get("validated") is not False:
+            self._reader([Reduced(torch.zeros(2, dtype=torch.int64, device=default_torch_device(self.device)))])
+            ran.append(f"value reader {_reader_path(self.device)}")
         return ran
 
 

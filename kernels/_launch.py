@@ -16,7 +16,8 @@ caller puts into the key), so Triton's specialisation depends only on the argume
 the constexprs, which each op's launcher puts into its key, and on the width Triton gives
 each ``int`` (i32 below 2**31, i64 from it): validation keeps every int a kernel takes below
 2**31, tensor sizes and strides included (SPEC §0 Limits), so that width is always i32 and
-the key need not carry it. A kernel that keeps Triton's own specialisation (the sparse-MLA
+the key need not carry it (an int that is an address, as ``kernels/value_read.py`` passes its
+pieces, is annotated ``tl.int64``, which Triton takes as its type whatever its value). A kernel that keeps Triton's own specialisation (the sparse-MLA
 ``triton.jit`` and ``gluon.jit`` kernels) launches through :func:`launch_meta`, whose key adds
 :func:`specialization` of the arguments, at least as fine as Triton's. ``check_keys`` (tests)
 sends every launch through Triton's path and fails when one key maps to two compiled kernels.

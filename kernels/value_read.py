@@ -10,7 +10,9 @@ copy: several launches and their host work per call. Here one kernel writes ever
 one int64 buffer -- a whole tensor element by element, a reduction as a min and max per
 program (the host reduces those few) -- and one copy brings the buffer to a pinned host word
 array. Each launch takes up to :data:`SLOTS` pieces (more: more launches into the same
-buffer, still one copy).
+buffer, still one copy). The kernel is compiled once: a piece is passed as its address with its
+dtype and kind as runtime values (:data:`CODES`), so no mix of pieces a serving step makes is a
+specialisation ``Backend.warmup`` (one read of a reduced piece) did not launch.
 
 Integers travel as int64, floating values as float64 bit patterns (exact for every dtype the
 checks read); a NaN anywhere in a reduced piece makes both its min and max NaN (as
@@ -39,96 +41,138 @@ MAX_PROGRAMS = 512
 #: error's explanation reads whole, goes the torch way)
 COPY_BYTES = 1 << 18
 
-#: piece kinds, the kernel's ``KIND`` bits (its code spells them as numbers: Triton reads no
+#: piece kinds, the kernel's ``kind`` bits (its code spells them as numbers: Triton reads no
 #: plain global): the low two bits COPY (a whole copy), MINMAX, MASKED (a min/max over a block
 #: table's read entries: column c of row r counts when c * step < limit[r], the others read as
 #: 0); FLOAT (4): a floating dtype; PAD (8): -1 reads as the piece's ``pad`` value
 COPY, MINMAX, MASKED, FLOAT, PAD = 1, 2, 3, 4, 8
 
+#: the dtypes the kernel reads, by the code it branches on (any other: the read is declined).
+#: A piece reaches the kernel as its address, an int, and its dtype and kind as runtime ints, so
+#: one compiled kernel reads every read a validated call makes: which pieces a call reduces
+#: follows its tensors' sizes (``validation.RAW_BYTES``), and a kernel specialised on the pieces'
+#: dtypes and kinds compiled a new variant for a serving step's mix that no warmup made.
+CODES = {torch.bool: 0, torch.uint8: 1, torch.int8: 2, torch.int16: 3, torch.int32: 4, torch.int64: 5,
+         torch.float16: 6, torch.bfloat16: 7, torch.float32: 8, torch.float64: 9}
+#: the dtypes a block table's limits (its requests' lengths) may have: int32 (code 0), int64 (1)
+LIMIT_CODES = {torch.int32: 0, torch.int64: 1}
+
 
 @jit
-def _elements(x_ptr, i, n, cols, s_r, s_c):
-    """Elements ``i`` (flat, in order) of a ``[rows, cols]`` piece: ``(values, in range, row, column)``."""
+def _at(i, n, cols, s_r, s_c):
+    """Where elements ``i`` (flat, in order) of a ``[rows, cols]`` piece are: ``(in range, row,
+    column, element offset)``."""
     m = i < n
     r = i // cols
     c = i - r * cols
-    return tl.load(x_ptr + r * s_r + c * s_c, mask=m, other=0), m, r, c
+    return m, r, c, r * s_r + c * s_c
 
 
 @jit
-def _piece(out_ptr, q, x_ptr, rows, cols, s_r, s_c, pad, lim_ptr, s_l, step, o, chunk,
-           KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _load_int(addr, off, m, code):
+    """An integer piece's elements at ``off`` (address ``addr``, dtype ``code``) as int64."""
+    if code == 5:
+        v = tl.load(addr.to(tl.pointer_type(tl.int64)) + off, mask=m, other=0)
+    elif code == 4:
+        v = tl.load(addr.to(tl.pointer_type(tl.int32)) + off, mask=m, other=0).to(tl.int64)
+    elif code == 3:
+        v = tl.load(addr.to(tl.pointer_type(tl.int16)) + off, mask=m, other=0).to(tl.int64)
+    elif code == 2:
+        v = tl.load(addr.to(tl.pointer_type(tl.int8)) + off, mask=m, other=0).to(tl.int64)
+    else:  # bool (one byte, 0 or 1) and uint8: zero-extended
+        v = tl.load(addr.to(tl.pointer_type(tl.uint8)) + off, mask=m, other=0).to(tl.int64)
+    return v
+
+
+@jit
+def _load_float(addr, off, m, code):
+    """A floating piece's elements at ``off`` (address ``addr``, dtype ``code``) as float64."""
+    if code == 9:
+        v = tl.load(addr.to(tl.pointer_type(tl.float64)) + off, mask=m, other=0.0)
+    elif code == 8:
+        v = tl.load(addr.to(tl.pointer_type(tl.float32)) + off, mask=m, other=0.0).to(tl.float64)
+    elif code == 7:
+        v = tl.load(addr.to(tl.pointer_type(tl.bfloat16)) + off, mask=m, other=0.0).to(tl.float32).to(tl.float64)
+    else:
+        v = tl.load(addr.to(tl.pointer_type(tl.float16)) + off, mask=m, other=0.0).to(tl.float32).to(tl.float64)
+    return v
+
+
+@jit
+def _piece(out_ptr, q, addr, code, rows, cols, s_r, s_c, pad, lim, lim64, s_l, step, o, chunk, kind,
+           BLOCK: tl.constexpr):
     n = rows.to(tl.int64) * cols
     start = q.to(tl.int64) * chunk
     lane = tl.arange(0, BLOCK).to(tl.int64)
-    if (KIND & 3) == 1:  # COPY
+    if (kind & 3) == 1:  # COPY
         for k in range(0, chunk, BLOCK):
             i = start + k + lane
-            x, m, r, c = _elements(x_ptr, i, n, cols, s_r, s_c)
-            if (KIND & 4) != 0:  # FLOAT
-                v = x.to(tl.float64).to(tl.int64, bitcast=True)
+            m, r, c, off = _at(i, n, cols, s_r, s_c)
+            if (kind & 4) != 0:  # FLOAT
+                w = _load_float(addr, off, m, code).to(tl.int64, bitcast=True)
             else:
-                v = x.to(tl.int64)
-            tl.store(out_ptr + o + i, v, mask=m)
+                w = _load_int(addr, off, m, code)
+            tl.store(out_ptr + o + i, w, mask=m)
+    elif (kind & 4) != 0:  # FLOAT: min and max, NaN in both when there is one
+        flo = tl.full((BLOCK,), float("inf"), tl.float64)
+        fhi = tl.full((BLOCK,), float("-inf"), tl.float64)
+        isnan = tl.zeros((BLOCK,), tl.int32)
+        for k in range(0, chunk, BLOCK):
+            i = start + k + lane
+            m, r, c, off = _at(i, n, cols, s_r, s_c)
+            fv = _load_float(addr, off, m, code)
+            isnan = tl.maximum(isnan, ((fv != fv) & m).to(tl.int32))
+            flo = tl.where(m & (fv < flo), fv, flo)
+            fhi = tl.where(m & (fv > fhi), fv, fhi)
+        bad = tl.max(isnan, axis=0) > 0
+        flo_s = tl.where(bad, float("nan"), tl.min(flo, axis=0))
+        fhi_s = tl.where(bad, float("nan"), tl.max(fhi, axis=0))
+        tl.store(out_ptr + o + 2 * q, flo_s.to(tl.int64, bitcast=True))
+        tl.store(out_ptr + o + 2 * q + 1, fhi_s.to(tl.int64, bitcast=True))
     else:
-        if (KIND & 4) != 0:  # FLOAT
-            lo = tl.full((BLOCK,), float("inf"), tl.float64)
-            hi = tl.full((BLOCK,), float("-inf"), tl.float64)
-            nan = tl.zeros((BLOCK,), tl.int32)
-        else:
-            lo = tl.full((BLOCK,), 9223372036854775807, tl.int64)
-            hi = tl.full((BLOCK,), -9223372036854775808, tl.int64)
+        lo = tl.full((BLOCK,), 9223372036854775807, tl.int64)
+        hi = tl.full((BLOCK,), -9223372036854775808, tl.int64)
         for k in range(0, chunk, BLOCK):
             i = start + k + lane
-            x, m, r, c = _elements(x_ptr, i, n, cols, s_r, s_c)
-            if (KIND & 4) != 0:  # FLOAT
-                v = x.to(tl.float64)
-                nan = tl.maximum(nan, ((v != v) & m).to(tl.int32))
-                lo = tl.where(m & (v < lo), v, lo)
-                hi = tl.where(m & (v > hi), v, hi)
-            else:
-                v = x.to(tl.int64)
-                if (KIND & 3) == 3:  # MASKED
-                    lim = tl.load(lim_ptr + r * s_l, mask=m, other=0).to(tl.int64)
-                    v = tl.where(c * step < lim, v, 0)
-                if (KIND & 8) != 0:  # PAD
-                    v = tl.where(v == -1, pad, v)
-                lo = tl.where(m, tl.minimum(lo, v), lo)
-                hi = tl.where(m, tl.maximum(hi, v), hi)
-        if (KIND & 4) != 0:  # FLOAT
-            bad = tl.max(nan, axis=0) > 0
-            lo_s = tl.where(bad, float("nan"), tl.min(lo, axis=0))
-            hi_s = tl.where(bad, float("nan"), tl.max(hi, axis=0))
-            tl.store(out_ptr + o + 2 * q, lo_s.to(tl.int64, bitcast=True))
-            tl.store(out_ptr + o + 2 * q + 1, hi_s.to(tl.int64, bitcast=True))
-        else:
-            tl.store(out_ptr + o + 2 * q, tl.min(lo, axis=0))
-            tl.store(out_ptr + o + 2 * q + 1, tl.max(hi, axis=0))
+            m, r, c, off = _at(i, n, cols, s_r, s_c)
+            v = _load_int(addr, off, m, code)
+            if (kind & 3) == 3:  # MASKED
+                if lim64 != 0:
+                    limit = tl.load(lim.to(tl.pointer_type(tl.int64)) + r * s_l, mask=m, other=0)
+                else:
+                    limit = tl.load(lim.to(tl.pointer_type(tl.int32)) + r * s_l, mask=m, other=0).to(tl.int64)
+                v = tl.where(c * step < limit, v, 0)
+            if (kind & 8) != 0:  # PAD
+                v = tl.where(v == -1, pad, v)
+            lo = tl.where(m, tl.minimum(lo, v), lo)
+            hi = tl.where(m, tl.maximum(hi, v), hi)
+        tl.store(out_ptr + o + 2 * q, tl.min(lo, axis=0))
+        tl.store(out_ptr + o + 2 * q + 1, tl.max(hi, axis=0))
 
 
 @jit
 def _value_read(out_ptr,
-                p0_ptr, r0, c0, sr0, sc0, pad0, l0_ptr, sl0, st0, o0, ch0,
-                p1_ptr, r1, c1, sr1, sc1, pad1, l1_ptr, sl1, st1, o1, ch1, g1,
-                p2_ptr, r2, c2, sr2, sc2, pad2, l2_ptr, sl2, st2, o2, ch2, g2,
-                p3_ptr, r3, c3, sr3, sc3, pad3, l3_ptr, sl3, st3, o3, ch3, g3,
-                K0: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, K3: tl.constexpr, BLOCK: tl.constexpr):
-    # programs [g_i, g_{i+1}) read piece i (g_0 = 0); an unused slot (kind 0) has none
+                a0: tl.int64, d0, r0, c0, sr0, sc0, pad0, l0: tl.int64, w0, sl0, st0, o0, ch0, k0,
+                a1: tl.int64, d1, r1, c1, sr1, sc1, pad1, l1: tl.int64, w1, sl1, st1, o1, ch1, k1, g1,
+                a2: tl.int64, d2, r2, c2, sr2, sc2, pad2, l2: tl.int64, w2, sl2, st2, o2, ch2, k2, g2,
+                a3: tl.int64, d3, r3, c3, sr3, sc3, pad3, l3: tl.int64, w3, sl3, st3, o3, ch3, k3, g3,
+                BLOCK: tl.constexpr):
+    # programs [g_i, g_{i+1}) read piece i (g_0 = 0); an unused slot has none
     pid = tl.program_id(0)
     if pid < g1:
-        _piece(out_ptr, pid, p0_ptr, r0, c0, sr0, sc0, pad0, l0_ptr, sl0, st0, o0, ch0, K0, BLOCK)
+        _piece(out_ptr, pid, a0, d0, r0, c0, sr0, sc0, pad0, l0, w0, sl0, st0, o0, ch0, k0, BLOCK)
     elif pid < g2:
-        if K1 != 0:
-            _piece(out_ptr, pid - g1, p1_ptr, r1, c1, sr1, sc1, pad1, l1_ptr, sl1, st1, o1, ch1, K1, BLOCK)
+        _piece(out_ptr, pid - g1, a1, d1, r1, c1, sr1, sc1, pad1, l1, w1, sl1, st1, o1, ch1, k1, BLOCK)
     elif pid < g3:
-        if K2 != 0:
-            _piece(out_ptr, pid - g2, p2_ptr, r2, c2, sr2, sc2, pad2, l2_ptr, sl2, st2, o2, ch2, K2, BLOCK)
+        _piece(out_ptr, pid - g2, a2, d2, r2, c2, sr2, sc2, pad2, l2, w2, sl2, st2, o2, ch2, k2, BLOCK)
     else:
-        if K3 != 0:
-            _piece(out_ptr, pid - g3, p3_ptr, r3, c3, sr3, sc3, pad3, l3_ptr, sl3, st3, o3, ch3, K3, BLOCK)
+        _piece(out_ptr, pid - g3, a3, d3, r3, c3, sr3, sc3, pad3, l3, w3, sl3, st3, o3, ch3, k3, BLOCK)
 
 
 _K = Kernel(_value_read)
+#: the kernel's one launch key: nothing it is passed changes what Triton compiles (the addresses are
+#: typed int64 by their annotations whatever their values, the other ints fit 32 bits; see :data:`CODES`)
+KEY = ()
 
 #: an int the kernel takes in 32 bits (``kernels/_launch.py``: every int argument is i32)
 _I32 = 2**31 - 1
@@ -164,6 +208,8 @@ class _Plan:
         rows, cols, s_r, s_c = shape
         n = rows * cols
         if n == 0 or max(rows, cols, abs(s_r), abs(s_c), abs(pad), abs(step)) > _I32:
+            return False
+        if t.dtype not in CODES or lim is not None and lim.dtype not in LIMIT_CODES:
             return False
         if t.dtype.is_floating_point:
             kind |= FLOAT
@@ -204,7 +250,7 @@ def read(items) -> list[np.ndarray] | None:
     all on one device, by one pass of this kernel and one copy; None (the caller reads them the
     torch way) when none is a reduction (torch's copy of whole tensors launches no more than this)
     or an item is not for it (a tensor over :data:`COPY_BYTES` read whole, a layout of more than two
-    strided dims, an int past 32 bits)."""
+    strided dims, an int past 32 bits, a dtype not in :data:`CODES`)."""
     device = items[0].device
     if device.type == "cuda" and device.index != _current_device():
         return None  # the kernel launches on the current device
@@ -242,7 +288,7 @@ def read(items) -> list[np.ndarray] | None:
 def plan_of(items) -> _Plan | None:
     """The pieces of one read of ``items`` (tensors read whole, :class:`Reduced` pieces), or None
     when one is not for this kernel (a tensor over :data:`COPY_BYTES` read whole, a layout of more
-    than two strided dims, an int past 32 bits)."""
+    than two strided dims, an int past 32 bits, a dtype not in :data:`CODES`)."""
     plan = _Plan()
     for it in items:
         if isinstance(it, Reduced):
@@ -257,19 +303,16 @@ def plan_of(items) -> _Plan | None:
 
 def _launch(buf: torch.Tensor, pieces: list) -> None:
     args: list = [buf]
-    kinds, key, start = [], [], 0
+    start = 0
     for slot in range(SLOTS):
         if slot < len(pieces):
             t, rows, cols, s_r, s_c, pad, lim, s_l, step, o, chunk, progs, kind = pieces[slot]
-            lim_t = lim if lim is not None else buf
-            key += [t.dtype, lim_t.dtype]
-        else:
-            t = lim_t = buf
-            rows = cols = s_r = s_c = pad = s_l = step = o = progs = 0
-            chunk, kind = BLOCK, 0
-        args += [t, rows, cols, s_r, s_c, pad, lim_t, s_l, step, o, chunk]
+            lim_at, lim64 = (lim.data_ptr(), LIMIT_CODES[lim.dtype]) if lim is not None else (t.data_ptr(), 0)
+            args += [t.data_ptr(), CODES[t.dtype], rows, cols, s_r, s_c, pad, lim_at, lim64, s_l, step, o, chunk, kind]
+        else:  # no programs: never read
+            progs = 0
+            args += [buf.data_ptr(), 5, 0, 0, 0, 0, 0, buf.data_ptr(), 0, 0, 0, 0, BLOCK, 0]
         if slot:
             args.append(start)
-        kinds.append(kind)
         start += progs
-    _K((*kinds, *key), (start, 1, 1), *args, *kinds, BLOCK)
+    _K(KEY, (start, 1, 1), *args, BLOCK)

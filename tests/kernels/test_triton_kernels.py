@@ -609,6 +609,10 @@ def test_warmup_launches_every_kernel_and_serving_adds_no_specialisation():
     # but the device check of validated calls to a gated variant: the gated variant's hook (sm90's
     # gluon_ws) compiles it for a validating backend; this chain has no gated variant, nothing launches it
     pack -= {"sparse_mla_check._sparse_mla_check", "sparse_mla_check._sparse_mla_check_flat"}
+    # and the value reader of validated calls (CUDA and ROCm): a CPU backend has none to warm up
+    # (test_value_read.py: a backend's warmup reads through the reader it has)
+    assert tb._reader is None
+    pack -= {"value_read._value_read"}
     # and the sparse-MLA kernels (launched through the same Kernel once a test has run them): their
     # hook warms up by real launches on a GPU, none on a CPU (the interpreter compiles nothing)
     pack -= {"sparse_mla._sparse_mla_fwd", "sparse_mla._sparse_mla_combine",

@@ -135,6 +135,64 @@ def test_declines_what_it_does_not_take():
     assert vr.read([Reduced(three_d)])[0].tolist() == [0, 59]
 
 
+def test_declines_dtypes_it_has_no_code_for():
+    """A piece (or a block table's limits) of a dtype outside ``CODES`` (``LIMIT_CODES``): the read is
+    the torch way's, the other pieces not read either."""
+    vr = _vr()
+    small = torch.ones(3, dtype=torch.int32, device=DEV)
+    for dtype in (torch.uint16, torch.uint32, torch.float8_e4m3fn):
+        assert dtype not in vr.CODES
+        odd = torch.zeros(5, device=DEV).to(dtype)
+        assert vr.read([small, Reduced(odd)]) is None
+        assert vr.read([Reduced(small), odd]) is None
+    table = torch.zeros(2, 4, dtype=torch.int32, device=DEV)
+    assert vr.read([Reduced(table, limit=torch.ones(2, dtype=torch.int16, device=DEV), step=1)]) is None
+
+
+@settings(max_examples=10)
+@given(pieces(), pieces())
+def test_every_read_launches_the_one_key(a, b):
+    """Whatever its pieces' dtypes, kinds, layouts and sizes, a read launches the kernel under its one
+    key (``KEY``): once one read has run (``Backend.warmup``), a validated call's read compiles nothing,
+    whichever of its tensors its size makes a reduction. (The GPU warmup test's failure of 2026-12-05:
+    a serving step's mix of whole and reduced pieces was a specialisation no warmup had made.)"""
+    from swa_backends.kernels import _launch
+
+    vr = _vr()
+    for items in (a, b):
+        if any(isinstance(it, Reduced) for it in items):
+            assert vr.read(items) is not None
+    assert {key for name, key in _launch.LAUNCHED if name == vr._K.name} <= {vr.KEY}
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the reader pointed at the host tensors (Triton's interpreter)")
+def test_backend_warmup_launches_the_readers_key(monkeypatch):
+    """A validating backend's ``warmup`` reads one reduced piece through its value reader (not when
+    ``validated=False``, nor when no hook ran); a backend without a reader warms none."""
+    from swa_backends import dispatch
+    from swa_backends.dispatch import select
+    from swa_backends.kernels import _launch
+
+    kw = dict(W=8, block_size=16, num_groups=1, hidden_sizes=(8,), hidden_dtypes=(torch.float32,))
+    plain = select("cpu", prefer="triton")
+    assert not any(r.startswith("value reader") for r in plain.warmup(ops=("gather_rows",), **kw))
+    calls = []
+
+    def reader(device):
+        return lambda items: calls.append(items) or _vr().read(items)
+
+    monkeypatch.setattr(dispatch, "_value_reader", reader)
+    monkeypatch.setattr(_launch, "LAUNCHED", set())
+    be = select("cpu", prefer="triton")
+    assert be.warmup(ops=()) == [] and not calls
+    assert not any(r.startswith("value reader") for r in be.warmup(ops=("gather_rows",), validated=False, **kw))
+    assert not calls
+    ran = be.warmup(ops=("gather_rows",), validated=True, **kw)
+    assert ran[-1].startswith("value reader")
+    assert len(calls) == 1 and isinstance(calls[0][0], Reduced)
+    assert (_vr()._K.name, _vr().KEY) in _launch.LAUNCHED
+
+
 def _fuzz_cases():
     import fuzz_module
 
