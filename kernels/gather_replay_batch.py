@@ -116,10 +116,12 @@ def _gather_replay_batch(qsl_ptr, drop_ptr, seq_ptr, rs_ptr, pos_ptr, slot_ptr, 
 @triton.jit
 def _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK: tl.constexpr):
     """``check_plan``'s value checks (B > 0): the plan's own (``kept >= 0`` adding up to
-    ``n_rows``, ``dropped_before`` non-decreasing from 0, ``trimmed`` where it grows) and against
-    the device ``query_start_loc``: no request drops more than its rows, a trimmed request or a
-    prefill has the rows the plan was made for, the kept rows fit ``n_pad``. ``plan_ptr``: the
-    plan's kept, trimmed and fixed (trimmed or prefilling) flags, ``[3, B]`` int32."""
+    ``n_rows``, ``dropped_before`` non-decreasing from 0, ``trimmed`` where it grows), its device
+    ``dropped_before`` (``drop_ptr``, which a caller may have handed the plan) equal to the host's,
+    and against the device ``query_start_loc``: no request drops more than its rows, a trimmed
+    request or a prefill has the rows the plan was made for, the kept rows fit ``n_pad``.
+    ``plan_ptr``: the plan's kept, trimmed and fixed (trimmed or prefilling) flags (``[3, B]``)
+    then its host ``dropped_before`` (``B + 1``), int32."""
     k = tl.arange(0, CHECK)
     bad = tl.zeros([CHECK], tl.int32)
     total = tl.zeros([CHECK], tl.int64)
@@ -129,14 +131,17 @@ def _plan_bad(qsl_ptr, drop_ptr, plan_ptr, B, n_rows, n_pad, CHECK: tl.constexpr
         kept = tl.load(plan_ptr + b, mask=m, other=0).to(tl.int64)
         trimmed = tl.load(plan_ptr + B + b, mask=m, other=0)
         fixed = tl.load(plan_ptr + 2 * B + b, mask=m, other=0)
-        inside = tl.load(drop_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(drop_ptr + b, mask=m, other=0)
+        before = tl.load(drop_ptr + b, mask=m, other=0).to(tl.int64)
+        inside = tl.load(drop_ptr + b + 1, mask=m, other=0).to(tl.int64) - before
         q = tl.load(qsl_ptr + b + 1, mask=m, other=0).to(tl.int64) - tl.load(qsl_ptr + b, mask=m, other=0)
         wrong = (kept < 0) | (inside < 0) | (inside > q) | ((fixed != 0) & (q != kept + inside))
+        wrong |= before != tl.load(plan_ptr + 3 * B + b, mask=m, other=0)
         wrong |= (trimmed != 0) != (inside > 0)
         bad |= (m & wrong).to(tl.int32)
         total += kept
     end = tl.load(qsl_ptr + B).to(tl.int64) - tl.load(drop_ptr + B)
     out = (tl.sum(total, axis=0) != n_rows) | (tl.load(drop_ptr) != 0) | (end > n_pad)
+    out |= tl.load(drop_ptr + B).to(tl.int64) != tl.load(plan_ptr + 4 * B)
     return tl.maximum(tl.max(bad, axis=0), out.to(tl.int32))
 
 
@@ -218,9 +223,10 @@ def gather_replay_batch(plan, query_start_loc, seq_lens, replay_start, positions
 
 
 def _plan_values(plan, device: torch.device) -> torch.Tensor:
-    """The plan's kept rows, trimmed and fixed (trimmed or prefilling) flags on ``device``, int32
-    ``[3, B]``, copied once per plan and device (as its ``dropped_before``): what the checked
-    kernel tests of the plan besides ``dropped_before`` (``plan._launch_cache``)."""
+    """The plan's kept rows, trimmed and fixed (trimmed or prefilling) flags and its host
+    ``dropped_before`` on ``device``, int32, flat (``3 * B + B + 1``), copied once per plan and
+    device (as its device ``dropped_before``): what the checked kernel tests the plan's device
+    ``dropped_before`` and the device ``query_start_loc`` against (``plan._launch_cache``)."""
     key = ("checked", device)  # (a torch.device hashes without building its type's string)
     cached = plan._launch_cache.get(key)
     if cached is None:
@@ -228,7 +234,9 @@ def _plan_values(plan, device: torch.device) -> torch.Tensor:
         kept = host[0] if host is not None else plan.kept.numpy()
         trimmed = host[1][1:] > host[1][:-1] if host is not None else plan.trimmed.numpy()
         fixed = trimmed if plan.prefilling is None else trimmed | plan.prefilling.numpy()
-        values = np.stack([kept.astype(np.int32), trimmed.astype(np.int32), fixed.astype(np.int32)])
+        dropped = host[1] if host is not None else plan.dropped_before.numpy()
+        values = np.concatenate([kept.astype(np.int32), trimmed.astype(np.int32), fixed.astype(np.int32),
+                                 dropped.astype(np.int32)])
         cached = plan._launch_cache[key] = torch.from_numpy(values).to(device)
     return cached
 

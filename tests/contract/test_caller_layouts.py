@@ -158,6 +158,38 @@ def test_a_device_copy_of_dropped_before_with_other_values_is_named(be):
     got = be.gather_replay_batch(same, *args)
     assert torch.equal(got.rows, want.rows) and torch.equal(got.query_start_loc, want.query_start_loc)
 
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+@pytest.mark.parametrize("be", [REF, TRI], ids=["reference", "triton"])
+def test_a_device_copy_that_fits_another_batch_is_named(be, op):
+    # a device copy of dropped_before that disagrees with the host's but fits the device batch it meets
+    # (a trimmed prefill of 10 rows whose copy drops 8, on a device batch that gives it 12): the checks
+    # against query_start_loc pass, the copy's own values do not. The self-checked Triton kernels
+    # tested only the former (an audit, 2026-12-05); nothing may be written
+    W = 4
+    plan = ReplayPlan.from_kept(np.array([4], np.int32), np.array([0, 10], np.int32), 4, W,
+                                device_dropped_before=torch.tensor([0, 8], dtype=I32), is_prefilling=np.array([True]))
+    qsl, seq, R = torch.tensor([0, 12], dtype=I32), torch.tensor([12], dtype=I32), torch.tensor([0], dtype=I32)
+    pos, slots = torch.arange(12, dtype=I64), torch.arange(100, 112, dtype=I64)[None, :].clone()
+    before = slots.clone()
+    match = rf"{op}: plan.device_dropped_before='its entry 1=8': expected plan.dropped_before\[1\]=6"
+    with pytest.raises(ValueError, match=match):
+        if op == "gather_replay_batch":
+            from swa_backends.common.ops.gather_replay_batch import allocate_out
+
+            out = allocate_out(plan, 1, "cpu")
+            for t in out.values():
+                t.fill_(-7)
+            try:
+                be.gather_replay_batch(plan, qsl, seq, R, pos, slots, W, out=out)
+            finally:
+                assert all(bool((t == -7).all()) for t in out.values())
+        else:
+            be.prepare_replay_step(torch.tensor([0], dtype=I32), torch.tensor([0], dtype=I32), torch.tensor([True]),
+                                   qsl, seq, pos, slots, torch.zeros(0, dtype=I32),
+                                   torch.arange(4, dtype=I32)[None, :].clone(), 4, W, W, plan=plan)
+    assert torch.equal(slots, before)
+
+
 @pytest.mark.parametrize("prefer", [None, "triton"])
 def test_an_unchecked_count_out_of_its_range_is_clamped(prefer):
     # with validation off a count outside [0, len(rows)] is the caller's error; the kernels clamp it and
