@@ -45,9 +45,14 @@ def check_index_rows(op: str, name: str, t: torch.Tensor) -> None:
         fail(op, name, t, f"at most MAX_WINDOW={MAX_WINDOW} columns (an index width)")
 
 
-def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, num_tokens: int | None = None,
-                from_zero: bool = True) -> int:
-    """``query_start_loc`` int32 [B+1] (+ ``seq_lens``/``replay_start`` int32 [B] on its device).
+#: check_batch's default for an argument its op does not take (a None the caller passed is refused)
+_NOT_TAKEN = object()
+
+
+def check_batch(op: str, query_start_loc, seq_lens=_NOT_TAKEN, replay_start=_NOT_TAKEN, *,
+                num_tokens: int | None = None, from_zero: bool = True) -> int:
+    """``query_start_loc`` int32 [B+1] (+ ``seq_lens``/``replay_start`` int32 [B] on its device,
+    where the op takes them: passed, each must be a tensor, None included).
     ``from_zero=False``: ``query_start_loc`` may start above 0 (see :func:`check_query_start_loc`).
 
     Returns B. Value checks: monotonic ``query_start_loc`` ending at most at ``num_tokens``,
@@ -59,9 +64,13 @@ def check_batch(op: str, query_start_loc, seq_lens=None, replay_start=None, *, n
     if B < 0:
         fail(op, "query_start_loc", query_start_loc, "shape [B+1] (at least one element)")
     dev = query_start_loc.device
-    if seq_lens is not None:
+    if seq_lens is _NOT_TAKEN:
+        seq_lens = None
+    else:
         check_tensor(op, "seq_lens", seq_lens, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
-    if replay_start is not None:
+    if replay_start is _NOT_TAKEN:
+        replay_start = None
+    else:
         check_tensor(op, "replay_start", replay_start, dtypes=INDEX_DTYPE, shape=(B,), device=dev)
     check_query_start_loc(op, query_start_loc, num_tokens=num_tokens, from_zero=from_zero)
     if value_checks_enabled() and B > 0 and (seq_lens is not None or replay_start is not None):

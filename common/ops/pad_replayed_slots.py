@@ -24,7 +24,7 @@ def validate(slot_mappings, cacheable_groups, query_start_loc, positions, replay
     check_tensor(NAME, "cacheable_groups", cacheable_groups, dtypes=INDEX_DTYPE, ndim=1, device=dev)
     check_extents(NAME, "cacheable_groups", cacheable_groups)
     check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
-    check_batch(NAME, query_start_loc, None, replay_start, num_tokens=T)
+    check_batch(NAME, query_start_loc, replay_start=replay_start, num_tokens=T)
     check_window(NAME, "Wr", Wr, min_value=0)
     if any_replay is not None and not isinstance(any_replay, bool):
         fail(NAME, "any_replay", any_replay, "None or a bool (host knowledge that some R > 0)")

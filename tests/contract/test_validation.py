@@ -685,3 +685,28 @@ def test_the_one_read_joins_any_layout_as_bytes(make):
     got = flat_bytes(t)
     assert got.dtype == torch.uint8 and got.stride() == (1,)
     assert torch.equal(got.view(t.dtype), t.reshape(-1))
+
+
+@pytest.mark.parametrize("prefer", ["reference", "triton"])
+@pytest.mark.parametrize("op", ["pad_replayed_slots", "compressed_slot_mapping", "swa_indices_and_lens",
+                                "prefill_gather_lens", "combined_indices", "gather_replay_batch", "prepare_replay_step"])
+def test_a_required_batch_tensor_passed_as_none_is_named(op, prefer):
+    # check_batch took a None for "this op does not take it": a caller's None for seq_lens or replay_start
+    # reached the op as an AttributeError (an audit, 2026-12-05). It is a ValueError naming the argument,
+    # compressed_slot_mapping's seq_lens included (ratio 1 never reads it, the signature requires it)
+    import inspect
+
+    be = BE if prefer == "reference" else sb.select("cpu", prefer="triton")
+    names = list(inspect.signature(getattr(be, op)).parameters)
+    tried = 0
+    for seed in range(3):
+        args, kwargs = case_for(op, np.random.default_rng(seed), "cpu")
+        for arg in ("seq_lens", "replay_start"):
+            if arg not in names or names.index(arg) >= len(args):
+                continue
+            bad = list(args)
+            bad[names.index(arg)] = None
+            with sb.validation(True), pytest.raises(ValueError, match=rf"{op}: {arg}=None: expected a torch.Tensor"):
+                getattr(be, op)(*bad, **kwargs)
+            tried += 1
+    assert tried >= 3
