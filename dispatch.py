@@ -840,11 +840,11 @@ class Backend(_Declared):
     def warmup(self, ops=None, **kwargs) -> list[str]:
         """Compile what the serving path launches: calls each chosen variant's declared
         ``warmup`` hook once (Triton kernels: every specialisation, by real launches).
-        ``ops``: only the variants of these ops (None: every op). A backend that validates, unless
-        ``validated=False`` and where a hook ran: also the platform's value reader, by one read of a reduced piece (a
-        validated call reads its value checks through it where its op has no self-checked form or
-        that form declines the call; ``kernels/value_read.py`` compiles one kernel for every read).
-        Returns the hooks that ran (the reader as ``value reader <module:attr>``)."""
+        ``ops``: only the variants of these ops (None: every op). Where a hook ran, a backend that
+        validates (unless ``validated=False``) also reads one reduced piece through the platform's
+        value reader: a validated call reads its value checks through it where its op has no
+        self-checked form or that form declines the call (``kernels/value_read.py`` compiles one
+        kernel for every read). Returns the hooks that ran (the reader as ``value reader <module:attr>``)."""
         ran: list[str] = []
         for op, chain in self._chains.items():
             if ops is not None and op not in ops:
