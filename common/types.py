@@ -70,7 +70,10 @@ class ReplayPlan:
     ``num_rows``); ``window`` = W; ``prefilling`` bool [B] or None (unknown): the requests
     whose length the device cannot change (only decodes are resized on the device, by
     adaptive verification; validation holds prefills to the plan's length). All tensors
-    live on the host (CPU).
+    live on the host (CPU), in any layout (the device copy the kernels read is made
+    contiguous). A plan's tensors do not change after its first use: a backend keeps their
+    device copy and launch values per plan (a plan changed in place meets stale copies; a
+    validated call on a self-checked kernel refuses it as an input changed during the call).
     """
 
     kept: torch.Tensor
@@ -198,7 +201,9 @@ class ReplayPlan:
         key = str(device)
         cached = self._device_cache.get(key)
         if cached is None:
-            cached = self._device_cache[key] = self.dropped_before.to(device)
+            # contiguous: the kernels read it as a flat run (a plan built field by field may hold a
+            # strided or expanded view, which .to() of its own device returns as it is)
+            cached = self._device_cache[key] = self.dropped_before.to(device).contiguous()
         return cached
 
 

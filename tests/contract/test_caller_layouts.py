@@ -190,6 +190,54 @@ def test_a_device_copy_that_fits_another_batch_is_named(be, op):
     assert torch.equal(slots, before)
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as every other element of a buffer whose other elements are garbage."""
+    buf = torch.full((t.shape[0], 2), 99, dtype=t.dtype)
+    buf[:, 0] = t
+    return buf[:, 0]
+
+
+@pytest.mark.parametrize("field", ["kept", "trimmed", "dropped_before", "expanded"])
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+@pytest.mark.parametrize("be", [TRI, TRI_UNCHECKED], ids=["triton", "triton-unchecked"])
+def test_a_plan_built_field_by_field_from_strided_views_gives_the_reference(be, op, field):
+    # ReplayPlan's own constructor takes host tensors in any layout; the kernels read the plan's
+    # device dropped_before as a flat run, so a strided view (or an expanded one, whose .to() of its
+    # own device is itself) read its garbage, or past its storage (an audit, 2026-12-06)
+    W = 4
+    if field == "expanded":  # a plan that keeps every row of a decode and a short prefill
+        qsl, seq = torch.tensor([0, 1, 3], dtype=I32), torch.tensor([9, 3], dtype=I32)
+        pos = torch.tensor([8, 1, 2], dtype=I64)
+        fields = {"kept": torch.tensor([1, 2], dtype=I32), "trimmed": torch.tensor([False, False]),
+                  "dropped_before": torch.zeros(1, dtype=I32).expand(3)}
+        rows, padded = 3, 3
+    else:  # a decode and a 10-row prefill trimmed to its last W rows
+        qsl, seq = torch.tensor([0, 1, 11], dtype=I32), torch.tensor([9, 10], dtype=I32)
+        pos = torch.tensor([8] + list(range(10)), dtype=I64)
+        good = sb.plan_replay_batch(np.array([0, 1, 11]), np.array([False, True]), np.zeros(2, bool), W,
+                                    trim_threshold=0)
+        fields = {"kept": good.kept.clone(), "trimmed": good.trimmed.clone(),
+                  "dropped_before": good.dropped_before.clone()}
+        fields[field] = _strided(fields[field])
+        rows, padded = good.num_rows, good.num_rows_padded
+    slots = (torch.arange(pos.shape[0], dtype=I64) + 100)[None, :].clone()
+    R = torch.zeros(2, dtype=I32)
+
+    def run(backend):
+        plan = ReplayPlan(fields["kept"], fields["trimmed"], fields["dropped_before"], rows, padded, W)
+        if op == "gather_replay_batch":
+            return backend.gather_replay_batch(plan, qsl, seq, R, pos, slots.clone(), W)
+        return backend.prepare_replay_step(R, torch.tensor([0, 1], dtype=I32), torch.tensor([False, True]), qsl, seq,
+                                           pos, slots.clone(), torch.zeros(0, dtype=I32),
+                                           torch.arange(4, dtype=I32).reshape(2, 2).clone(), 8, W, W,
+                                           plan=plan).replay_batch
+
+    want, got = run(REF), run(be)
+    for name in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert want.num_rows == rows
+
+
 @pytest.mark.parametrize("prefer", [None, "triton"])
 def test_an_unchecked_count_out_of_its_range_is_clamped(prefer):
     # with validation off a count outside [0, len(rows)] is the caller's error; the kernels clamp it and
