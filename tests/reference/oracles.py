@@ -27,6 +27,12 @@ def live(R, seq, q) -> int:
     return int(R) if int(R) <= int(seq) - q else 0
 
 
+def batch_replay_start(R_per_request, idx_mapping, prefilling):
+    """SPEC §2.1: a prefilling row carries its request's R, every other row 0."""
+    return np.array([int(R_per_request[int(idx_mapping[b])]) if prefilling[b] else 0
+                     for b in range(len(idx_mapping))], np.int64)
+
+
 def pad_replayed_slots(slots, groups, qsl, positions, R, Wr):
     out = np.array(slots, dtype=np.int64, copy=True)
     for b, s, e in requests(qsl):
@@ -192,6 +198,44 @@ def plan_and_gather(qsl_host, prefilling, keeps, W, qsl, seq, R, positions, slot
         "kv_start": np.array(kv_start, np.int64),
         "num_rows": n,
     }
+
+
+def prepare_replay_step(R_per_request, idx_mapping, prefilling, qsl, seq, positions, slots, groups, block_table, bs,
+                        W, Wr, width, prefill_from=None, gather_lens_from=None, valid_group=None, plan_from=None,
+                        kept_windows=0):
+    """SPEC §3.6 with the loops above, step by step: the replay start, its stale rows counted
+    as 0, the validity read before padding, the padding, the window rows of tokens [0, P) and
+    [P, T), the gather lengths of requests [g, B), and with ``plan_from`` (``plan_and_gather``'s
+    leading arguments ``(qsl_host, prefilling, keeps, W, pad_to)``) the sub-batch gathered on
+    the padded slots, with ``kept_windows`` (1 or 2) its window builds (every sub-batch token
+    and no gather lengths: the defaults), clamped at the sub-batch's kv_start and then at the
+    replay start as §2.1 gives it."""
+    raw = batch_replay_start(R_per_request, idx_mapping, prefilling)
+    B, T = len(idx_mapping), len(positions)
+    q = [int(qsl[b + 1]) - int(qsl[b]) for b in range(B)]
+    R = np.array([live(raw[b], seq[b], q[b]) for b in range(B)], np.int64)
+    stale = (R != raw).astype(np.int64)
+    valid = None if valid_group is None else np.asarray(slots)[valid_group, :T] >= 0
+    padded = pad_replayed_slots(slots, groups, qsl, positions, R, Wr)
+    P = T if prefill_from is None else prefill_from
+    idx, lens = swa_indices_and_lens(qsl, seq, block_table, bs, W, R, width, T, valid)
+    out = {"replay_start": R, "stale_replay": stale, "slot_mappings": padded, "swa_indices": idx[:P],
+           "swa_lens": lens[:P], "prefill_swa_indices": None if prefill_from is None else idx[P:],
+           "prefill_swa_lens": None if prefill_from is None else lens[P:], "gather_lens": None, "replay_batch": None}
+    if gather_lens_from is not None:
+        g = gather_lens_from
+        out["gather_lens"] = prefill_gather_lens(qsl[g:] - qsl[g], seq[g:], R[g:], W)
+    if plan_from is not None:
+        qsl_host, pre_host, keeps, plan_w, pad_to = plan_from
+        batch = plan_and_gather(qsl_host, pre_host, keeps, plan_w, qsl, seq, R, positions, padded, pad_to)
+        out["replay_batch"] = batch
+        if batch is not None:
+            n = batch["num_rows"]
+            kq = batch["query_start_loc"]
+            kvalid = None if valid_group is None else batch["slot_mappings"][valid_group, :n] >= 0
+            for build, C in zip(("kept_windows", "kept_first_windows")[:kept_windows], (batch["kv_start"], raw)):
+                out[build] = swa_indices_and_lens(kq, seq, block_table, bs, W, C, width, n, kvalid)
+    return out
 
 
 def sparse_mla(q, kv, indices, lens, sm_scale, d_v, sink=None):

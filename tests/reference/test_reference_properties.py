@@ -234,6 +234,76 @@ def test_plan_and_gather_replay_batch(seed, W, block_size, keep_p, pad_extra, re
 
 
 @settings(max_examples=EXAMPLES)
+@given(seed=seeds, **batch_knobs)
+def test_batch_replay_start(seed, W, block_size):
+    b = _batch(seed, W, block_size)
+    rng = np.random.default_rng(seed)
+    n_req = b.B + int(rng.integers(0, 4))
+    R_all, idx = rng.integers(0, 500, n_req), rng.permutation(n_req)[: b.B]
+    got = BE.batch_replay_start(torch.tensor(R_all, dtype=i32), torch.tensor(idx, dtype=i32),
+                                torch.tensor(b.prefilling))
+    assert np.array_equal(got.numpy(), oracles.batch_replay_start(R_all, idx, b.prefilling))
+    assert got.dtype == i32
+
+
+@settings(max_examples=EXAMPLES)
+@given(seed=seeds, **batch_knobs, extra_width=st.integers(0, 3), data=st.data())
+def test_prepare_replay_step(seed, W, block_size, extra_width, data):
+    """The step against the loops of its parts: the batch's replay starts behind a request map,
+    a token and a request split, a validity group, and half the time a plan with its window builds."""
+    with_plan = data.draw(st.booleans())
+    b = _batch(seed, W, block_size, long_prefill=with_plan)
+    t = b.tensors("cpu")
+    rng = np.random.default_rng(seed)
+    n_req = b.B + int(rng.integers(0, 3))
+    idx = rng.permutation(n_req)[: b.B]
+    R_all = rng.integers(0, 500, n_req)
+    R_all[idx] = b.R
+    kw = {"index_width": W + extra_width}
+    if data.draw(st.booleans()):
+        kw["prefill_from"] = int(b.qsl[data.draw(st.integers(0, b.B))])
+    if data.draw(st.booleans()):
+        kw["gather_lens_from"] = data.draw(st.integers(0, b.B))
+    window = [g for g in range(b.num_groups) if g not in set(b.cacheable.tolist())]
+    if window and data.draw(st.booleans()):
+        kw["valid_group"] = window[0]
+    plan_from = None
+    if with_plan:
+        keeps = rng.random(b.B) < 0.3
+        n = int(np.where(b.prefilling & ~keeps, np.minimum(b.q, W), b.q).sum())
+        pad_to = data.draw(st.none() | st.integers(n, n + 5))
+        kw["plan"] = sb.plan_replay_batch(b.qsl, b.prefilling, keeps, W, pad_to=pad_to, trim_threshold=0)
+        plan_from = (b.qsl, b.prefilling, keeps, W, pad_to)
+        if kw["plan"] is not None:
+            kw["kept_windows"] = data.draw(st.integers(0, 2))
+    slots = t["slot_mappings"]
+    want = oracles.prepare_replay_step(R_all, idx, b.prefilling, b.qsl, b.seq, t["positions"].numpy(), slots.numpy(),
+                                       b.cacheable, b.block_table, block_size, W, b.Wr, W + extra_width,
+                                       kw.get("prefill_from"), kw.get("gather_lens_from"), kw.get("valid_group"),
+                                       plan_from, kw.get("kept_windows", 0))
+    got = BE.prepare_replay_step(torch.tensor(R_all, dtype=i32), torch.tensor(idx, dtype=i32), t["is_prefilling"],
+                                 t["query_start_loc"], t["seq_lens"], t["positions"], slots, t["cacheable_groups"],
+                                 t["block_table"], block_size, W, b.Wr, **kw)
+    for name in ("replay_start", "stale_replay", "slot_mappings", "swa_indices", "swa_lens", "prefill_swa_indices",
+                 "prefill_swa_lens", "gather_lens"):
+        value = getattr(got, name)
+        if want[name] is None:  # not asked for
+            assert value is None or value.numel() == 0, name
+        else:
+            assert np.array_equal(value.numpy(), want[name]), name
+    if want["replay_batch"] is None:
+        assert got.replay_batch is None
+        return
+    for name in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"):
+        assert np.array_equal(getattr(got.replay_batch, name).numpy(), want["replay_batch"][name]), name
+    for build in ("kept_windows", "kept_first_windows")[: kw["kept_windows"]]:
+        rows = getattr(got, build)
+        assert np.array_equal(rows.swa_indices.numpy(), want[build][0]), build
+        assert np.array_equal(rows.swa_lens.numpy(), want[build][1]), build
+        assert rows.prefill_swa_indices.numel() == 0 and rows.gather_lens.numel() == 0
+
+
+@settings(max_examples=EXAMPLES)
 @given(seed=seeds)
 def test_gather_scatter_rows(seed):
     rng = np.random.default_rng(seed)
