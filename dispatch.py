@@ -1,7 +1,7 @@
 """Selection: per device, the best variant of every op, and the replay decision.
 
 The one dispatch of the pack. ``select(device)`` -> :class:`Backend` (every op as a typed
-method, ``.capabilities``, ``.explain()``); ``capabilities(device, config)`` ->
+method, ``.capabilities``, ``.explain()``); ``capabilities(device, *, config=None)`` ->
 :class:`Capabilities`; ``explain(device)`` -> :class:`Explanation` (every variant of every op
 with its reasons). Everything it reads is declared: the ops (``swa_backends.common.ops.OPS``,
 each with its torch reference, a variant on every platform) and the platforms

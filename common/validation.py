@@ -4,7 +4,7 @@ Two levels of checks run in front of each public op:
 
 * *metadata* checks (dtype, device, rank, shape, scalar arguments) cost no device work and
   run whenever validation is on;
-* *value* checks (monotonic ``query_start_loc``, ``R <= p``, slots in range or PAD, group
+* *value* checks (monotonic ``query_start_loc``, ``R >= 0``, slots in range or PAD, group
   indices in range) read tensor values. They run when validation is on **and** no CUDA graph
   is being captured on the current stream (a capture cannot synchronise; the metadata checks
   still run there). A call reads the device once: each check registers what it reads (a

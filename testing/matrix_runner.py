@@ -377,7 +377,7 @@ def _cases(op: str, seed: int, cases: int) -> Iterable[tuple[tuple, dict]]:
 
 
 # Serving shapes for vendor kernels whose per-call checks decline the small random cases
-# (PLATFORMS.md: FlashMLA/FlashInfer/NPU take D_qk = d_v = 512 in bf16, power-of-two heads,
+# (the vendors' interfaces: FlashMLA/FlashInfer/NPU take D_qk = d_v = 512 in bf16, power-of-two heads,
 # index widths multiples of 128 / 128 + 4k; AITER's OPUS prefill serves >= 1024 queries).
 # Tried in order, only for a variant that declined every random case.
 SERVING_SHAPES: dict[str, tuple[dict, ...]] = {

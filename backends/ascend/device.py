@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...common.device import DeviceInfo
 
-# Ascend SoC version ranges of torch_npu.npu.get_soc_version() (PLATFORMS.md).
+# Ascend SoC version ranges of torch_npu.npu.get_soc_version() (torch_npu's numbering).
 SOCS = (
     (range(200, 206), "310p", "Ascend 310P"),
     (range(220, 226), "910b", "Ascend 910B (A2)"),

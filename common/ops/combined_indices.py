@@ -21,7 +21,7 @@ from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
 
 NAME = "combined_indices"
-WIDTH_MULTIPLE = 128  # FlashMLA's SM100 sparse kernels need topk % 128 == 0 (PLATFORMS.md)
+WIDTH_MULTIPLE = 128  # FlashMLA's SM100 sparse kernels need topk % 128 == 0 (FlashMLA's interface)
 
 
 def combined_width(top_k: int, W: int) -> int:

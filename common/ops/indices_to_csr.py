@@ -1,7 +1,7 @@
 """``indices_to_csr``: padded index rows to CSR with every PAD dropped.
 
 AITER's ``pa_sparse_prefill_opus`` takes ragged (CSR) indices and faults on -1
-(PLATFORMS.md), so every PAD -- inside or past the active length -- must go.
+(a -1 faulted a real deployment), so every PAD -- inside or past the active length -- must go.
 """
 
 from __future__ import annotations
