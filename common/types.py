@@ -83,9 +83,11 @@ class ReplayPlan:
     num_rows_padded: int
     window: int
     prefilling: torch.Tensor | None = None
-    _device_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # init=False: a plan of its own, dataclasses.replace()'s too, starts with caches of its own (a
+    # derived plan sharing its original's would launch with the original's values)
+    _device_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     #: per-device launch arguments a backend derives from the plan once (kernels' own use)
-    _launch_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _launch_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_reqs(self) -> int:

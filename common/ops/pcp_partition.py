@@ -80,7 +80,8 @@ class PCPPartition:
     token_index: torch.Tensor
     columns: torch.Tensor
     publishes: torch.Tensor
-    _device_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # init=False: dataclasses.replace() gives the new partition a cache of its own
+    _device_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_reqs(self) -> int:

@@ -238,6 +238,29 @@ def test_a_plan_built_field_by_field_from_strided_views_gives_the_reference(be, 
     assert want.num_rows == rows
 
 
+@pytest.mark.parametrize("be", [REF, TRI, TRI_UNCHECKED], ids=["reference", "triton", "triton-unchecked"])
+def test_a_plan_derived_with_replace_has_caches_of_its_own(be):
+    # dataclasses.replace() copied the caches' dicts into the new plan: a backend then launched the
+    # derived plan with its original's device dropped_before and sizes (an audit, 2026-12-06)
+    import dataclasses
+
+    W = 4
+    qsl, seq, R = torch.tensor([0, 10, 20], dtype=I32), torch.tensor([10, 10], dtype=I32), torch.zeros(2, dtype=I32)
+    pos, slots = torch.arange(10, dtype=I64).repeat(2), torch.arange(100, 120, dtype=I64)[None, :].clone()
+    first = sb.plan_replay_batch(np.array([0, 10, 20]), np.array([True, True]), np.zeros(2, bool), W, pad_to=8,
+                                 trim_threshold=0)
+    be.gather_replay_batch(first, qsl, seq, R, pos, slots, W)  # its caches filled
+    fields = {"kept": torch.tensor([10, 4], dtype=I32), "trimmed": torch.tensor([False, True]),
+              "dropped_before": torch.tensor([0, 0, 6], dtype=I32), "num_rows": 14, "num_rows_padded": 16}
+    derived = dataclasses.replace(first, **fields)
+    assert derived._device_cache is not first._device_cache and derived._launch_cache is not first._launch_cache
+    want = REF.gather_replay_batch(ReplayPlan(**fields, window=W, prefilling=first.prefilling), qsl, seq, R, pos,
+                                   slots, W)
+    got = be.gather_replay_batch(derived, qsl, seq, R, pos, slots, W)
+    for name in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 @pytest.mark.parametrize("prefer", [None, "triton"])
 def test_an_unchecked_count_out_of_its_range_is_clamped(prefer):
     # with validation off a count outside [0, len(rows)] is the caller's error; the kernels clamp it and

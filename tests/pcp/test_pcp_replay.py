@@ -257,6 +257,18 @@ def test_guessed_decode_at_a_replayed_position_is_refused():
     pcp_pad_own_block(pcp_gather_columns(torch.tensor([[5]]), ok), torch.tensor([0], dtype=torch.int32), ok, [18], 4)
 
 
+def test_a_partition_derived_with_replace_has_a_cache_of_its_own():
+    # dataclasses.replace() copied the cache's dict into the new partition: its device tensors
+    # would have been the original's (an audit of the same class of plan, 2026-12-06)
+    import dataclasses
+
+    part = pcp_partition([6, 1], [0, 20], 2, 0, is_prefilling=[True, True])
+    part.device_tensors("cpu")
+    other = dataclasses.replace(part, positions=part.positions + 1)
+    assert other._device_cache is not part._device_cache
+    assert torch.equal(other.device_tensors("cpu")["positions"], part.positions + 1)
+
+
 # ---------------------------------------------------------------------------------------
 # the capability decision (SPEC §4): encoder replay under PCP only on CUDA, eager,
 # synchronous scheduling, PP = DP = DCP = 1, without a KV connector, a drafter,
