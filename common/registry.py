@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -58,6 +59,10 @@ def declarations_version() -> int:
 
 _PROBES: dict[str, Callable[[], str | None]] = {}
 _PROBE_OVERRIDES: dict[str, str | None] = {}
+#: One probe or vendor import at a time in the process: two threads' first select() would otherwise
+#: import a package (Triton) at once, which can fail partway (a partially initialised module), and a
+#: probe's answer is kept for the process. Reentrant: a probe's import may run another probe.
+_PROBE_LOCK = threading.RLock()
 
 
 def register_probe(name: str) -> Callable[[Callable[[], str | None]], Callable[[], str | None]]:
@@ -78,7 +83,8 @@ def probe(name: str) -> str | None:
     if fn is None:
         return f"unknown requirement {name!r} (no probe registered)"
     try:
-        return fn()
+        with _PROBE_LOCK:
+            return fn()
     except Exception as exc:  # a probe must never raise: a broken vendor install is a reason
         return f"probe {name} failed: {type(exc).__name__}: {exc}"
 
@@ -95,7 +101,13 @@ def clear_probes() -> None:
 
 
 def import_reason(module: str, *, attr: str | None = None, what: str | None = None) -> str | None:
-    """Import ``module`` (and check ``attr`` on it); ``None`` or the failure as a reason."""
+    """Import ``module`` (and check ``attr`` on it); ``None`` or the failure as a reason. One
+    such import at a time in the process (``_PROBE_LOCK``)."""
+    with _PROBE_LOCK:
+        return _import_reason(module, attr, what)
+
+
+def _import_reason(module: str, attr: str | None, what: str | None) -> str | None:
     label = what or module
     if importlib.util.find_spec(module.split(".")[0]) is None:
         return f"{label}: module {module.split('.')[0]} is not installed"

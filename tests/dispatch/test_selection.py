@@ -316,6 +316,47 @@ def test_broken_vendor_import_becomes_a_reason(monkeypatch, tmp_path):
         sys.modules.pop("fakevendor_pkg", None)
 
 
+def test_probes_and_vendor_imports_run_one_at_a_time():
+    # two threads' first select() imported Triton at once through two probes; one import saw a
+    # partially initialised module, and that reason was kept for the process (an audit, 2026-12-06)
+    import threading
+    import time
+
+    active, most = [0], [0]
+    guard = threading.Lock()
+
+    def slow():
+        with guard:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        with guard:
+            active[0] -= 1
+        return None
+
+    names = ("slow_probe_a", "slow_probe_b")
+    for name in names:
+        registry.register_probe(name)(slow)
+    try:
+        threads = [threading.Thread(target=registry.probe, args=(names[i % 2],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert most[0] == 1
+        # a vendor import outside a probe waits for the probe in flight as well
+        with registry._PROBE_LOCK:
+            t = threading.Thread(target=registry.import_reason, args=("json",))
+            t.start()
+            t.join(0.2)
+            assert t.is_alive()
+        t.join(5)
+        assert not t.is_alive()
+    finally:
+        for name in names:
+            registry._PROBES.pop(name, None)
+
+
 def test_probe_never_raises_and_unknown_probe_is_a_reason():
     @registry.register_probe("explodes")
     def _boom():
