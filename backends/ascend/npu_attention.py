@@ -78,6 +78,11 @@ def input_check(q, kv, indices, lens, sm_scale, d_v, *, sink=None, kv_format="ro
         why.append(heads)
     if indices.shape[1] == 0:
         why.append("npu_sparse_flash_mla rejects an empty ori_sparse_indices (index width 0)")
+    elif indices.shape[1] > SERVED.window:
+        # the op's SWA mode serves a window of SERVED.window (ori_win_left = window - 1); wider rows
+        # (a model with another window) are outside what it takes on A2/A3
+        why.append(f"npu_sparse_flash_mla's window mode on A2/A3 takes rows of at most W={SERVED.window} "
+                   f"(ori_win_left={SERVED.window - 1}), got index width {indices.shape[1]}")
     return why
 
 

@@ -161,6 +161,12 @@ def test_constraints_are_data_and_drive_the_input_check():
     assert any("head dim 512" in r for r in npu_attention.input_check(torch.zeros(1, 8, 64), None, torch.zeros(1, 3),
                                                                        None, 0.1, 64))
     assert not npu_attention.input_check(torch.zeros(1, 16, 512), None, torch.zeros(1, 3), None, 0.1, 512)
+    # rows wider than the window the op serves (A2/A3: W = 128, ori_win_left = 127): declined, the
+    # reference runs (an audit, 2026-12-06: a 256-wide row went to the op)
+    assert not npu_attention.input_check(torch.zeros(1, 16, 512), None, torch.zeros(1, c.window), None, 0.1, 512)
+    wide = npu_attention.input_check(torch.zeros(1, 16, 512), None, torch.zeros(1, 256), None, 0.1, 512)
+    assert wide == ["npu_sparse_flash_mla's window mode on A2/A3 takes rows of at most W=128 (ori_win_left=127), "
+                    "got index width 256"]
 
 
 def test_selection_with_and_without_the_vendor_stack():
@@ -174,6 +180,10 @@ def test_selection_with_and_without_the_vendor_stack():
         assert b.variants["gather_rows"] == ("triton_ascend",)
         args, _ = vendor_case(1, heads=(12,))
         assert b.variant_for("sparse_mla", *args) == "reference"  # 12 heads: not a power of two
+        q, kv = torch.zeros(2, 16, 512, dtype=torch.bfloat16), torch.zeros(300, 512, dtype=torch.bfloat16)
+        wide = torch.arange(256, dtype=torch.int32).repeat(2, 1)
+        assert b.variant_for("sparse_mla", q, kv, wide, torch.full((2,), 256, dtype=torch.int32), 0.1,
+                             512) == "reference"  # a window of 256: wider than the op's
 
 
 def test_build_rejecting_explicit_indices_fails_the_self_test(monkeypatch):
