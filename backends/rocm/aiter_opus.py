@@ -9,7 +9,8 @@ Vendor call (``aiter/ops/pa_sparse_prefill_opus.py``, the DeepSeek-V4 gfx950 ker
 Facts: D = 512 only; q/unified_kv/kv bf16 or fp16 and all the same; ragged (CSR) indices over
 two sources sharing one online softmax; every referenced index must be a valid row -- a PAD
 (-1) faults the GPU (it did in a real deployment); empty CSR rows are allowed; the sink joins
-the softmax denominator; it raises unless the device is gfx950; **no LSE is returned**. vLLM
+the softmax denominator; it raises unless the device is gfx950 or gfx1250 (the pack declares gfx950 only: no
+gfx1250 row in the matrix); **no LSE is returned**. vLLM
 calls it only for prefills of >= 1024 queries (Triton below that).
 
 Adaptation, exactly the reference semantics:

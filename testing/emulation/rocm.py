@@ -52,7 +52,8 @@ def pa_sparse_prefill_opus(q, unified_kv, kv_indices_prefix, kv_indptr_prefix, k
     sparse prefill for DeepSeek-V4 on gfx950, the module whose docstring states D = 512,
     bf16/fp16, valid-row-only CSR indices, empty rows allowed).
 
-    Checks (RuntimeError, like AITER): device arch gfx950 ("requires gfx950, got <arch>");
+    Checks (RuntimeError, like AITER): device arch gfx950 or gfx1250 (the archs AITER builds it for;
+    "requires gfx950 or gfx1250, got <arch>");
     q bf16/fp16; unified_kv and kv of q's dtype; equal head dims; D == 512; attn_sink fp32
     [H]; ``out`` of q's shape/dtype; int32 CSR pointers; **any referenced index outside its
     source (a PAD -1 included) raises like the GPU memory fault it causes**. Semantics: one
@@ -62,8 +63,8 @@ def pa_sparse_prefill_opus(q, unified_kv, kv_indices_prefix, kv_indptr_prefix, k
     as the math does; the kernel's behaviour there is undocumented). No LSE.
     """
     arch = _emulated.arch
-    if arch is not None and arch != "gfx950":
-        raise RuntimeError(f"pa_sparse_prefill_opus requires gfx950, got {arch}")
+    if arch is not None and arch not in ("gfx950", "gfx1250"):
+        raise RuntimeError(f"pa_sparse_prefill_opus requires gfx950 or gfx1250, got {arch}")
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise RuntimeError(f"pa_sparse_prefill_opus expects fp16/bf16 q, got {q.dtype}")
     if unified_kv.dtype != q.dtype:

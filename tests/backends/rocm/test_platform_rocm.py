@@ -47,7 +47,7 @@ def test_opus_gets_csr_without_any_pad():
 
 @pytest.mark.parametrize("case, message", [
     ("pad", "illegal memory access"),
-    ("gfx942", "requires gfx950, got gfx942"),
+    ("gfx942", "requires gfx950 or gfx1250, got gfx942"),
     ("d256", "only compiles D == 512"),
     ("fp32", "expects fp16/bf16 q"),
 ])
@@ -62,6 +62,18 @@ def test_opus_double_failure_modes(case, message):
     with contract_doubles(arch), pytest.raises(RuntimeError, match=re.escape(message)):
         opus_double(q, kv, values, indptr, kv, values[:1], torch.zeros(3, dtype=torch.int32),
                     torch.zeros(4), 0.1)
+
+
+def test_opus_double_takes_the_archs_aiter_builds_it_for():
+    # AITER's OPUS prefill raises unless gfx950 or gfx1250; the double refused gfx1250 (an audit,
+    # 2026-12-06). The pack still declares gfx950 only: no gfx1250 row in the matrix
+    q, kv = torch.randn(2, 4, 512).to(torch.bfloat16), torch.randn(10, 512).to(torch.bfloat16)
+    values, indptr = torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32)
+    for arch in ("rocm:gfx950", "rocm:gfx1250"):
+        with contract_doubles(arch):
+            out = opus_double(q, kv, values, indptr, kv, values[:1], torch.zeros(3, dtype=torch.int32),
+                              torch.zeros(4), 0.1)
+        assert out.shape == q.shape and bool(torch.isfinite(out.float()).all())
 
 
 def test_padded_rows_fed_directly_would_fault():
