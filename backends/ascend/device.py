@@ -23,7 +23,10 @@ def ascend_arch(soc_version: int) -> tuple[str, str]:
 
 
 def probe_npu(index: int | None = None) -> DeviceInfo | str:
-    """An Ascend DeviceInfo, or the reason there is none."""
+    """Ascend NPU ``index`` (None: torch_npu's current NPU) as a DeviceInfo, or the reason there is
+    none: an index at or past the NPUs torch_npu sees is one (as ``torch_cuda_device`` refuses a
+    CUDA index: ``npu:7`` on a one-NPU host names no device, and its backend would place tensors
+    nowhere)."""
     import importlib.util
 
     if importlib.util.find_spec("torch_npu") is None:
@@ -36,12 +39,16 @@ def probe_npu(index: int | None = None) -> DeviceInfo | str:
         # torch_npu.npu is the module torch.npu aliases once torch_npu is imported.
         if not torch_npu.npu.is_available():
             return "torch_npu imported but no NPU is available"
+        count = int(torch_npu.npu.device_count())
+        if index is None:
+            index = int(torch_npu.npu.current_device())
         soc = int(torch_npu.npu.get_soc_version())
     except Exception as exc:
-        return f"torch_npu could not read the SoC version: {type(exc).__name__}: {exc}"
+        return f"torch_npu could not read the NPUs: {type(exc).__name__}: {exc}"
+    if not 0 <= index < count:
+        return f"torch_npu sees {count} NPU{'s' if count != 1 else ''}: an index below {count}"
     arch, name = ascend_arch(soc)
-    i = 0 if index is None else index
-    return DeviceInfo("ascend", arch, name, f"npu:{i}")
+    return DeviceInfo("ascend", arch, name, f"npu:{index}")
 
 
 def detect(index: int | None) -> DeviceInfo | str:

@@ -1,11 +1,12 @@
 """Contract doubles for the Ascend vendor ops, and ``contract_doubles()`` to install them.
 
-``with contract_doubles(): ...`` makes ``torch_npu`` (``torch_npu.npu.get_soc_version`` /
-``is_available``) and ``vllm_ascend.vllm_ascend_C`` (the ``npu_sparse_flash_mla`` op and its
-metadata builder) importable as small torch modules with the vendors' signatures, checks and
-semantics, and marks the Ascend probes (the sparse-attention op and triton-ascend)
-available. Pass ``device="ascend:910b"`` to pin the emulated SoC; without it the doubles use
-:func:`swa_backends.current_device` when that is an Ascend device, else an Ascend 910B.
+``with contract_doubles(): ...`` makes ``torch_npu`` (one NPU: ``torch_npu.npu.get_soc_version``,
+``is_available``, ``device_count``, ``current_device``) and ``vllm_ascend.vllm_ascend_C`` (the
+``npu_sparse_flash_mla`` op and its metadata builder) importable as small torch modules with the
+vendors' signatures, checks and semantics, and marks the Ascend probes (the sparse-attention op
+and triton-ascend) available. Pass ``device="ascend:910b"`` to pin the emulated SoC; without it
+the doubles use :func:`swa_backends.current_device` when that is an Ascend device, else an
+Ascend 910B.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def _modules() -> dict:
         return m
 
     npu = mod("torch_npu.npu", get_soc_version=get_soc_version, is_available=lambda: True,
-              device_count=lambda: 1)
+              device_count=lambda: 1, current_device=lambda: 0)
     return {
         "torch_npu": mod("torch_npu", npu=npu),
         "torch_npu.npu": npu,

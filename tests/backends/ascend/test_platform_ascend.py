@@ -52,6 +52,45 @@ def test_missing_or_broken_torch_npu_is_a_reason(tmp_path, monkeypatch):
         registry.clear_probes()
 
 
+
+def _torch_npu(count: int, current: int) -> dict:
+    """A torch_npu of ``count`` A2 NPUs whose current one is ``current``."""
+    import importlib.machinery
+
+    from swa_backends.testing.doubles import fake_module
+
+    npu = fake_module("torch_npu.npu", get_soc_version=lambda: 223, is_available=lambda: True,
+                      device_count=lambda: count, current_device=lambda: current)
+    top = fake_module("torch_npu", npu=npu)
+    for m in (npu, top):
+        m.__spec__ = importlib.machinery.ModuleSpec(m.__name__, loader=None)
+    return {"torch_npu": top, "torch_npu.npu": npu}
+
+
+@pytest.mark.parametrize("count, current", [(1, 0), (2, 1), (4, 3)])
+def test_npu_index_is_one_torch_npu_sees_and_none_is_the_current_npu(count, current):
+    """``npu:N`` names one of the NPUs torch_npu sees (as ``cuda:N`` one of torch's): past them it
+    is refused, not a backend placing tensors on no device; ``npu`` and None are torch_npu's
+    current NPU, not npu:0."""
+    from swa_backends.common.device import clear_cache, resolve_device
+    from swa_backends.testing.doubles import installed_modules
+
+    clear_cache()
+    try:
+        with installed_modules(_torch_npu(count, current)):
+            assert device_mod.probe_npu().torch_device == f"npu:{current}"
+            assert device_mod.probe_npu(count - 1).torch_device == f"npu:{count - 1}"
+            assert device_mod.probe_npu(count).endswith(f"NPU{'s' if count > 1 else ''}: an index below {count}")
+            for spec in (f"npu:{count}", "npu:12345"):
+                with pytest.raises(ValueError, match=f"device='{spec}': expected a usable Ascend NPU .*below {count}"):
+                    sb.select(spec)
+            # (resolve_device: select() is this, then a Backend on a torch device this torch cannot name)
+            assert resolve_device("npu").torch_device == f"npu:{current}"
+            if not torch.cuda.is_available():  # the default device: the first platform with one, CUDA/ROCm first
+                assert resolve_device(None).torch_device == f"npu:{current}"
+    finally:
+        clear_cache()
+
 # --- npu_sparse_flash_mla ----------------------------------------------------------------
 
 @pytest.mark.parametrize("soc", ["ascend:910b", "ascend:910_93", "ascend:950"])
