@@ -15,7 +15,7 @@ import triton.language as tl
 from ..common.types import INDEX_DTYPE
 from ._device import INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
-from .range_check import (BLOCK_C, BLOCK_R, CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed,
+from .range_check import (BLOCK_C, BLOCK_R, CHECK, GATE, flat_bad, flat_tiles, groups, open_checked, passed,
                           rows_bad, settle, tiles_of)
 
 BLOCK_T = 16
@@ -75,20 +75,32 @@ def _plain_indices(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr
 
 @jit
 def _plain_indices_checked(swa_ptr, sw_s0, sw_s1, sl_ptr, topk_ptr, tk_s0, tk_s1, tl_ptr, idx_ptr, lens_ptr, flag_ptr,
-                           scratch_ptr, T, SW, K, topk_offset, window_offset, w_tiles, P, epoch,
+                           scratch_ptr, T, SW, K, topk_offset, window_offset, w_tiles, P, P_SL, P_SW, P_TL, epoch,
                            HAS_TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
                            CHECK: tl.constexpr, CHECK_R: tl.constexpr, CHECK_C: tl.constexpr,
                            GATE: tl.constexpr, NAP: tl.constexpr):
     """A validated call: ``P`` checker programs test what the validator tests (the lengths in
     ``[0, width]``, every index PAD or in ``[0, INT32_MAX - offset]``), the others compute tile
-    ``pid - P`` and write it once they pass (``range_check.py``)."""
+    ``pid - P`` and write it once they pass (``range_check.py``). Each tensor has checkers of its
+    own (``range_check.groups``: ``P_SL`` for the window lengths, then ``P_SW`` for the window rows,
+    ``P_TL`` for the top-k lengths, the rest for the top-k rows), so a checker waits for one
+    memory round trip where the call fits one tile a checker, not one per tensor: the host waits
+    for the last checker."""
     pid = tl.program_id(0)
     if pid < P:
-        bad = flat_bad(sl_ptr, T, 0, SW, pid, P, CHECK)
-        bad |= rows_bad(swa_ptr, T, SW, sw_s0, sw_s1, -1, INT32_MAX - window_offset, pid, P, CHECK_R, CHECK_C)
-        if HAS_TOPK:
-            bad |= flat_bad(tl_ptr, T, 0, K, pid, P, CHECK)
-            bad |= rows_bad(topk_ptr, T, K, tk_s0, tk_s1, -1, INT32_MAX - topk_offset, pid, P, CHECK_R, CHECK_C)
+        bad = pid * 0
+        if pid < P_SL:
+            bad = flat_bad(sl_ptr, T, 0, SW, pid, P_SL, CHECK)
+        elif pid < P_SL + P_SW:
+            bad = rows_bad(swa_ptr, T, SW, sw_s0, sw_s1, -1, INT32_MAX - window_offset, pid - P_SL, P_SW, CHECK_R,
+                           CHECK_C)
+        elif HAS_TOPK:
+            q = pid - P_SL - P_SW
+            if q < P_TL:
+                bad = flat_bad(tl_ptr, T, 0, K, q, P_TL, CHECK)
+            else:
+                bad = rows_bad(topk_ptr, T, K, tk_s0, tk_s1, -1, INT32_MAX - topk_offset, q - P_TL,
+                               P - P_SL - P_SW - P_TL, CHECK_R, CHECK_C)
         settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
     else:
         w = pid - P
@@ -121,15 +133,16 @@ def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_of
            tk_s1, contiguous(topk_lens) if has_topk else None, out[0], out[1], *sizes, has_topk, BLOCK_T, BLOCK_W)
         return out
     verdict, scratch, epoch, nap = checked
-    # the checkers' tiles: of the lengths or of the index rows, whichever has more (the quick check
-    # passed: the lengths are contiguous)
-    tiles = tiles_of(T, SW, sw_s0, sw_s1)
+    # each tensor's tiles its own checkers (the quick check passed: the lengths are contiguous)
+    tiles = flat_tiles(T)
     if has_topk:
-        tiles = max(tiles, tiles_of(T, K, tk_s0, tk_s1))
-    P = checkers(max(flat_tiles(T), tiles))
+        shares = groups((tiles, tiles_of(T, SW, sw_s0, sw_s1), tiles, tiles_of(T, K, tk_s0, tk_s1)))
+    else:
+        shares = groups((tiles, tiles_of(T, SW, sw_s0, sw_s1), 0, 0))
+    P = sum(shares)
     _K_CHECKED((has_topk, nap), (P + t_tiles * w_tiles, 1, 1), swa_indices, sw_s0, sw_s1, swa_lens, topk_slots, tk_s0,
-               tk_s1, topk_lens, out[0], out[1], verdict.word, scratch, *sizes, w_tiles, P, epoch, has_topk, BLOCK_T,
-               BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
+               tk_s1, topk_lens, out[0], out[1], verdict.word, scratch, *sizes, w_tiles, P, shares[0], shares[1],
+               shares[2], epoch, has_topk, BLOCK_T, BLOCK_W, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
     return out
 
 

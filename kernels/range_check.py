@@ -7,7 +7,8 @@ stores, would read the tensors once per program. Here the op's checked kernel ha
 programs in front of its workers, in one 1-D grid (the range checks below are the shared part; an
 op's checkers run its own per-request checks too):
 
-* checker ``p < P`` tests its share of the values (every ``P``-th tile of each tensor) and counts
+* checker ``p < P`` tests its share of the values (every ``P``-th tile of each tensor, or of one
+  tensor where each tensor has checkers of its own, :func:`groups`) and counts
   itself done, and whether one of its values is out of range, with one atomic add to the call's
   count word; the checker that counts last (the add's old value holds every other checker's
   outcome) leaves ``PASS`` or ``FAIL`` in the call's verdict word (the host's, ``_verdict.Verdict``)
@@ -141,6 +142,19 @@ def passed(scratch_ptr, epoch, GATE: tl.constexpr, NAP: tl.constexpr):
 def checkers(tiles: int) -> int:
     """Checker programs for a call whose largest tensor has ``tiles`` tiles (at least one)."""
     return max(1, min(tiles, MAX_CHECKERS))
+
+
+def groups(tiles: tuple[int, ...]) -> tuple[int, ...]:
+    """Checker programs per tensor for a call whose tensors have ``tiles`` tiles each, every tensor
+    checked by programs of its own: one tile a checker where the call's tiles fit
+    :data:`MAX_CHECKERS`, else shares in proportion to the tiles (at least one a tensor with a
+    tile; the sum may pass the cap by one a tensor). A checker given two tensors' tiles would load
+    them one after the other (each tensor's loop its own memory round trip), and the host waits
+    for the last checker."""
+    total = sum(tiles)
+    if total <= MAX_CHECKERS:
+        return tuple(tiles)
+    return tuple(max(1, n * MAX_CHECKERS // total) if n else 0 for n in tiles)
 
 
 def flat_tiles(n: int) -> int:

@@ -605,6 +605,44 @@ def test_a_bad_value_in_any_checkers_share_fails_the_call(device):
         assert agrees("plain_indices", (bad, lens), {}) == "bad", f"a bad value in checker {k}'s share passed"
 
 
+@pytest.mark.parametrize("cap", [None, 5])
+def test_plain_indices_checks_each_tensor_with_checkers_of_its_own(monkeypatch, cap):
+    """``plain_indices``' checkers are grouped by tensor (``range_check.groups``: the window
+    lengths, the window rows, the top-k lengths, the top-k rows, each tile its own checker where
+    they fit, else shares in proportion, ``cap``): a bad value in any tile of any of the four
+    tensors refuses the call and writes nothing, in the first and the last checker of each group;
+    the clean call passes, with and without top-k rows."""
+    from swa_backends.kernels import range_check
+
+    if cap is not None:
+        monkeypatch.setattr(range_check, "MAX_CHECKERS", cap)
+    T, SW, K = 2 * range_check.CHECK + 5, 4, 3  # three tiles of each length tensor
+    share = range_check.BLOCK_R * range_check.BLOCK_C
+    tiles = (3, -(-T * SW // share), 3, -(-T * K // share))
+    assert tiles == (3, 5, 3, 4)
+    want = tiles if cap is None else (1, 1, 1, 1)
+    assert range_check.groups(tiles) == want
+    assert range_check.groups((3, 3, 0, 0)) == ((3, 3, 0, 0) if cap is None else (2, 2, 0, 0))
+    rng = np.random.default_rng(13)
+    swa = torch.tensor(rng.integers(-1, 1000, size=(T, SW)), dtype=torch.int32)
+    lens = torch.tensor(rng.integers(0, SW + 1, size=T), dtype=torch.int32)
+    topk = torch.tensor(rng.integers(-1, 1000, size=(T, K)), dtype=torch.int32)
+    tlens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=torch.int32)
+    args = (swa, lens, topk, tlens)
+    assert agrees("plain_indices", args, {}) == "good"
+    assert agrees("plain_indices", (swa, lens), {}) == "good"
+    bads = {0: -7, 1: SW + 1, 2: -7, 3: K + 1}
+    for which, tensor in enumerate(args):
+        flat = tensor.view(-1)
+        per = range_check.CHECK if tensor.ndim == 1 else share
+        for tile in (0, -(-flat.numel() // per) - 1):  # the group's first tile and its last
+            bad = [a.clone() for a in args]
+            bad[which].view(-1)[min(tile * per + int(rng.integers(per)), flat.numel() - 1)] = bads[which]
+            assert agrees("plain_indices", tuple(bad), {}) == "bad", f"a bad value in tensor {which}, tile {tile}"
+            if which < 2:
+                assert agrees("plain_indices", tuple(bad[:2]), {}) == "bad"
+
+
 def test_the_count_word_holds_every_checker_and_failure():
     """``settle``'s count word: every checker count below ``FAILED`` (its failures counted above),
     the largest sum an int32."""
