@@ -22,7 +22,10 @@ rounds, every path once per round):
   not the op's, not compared: the wait for the checks with nothing else on the device).
   ``settle_before``: the file as it is over ``--range-check-before`` (a copy of
   ``kernels/range_check.py``, e.g. ``git show <rev>:kernels/range_check.py``: the checker programs'
-  code before a change, in the same rounds). ``--copies`` picks some.
+  code before a change, in the same rounds). ``--copies`` picks some. ``--before FILE`` adds
+  ``before``: ``FILE`` as it is, a copy of ``kernels/plain_indices.py`` of another revision (``git
+  show <rev>:kernels/plain_indices.py``; the GPU machine's copy of the checkout has no history, so
+  it travels in an ignored folder named in ``carry``), timed in the same rounds.
 
 Then ``stamps``: copies of ``base`` and ``checkers_only`` whose programs note the device's
 ``%globaltimer`` (ns) -- a checker as it starts, when its values are tested and when it has settled;
@@ -82,8 +85,8 @@ _STAMP_FN = ("BLOCK_W = 128\n", "BLOCK_W = 128\nSTAMPS = {}\n\n\n@triton.jit\nde
 _STAMP_EDITS = (
     _STAMP_FN,
     ("def _plain_indices_checked(swa_ptr,", "def _plain_indices_checked(dbg_ptr, swa_ptr,"),
-    ("    if pid < P:\n        bad = flat_bad(", "    if pid < P:\n        tl.store(dbg_ptr + pid * 4, _stamp(pid))\n"
-                                                 "        bad = flat_bad("),
+    ("    if pid < P:\n        bad = pid * 0\n", "    if pid < P:\n        tl.store(dbg_ptr + pid * 4, _stamp(pid))\n"
+                                                "        bad = pid * 0\n"),
     ("        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)\n",
      "        tl.store(dbg_ptr + pid * 4 + 1, _stamp(pid))\n        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)\n"
      "        tl.store(dbg_ptr + pid * 4 + 2, _stamp(pid))\n"),
@@ -143,6 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--copies", default="base,wait_first,wide,wide_wait,checkers_only",
                    help="comma-separated names of COPIES")
     p.add_argument("--range-check-before", type=Path, help="a copy of kernels/range_check.py (settle_before)")
+    p.add_argument("--before", type=Path, help="a copy of kernels/plain_indices.py of another revision (before)")
     p.add_argument("--smoke", action="store_true", help="one round on the CPU (checks the script)")
     a = p.parse_args(argv)
     gpu = torch.cuda.is_available() and not a.smoke
@@ -166,6 +170,8 @@ def main(argv=None) -> int:
         path = folder / f"plain_indices_{name}.py"
         path.write_text(copy_source(text, edits))
         mods[name] = load_module_copy(f"plain_indices_{name}", path)
+    if a.before is not None:
+        mods["before"] = load_module_copy("plain_indices_before", a.before)
     want = kp.plain_indices(*args, **kwargs)
     for name, m in mods.items():
         out, verdict = m.plain_indices_checked(*args, **kwargs)

@@ -47,3 +47,14 @@ def test_smoke_times_every_part_and_copy(tmp_path):
         assert res["host_us"][part] > 0, part
     assert sorted(res["copies"]) == sorted(["base", "wait_first", "wide", "wide_wait", "checkers_only"])
     assert res["T"] > 0 and res["width"] > 0 and "stamps" not in res  # (the stamped copies run on a GPU only)
+
+
+def test_smoke_times_a_copy_of_another_revision_beside_the_kernel(tmp_path):
+    """``--before FILE``: a copy of the kernel file of another revision (here today's, as a file
+    elsewhere), timed as the copy ``before`` in the same rounds, its results compared with the pack's."""
+    before = tmp_path / "plain_indices_before.py"
+    before.write_text(TEXT)
+    res = smoke("experiments/exp_plain_indices_parts.py", tmp_path, "exp_plain_indices_parts.json", timeout=600,
+                extra=("--copies", "base", "--before", str(before)))
+    assert sorted(res["copies"]) == ["base", "before"]
+    assert res["copies"]["before"]["form_wait"] > 0
