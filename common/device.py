@@ -3,7 +3,9 @@
 The platforms, their archs and how each detects its devices are the platforms' own declarations
 (:class:`~swa_backends.common.platforms.Platform`, read here: this module sits above them, and
 what a device is, :class:`DeviceInfo`, beneath them in :mod:`.device_info`). Detection is
-lazy and cached per torch device; nothing runs at import. A platform imports its vendor runtime
+lazy and cached per torch device *index*; nothing runs at import. A device named without an index
+(``"cuda"``, ``"npu"``, None) is the current one, whose index is read on every call, before any
+cache: after ``torch.cuda.set_device(1)`` it is ``cuda:1``. A platform imports its vendor runtime
 only in its own detection (Ascend's ``torch_npu``, which fails without the CANN runtime: that
 becomes a reason). Tests and the CLI name fake devices with :func:`parse_device`
 (``"rocm:gfx942"``, ``"ascend:910b"``, ``"cuda:sm90"``) or :func:`fake_device`.
@@ -84,6 +86,12 @@ def torch_cuda_device(index: int | None):
     if index >= torch.cuda.device_count():
         return f"an index below {torch.cuda.device_count()} (the CUDA/ROCm devices torch sees)"
     return index, torch.cuda.get_device_properties(index)
+
+
+def torch_cuda_current() -> int | None:
+    """torch's current CUDA device index, None where torch sees no CUDA/ROCm device (the
+    ``current_index`` of the platforms whose devices are torch's ``cuda`` devices)."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
 # Per thread: a fake device installed by one thread (a test trying the ROCm path) must not
@@ -167,20 +175,39 @@ def _real_device(s: str) -> tuple[str, int | None] | None:
     return m.group(1), int(m.group(2)) if m.group(2) is not None else None
 
 
+def current_index(kind: str) -> int | None:
+    """The index of the current device of torch device type ``kind`` (``cuda``, ``npu``), as the
+    platforms of that type read it (``Platform.current_index``, never cached: ``set_device``
+    changes it); None where none of them can say (no such device, or a platform that reads none)."""
+    for p in platforms().values():
+        if kind in p.torch_types and p.current_index is not None:
+            index = p.current_index()
+            if index is not None:
+                return index
+    return None
+
+
 @functools.cache
+def _probe(platform: str, index: int | None) -> DeviceInfo | str:
+    # detection proper, once per platform and index (None: the current device of a platform that
+    # cannot name its index, or none to name)
+    return platforms()[platform].detect(index)
+
+
 def _detect_default() -> DeviceInfo:
-    # the first platform (in registration order) whose detection finds a current device, else the host
+    """The first platform (in registration order) whose detection finds a current device, else the
+    host. The current index is read first, then detection is the cached one of that index."""
     for p in platforms().values():
         if p.name != HOST and p.detect is not None:
-            info = p.detect(None)
+            info = _probe(p.name, p.current_index() if p.current_index is not None else None)
             if isinstance(info, DeviceInfo):
                 return info
     return detect(HOST)
 
 
-@functools.cache
 def detect(torch_device: str) -> DeviceInfo:
-    """Detect the platform and arch of a real torch device string (cached)."""
+    """Detect the platform and arch of a real torch device string: cached per index, a device
+    named without one (``"cuda"``) being the current one (:func:`current_index`, read first)."""
     found = _real_device(torch_device)
     if found is None:
         kinds = _torch_types()
@@ -188,10 +215,12 @@ def detect(torch_device: str) -> DeviceInfo:
         raise ValueError(f"device={torch_device!r}: expected a {expected} device "
                          f"({', '.join(k if k == HOST else k + '[:index]' for k in kinds)})")
     kind, index = found
+    if index is None and kind != HOST:
+        index = current_index(kind)
     why: list[str] = []
     for p in platforms().values():
         if kind in p.torch_types:
-            info = p.detect(index)
+            info = _probe(p.name, index)
             if isinstance(info, DeviceInfo):
                 return info
             if info not in why:
@@ -201,5 +230,4 @@ def detect(torch_device: str) -> DeviceInfo:
 
 def clear_cache() -> None:
     """Forget detected devices (tests that patch torch)."""
-    _detect_default.cache_clear()
-    detect.cache_clear()
+    _probe.cache_clear()

@@ -54,7 +54,11 @@ class Platform:
     ``torch_types`` (the torch device types of its devices: ``"cuda"`` on ROCm too, ``"npu"`` on
     Ascend); ``detect(index)`` (its device ``index`` of those types, None for the current one: a
     ``DeviceInfo``, else why there is none, phrased to follow "expected": it never raises and is
-    the only place its vendor runtime may be imported); ``fake_arch(arch)`` (a fake device's arch as
+    the only place its vendor runtime may be imported); ``current_index()`` (the index of its
+    current device, read before detection on every call that names no index: ``"cuda"``, ``"npu"``,
+    ``select()``; None where it has none or cannot tell without importing its runtime; cheap, never
+    raises; a platform without one has its current device detected once per process);
+    ``fake_arch(arch)`` (a fake device's arch as
     typed -> ``(arch, CUDA capability or None)``; ``ValueError`` saying what was expected).
 
     Dispatch: ``variants`` (what it registers: its own vendor wrappers and the portable kernels it
@@ -78,6 +82,7 @@ class Platform:
     example_arch: str | None = None
     torch_types: tuple[str, ...] = ()
     detect: Callable[[int | None], "DeviceInfo | str"] | None = None
+    current_index: Callable[[], int | None] | None = None
     fake_arch: Callable[[str], tuple[str, tuple[int, int] | None]] | None = None
     variants: tuple[Variant, ...] = ()
     ahead: Mapping[str, tuple[Ahead, ...]] = field(default_factory=dict)

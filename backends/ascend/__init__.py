@@ -59,6 +59,7 @@ PLATFORM = Platform(
     example_arch="910b",
     torch_types=("npu",),
     detect=device.detect,
+    current_index=device.current_index,
     fake_arch=device.fake_arch,
     variants=VARIANTS,  # the portable Triton kernels are not its: triton-ascend kernels of its own instead
     priority=PRIORITY,

@@ -4,6 +4,8 @@ its import fails (``libhccl.so``), and that is a reason, never a crash."""
 
 from __future__ import annotations
 
+import sys
+
 from ...common.device import DeviceInfo
 
 # Ascend SoC version ranges of torch_npu.npu.get_soc_version() (torch_npu's numbering).
@@ -49,6 +51,20 @@ def probe_npu(index: int | None = None) -> DeviceInfo | str:
         return f"torch_npu sees {count} NPU{'s' if count != 1 else ''}: an index below {count}"
     arch, name = ascend_arch(soc)
     return DeviceInfo("ascend", arch, name, f"npu:{index}")
+
+
+def current_index() -> int | None:
+    """torch_npu's current NPU, None while torch_npu is not imported (detection imports it, and
+    from then on this reads it) or has no NPU. A contract double of torch_npu
+    (``testing/emulation/ascend.py``) emulates the vendor's calls for a faked device: it is no NPU
+    of this host, and its SoC query reads the current device, which would ask this again."""
+    npu = sys.modules.get("torch_npu")
+    if npu is None or getattr(npu, "__swa_contract_double__", False):
+        return None
+    try:
+        return int(npu.npu.current_device()) if npu.npu.is_available() else None
+    except Exception:  # a broken runtime: detection says why
+        return None
 
 
 def detect(index: int | None) -> DeviceInfo | str:

@@ -80,6 +80,7 @@ PLATFORM = Platform(
     example_arch="sm90",
     torch_types=("cuda",),
     detect=device.detect,
+    current_index=device.current_index,
     fake_arch=device.fake_arch,
     # the portable kernels first: the order variants are listed in where a table shows them all
     variants=(*KERNELS, *VENDOR),

@@ -7,7 +7,10 @@ import re
 
 import torch
 
-from ...common.device import DeviceInfo, torch_cuda_device
+from ...common.device import DeviceInfo, torch_cuda_current, torch_cuda_device
+
+#: torch's current CUDA device (None: torch sees none)
+current_index = torch_cuda_current
 
 
 def cuda_arch(capability: tuple[int, int]) -> str:

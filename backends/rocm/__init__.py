@@ -53,6 +53,7 @@ PLATFORM = Platform(
     example_arch="gfx942",
     torch_types=("cuda",),  # torch names HIP devices cuda:N
     detect=device.detect,
+    current_index=device.current_index,
     variants=(*PORTABLE, *VENDOR),
     priority=PRIORITY,
     input_checks=INPUT_CHECKS,

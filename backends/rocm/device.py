@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ...common.device import DeviceInfo, torch_cuda_device
+from ...common.device import DeviceInfo, torch_cuda_current, torch_cuda_device
+
+#: torch's current HIP device, which torch names cuda:N (None: torch sees none)
+current_index = torch_cuda_current
 
 
 def rocm_arch(gcn_arch_name: str) -> str:

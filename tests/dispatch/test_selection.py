@@ -572,3 +572,44 @@ def test_backend_for_caches_per_device_and_settings():
     assert c.variants["swa_indices_and_lens"] == ("triton",) and c is not a
     clear_backends()
     assert backend_for("cpu") is not a
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch.cuda as two sm90 GPUs (``current[0]``: the current one, as ``torch.cuda.set_device``
+    sets it); detection's caches cleared before and after."""
+    import types
+
+    from swa_backends.common.device import clear_cache
+    from swa_backends.dispatch import clear_backends
+
+    current = [0]
+    props = types.SimpleNamespace(major=9, minor=0, name="fake H100", L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.version, "hip", None)
+    clear_cache()
+    clear_backends()
+    yield current
+    clear_cache()
+    clear_backends()
+
+
+def test_the_current_gpu_is_read_on_every_call(two_gpus):
+    """Detection is cached per index, the current index read before any cache: after
+    ``torch.cuda.set_device(1)``, ``"cuda"`` and None are cuda:1 (a cache of the first current GPU
+    kept cuda:0, and validated calls then wanted their tensors there)."""
+    from swa_backends.dispatch import backend_for
+
+    for i in (0, 1, 0, 1):
+        two_gpus[0] = i
+        assert sb.select("cuda").device.torch_device == f"cuda:{i}"
+        assert sb.select(None).device.torch_device == f"cuda:{i}"
+        assert sb.explain(None).home == f"cuda:{i}"
+        assert sb.current_device().torch_device == f"cuda:{i}"
+        assert backend_for("cuda").device.torch_device == f"cuda:{i}"
+    assert sb.select("cuda:1").device.torch_device == "cuda:1"
+    with pytest.raises(ValueError, match="device='cuda:2': expected an index below 2"):
+        sb.select("cuda:2")

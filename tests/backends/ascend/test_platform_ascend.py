@@ -53,18 +53,21 @@ def test_missing_or_broken_torch_npu_is_a_reason(tmp_path, monkeypatch):
 
 
 
-def _torch_npu(count: int, current: int) -> dict:
-    """A torch_npu of ``count`` A2 NPUs whose current one is ``current``."""
+def _torch_npu(count: int, current) -> dict:
+    """A torch_npu of ``count`` A2 NPUs whose current one is ``current`` (or ``current[0]``, read
+    at each call). Plain modules: a contract double (testing/doubles.py's ``fake_module``) is no
+    NPU of this host, and current_index() does not read one."""
     import importlib.machinery
 
-    from swa_backends.testing.doubles import fake_module
+    def mod(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
+        return m
 
-    npu = fake_module("torch_npu.npu", get_soc_version=lambda: 223, is_available=lambda: True,
-                      device_count=lambda: count, current_device=lambda: current)
-    top = fake_module("torch_npu", npu=npu)
-    for m in (npu, top):
-        m.__spec__ = importlib.machinery.ModuleSpec(m.__name__, loader=None)
-    return {"torch_npu": top, "torch_npu.npu": npu}
+    npu = mod("torch_npu.npu", get_soc_version=lambda: 223, is_available=lambda: True, device_count=lambda: count,
+              current_device=lambda: current[0] if isinstance(current, list) else current)
+    return {"torch_npu": mod("torch_npu", npu=npu), "torch_npu.npu": npu}
 
 
 @pytest.mark.parametrize("count, current", [(1, 0), (2, 1), (4, 3)])
@@ -88,6 +91,28 @@ def test_npu_index_is_one_torch_npu_sees_and_none_is_the_current_npu(count, curr
             assert resolve_device("npu").torch_device == f"npu:{current}"
             if not torch.cuda.is_available():  # the default device: the first platform with one, CUDA/ROCm first
                 assert resolve_device(None).torch_device == f"npu:{current}"
+    finally:
+        clear_cache()
+
+
+def test_the_current_npu_is_read_on_every_call():
+    """Detection is cached per index, the current index read before it: after torch_npu's
+    ``set_device(1)``, ``npu`` and None are npu:1 (a cache of the first current NPU kept npu:0)."""
+    from swa_backends.common.device import clear_cache, resolve_device
+    from swa_backends.testing.doubles import installed_modules
+
+    current = [0]
+    clear_cache()
+    try:
+        with installed_modules(_torch_npu(2, current)):
+            for i in (0, 1, 0):
+                current[0] = i
+                assert device_mod.current_index() == i
+                assert resolve_device("npu").torch_device == f"npu:{i}"
+                if not torch.cuda.is_available():
+                    assert resolve_device(None).torch_device == f"npu:{i}"
+        with contract_doubles("ascend:910b"):  # a double is no NPU of this host: nothing to read
+            assert device_mod.current_index() is None
     finally:
         clear_cache()
 
