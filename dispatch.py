@@ -552,7 +552,7 @@ def _inputs(device, config, matrix) -> tuple[DeviceInfo, ServingConfig, Matrix]:
     if config is None:
         config = ServingConfig()
     elif isinstance(config, Mapping):
-        config = ServingConfig(**config)
+        config = ServingConfig.from_mapping(config, "select")
     elif not isinstance(config, ServingConfig):
         fail("select", "config", config, "None, a ServingConfig or a mapping of its fields")
     if matrix is None or isinstance(matrix, str):

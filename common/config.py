@@ -7,6 +7,7 @@ Every field has the serving default; pass only what differs:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from .validation import fail
@@ -16,6 +17,10 @@ MODEL_RUNNERS = ("v1", "v2")
 #: Speculative drafters by kind (vLLM's ``speculative_config.method``, its MTP model types
 #: folded into ``mtp`` and ``ngram_gpu`` into ``ngram``); ``none``: no speculative decoding.
 DRAFTERS = ("none", "dspark", "mtp", "eagle", "eagle3", "dflash", "draft_model", "ngram", "suffix", "other")
+
+#: ``--config``'s short names (:meth:`ServingConfig.from_strings`)
+ALIASES = {"pp": "pipeline_parallel_size", "pcp": "prefill_context_parallel_size",
+           "dcp": "decode_context_parallel_size", "dp": "data_parallel_size"}
 
 
 @dataclass(frozen=True)
@@ -95,10 +100,23 @@ class ServingConfig:
         return values
 
     @classmethod
+    def from_mapping(cls, values: Mapping, op: str = "ServingConfig") -> "ServingConfig":
+        """``{"prefill_context_parallel_size": 4, "graph_mode": "none"}`` -> a config: a key that is
+        not a field name (misspelt, not a string, or one of the CLI's short names) is a
+        ``ValueError`` of ``op``'s ``config`` naming it and every field, where ``cls(**values)``
+        raised ``TypeError`` ("unexpected keyword argument", "keywords must be strings")."""
+        known = sorted(f.name for f in fields(cls))
+        for key in values:
+            if key not in known:
+                hint = f" ({key!r} is --config's short name of {ALIASES[key]})" if key in ALIASES else ""
+                fail(op, "config", dict(values), f"ServingConfig field names as keys, not {key!r}{hint}: "
+                                                 f"one of {known}")
+        return cls(**values)
+
+    @classmethod
     def from_strings(cls, items: list[str]) -> "ServingConfig":
         """``["pcp=4", "graph_mode=none", "lora=true"]`` -> a config (CLI ``--config``)."""
-        aliases = {"pp": "pipeline_parallel_size", "pcp": "prefill_context_parallel_size",
-                   "dcp": "decode_context_parallel_size", "dp": "data_parallel_size"}
+        aliases = ALIASES
         known = {f.name: f for f in fields(cls)}
         kwargs: dict[str, object] = {}
         for item in items:

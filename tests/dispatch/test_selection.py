@@ -274,6 +274,17 @@ def test_config_validation_and_strings():
     assert sb.capabilities("cpu", config={"decode_context_parallel_size": 2}).encoder_replay.enabled is False
 
 
+@pytest.mark.parametrize("fn", [sb.capabilities, sb.explain, sb.select])
+@pytest.mark.parametrize("config, says", [({"bogus": 1}, "not 'bogus'"), ({1: 1}, "not 1"),
+                                          ({"pcp": 2}, "'pcp' is --config's short name of prefill_context_parallel_size")])
+def test_config_mapping_with_a_key_that_is_no_field_is_a_value_error(fn, config, says):
+    """A config mapping's keys are ServingConfig's field names: another key is the ValueError
+    naming ``config``, the key and every field (``ServingConfig(**config)`` raised TypeError)."""
+    with pytest.raises(ValueError, match=r": config=\{.*: expected ServingConfig field names as keys, ") as err:
+        fn("cpu", config=config)
+    assert says in str(err.value) and "'prefill_context_parallel_size'" in str(err.value)
+
+
 # --- variants, probes, prefer --------------------------------------------------------------
 
 def _fake_variant(**kw):
