@@ -91,14 +91,18 @@ def priority(platform: str, op: str) -> tuple[str, ...]:
     return platform_of(platform).order(op)
 
 
-def ahead_rules(platform: str, op: str, chain: tuple[Variant, ...]) -> tuple[tuple[Variant, str, str], ...]:
-    """The platform's per-call exceptions to its priority (``Platform.ahead``) that apply to
-    ``chain``: ``(variant, name of the variant it runs before, "module:attr" predicate)`` where
-    both are in the chain, the first after the second."""
-    p = get_platform(platform)
+def ahead_rules(device: DeviceInfo, op: str,
+                chain: tuple[Variant, ...]) -> tuple[tuple[Variant, str, str, tuple[str, ...] | None], ...]:
+    """The per-call exceptions to the priority of ``device``'s platform (``Platform.ahead``) that
+    apply to ``chain`` on its arch: ``(variant, name of the variant it runs before, "module:attr"
+    predicate, the archs the rule is limited to or None)`` where both are in the chain, the first
+    after the second."""
+    p = get_platform(device.platform)
     names = [v.name for v in chain]
-    return tuple((chain[names.index(r.variant)], r.before, r.when) for r in (p.ahead.get(op, ()) if p else ())
-                 if r.variant in names and r.before in names and names.index(r.variant) > names.index(r.before))
+    return tuple((chain[names.index(r.variant)], r.before, r.when, r.archs)
+                 for r in (p.ahead.get(op, ()) if p else ())
+                 if r.applies_on(device.arch) and r.variant in names and r.before in names
+                 and names.index(r.variant) > names.index(r.before))
 
 
 def platform_input_check(platform: str, op: str) -> str | None:
@@ -426,10 +430,11 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str |
             raise SelectionError(f"{op}: no variant can run on {device}", {v.name: r for v, r in assessed})
         chains[op] = tuple(chain)
         ahead: dict[str, list[str]] = {}
-        for first, over, pred in ahead_rules(device.platform, op, chains[op]):  # the rules Backend applies
+        for first, over, pred, archs in ahead_rules(device, op, chains[op]):  # the rules Backend applies
             doc = " ".join((load_attr(pred).__doc__ or "").strip().split("\n\n")[0].split())
+            only = f", on {' and '.join(archs)} only," if archs else ""
             ahead.setdefault(first.name, []).append(
-                f"runs before {over} for a call where {pred} gives a reason ({doc})")
+                f"runs before {over}{only} for a call where {pred} gives a reason ({doc})")
         for v, reasons in assessed:
             if any(v is c for c in chain):
                 status = "chosen" if v is chain[-1] else "per-call"
@@ -671,7 +676,7 @@ class Backend(_Declared):
         #: gives a reason for the call (the platform's ``Ahead`` rules; explain() shows them)
         self._ahead: dict[str, dict[str, tuple]] = {}
         for op, chain in chains.items():
-            for first, over, pred in ahead_rules(device.platform, op, chain):
+            for first, over, pred, _ in ahead_rules(device, op, chain):
                 rules = self._ahead.setdefault(op, {})
                 rules[over] = (*rules.get(over, ()), (first, pred))
         for op in OPS:

@@ -37,11 +37,17 @@ BUILTIN = "swa_backends.backends"
 class Ahead:
     """A per-call exception to a platform's priority: ``variant`` runs before ``before`` for a call
     where ``when`` (``"module:attr"``, called with the op's arguments) returns a reason (not None).
-    Applies only where both are in the op's chosen chain, ``variant`` after ``before``."""
+    Applies only where both are in the op's chosen chain, ``variant`` after ``before``, and, with
+    ``archs``, only on those archs: a rule drawn from measurements holds where they were taken (a
+    predicate sees shapes, not the device)."""
 
     variant: str
     before: str
     when: str
+    archs: tuple[str, ...] | None = None
+
+    def applies_on(self, arch: str) -> bool:
+        return self.archs is None or arch in self.archs
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,6 +137,8 @@ def _check(p: Platform, others: Mapping[str, Platform]) -> None:
             order = p.order(op)
             if rule.variant not in order or rule.before not in order:
                 fail(where, f"{p.name}.ahead[{op!r}]", rule, f"variants of its priority for {op} {order}")
+            if rule.archs is not None and (not rule.archs or not set(rule.archs) <= set(p.archs)):
+                fail(where, f"{p.name}.ahead[{op!r}]", rule, f"archs None or some of its archs {p.archs}")
     if p.torch_types and p.detect is None:
         fail(where, f"{p.name}.detect", None, "a detection function (it names torch device types)")
 

@@ -68,9 +68,11 @@ PRIORITY = {
 # runs first for this call, or None. Both where the earlier variant measured faster on the H200:
 # FlashMLA before gluon_ws (large K at 128 heads over a cache larger than L2; flashmla.ahead_of_gluon_ws),
 # the tl kernel before FlashMLA (calls of at most 12 token x 64-head items; flashmla.triton_ahead_of_flashmla).
+# Both on sm90 only, the arch they were measured on: on sm100 FlashMLA's SM100 kernel and FlashInfer's
+# decode were never timed against the tl kernel, so there the priority stands.
 AHEAD = {
-    "sparse_mla": (Ahead("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws"),
-                   Ahead("triton", "flashmla", f"{_PKG}.flashmla:triton_ahead_of_flashmla")),
+    "sparse_mla": (Ahead("flashmla", "gluon_ws", f"{_PKG}.flashmla:ahead_of_gluon_ws", archs=("sm90",)),
+                   Ahead("triton", "flashmla", f"{_PKG}.flashmla:triton_ahead_of_flashmla", archs=("sm90",))),
 }
 
 PLATFORM = Platform(

@@ -4,6 +4,8 @@ passes the vendor's layout, dtypes and lengths and returns exactly the reference
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import sys
 import types
@@ -353,3 +355,31 @@ def test_triton_runs_before_flashmla_for_calls_of_a_few_tokens(monkeypatch):
         # the tl kernel cannot run (a whole-variant failure): FlashMLA takes the call again
         b.failures["sparse_mla"] = {"triton": "failed to build in this process: (injected)"}
         assert b.variant_for("sparse_mla", *_prefill(64, 640, 64, T=1)) == "flashmla"
+
+
+def test_the_ahead_rules_hold_only_on_sm90_where_they_were_measured():
+    """The tl kernel measured faster than FlashMLA for decode-sized calls on the H200 (sm90) only: on
+    the SM100 family FlashMLA and FlashInfer's decode keep the priority's order, and explain()
+    shows no exception there (it shows the rule, limited to sm90, on sm90)."""
+    with contract_doubles("cuda:sm100"):
+        b = sb.select("cuda:sm100")
+        assert b.variants["sparse_mla"][:2] == ("flashmla", "flashinfer") and "triton" in b.variants["sparse_mla"]
+        assert not b._ahead
+        for H, K, T in ((64, 512, 1), (128, 640, 6), (128, 512, 4)):
+            assert b.variant_for("sparse_mla", *_prefill(H, K, 64, T=T)) == "flashmla", (H, K, T)
+        assert not any(c.ahead for c in b.explain().table)
+    with contract_doubles("cuda:sm90"):
+        rows = [c for c in sb.explain("cuda:sm90").table if c.ahead]
+        assert {c.variant for c in rows} == {"triton", "flashmla"}
+        assert all(", on sm90 only, for a call where" in c.ahead[0] for c in rows)
+
+
+def test_an_ahead_rule_names_archs_of_its_platform():
+    from swa_backends.common.platforms import Ahead, _check
+
+    from swa_backends.backends.cuda import PLATFORM
+
+    bad = dataclasses.replace(PLATFORM, name="cuda2", torch_types=(), ahead={
+        "sparse_mla": (Ahead("triton", "flashmla", "m:f", archs=("gfx942",)),)})
+    with pytest.raises(ValueError, match=r"register_platform: cuda2.ahead\['sparse_mla'\]=.*archs None or some of"):
+        _check(bad, {})
