@@ -148,7 +148,7 @@ class ServingConfig:
 def _rule_field_kinds() -> dict[str, tuple[str, tuple | None]]:
     """Field -> (kind, allowed values or None) for matrix rules: ``bool``, ``int``,
     ``int?`` (None allowed), ``str`` (one of the allowed values: a tuple, or a function giving
-    them, the registered platforms) or ``ints`` (a tuple)."""
+    them, the registered platforms or their archs) or ``ints`` (a tuple)."""
     from .device import platform_names
 
     kinds: dict[str, tuple[str, tuple | None]] = {}
@@ -159,8 +159,15 @@ def _rule_field_kinds() -> dict[str, tuple[str, tuple | None]]:
     kinds["drafter_window_exceeds_window"] = ("bool", None)
     kinds["drafter_aux_at_or_before_cut"] = ("bool", None)
     kinds["platform"] = ("str", platform_names)  # read when a rule is parsed: the platforms registered then
-    kinds["arch"] = ("str", None)
+    kinds["arch"] = ("str", _arch_names)  # likewise their archs: a misspelt arch would never match (fail open)
     return kinds
+
+
+def _arch_names() -> tuple[str, ...]:
+    """Every registered platform's archs (what a matrix row may name)."""
+    from .device import known_archs
+
+    return tuple(dict.fromkeys(a for archs in known_archs().values() for a in archs))
 
 
 #: Fields a matrix rule may read, with their kinds (the loader type-checks every predicate).

@@ -461,6 +461,15 @@ LOADER_CASES = [
     (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": True}, "reason": "{lora!r}"}),
      "conversions are not allowed"),
     (lambda d: d.update(version=True), "version"),
+    # an arch predicate names a registered platform's arch: a misspelt one would never match (fail open)
+    (lambda d: d["decoder_replay"].append({"id": "z", "when": {"arch": "gfx-942"}, "reason": "r"}),
+     "(z): arch: eq 'gfx-942': expected one of ['cpu', 'sm70'"),
+    (lambda d: d["decoder_replay"].append({"id": "z", "when": {"arch": {"ne": "sm_90"}}, "reason": "r"}),
+     "(z): arch: ne 'sm_90': expected one of"),
+    (lambda d: d["decoder_replay"].append({"id": "z", "when": {"arch": {"in": ["gfx942", "gfx951"]}}, "reason": "r"}),
+     "(z): arch: in ['gfx942', 'gfx951']: expected one of"),
+    (lambda d: d["decoder_replay"].append({"id": "z", "when": {"arch": {"not_in": ["910B"]}}, "reason": "r"}),
+     "(z): arch: not_in ['910B']: expected one of"),
     (lambda d: _row(d, "ascend:910b").update(arch=910), "expected strings"),
 ]
 
