@@ -5,7 +5,8 @@ The loader is strict and fails closed: an unknown or duplicated key, platform, a
 variant, rule field or status, a predicate whose value does not fit its field, or a reason
 template naming anything but a plain rule field is a :class:`MatrixError` naming the row and
 the value, at load time (not when the rule first applies). A row may *narrow* what variants
-declare, never widen it: listing a variant for an arch its declaration excludes is an error.
+declare, never widen it: listing a variant for an arch its declaration excludes is an error; and
+it must allow every op its ``reference`` variant (the one that runs everywhere).
 A loaded :class:`Matrix` is immutable and safe to share between threads.
 
 A matrix file is untrusted input (``swa-backends matrix --matrix PATH``, ``select(matrix=PATH)``):
@@ -262,6 +263,17 @@ def _parse_row(source: str, i: int, raw: Any, seen: set, declared: Mapping[str, 
                     raise _err(source, where, f"variants[{op!r}]: {name!r} for {o} would widen its declaration "
                                               f"({'; '.join(why)}); a row may narrow, never widen")
         variants[op] = tuple(names)
+    for op, spec in OPS.items():
+        # the reference runs everywhere: the variant every chain ends with and a call falls back to; a row
+        # that does not allow it can leave an op with no variant, and every select() there fails
+        ref = spec.reference_variant.name
+        listing = op if op in variants else "*" if "*" in variants else None
+        if listing is None:
+            raise _err(source, where, f"variants: no list for {op} and no '*': every op needs its {ref!r} variant "
+                                      "(it runs everywhere), in its own list or in '*'")
+        if ref not in variants[listing]:
+            raise _err(source, where, f"variants[{listing!r}]: {op} without its {ref!r} variant "
+                                      f"({_short(list(variants[listing]))}): every op needs it (it runs everywhere)")
     listed = {n for names in variants.values() for n in names}
     if not isinstance(raw["verified"], Mapping):
         raise _err(source, where, "verified: expected a mapping variant -> status")

@@ -145,8 +145,8 @@ def _matrix(rows: list[dict]):
 def test_a_wrong_variant_fails_the_run(injected):
     m = _matrix([
         {"platform": "cpu", "arch": "cpu",
-         "variants": {"*": ["reference"], "gather_rows": ["broken", "reference"], "scatter_rows": ["crashy"]}},
-        {"platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"], "gather_rows": ["broken"]}},
+         "variants": {"*": ["reference"], "gather_rows": ["broken", "reference"], "scatter_rows": ["crashy", "reference"]}},
+        {"platform": "cuda", "arch": "sm90", "variants": {"*": ["reference"], "gather_rows": ["broken", "reference"]}},
     ])
     rep = run_matrix(matrix=m, ops=["gather_rows", "scatter_rows", "gather_replay_batch"], cases=5, in_process=True)
     by = {(r.row, r.op, r.variant): r for r in rep.results}
@@ -172,7 +172,7 @@ def test_cli_exit_code_and_reports(injected, tmp_path, monkeypatch, capsys):
     from swa_backends import cli
 
     m = _matrix([{"platform": "cpu", "arch": "cpu", "variants": {"*": ["reference"],
-                                                                           "gather_rows": ["broken"]}}])
+                                                                           "gather_rows": ["broken", "reference"]}}])
     monkeypatch.setattr("swa_backends.testing.matrix_runner.load_matrix", lambda path=None: m)
     rc = cli.main(["matrix", "--ops", "gather_rows,gather_replay_batch", "--cases", "4", "--out", str(tmp_path),
                    "--no-progress", "--in-process"])
@@ -217,9 +217,9 @@ def test_vendor_variant_runs_inside_the_rows_contract_doubles(injected, monkeypa
     monkeypatch.setitem(sys.modules, "swa_backends.testing.emulation.rocm", emu)
     m = _matrix([
         {"platform": "rocm", "arch": "gfx942", "variants": {"*": ["reference"],
-                                                                         "gather_rows": ["vendorlib"]}},
+                                                                         "gather_rows": ["vendorlib", "reference"]}},
         {"platform": "rocm", "arch": "gfx950", "variants": {"*": ["reference"],
-                                                                         "gather_rows": ["vendorlib"]}},
+                                                                         "gather_rows": ["vendorlib", "reference"]}},
         {"platform": "rocm", "arch": "gfx1100", "variants": {"*": ["reference"]}},
     ])
     rep = run_matrix(matrix=m, ops=["gather_rows"], cases=3, in_process=True)

@@ -461,6 +461,13 @@ LOADER_CASES = [
     (lambda d: d["encoder_replay"].append({"id": "z", "when": {"lora": True}, "reason": "{lora!r}"}),
      "conversions are not allowed"),
     (lambda d: d.update(version=True), "version"),
+    # a row allows every op its reference (the variant that runs everywhere), else select() fails there
+    (lambda d: _row(d, "cpu").update(variants={"sparse_mla": ["reference"]}, verified={"reference": "hardware"}),
+     "row 'cpu': variants: no list for batch_replay_start and no '*': every op needs its 'reference' variant"),
+    (lambda d: _row(d, "cuda:sm90")["variants"].update({"sparse_mla": ["gluon_ws", "triton"]}),
+     "row 'cuda:sm90': variants['sparse_mla']: sparse_mla without its 'reference' variant (['gluon_ws', 'triton'])"),
+    (lambda d: _row(d, "rocm:gfx942").update(variants={"*": ["triton"]}, verified={"triton": "emulated"}),
+     "row 'rocm:gfx942': variants['*']: batch_replay_start without its 'reference' variant"),
     # an arch predicate names a registered platform's arch: a misspelt one would never match (fail open)
     (lambda d: d["decoder_replay"].append({"id": "z", "when": {"arch": "gfx-942"}, "reason": "r"}),
      "(z): arch: eq 'gfx-942': expected one of ['cpu', 'sm70'"),
@@ -544,7 +551,7 @@ def test_unclamped_attention_path_turns_encoder_off(monkeypatch):
     monkeypatch.setattr(dsp, "variant", lambda op, name: table.get(op, {}).get(name))
     def only_maskmode4(d):
         row = _row(d, "cpu")
-        row["variants"].update({"sparse_mla": ["maskmode4"]})
+        row["variants"].update({"sparse_mla": ["maskmode4", "reference"]})
         row["verified"] = {k: v for k, v in row["verified"].items() if k == "reference"}  # keep the row consistent
 
     data = _broken(only_maskmode4)
