@@ -26,8 +26,9 @@ reason when the variant cannot run here at all or rejects every generated case.
 
 Processes: Triton fixes interpreted vs compiled per process (``TRITON_INTERPRET``, read
 when a kernel is decorated). Interpreter and contract-double jobs run in a CPU-only worker
-subprocess started with ``TRITON_INTERPRET=1`` (accelerators hidden), hardware jobs in this
-process; a process already in interpreter mode on a CPU machine runs everything itself. Emulated results of the same variant on the same inputs do
+subprocess started with ``TRITON_INTERPRET=1`` (accelerators hidden; in a private folder of
+the run, never the user's working directory, which ``-m`` would put first on its path), hardware
+jobs in this process; a process already in interpreter mode on a CPU machine runs everything itself. Emulated results of the same variant on the same inputs do
 not depend on the row, so each is computed once and reported for every row listing it
 (``shared_with`` names the row that ran it).
 """
@@ -536,17 +537,43 @@ _HIDE_ACCELERATORS = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "RO
                       "ASCEND_RT_VISIBLE_DEVICES": ""}
 
 
+def _worker_env() -> dict[str, str]:
+    """The worker's environment: this one, accelerators hidden, Triton interpreting, and each
+    ``PYTHONPATH`` entry made absolute. Python reads a relative entry (an empty one too)
+    against the working directory, and the worker's is not this process's (below): absolute,
+    each names in the worker what it names here, so the pack and anything the user put on
+    ``PYTHONPATH`` still resolve. When this process took the pack from its working directory
+    (``python -m swa_backends`` beside a checkout folder of that name), that folder leads the
+    worker's path: the user ran the code there already, and the worker must run the same pack."""
+    env = dict(os.environ, **_HIDE_ACCELERATORS, TRITON_INTERPRET="1")
+    entries = [os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)] if env.get("PYTHONPATH") else []
+    pack = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder of this pack
+    here = os.getcwd()
+    found_here = os.path.basename(pack) == "swa_backends" and os.path.dirname(pack) == here and any(
+        os.path.abspath(p or ".") == here for p in sys.path)
+    if found_here and here not in entries:
+        entries.insert(0, here)
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    return env
+
+
 def _execute_in_worker(jobs: Sequence[Job], *, cases: int, seed: int, progress: bool) -> list[Result]:
     """Run ``jobs`` in a CPU-only subprocess (its own Triton mode, its own doubles)."""
     with tempfile.TemporaryDirectory(prefix="swa-matrix-") as tmp:
+        tmp = os.path.abspath(tmp)
         jobs_path = os.path.join(tmp, "jobs.json")
         out_path = os.path.join(tmp, "results.json")
         with open(jobs_path, "w", encoding="utf-8") as fh:
             json.dump({"cases": cases, "seed": seed, "jobs": [asdict(j) for j in jobs]}, fh)
-        env = dict(os.environ, **_HIDE_ACCELERATORS, TRITON_INTERPRET="1")
         cmd = [sys.executable, "-m", "swa_backends", "matrix", "--worker", jobs_path, "--worker-out", out_path,
                "--progress" if progress else "--no-progress"]
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        # `-m` puts the working directory first on the worker's sys.path, and the user's may be
+        # anyone's (/tmp, a shared folder): a triton/ or swa_backends/ planted there would run in
+        # the worker. It runs in this run's own folder instead (mkdtemp: mode 0700, this user's),
+        # which holds nothing but the jobs file. (-P / PYTHONSAFEPATH would do it from Python
+        # 3.11 on; the pack supports 3.10.)
+        proc = subprocess.run(cmd, env=_worker_env(), cwd=tmp, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0 or not os.path.exists(out_path):
             detail = f"emulation worker exited {proc.returncode}: {proc.stdout.strip()[-500:]}"
             return [Result(j.row, j.op, j.variant, "fail", j.mode, failed=1, detail=detail, verified=j.verified)
