@@ -31,7 +31,7 @@ import torch
 
 from .common import matrix as _matrix
 from .common.config import ServingConfig
-from .common.device import DeviceInfo, resolve_device
+from .common.device import HOST, DeviceInfo, current_index, resolve_device
 from .common.errors import KernelUnavailable, SelectionError
 from .common.matrix import Matrix, Row
 from .common.ops import HOST_OPS, OPS, Ops
@@ -369,23 +369,23 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
 # ---------------------------------------------------------------------------------------
 
 
-def _normalise_prefer(prefer) -> dict[str, str] | str | None:
+def _normalise_prefer(prefer, where: str = "select") -> dict[str, str] | str | None:
     if prefer is None:
         return None
     declared = all_variants()
     if isinstance(prefer, str):
         if not any(prefer in names for names in declared.values()):
             known = sorted({n for names in declared.values() for n in names})
-            fail("select", "prefer", prefer, f"a declared variant name, one of {known}")
+            fail(where, "prefer", prefer, f"a declared variant name, one of {known}")
         return prefer
     if isinstance(prefer, Mapping):
         for op, name in prefer.items():
             if op not in OPS:
-                fail("select", "prefer", dict(prefer), f"op names from {sorted(OPS)}")
-            if name not in declared.get(op, {}):
-                fail("select", f"prefer[{op!r}]", name, f"one of {sorted(declared.get(op, {}))}")
+                fail(where, "prefer", dict(prefer), f"op names from {sorted(OPS)}")
+            if not isinstance(name, str) or name not in declared.get(op, {}):
+                fail(where, f"prefer[{op!r}]", name, f"one of {sorted(declared.get(op, {}))}")
         return dict(prefer)
-    fail("select", "prefer", prefer, "None, a variant name, or a mapping op -> variant name")
+    fail(where, "prefer", prefer, "None, a variant name, or a mapping op -> variant name")
     return None
 
 
@@ -610,19 +610,32 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_backend(device: str, prefer: str | None, checked: bool) -> "Backend":
-    return select(device, prefer=prefer, checked=checked)
+def _cached_backend(device: str, prefer: str | tuple[tuple[str, str], ...] | None, checked: bool) -> "Backend":
+    return select(device, prefer=dict(prefer) if isinstance(prefer, tuple) else prefer, checked=checked)
 
 
-def backend_for(device, *, prefer: str | None = None, checked: bool = True) -> "Backend":
+def backend_for(device, *, prefer=None, checked: bool = True) -> "Backend":
     """``select(device, prefer=prefer, checked=checked)``, one per process and arguments: the
     backend of the tensors on a torch ``device`` (``"cuda"`` without an index is the current
-    CUDA device, so it shares ``"cuda:N"``'s). The custom ops and the vLLM integration take
-    their backends from here; :func:`clear_backends` forgets them."""
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return _cached_backend(str(d), prefer, checked)
+    CUDA device, so it shares ``"cuda:N"``'s; ``"cpu:0"`` is the host's). ``prefer`` as
+    :func:`select` takes it (a name, or a mapping op -> name). The custom ops and the vLLM
+    integration take their backends from here; :func:`clear_backends` forgets them."""
+    if not isinstance(checked, bool):
+        fail("backend_for", "checked", checked, "a bool")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):  # torch's words for a name it does not know
+        fail("backend_for", "device", device, "a torch device or its name ('cuda:0', 'cuda', 'npu:0', 'cpu')")
+    if d.type == HOST:
+        key = HOST  # one host: torch's cpu:0 is it (select() takes the torch.device, not the text "cpu:0")
+    elif d.index is None:
+        index = current_index(d.type)  # None: no such device here, and select() says why with a ValueError
+        key = d.type if index is None else f"{d.type}:{index}"
+    else:
+        key = str(d)
+    # the cache's key must be hashable: a mapping becomes its sorted items (validated first)
+    prefer = _normalise_prefer(prefer, "backend_for")
+    return _cached_backend(key, tuple(sorted(prefer.items())) if isinstance(prefer, dict) else prefer, checked)
 
 
 def clear_backends() -> None:

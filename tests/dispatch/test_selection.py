@@ -640,3 +640,31 @@ def test_the_current_gpu_is_read_on_every_call(two_gpus):
     assert sb.select("cuda:1").device.torch_device == "cuda:1"
     with pytest.raises(ValueError, match="device='cuda:2': expected an index below 2"):
         sb.select("cuda:2")
+
+
+def test_backend_for_takes_what_select_takes():
+    """``backend_for``: ``prefer`` as a mapping (select takes one; the cache needed a hashable key),
+    ``torch.device("cpu:0")`` (select takes it), and a device torch does not have is select's
+    ValueError (torch.cuda's AssertionError on a CPU-only torch before)."""
+    from swa_backends.dispatch import backend_for, clear_backends
+
+    clear_backends()
+    try:
+        a = backend_for("cpu", prefer={"gather_rows": "reference", "swa_indices_and_lens": "triton"})
+        assert a.variants["gather_rows"] == ("reference",) and a.variants["swa_indices_and_lens"] == ("triton",)
+        assert backend_for("cpu", prefer={"swa_indices_and_lens": "triton", "gather_rows": "reference"}) is a
+        assert backend_for(torch.device("cpu:0")) is backend_for("cpu") is backend_for(torch.device("cpu"))
+        with pytest.raises(ValueError, match=r"backend_for: prefer\['gather_rows'\]=\['reference'\]: expected one of"):
+            backend_for("cpu", prefer={"gather_rows": ["reference"]})
+        with pytest.raises(ValueError, match="backend_for: prefer='nope': expected a declared variant name"):
+            backend_for("cpu", prefer="nope")
+        with pytest.raises(ValueError, match="backend_for: checked=1: expected a bool"):
+            backend_for("cpu", checked=1)
+        with pytest.raises(ValueError, match="backend_for: device='tpu:0': expected a torch device"):
+            backend_for("tpu:0")
+        if not torch.cuda.is_available():
+            for d in ("cuda", "cuda:0", torch.device("cuda")):
+                with pytest.raises(ValueError, match="expected an available CUDA/ROCm device"):
+                    backend_for(d)
+    finally:
+        clear_backends()
