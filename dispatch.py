@@ -20,6 +20,7 @@ unknown device falls back to the reference with a reason.
 from __future__ import annotations
 
 import functools
+import os
 import textwrap
 import threading
 import warnings
@@ -151,7 +152,7 @@ def variant(op: str, name: str) -> Variant | None:
     return all_variants().get(op, {}).get(name)
 
 
-def load_matrix(path: str | None = None) -> Matrix:
+def load_matrix(path: str | os.PathLike | None = None) -> Matrix:
     """``path`` or the ``matrix.yaml`` shipped inside the package (cached), checked against
     every declared variant."""
     return _matrix.load_matrix(path, all_variants())
@@ -560,7 +561,7 @@ def _inputs(device, config, matrix) -> tuple[DeviceInfo, ServingConfig, Matrix]:
         config = ServingConfig.from_mapping(config, "select")
     elif not isinstance(config, ServingConfig):
         fail("select", "config", config, "None, a ServingConfig or a mapping of its fields")
-    if matrix is None or isinstance(matrix, str):
+    if matrix is None or isinstance(matrix, (str, os.PathLike)):
         matrix = load_matrix(matrix)
     elif not isinstance(matrix, Matrix):
         fail("select", "matrix", matrix, "None, a path to a matrix YAML file, or a Matrix")
@@ -596,7 +597,8 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
     ``prefer``: a variant name for every op that has it (``"triton"``), or a mapping
     ``op -> name``; a preferred variant that cannot run raises :class:`SelectionError`
     with its reasons. ``config``: a :class:`ServingConfig` (or its fields as a mapping)
-    for ``.capabilities``. ``matrix``: a path or :class:`Matrix` instead of the shipped one.
+    for ``.capabilities``. ``matrix``: a path (``str`` or ``os.PathLike``) or :class:`Matrix` instead
+    of the shipped one.
     ``checked=False``: the device ops never validate, whatever the process's validation
     switch says (a serving engine's hot path whose inputs are its own, validated once in
     its tests; no per-call switch to read or flip). With the default they validate while

@@ -668,3 +668,15 @@ def test_backend_for_takes_what_select_takes():
                     backend_for(d)
     finally:
         clear_backends()
+
+
+@pytest.mark.parametrize("fn", [sb.capabilities, sb.explain, sb.select])
+def test_matrix_as_a_path_object(fn, tmp_path):
+    """``matrix=`` takes a path as ``load_matrix`` does, ``os.PathLike`` included (a
+    ``pathlib.Path`` was refused as neither a path nor a Matrix)."""
+    data = _broken(lambda d: _row(d, "cpu").update(encoder_replay={"enabled": False, "because": "from the Path"}))
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = fn("cpu", matrix=path)
+    caps = out if isinstance(out, sb.Capabilities) else out.capabilities
+    assert caps.encoder_replay.reasons == ("[matrix:cpu] from the Path",)
