@@ -205,6 +205,8 @@ def _worker(args, progress: bool) -> int:
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"--worker={args.worker}: expected a jobs file written by the matrix runner "
                          f"({type(exc).__name__}: {exc})") from None
+    except ImportError as exc:  # a module a job needs is missing here (planning skips those the runner knows)
+        raise ValueError(f"--worker={args.worker}: {type(exc).__name__}: {exc}") from None
 
 
 def _matrix(args) -> int:
