@@ -680,3 +680,23 @@ def test_matrix_as_a_path_object(fn, tmp_path):
     out = fn("cpu", matrix=path)
     caps = out if isinstance(out, sb.Capabilities) else out.capabilities
     assert caps.encoder_replay.reasons == ("[matrix:cpu] from the Path",)
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm89", "sm90", "sm100", "sm120"])
+def test_a_hand_built_cuda_deviceinfo_has_its_archs_capability(arch):
+    """``DeviceInfo("cuda", "sm90")`` left without a capability has the one its arch names, and
+    selects as ``parse_device("cuda:sm90")`` does (every capability-gated variant was rejected:
+    "requires a known CUDA compute capability, device has none")."""
+    parsed = sb.parse_device(f"cuda:{arch}")
+    built = sb.DeviceInfo("cuda", arch, fake=True)
+    assert built.capability == parsed.capability
+    table = lambda d: [(c.op, c.variant, c.status, c.reasons) for c in sb.explain(d).table]  # noqa: E731
+    assert table(built) == table(parsed)
+    assert sb.select(built).variants == sb.select(parsed).variants
+
+
+def test_deviceinfo_capability_is_derived_only_where_an_arch_names_one():
+    assert sb.DeviceInfo("cuda", "sm121").capability == (12, 1)
+    assert sb.DeviceInfo("cuda", "sm90", capability=(9, 0)).capability == (9, 0)
+    assert sb.DeviceInfo("cuda", "sm_90").capability is None  # not an arch the pack names: its variants say so
+    assert sb.DeviceInfo("rocm", "gfx942").capability is None and sb.DeviceInfo("cpu", "cpu").capability is None
