@@ -390,13 +390,14 @@ def _normalise_prefer(prefer, where: str = "select") -> dict[str, str] | str | N
     return None
 
 
-def _plan(device: DeviceInfo, matrix: Matrix, prefer) -> tuple[Row | None, str | None, dict, list[Candidate]]:
+def _plan(device: DeviceInfo, matrix: Matrix, prefer,
+          where: str = "select") -> tuple[Row | None, str | None, dict, list[Candidate]]:
     row = matrix.row_for(device)
     fallback = None
     if row is None:
         fallback = (f"no row for {device.platform}:{device.arch} in {matrix.source}; "
                     "using the reference backend (correct everywhere, not fast)")
-    prefer = _normalise_prefer(prefer)
+    prefer = _normalise_prefer(prefer, where)
     chains: dict[str, tuple[Variant, ...]] = {}
     table: list[Candidate] = []
     for op in OPS:
@@ -553,32 +554,34 @@ def _decide(device: DeviceInfo, config: ServingConfig, matrix: Matrix, row: Row 
     return Capabilities(device, row.id if row else None, sides["encoder_replay"], sides["decoder_replay"], fallback)
 
 
-def _inputs(device, config, matrix) -> tuple[DeviceInfo, ServingConfig, Matrix]:
+def _inputs(device, config, matrix, where: str) -> tuple[DeviceInfo, ServingConfig, Matrix]:
+    """The device, config and matrix of one call of ``where`` (select, explain, capabilities: the
+    function its errors name)."""
     info = resolve_device(device)
     if config is None:
         config = ServingConfig()
     elif isinstance(config, Mapping):
-        config = ServingConfig.from_mapping(config, "select")
+        config = ServingConfig.from_mapping(config, where)
     elif not isinstance(config, ServingConfig):
-        fail("select", "config", config, "None, a ServingConfig or a mapping of its fields")
+        fail(where, "config", config, "None, a ServingConfig or a mapping of its fields")
     if matrix is None or isinstance(matrix, (str, os.PathLike)):
         matrix = load_matrix(matrix)
     elif not isinstance(matrix, Matrix):
-        fail("select", "matrix", matrix, "None, a path to a matrix YAML file, or a Matrix")
+        fail(where, "matrix", matrix, "None, a path to a matrix YAML file, or a Matrix")
     return info, config, matrix
 
 
 def capabilities(device=None, *, config=None, matrix=None) -> Capabilities:
     """Encoder and decoder replay on/off for ``device`` under ``config``, with reasons."""
-    info, config, matrix = _inputs(device, config, matrix)
+    info, config, matrix = _inputs(device, config, matrix, "capabilities")
     row, fallback, chains, _ = _plan(info, matrix, None)
     return _decide(info, config, matrix, row, fallback, chains)
 
 
-def _explained(info: DeviceInfo, config, matrix: Matrix, prefer) -> tuple[dict, Explanation]:
+def _explained(info: DeviceInfo, config, matrix: Matrix, prefer, where: str) -> tuple[dict, Explanation]:
     """The chains and the whole explanation of one decision (what :func:`explain` returns and a
     :class:`Backend` shows)."""
-    row, fallback, chains, table = _plan(info, matrix, prefer)
+    row, fallback, chains, table = _plan(info, matrix, prefer, where)
     caps = _decide(info, config, matrix, row, fallback, chains)
     home = home_device(info)
     return chains, Explanation(info, caps, {op: tuple(v.name for v in c) for op, c in chains.items()}, tuple(table),
@@ -587,8 +590,8 @@ def _explained(info: DeviceInfo, config, matrix: Matrix, prefer) -> tuple[dict, 
 
 def explain(device=None, *, config=None, prefer=None, matrix=None) -> Explanation:
     """The decision plus every variant of every op with its status and reasons."""
-    info, config, matrix = _inputs(device, config, matrix)
-    return _explained(info, config, matrix, prefer)[1]
+    info, config, matrix = _inputs(device, config, matrix, "explain")
+    return _explained(info, config, matrix, prefer, "explain")[1]
 
 
 def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool = True) -> "Backend":
@@ -606,8 +609,8 @@ def select(device=None, *, config=None, prefer=None, matrix=None, checked: bool 
     """
     if not isinstance(checked, bool):
         fail("select", "checked", checked, "a bool")
-    info, config, matrix = _inputs(device, config, matrix)
-    chains, expl = _explained(info, config, matrix, prefer)
+    info, config, matrix = _inputs(device, config, matrix, "select")
+    chains, expl = _explained(info, config, matrix, prefer, "select")
     return Backend(info, chains, expl.capabilities, expl, checked=checked)
 
 

@@ -700,3 +700,21 @@ def test_deviceinfo_capability_is_derived_only_where_an_arch_names_one():
     assert sb.DeviceInfo("cuda", "sm90", capability=(9, 0)).capability == (9, 0)
     assert sb.DeviceInfo("cuda", "sm_90").capability is None  # not an arch the pack names: its variants say so
     assert sb.DeviceInfo("rocm", "gfx942").capability is None and sb.DeviceInfo("cpu", "cpu").capability is None
+
+
+@pytest.mark.parametrize("fn", [sb.capabilities, sb.explain, sb.select])
+def test_argument_errors_name_the_function_called(fn):
+    """explain() and capabilities() validate as select() does, and their errors say which of them
+    was called (each was ``select: ...``)."""
+    name = fn.__name__
+    with pytest.raises(ValueError, match=f"^{name}: config=7: expected None, a ServingConfig"):
+        fn("cpu", config=7)
+    with pytest.raises(ValueError, match=f"^{name}: config=.*'bogus'"):
+        fn("cpu", config={"bogus": 1})
+    with pytest.raises(ValueError, match=f"^{name}: matrix=7: expected None, a path"):
+        fn("cpu", matrix=7)
+    if fn is not sb.capabilities:  # (capabilities takes no prefer)
+        with pytest.raises(ValueError, match=f"^{name}: prefer='nope': expected a declared variant name"):
+            fn("cpu", prefer="nope")
+        with pytest.raises(ValueError, match=rf"^{name}: prefer\['gather_rows'\]='nope'"):
+            fn("cpu", prefer={"gather_rows": "nope"})
