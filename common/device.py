@@ -36,12 +36,14 @@ def known_archs() -> dict[str, tuple[str, ...]]:
     return {name: p.archs for name, p in platforms().items()}
 
 
-_SPEC_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([A-Za-z0-9_.]+))?$")
+# platform[:arch], the arch followed by any feature flags a ROCm gcnArchName carries (":sramecc+:xnack-")
+_SPEC_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([A-Za-z0-9_.]+))?((?::[a-z0-9_]+[+-])*)$")
 
 
 def parse_device(spec: str) -> DeviceInfo:
     """A fake device from ``platform:arch``: ``cpu``, ``cuda:sm90`` (also ``cuda:9.0``),
-    ``rocm:gfx942``, ``ascend:910b``. A bare index (``rocm:0``) is not an arch: real devices
+    ``rocm:gfx942`` (also as torch's ``gcnArchName`` has it, ``rocm:gfx942:sramecc+:xnack-``: the
+    feature flags name no other arch), ``ascend:910b``. A bare index (``rocm:0``) is not an arch: real devices
     are named by their torch device (``cuda:N``, also on ROCm; ``npu:N``; :func:`resolve_device`)."""
     if not isinstance(spec, str):
         raise ValueError(f"device={spec!r}: expected a string like 'rocm:gfx942'")
@@ -56,10 +58,10 @@ def parse_device(spec: str) -> DeviceInfo:
         examples = ", ".join(repr(q.example) for q in registry.values() if q.name != HOST)
         raise ValueError(f"device={spec!r}: expected platform[:arch] with platform in {tuple(registry)} "
                          f"(e.g. {examples})")
-    arch = m.group(2)
+    arch, features = m.group(2), m.group(3)
     cap = None
     if p.name == HOST:
-        if arch not in (None, HOST):
+        if arch not in (None, HOST) or features:
             raise ValueError(f"device={spec!r}: expected {HOST!r} (the {p.label} has no arch to name)")
         arch = HOST
     elif arch is None:
@@ -69,9 +71,12 @@ def parse_device(spec: str) -> DeviceInfo:
                          f"{p.torch_types[0]}:{arch}, a fake one names its arch (e.g. {p.example})")
     elif p.fake_arch is not None:
         try:
-            arch, cap = p.fake_arch(arch)
+            arch, cap = p.fake_arch(arch + features)  # the platform drops the flags it knows (ROCm's)
         except ValueError as exc:
             raise ValueError(f"device={spec!r}: {exc}") from None
+    if ":" in arch or (features and p.fake_arch is None):
+        raise ValueError(f"device={spec!r}: expected {p.name}:<arch> (e.g. {p.example}) without {features!r} (feature "
+                         "flags are a ROCm gcnArchName's)")
     return DeviceInfo(p.name, arch, name=f"fake {device_spec(p.name, arch)}", capability=cap, fake=True)
 
 

@@ -54,6 +54,7 @@ PLATFORM = Platform(
     torch_types=("cuda",),  # torch names HIP devices cuda:N
     detect=device.detect,
     current_index=device.current_index,
+    fake_arch=device.fake_arch,
     variants=(*PORTABLE, *VENDOR),
     priority=PRIORITY,
     input_checks=INPUT_CHECKS,

@@ -16,6 +16,12 @@ def rocm_arch(gcn_arch_name: str) -> str:
     return gcn_arch_name.split(":", 1)[0].strip()
 
 
+def fake_arch(arch: str) -> tuple[str, None]:
+    """A fake device's arch as typed, or as torch's ``gcnArchName`` reports it
+    (``gfx942:sramecc+:xnack-``): the feature flags name no other arch."""
+    return rocm_arch(arch), None
+
+
 def detect(index: int | None) -> DeviceInfo | str:
     """ROCm GPU ``index`` (None: the current one), or why there is none."""
     found = torch_cuda_device(index)

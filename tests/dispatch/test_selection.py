@@ -88,6 +88,21 @@ def test_fake_device_parsing():
             sb.parse_device(bad)
 
 
+def test_a_rocm_arch_as_torch_reports_it_names_the_same_device():
+    """``gcnArchName`` carries feature flags (``gfx942:sramecc+:xnack-``): the arch is the part before
+    them, as detection reads it; on another platform they are refused, saying so (every such spec
+    was "expected platform[:arch] with platform in ...", though its platform was one)."""
+    for spec in ("rocm:gfx942:sramecc+:xnack-", "rocm:gfx942:xnack+", "ROCm:GFX942:sramecc-"):
+        assert sb.parse_device(spec) == sb.parse_device("rocm:gfx942")
+    assert sb.select("rocm:gfx950:sramecc+:xnack-").capabilities.row == "rocm:gfx950"
+    with pytest.raises(ValueError, match=r"device='ascend:910b:xnack-': expected ascend:<arch> \(e.g. ascend:910b\) "
+                                         r"without ':xnack-'"):
+        sb.parse_device("ascend:910b:xnack-")
+    for bad, says in (("cuda:sm90:xnack-", "expected a CUDA arch like sm90"), ("cpu:xnack-", "expected 'cpu'")):
+        with pytest.raises(ValueError, match=f"device='{bad}': {says}"):
+            sb.parse_device(bad)
+
+
 def test_fake_device_context_changes_current_device():
     with sb.fake_device("rocm:gfx950") as d:
         assert sb.current_device() is d
