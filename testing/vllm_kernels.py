@@ -8,7 +8,10 @@
   (``vllm/v1/attention/backends/mla/sparse_swa.py``), flat or under those relative paths
   (with or without the leading ``vllm/``). Only the four ``@triton.jit`` functions are taken
   out of the files (``ast``), written to one temporary module and compiled by the installed
-  Triton; the rest of each file, which imports vLLM, is never run.
+  Triton; the rest of each file, which imports vLLM, is never run. What is taken does run
+  (decorators, default arguments), so the folder, the folders on the way to each file and
+  the files (a symlink: its target) must be this user's (or root's) and writable by no one
+  else: another's is refused with the path and the reason.
 * the installed vLLM (``vllm`` importable): the module attributes themselves (a shim of the
   integration's patches is looked through to vLLM's original).
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +71,56 @@ class VllmKernels:
     origin: str
 
 
+class UntrustedSourceError(PermissionError):
+    """A folder or file of vLLM's sources that another user can write: the code taken out of
+    it would run in this process."""
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _check_owned(path: Path) -> None:
+    """Refuse ``path`` unless what it names (a symlink's target) is this user's or root's and
+    writable by neither its group nor others: anyone else could put code there that runs here
+    when the copies are loaded (the project's rule: nothing is loaded from a place another user
+    can write)."""
+    geteuid = getattr(os, "geteuid", None)
+    if geteuid is None:  # no POSIX owners (Windows): nothing to compare
+        return
+    real = Path(os.path.realpath(path))
+    named = f"{path} (-> {real})" if real != Path(os.path.abspath(path)) else str(path)
+    st = real.stat()
+    me = geteuid()
+    if st.st_uid not in (me, 0):  # root's: as trusted as the interpreter itself
+        allowed = f"this user ({_user(me)})" + (" or root" if me else "")
+        raise UntrustedSourceError(f"{named} is owned by {_user(st.st_uid)}, not by {allowed}: code taken from it "
+                                   "would run here; use a copy of your own")
+    if st.st_mode & 0o022:
+        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "others")) if st.st_mode & bit)
+        shared = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX  # /tmp and its kind: everyone's by design
+        fix = "use a folder of your own" if shared else f"chmod go-w {real}"
+        raise UntrustedSourceError(f"{named} is writable by {who} (mode {st.st_mode & 0o7777:o}): code taken from "
+                                   f"it would run here; {fix}")
+
+
 def _find(root: Path, name: str, files: dict[str, str]) -> Path | None:
+    """The copy of ``name`` under ``root``, checked (:func:`_check_owned`) with every folder
+    on the way to it, or None."""
     rel = files[name]
     for cand in (root / name, root / rel, root / "vllm" / rel):
         if cand.is_file():
+            folder = root
+            for part in cand.relative_to(root).parts[:-1]:
+                folder = folder / part
+                _check_owned(folder)
+            _check_owned(cand)
+            _check_owned(Path(os.path.realpath(cand)).parent)  # a symlinked file: where it lives
             return cand
     return None
 
@@ -165,7 +215,12 @@ def _load(source, from_source, installed, files_of) -> tuple:
     source = source or os.environ.get(ENV)
     if source:
         try:
-            k = from_source(Path(source), release_kernels())
+            rk = release_kernels()
+            # every copy is checked before code is taken out of any (each file is again when read)
+            _check_owned(Path(source))
+            for name in dict.fromkeys(files_of(rk)):
+                _find(Path(source), name, rk.FILES)
+            k = from_source(Path(source), rk)
             return k, k.origin
         except Exception as exc:  # noqa: BLE001
             return None, f"{ENV}={source}: {type(exc).__name__}: {exc}"

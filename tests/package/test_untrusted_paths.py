@@ -3,7 +3,8 @@
 A working directory that ``python -m`` / ``-c`` put first on ``sys.path`` may be anyone's
 (``/tmp``, a shared folder): the matrix runner's emulation worker runs in a private folder of
 its own, with ``PYTHONPATH`` made absolute so that the pack and the user's own entries still
-resolve there.
+resolve there. Copies of vLLM's sources (``SWA_VLLM_KERNELS_DIR``), whose decorators run when
+they are loaded, are refused unless this user's (or root's) and writable by no one else.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
-from swa_backends.testing import matrix_runner
+import pytest
+
+from swa_backends.testing import matrix_runner, vllm_kernels
 from swa_backends.testing.matrix_runner import Job, _execute_in_worker
 
 # a Triton kernel under the interpreter: the worker imports triton (and, with -m, swa_backends) to run it
@@ -64,3 +67,99 @@ def test_matrix_worker_environment(tmp_path, monkeypatch):
     assert matrix_runner._worker_env()["PYTHONPATH"] == str(tmp_path)
     monkeypatch.setattr(sys, "path", sys.path[1:])  # the pack came from elsewhere: nothing added
     assert "PYTHONPATH" not in matrix_runner._worker_env()
+
+
+# ---------------------------------------------------------------------------------------
+# SWA_VLLM_KERNELS_DIR: copies of vLLM's source files
+# ---------------------------------------------------------------------------------------
+
+def _copies(root, marker, *, nested: bool = False):
+    """The two files ``load()`` reads (flat, or under vLLM's own paths), their kernels stand-ins
+    whose decorator leaves ``marker`` behind: code taken from a copy runs when it is loaded."""
+    files = vllm_kernels.release_kernels().FILES
+    mark = f"@__import__('builtins').open({str(marker)!r}, 'w').close() or (lambda f: f)\n"
+    bodies = {
+        "model_state.py": mark + "def _pad_replayed_slots_kernel():\n    pass\n\n\n"
+                          "def _gather_replay_batch_kernel():\n    pass\n",
+        "sparse_swa.py": "def _compute_swa_indices_and_lens_kernel():\n    pass\n\n\n"
+                         "class ComputePrefillMetadataKernel:\n    def kernel():\n        pass\n",
+    }
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)  # whatever the umask
+    for name, body in bodies.items():
+        path = root / "vllm" / files[name] if nested else root / name
+        for folder in reversed(path.relative_to(root).parents[:-1]):
+            (root / folder).mkdir(exist_ok=True)
+            os.chmod(root / folder, 0o755)
+        path.write_text(body)
+        os.chmod(path, 0o644)
+    return root
+
+
+def test_own_copies_load(tmp_path, monkeypatch):
+    pytest.importorskip("triton")  # the kernels' module imports it
+    for nested in (False, True):
+        root = _copies(tmp_path / f"copies{nested}", tmp_path / "ran", nested=nested)
+        monkeypatch.setenv(vllm_kernels.ENV, str(root))
+        kernels, origin = vllm_kernels.load()
+        assert kernels is not None and origin == f"source files under {root}", origin
+        assert (tmp_path / "ran").exists()
+        (tmp_path / "ran").unlink()
+
+
+def _writable_folder(root):
+    os.chmod(root, 0o777)
+    return root, f"{root} is writable by its group and others (mode 777)"
+
+
+def _group_writable_file(root):
+    os.chmod(root / "model_state.py", 0o664)
+    return root, f"{root / 'model_state.py'} is writable by its group (mode 664): code taken from it would run " \
+                 f"here; chmod go-w {root / 'model_state.py'}"
+
+
+def _writable_folder_on_the_way(root):
+    os.chmod(root / "vllm" / "models", 0o757)
+    return root, f"{root / 'vllm' / 'models'} is writable by others (mode 757)"
+
+
+def _link_to_a_writable_folder(root):
+    os.chmod(root, 0o1777)
+    link = root.parent / "link"
+    link.symlink_to(root)
+    return link, (f"{link} (-> {root}) is writable by its group and others (mode 1777): code taken from it would "
+                  "run here; use a folder of your own")  # a sticky folder is everyone's: no chmod hint
+
+
+def _file_linked_from_a_writable_folder(root):
+    shared = root.parent / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (root / "sparse_swa.py").rename(shared / "sparse_swa.py")
+    (root / "sparse_swa.py").symlink_to(shared / "sparse_swa.py")
+    return root, f"{shared} is writable by its group and others (mode 777)"
+
+
+def _another_users_folder(root):
+    if os.geteuid() != 0:
+        pytest.skip("making a folder another user's takes root")
+    os.chown(root, 65534, -1)  # nobody
+    return root, f"{root} is owned by "
+
+
+@pytest.mark.parametrize("make", [_writable_folder, _group_writable_file, _writable_folder_on_the_way,
+                                  _link_to_a_writable_folder, _file_linked_from_a_writable_folder,
+                                  _another_users_folder])
+@pytest.mark.parametrize("how", ["env", "argument"])
+def test_copies_another_user_can_write_are_refused(tmp_path, monkeypatch, make, how):
+    marker = tmp_path / "ran"
+    source, says = make(_copies(tmp_path / "copies", marker, nested=make is _writable_folder_on_the_way))
+    if how == "env":
+        monkeypatch.setenv(vllm_kernels.ENV, str(source))
+    else:
+        monkeypatch.delenv(vllm_kernels.ENV, raising=False)
+    for load in (vllm_kernels.load, vllm_kernels.load_launchers):
+        got, why = load(str(source) if how == "argument" else None)
+        assert got is None and not marker.exists()
+        assert why.startswith(f"{vllm_kernels.ENV}={source}: UntrustedSourceError: {says}"), why
+        assert "would run here" in why
