@@ -29,9 +29,10 @@ Processes: Triton fixes interpreted vs compiled per process (``TRITON_INTERPRET`
 when a kernel is decorated). Interpreter and contract-double jobs run in a CPU-only worker
 subprocess started with ``TRITON_INTERPRET=1`` (accelerators hidden; in a private folder of
 the run, never the user's working directory, which ``-m`` would put first on its path), hardware
-jobs in this process; a process already in interpreter mode on a CPU machine runs everything itself. Emulated results of the same variant on the same inputs do
-not depend on the row, so each is computed once and reported for every row listing it
-(``shared_with`` names the row that ran it).
+jobs in this process; a process already in interpreter mode on a CPU machine runs everything
+itself. Emulated results of the same variant on the same inputs do not depend on the row, so
+each is computed once and reported for every row listing it (``shared_with`` names the row that
+ran it).
 """
 
 from __future__ import annotations
