@@ -4,13 +4,19 @@ A working directory that ``python -m`` / ``-c`` put first on ``sys.path`` may be
 (``/tmp``, a shared folder): the matrix runner's emulation worker runs in a private folder of
 its own, with ``PYTHONPATH`` made absolute so that the pack and the user's own entries still
 resolve there. Copies of vLLM's sources (``SWA_VLLM_KERNELS_DIR``), whose decorators run when
-they are loaded, are refused unless this user's (or root's) and writable by no one else.
+they are loaded, are refused unless this user's (or root's) and writable by no one else. CI's
+vLLM venvs (``/tmp/swa-backends-vllm-venv-<release>`` by default) are reused only when they are
+this user's own: another's is never run, written or removed.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +169,101 @@ def test_copies_another_user_can_write_are_refused(tmp_path, monkeypatch, make, 
         assert got is None and not marker.exists()
         assert why.startswith(f"{vllm_kernels.ENV}={source}: UntrustedSourceError: {says}"), why
         assert "would run here" in why
+
+
+# ---------------------------------------------------------------------------------------
+# .ci/run, stage 3: which vLLM venv it uses
+# ---------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+posix_tools = pytest.mark.skipif(sys.platform != "linux", reason=".ci/run uses GNU stat, find and readlink")
+
+
+def _pick_venv(tmp_path, prefix, release="0.33.0") -> tuple[str, str, str, str]:
+    """``.ci/run``'s own ``pick_venv`` (and ``untrusted_venv``): ``(VENV, reused, scratch, what it said)``."""
+    text = (ROOT / ".ci" / "run").read_text()
+    functions = "".join(re.search(rf"^{name}\(\) {{\n.*?^}}\n", text, re.S | re.M).group(0)
+                        for name in ("untrusted_venv", "pick_venv"))
+    script = (f"set -euo pipefail\n{functions}SWA_VLLM_VENV={shlex.quote(str(prefix))}\npick_venv {release}\n"
+              'printf "%s\\n%s\\n%s\\n" "$VENV" "$reused" "$scratch"\n')
+    (tmp_path / "tmpdir").mkdir(exist_ok=True)
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TMPDIR=str(tmp_path / "tmpdir")))
+    assert res.returncode == 0, res.stderr
+    *said, venv, reused, scratch = res.stdout.split("\n")[:-1]
+    return venv, reused, scratch, "\n".join(said)
+
+
+def _fake_venv(path, marker, version="0.33.0"):
+    """A venv as far as the probe goes: ``bin/python`` prints ``version`` (and leaves ``marker``)."""
+    (path / "bin").mkdir(parents=True)
+    python = path / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\necho {version}\n")
+    for p in (path, path / "bin", python):
+        os.chmod(p, 0o755)
+    return path
+
+
+@posix_tools
+def test_ci_reuses_its_own_venv(tmp_path):
+    venv = _fake_venv(tmp_path / "v-0.33.0", tmp_path / "probed")
+    assert _pick_venv(tmp_path, tmp_path / "v") == (str(venv), f" (reused {venv})", "", "")
+    assert (tmp_path / "probed").exists()
+
+
+@posix_tools
+def test_ci_remakes_its_own_venv_in_place(tmp_path):
+    venv = _fake_venv(tmp_path / "v-0.33.0", tmp_path / "probed", version="0.32.0")
+    assert _pick_venv(tmp_path, tmp_path / "v") == (str(venv), "", "", "")
+    assert venv.is_dir() and not any(venv.iterdir())  # emptied, for `python3 -m venv`
+    assert _pick_venv(tmp_path, tmp_path / "w") == (str(tmp_path / "w-0.33.0"), "", "", "")
+    assert (tmp_path / "w-0.33.0").is_dir()
+
+
+def _writable_file_inside(venv, tmp_path):
+    (venv / "lib").mkdir(mode=0o755)
+    os.chmod(venv / "lib", 0o755)
+    (venv / "lib" / "evil.pth").write_text("import os\n")
+    os.chmod(venv / "lib" / "evil.pth", 0o666)
+    return f"{venv / 'lib' / 'evil.pth'} is writable by its group or others (mode 666)"
+
+
+def _group_writable_venv(venv, tmp_path):
+    os.chmod(venv, 0o775)
+    return f"{venv} is writable by its group or others (mode 775)"
+
+
+def _interpreter_in_a_writable_folder(venv, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (venv / "bin" / "python").rename(shared / "python")
+    (venv / "bin" / "python").symlink_to(shared / "python")
+    return f"{shared} is writable by its group or others (mode 777)"
+
+
+def _another_users_venv(venv, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a folder another user's takes root")
+    for folder, dirs, files in os.walk(venv):
+        for name in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.chown(name, 65534, -1)  # nobody, as the audit's squatter
+    os.chmod(venv, 0o777)
+    return f"{venv} is owned by "
+
+
+@posix_tools
+@pytest.mark.parametrize("make", [_writable_file_inside, _group_writable_venv, _interpreter_in_a_writable_folder,
+                                  _another_users_venv])
+def test_ci_never_runs_writes_or_removes_a_venv_another_user_can_write(tmp_path, make):
+    venv = _fake_venv(tmp_path / "v-0.33.0", tmp_path / "probed")
+    says = make(venv, tmp_path)
+    before = sorted(str(p) for p in venv.rglob("*"))
+    got, reused, scratch, said = _pick_venv(tmp_path, tmp_path / "v")
+    assert not (tmp_path / "probed").exists()  # its bin/python never ran
+    assert sorted(str(p) for p in venv.rglob("*")) == before  # nor was it touched
+    assert reused == "" and got == scratch and Path(scratch).parent == tmp_path / "tmpdir"
+    st = os.stat(scratch)
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700 and not os.listdir(scratch)
+    assert said.startswith(f"ci: not using {venv} ({says}") and said.endswith(
+        f"a fresh venv in {scratch}, removed after its tests"), said
