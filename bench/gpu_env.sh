@@ -13,8 +13,13 @@
 
 _swa_root=$(pwd -P)
 export PYTHONUNBUFFERED=1
+# `python3 -c` puts its working directory first on sys.path: the check below runs in an empty
+# folder of its own (mktemp -d: this user's, mode 0700), never in /tmp, where anyone can leave a
+# swa_backends/ that would be imported (and run) in place of the pack. (Without one: the checkout,
+# which holds no swa_backends/ of its own.)
+_swa_empty=$(mktemp -d 2>/dev/null || true)
 _swa_where() {  # the folder python3 imports swa_backends from ("" when it does not)
-  (cd /tmp && python3 -c 'import os, swa_backends; print(os.path.dirname(os.path.realpath(swa_backends.__file__)))' 2>/dev/null)
+  (cd "${_swa_empty:-$_swa_root}" && python3 -c 'import os, swa_backends; print(os.path.dirname(os.path.realpath(swa_backends.__file__)))' 2>/dev/null)
 }
 _swa_how=""
 if _swa_log=$(python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1); then
@@ -42,4 +47,5 @@ fi
   echo "swa_backends: $(_swa_where)"
 } | tee "${OUT:-.}/machine.txt"
 unset -f _swa_where
-unset _swa_log _swa_why _swa_pp _swa_how
+[ -z "$_swa_empty" ] || rmdir "$_swa_empty"
+unset _swa_log _swa_why _swa_pp _swa_how _swa_empty

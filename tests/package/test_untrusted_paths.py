@@ -6,7 +6,8 @@ its own, with ``PYTHONPATH`` made absolute so that the pack and the user's own e
 resolve there. Copies of vLLM's sources (``SWA_VLLM_KERNELS_DIR``), whose decorators run when
 they are loaded, are refused unless this user's (or root's) and writable by no one else. CI's
 vLLM venvs (``/tmp/swa-backends-vllm-venv-<release>`` by default) are reused only when they are
-this user's own: another's is never run, written or removed.
+this user's own: another's is never run, written or removed. ``bench/gpu_env.sh`` asks where
+``swa_backends`` imports from in an empty private folder, not in ``/tmp``.
 """
 
 from __future__ import annotations
@@ -267,3 +268,40 @@ def test_ci_never_runs_writes_or_removes_a_venv_another_user_can_write(tmp_path,
     assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700 and not os.listdir(scratch)
     assert said.startswith(f"ci: not using {venv} ({says}") and said.endswith(
         f"a fresh venv in {scratch}, removed after its tests"), said
+
+
+# ---------------------------------------------------------------------------------------
+# bench/gpu_env.sh: where python3 imports swa_backends from
+# ---------------------------------------------------------------------------------------
+
+@posix_tools
+def test_gpu_env_asks_where_the_pack_imports_from_in_a_private_folder(tmp_path):
+    """Sourced with ``python3`` a stand-in that records where each ``-c`` ran (``-m pip``: done),
+    and ``TMPDIR`` a folder anyone can write holding a planted ``swa_backends/``."""
+    shared = tmp_path / "shared"
+    _plant(shared, "swa_backends", tmp_path / "planted_ran")
+    os.chmod(shared, 0o1777)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    log = tmp_path / "calls"
+    (stub / "python3").write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = -m ] && [ "$2" = pip ] && exit 0\n'
+        f'printf "%s %s %s\\n" "$(stat -c \'%u %a\' .)" "$PWD" "$2" >> {shlex.quote(str(log))}\n'
+        f'exec {shlex.quote(sys.executable)} "$@"\n')
+    os.chmod(stub / "python3", 0o755)
+    env = dict(os.environ, PATH=f"{stub}{os.pathsep}{os.environ['PATH']}", TMPDIR=str(shared), OUT=str(tmp_path),
+               SWA_COMMIT="test")
+    res = subprocess.run(["bash", "-c", ". bench/gpu_env.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "planted_ran").exists()
+    checks = [line.split(" ", 3) for line in log.read_text().splitlines() if "swa_backends" in line]
+    assert len(checks) >= 2  # after the install, and in machine.txt
+    for uid, mode, cwd, _ in checks:
+        assert (int(uid), mode, Path(cwd).parent) == (os.geteuid(), "700", shared), checks
+        assert not Path(cwd).exists()  # removed when the script is done
+    pack = subprocess.run([sys.executable, "-c", "import os, swa_backends; "
+                           "print(os.path.dirname(os.path.realpath(swa_backends.__file__)))"],
+                          cwd=tmp_path / "bin", capture_output=True, text=True, timeout=120).stdout.strip()
+    assert f"swa_backends: {pack}" in (tmp_path / "machine.txt").read_text()
