@@ -625,6 +625,15 @@ def backend_for(device, *, prefer=None, checked: bool = True) -> "Backend":
     CUDA device, so it shares ``"cuda:N"``'s; ``"cpu:0"`` is the host's). ``prefer`` as
     :func:`select` takes it (a name, or a mapping op -> name). The custom ops and the vLLM
     integration take their backends from here; :func:`clear_backends` forgets them."""
+    # the custom ops ask once per call: a device seen before (with its index, or the host), with a
+    # name or no preference, is one dictionary read
+    if checked is True or checked is False:  # (not 1 or 0: equal keys, which the check below refuses)
+        try:
+            be = _seen.get((device, prefer, checked))
+        except TypeError:  # an unhashable argument: the checks below name it
+            be = None
+        if be is not None:
+            return be
     if not isinstance(checked, bool):
         fail("backend_for", "checked", checked, "a bool")
     try:
@@ -639,14 +648,22 @@ def backend_for(device, *, prefer=None, checked: bool = True) -> "Backend":
     else:
         key = str(d)
     # the cache's key must be hashable: a mapping becomes its sorted items (validated first)
-    prefer = _normalise_prefer(prefer, "backend_for")
-    return _cached_backend(key, tuple(sorted(prefer.items())) if isinstance(prefer, dict) else prefer, checked)
+    named = _normalise_prefer(prefer, "backend_for")
+    be = _cached_backend(key, tuple(sorted(named.items())) if isinstance(named, dict) else named, checked)
+    if (d.type == HOST or d.index is not None) and (prefer is None or prefer.__class__ is str):
+        _seen[(device, prefer, checked)] = be  # (not "cuda": its index is the current device's, read each call)
+    return be
+
+
+#: backend_for's answers by its own arguments (a device that names its index, or the host)
+_seen: dict = {}
 
 
 def clear_backends() -> None:
     """Forget the backends :func:`backend_for` made (after changing the matrix, a fake
     device, probes...)."""
     _cached_backend.cache_clear()
+    _seen.clear()
 
 
 # ---------------------------------------------------------------------------------------

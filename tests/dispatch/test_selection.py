@@ -616,6 +616,29 @@ def test_backend_for_caches_per_device_and_settings():
     assert backend_for("cpu") is not a
 
 
+def test_backend_for_answers_a_device_seen_before_from_one_read(monkeypatch):
+    """The custom ops ask ``backend_for`` on every call: the arguments it has answered before (a
+    device with its index or the host, no preference or a name, a bool ``checked``) are answered
+    without parsing them again; a ``checked`` of 1, equal to True as a key, is still refused."""
+    from swa_backends import dispatch
+
+    dispatch.clear_backends()
+    try:
+        dev = torch.device("cpu")
+        a = dispatch.backend_for(dev)
+        t = dispatch.backend_for(dev, prefer="triton")
+
+        def parsed(*args, **kwargs):
+            raise AssertionError("parsed again")
+
+        monkeypatch.setattr(dispatch, "_normalise_prefer", parsed)
+        assert dispatch.backend_for(dev) is a and dispatch.backend_for(dev, prefer="triton") is t
+        with pytest.raises(ValueError, match="checked=1: expected a bool"):
+            dispatch.backend_for(dev, checked=1)
+    finally:
+        dispatch.clear_backends()
+
+
 @pytest.fixture
 def two_gpus(monkeypatch):
     """torch.cuda as two sm90 GPUs (``current[0]``: the current one, as ``torch.cuda.set_device``
