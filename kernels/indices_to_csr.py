@@ -6,10 +6,11 @@ compaction (row ``t``'s kept entries at ``indptr[t] + rank``; every element of `
 at or past ``indptr[T]`` is set to PAD by the program owning that position, so each
 element of ``values`` is written exactly once).
 
-A validated call runs ``indices_to_csr_checked``: the counts' programs first test every value the
-validator tests (``lens`` in ``[0, K]``), each over all of them, store nothing when one fails and
-leave the verdict in the call's word (``_verdict.py``); the scan and the compaction read the word
-first and compute nothing on a ``FAIL`` (``GATED``).
+A validated call runs ``indices_to_csr_checked``: checker programs in front of the counts' test
+every value the validator tests (``lens`` in ``[0, K]``, every index PAD or at least 0), the counts'
+programs compute their rows' counts and store them once the checkers pass (``range_check.py``), the
+last checker leaves the verdict in the call's word (``_verdict.py``); the scan and the compaction
+read the word first and compute nothing on a ``FAIL`` (``GATED``).
 """
 
 from __future__ import annotations
@@ -19,20 +20,24 @@ import triton
 import triton.language as tl
 
 from ..common.types import INDEX_DTYPE
-from ._device import CHECK, FAIL, PAD, range_bad, verdict
+from ._device import FAIL, INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
-from ._verdict import open_verdict
+from .range_check import (BLOCK_C, BLOCK_R, CHECK, GATE, flat_bad, flat_tiles, groups, open_checked, passed,
+                          rows_bad, settle, tiles_of)
 
 BLOCK_T = 16
 BLOCK_K = 128
 SCAN_BLOCK = 4096
-#: the most rows the checked counts take: each of their programs reads every length
-CHECKED_MAX = 16384
 
 
 @triton.jit
-def _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+def _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, tt, scratch_ptr, epoch, BLOCK_T: tl.constexpr,
+            BLOCK_K: tl.constexpr, GATED: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
+    """Rows ``tt * BLOCK_T + [0, BLOCK_T)``. ``GATED`` (a validated call's worker): the counts are
+    computed, then stored only once the checkers passed them (``range_check.passed``). Computing
+    first is sound: every address read is inside the tensors whatever the values (the lengths only
+    mask), so the wait overlaps the loads."""
+    t = tt * BLOCK_T + tl.arange(0, BLOCK_T)
     m = t < T
     n = tl.load(lens_ptr + t, mask=m, other=0)
     count = tl.zeros([BLOCK_T], tl.int32)
@@ -42,21 +47,38 @@ def _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, 
                     other=PAD)
         keep = (j < n[:, None]) & (v != PAD)
         count += tl.sum(keep.to(tl.int32), axis=1)
-    tl.store(indptr_ptr + 1 + t, count, mask=m)
+    if GATED:
+        if passed(scratch_ptr, epoch, GATE, NAP):
+            tl.store(indptr_ptr + 1 + t, count, mask=m)
+    else:
+        tl.store(indptr_ptr + 1 + t, count, mask=m)
 
 
 @jit
 def _csr_counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T, BLOCK_K)
+    _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, tl.program_id(0), lens_ptr, 0, BLOCK_T, BLOCK_K, False, 0, 0)
 
 
 @jit
-def _csr_counts_checked(idx_ptr, s0, s1, lens_ptr, indptr_ptr, flag_ptr, T, K, BLOCK_T: tl.constexpr,
-                        BLOCK_K: tl.constexpr, CHECK: tl.constexpr):
-    bad = range_bad(lens_ptr, T, 0, K, CHECK)
-    verdict(flag_ptr, bad)
-    if bad == 0:
-        _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, BLOCK_T, BLOCK_K)
+def _csr_counts_checked(idx_ptr, s0, s1, lens_ptr, indptr_ptr, flag_ptr, scratch_ptr, T, K, P, P_L, epoch,
+                        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, CHECK: tl.constexpr, CHECK_R: tl.constexpr,
+                        CHECK_C: tl.constexpr, GATE: tl.constexpr, NAP: tl.constexpr):
+    """A validated call's counts: ``P`` checker programs test what the validator tests (``lens`` in
+    ``[0, K]``, every index PAD or at least 0), the others count rows block ``pid - P`` and store
+    the counts once they pass (``range_check.py``). The lengths and the index rows have checkers of
+    their own (``range_check.groups``: ``P_L`` for the lengths, the rest for the rows): the rows are
+    ``T x K`` values, which every program testing every value (as the lengths alone were) would
+    read once per program."""
+    pid = tl.program_id(0)
+    if pid < P:
+        if pid < P_L:
+            bad = flat_bad(lens_ptr, T, 0, K, pid, P_L, CHECK)
+        else:
+            bad = rows_bad(idx_ptr, T, K, s0, s1, PAD, INT32_MAX, pid - P_L, P - P_L, CHECK_R, CHECK_C)
+        settle(bad, P, flag_ptr, scratch_ptr, epoch, GATE)
+    else:
+        _counts(idx_ptr, s0, s1, lens_ptr, indptr_ptr, T, K, pid - P, scratch_ptr, epoch, BLOCK_T, BLOCK_K, True, GATE,
+                NAP)
 
 
 @triton.jit
@@ -113,7 +135,7 @@ _COMPACT = Kernel(_csr_compact)
 _KEY = ()
 
 
-def _launch(indices, lens, out, verdict=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(indices, lens, out, checked=None) -> tuple[torch.Tensor, torch.Tensor]:
     T, K = indices.shape
     dev = indices.device
     if out is None:
@@ -123,12 +145,17 @@ def _launch(indices, lens, out, verdict=None) -> tuple[torch.Tensor, torch.Tenso
         indptr.zero_()
         return out
     lens = contiguous(lens)
-    grid = ((T + BLOCK_T - 1) // BLOCK_T, 1, 1)
+    t_tiles = (T + BLOCK_T - 1) // BLOCK_T
+    grid = (t_tiles, 1, 1)
     s0, s1 = indices.stride(0), indices.stride(1)
-    gated = verdict is not None
+    gated = checked is not None
     if gated:
+        verdict, scratch, epoch, nap = checked
         flag = verdict.word
-        _COUNTS_CHECKED(_KEY, grid, indices, s0, s1, lens, indptr, flag, T, K, BLOCK_T, BLOCK_K, CHECK)
+        shares = groups((flat_tiles(T), tiles_of(T, K, s0, s1)))
+        P = sum(shares)
+        _COUNTS_CHECKED((nap,), (P + t_tiles, 1, 1), indices, s0, s1, lens, indptr, flag, scratch, T, K, P, shares[0],
+                        epoch, BLOCK_T, BLOCK_K, CHECK, BLOCK_R, BLOCK_C, GATE, nap)
     else:
         flag = indptr  # not read
         _COUNTS(_KEY, grid, indices, s0, s1, lens, indptr, T, K, BLOCK_T, BLOCK_K)
@@ -148,10 +175,11 @@ def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tens
 
 def indices_to_csr_checked(indices, lens, *, out=None):
     """The validated form (``Variant.self_checked``) of a call whose host checks passed:
-    ``(out, Verdict)``, or None for a call it does not take (no row or column; past
-    :data:`CHECKED_MAX` rows)."""
+    ``(out, Verdict)``, whose counts' checker programs test every value the validator tests (the
+    scan and the compaction behind them compute nothing on a ``FAIL``), or None for a call it does
+    not take (no row or column)."""
     T, K = indices.shape
-    if T == 0 or K == 0 or T > CHECKED_MAX:
+    if T == 0 or K == 0:
         return None
-    verdict = open_verdict(indices.device, per_stream=True)
-    return _launch(indices, lens, out, verdict), verdict
+    checked = open_checked(indices.device)
+    return _launch(indices, lens, out, checked), checked[0]

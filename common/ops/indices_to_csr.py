@@ -33,6 +33,9 @@ def validate(indices, lens, *, out=None) -> None:
     if T * K > INT32_MAX:
         fail(NAME, "indices", indices, f"T * K <= {INT32_MAX} (int32 CSR offsets)")
     check_range(NAME, "lens", lens, low=0, high=K + 1)
+    # every entry, past a row's length too (SPEC §5): a value below PAD is not dropped and would
+    # reach AITER, which faults on any negative index
+    check_range(NAME, "indices", indices, low=0, high=INT32_MAX + 1, allow_pad=True)
 
 
 _INDEX = (INDEX_DTYPE,)

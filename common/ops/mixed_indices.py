@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
-from ..validation import check_out, check_range, check_tensor, fail
+from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
 from ._quick import pair_out, plain, rows
 from ._results import Results
@@ -37,6 +37,10 @@ def validate(swa_indices, topk_slots, topk_lens, *, out=None) -> None:
         check_out(NAME, "out[0]", out[0], shape=(T, mixed_width(SW, topk_slots.shape[1])), dtype=INDEX_DTYPE, device=dev)
         check_out(NAME, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=dev)
     check_range(NAME, "topk_lens", topk_lens, low=0, high=topk_slots.shape[1] + 1)
+    # every entry, past a token's top-k length too (SPEC §5): the op copies the slots as they are,
+    # so a value below PAD would reach the consumer as an index
+    check_range(NAME, "swa_indices", swa_indices, low=0, high=INT32_MAX + 1, allow_pad=True)
+    check_range(NAME, "topk_slots", topk_slots, low=0, high=INT32_MAX + 1, allow_pad=True)
 
 
 _INDEX = (INDEX_DTYPE,)
