@@ -4,7 +4,8 @@ Importing this module defines the ops (``swa_backends.plugin.register()`` does i
 serving engine); ``import swa_backends`` alone does not. Every form of every op is generated
 by one loop (:func:`define_ops`) from what the op declares once (``swa_backends.common.ops.OPS``):
 its signature (the reference's), the schema types of its non-tensor arguments
-(``OpSpec.scalars``), its result tensors with their shapes (``OpSpec.results``) and the
+(``OpSpec.scalars``; an ``int`` becomes ``SymInt``, so a size taken from a dynamic shape
+stays symbolic under torch.compile), its result tensors with their shapes (``OpSpec.results``) and the
 arguments it writes in place (``OpSpec.mutates``). Each form has a fake kernel built from the
 same shapes, so ``torch.compile`` and graph capture trace it without running it; its real
 kernel dispatches to :func:`swa_backends.select` for the device of its data tensors (one
@@ -147,8 +148,17 @@ class _Form:
         return values, out
 
 
+def _schema_type(t: str) -> str:
+    """``SymInt`` for a declared ``int``: a size torch.compile keeps dynamic (the token count of
+    ``hidden.shape[0]`` passed as ``num_rows``/``num_tokens``) stays symbolic instead of being
+    specialised -- with ``int``, ``mark_dynamic`` raised ConstraintViolationError and
+    ``dynamic=True`` compiled one graph per size. Eager calls still hand the kernel a Python
+    int (the pack's validation requires ``x.__class__ is int``); only fake kernels see SymInts."""
+    return {"int": "SymInt", "int?": "SymInt?"}.get(t, t)
+
+
 def _param_schema(spec: OpSpec, p: inspect.Parameter, alias: str | None) -> str:
-    t = spec.scalar_type(p.name)
+    t = _schema_type(spec.scalar_type(p.name))
     if alias is not None:
         return f"Tensor({alias}!) {p.name}"
     if p.default is p.empty:
@@ -161,7 +171,7 @@ def _param_schema(spec: OpSpec, p: inspect.Parameter, alias: str | None) -> str:
 
 
 def _plan_schema() -> list[str]:
-    return ["Tensor kept", "Tensor trimmed", "Tensor dropped_before", "int num_rows", "int num_rows_padded"]
+    return ["Tensor kept", "Tensor trimmed", "Tensor dropped_before", "SymInt num_rows", "SymInt num_rows_padded"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -199,6 +199,75 @@ def test_torch_compile_traces_a_serving_step():
     assert torch.equal(eager[3], batch.kv_start)
 
 
+def _count_graphs(fn):
+    """``fn`` compiled (fullgraph, dynamic=True, aot_eager) and the list its graphs append to."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def fw(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=aot_autograd(fw_compiler=fw), fullgraph=True, dynamic=True), graphs
+
+
+def test_sizes_taken_from_a_shape_stay_dynamic(monkeypatch):
+    """Integer scalars are SymInt in the schemas: a size read from a dynamic dimension
+    (``hidden.shape[0]`` as scatter_rows' num_rows, ``positions.shape[0]`` as num_tokens) is
+    traced symbolically -- one graph for every size, the eager result -- while the real
+    kernel still gets plain Python ints (the pack's validation asks ``x.__class__ is int``)."""
+    from swa_backends.testing.conformance import random_batch
+
+    real = select("cpu")
+    scalars = []
+
+    class Spy:  # records the class of every non-tensor argument the backend is called with
+        def __getattr__(self, name):
+            def fn(*args, **kwargs):
+                scalars.extend(type(v) for v in (*args, *kwargs.values())
+                               if v is not None and not isinstance(v, (torch.Tensor, dict, tuple)))
+                return getattr(real, name)(*args, **kwargs)
+
+            return fn
+
+    monkeypatch.setattr(torch_ops, "backend_for", lambda device: Spy())
+
+    def scatter(y, rows, hidden):
+        return ns.scatter_rows(y, rows, hidden.shape[0]) + hidden
+
+    g = torch.Generator().manual_seed(0)
+    y, rows = torch.randn(3, 4, generator=g), torch.tensor([0, 2, 5])
+    compiled, graphs = _count_graphs(scatter)
+    for n in (8, 11, 13, 17):
+        hidden = torch.randn(n, 4, generator=g)
+        assert torch.equal(compiled(y, rows, hidden), scatter(y, rows, hidden)), n
+    assert len(graphs) == 1, f"scatter_rows: {len(graphs)} graphs for 4 sizes of num_rows"
+
+    def indices(qsl, seq, bt, R, positions, block_size, W):
+        return ns.swa_indices_and_lens(qsl, seq, bt, block_size, W, R, num_tokens=positions.shape[0])
+
+    b = random_batch(np.random.default_rng(4), W=8, block_size=16, max_padded=0)
+    t = b.tensors("cpu")
+    compiled, graphs = _count_graphs(indices)
+    for pad in range(4):  # the same batch with 0..3 graph-padding token columns
+        a = (t["query_start_loc"], t["seq_lens"], t["block_table"], t["replay_start"],
+             torch.cat([t["positions"][: b.T], torch.zeros(pad, dtype=torch.int64)]), b.block_size, b.W)
+        for got, want in zip(compiled(*a), indices(*a)):
+            assert torch.equal(got, want), pad
+    assert len(graphs) == 1, f"swa_indices_and_lens: {len(graphs)} graphs for 4 sizes of num_tokens"
+
+    # eager and compiled calls alike hand the backend Python ints, never a SymInt
+    assert scalars and set(scalars) <= {int, bool, float, str}, set(scalars)
+    # and mark_dynamic on the dimension a size comes from is honoured, not a ConstraintViolationError
+    hidden = torch.randn(9, 4, generator=g)
+    torch._dynamo.mark_dynamic(hidden, 0)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(scatter, backend="aot_eager", fullgraph=True)(y, rows, hidden),
+                       scatter(y, rows, hidden))
+
+
 def test_call_returns_the_python_forms():
     rng = np.random.default_rng(9)
     args, kwargs = case_for("gather_replay_batch", rng, "cpu", poison=True)
