@@ -9,7 +9,9 @@ stays symbolic under torch.compile), its result tensors with their shapes (``OpS
 arguments it writes in place (``OpSpec.mutates``). Each form has a fake kernel built from the
 same shapes, so ``torch.compile`` and graph capture trace it without running it; its real
 kernel dispatches to :func:`swa_backends.select` for the device of its data tensors (one
-``select()`` per device, cached), validated unless validation is off.
+``select()`` per device, cached), validated unless validation is off. No op is
+differentiable: each runs below autograd, so its outputs never require grad (an input that
+requires grad is read, and gets no gradient).
 
 Forms (a custom op may not return one of its inputs, so writes are separate forms that
 return nothing and declare what they write):
@@ -186,6 +188,24 @@ def _fresh(outputs: tuple, inputs) -> tuple:
     return tuple(t.clone() if t.numel() and t.untyped_storage().data_ptr() in ptrs else t for t in outputs)
 
 
+def _not_differentiable(op: torch._ops.OpOverload):
+    """The op's Autograd kernel: no op here has a derivative (indices, lengths, copies of rows,
+    an attention forward without its backward), so it runs below autograd and its outputs do
+    not require grad. Without it the CompositeExplicitAutograd kernel ran with grad mode on:
+    an output could come back with a grad_fn from the reference's internals (sparse_mla) or
+    with requires_grad=True, and backward then gave the inputs nothing."""
+
+    # (rather than raising when an input requires grad: opcheck's schema and AOT tests run the
+    # op on such inputs, and only this form passes them -- torch.library's advice for an op
+    # that is not differentiable). Re-invoking the op costs about 6 µs a call in grad mode,
+    # redispatching with the keyset about 15 (CPU host, gather_rows); none in inference_mode.
+    def kernel(*args, **kwargs):
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
+
+    return kernel
+
+
 def _define(form: _Form) -> None:
     spec = form.spec
 
@@ -228,6 +248,8 @@ def _define(form: _Form) -> None:
 
     _lib.define(form.name + form.schema())
     _lib.impl(form.name, impl, "CompositeExplicitAutograd")
+    _lib.impl(form.name, _not_differentiable(getattr(getattr(torch.ops, NAMESPACE), form.name).default),
+              "Autograd")
     torch.library.register_fake(f"{NAMESPACE}::{form.name}", fake, lib=_lib)
     OP_NAMES.append(form.name)
 

@@ -104,6 +104,30 @@ def test_dynamic_token_count_traces():
         assert mismatch("swa_indices_and_lens", got, OPS["swa_indices_and_lens"].reference(*args, **kwargs)) is None
 
 
+def test_ops_are_not_differentiable():
+    """Each op has an Autograd kernel that runs it below autograd: with inputs that require
+    grad, opcheck (autograd registration included) passes and no output requires grad or
+    carries a grad_fn from the reference's internals (sparse_mla's did)."""
+    rng = np.random.default_rng(2)
+    args, kwargs = case_for("sparse_mla", rng, "cpu")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 3, generator=g)
+    cases = [
+        (ns.sparse_mla, (args[0].clone().requires_grad_(True), *args[1:]), kwargs),
+        (ns.sparse_mla, (args[0], args[1].clone().requires_grad_(True), *args[2:]), kwargs),
+        (ns.gather_rows, (x.clone().requires_grad_(True), torch.tensor([0, 4, 5])), {}),
+        (ns.scatter_rows, (x[:2].clone().requires_grad_(True), torch.tensor([1, 3]), 5), {}),
+    ]
+    for fn, a, k in cases:
+        torch.library.opcheck(fn, a, k)
+        torch.library.opcheck(fn, a, k, test_utils=("test_autograd_registration",))
+        outs = fn(*a, **k)
+        for out in outs if isinstance(outs, tuple) else (outs,):
+            assert not out.requires_grad and out.grad_fn is None, fn
+    # the values are the ones computed without grad
+    assert torch.equal(ns.gather_rows(x.clone().requires_grad_(True), torch.tensor([0, 4])), x[[0, 4]])
+
+
 def test_in_place_pad_matches_reference():
     rng = np.random.default_rng(5)
     hits = 0
