@@ -278,7 +278,7 @@ def test_a_registered_op_is_a_custom_op(toy_op):
     import swa_backends.torch_ops as torch_ops
 
     assert torch_ops.define_ops() == [] and {NAME, f"{NAME}_out"} <= set(torch_ops.OP_NAMES)
-    assert torch_ops.FORMS[NAME].schema() == "(Tensor x, int factor) -> Tensor"
+    assert torch_ops.FORMS[NAME].schema() == "(Tensor x, SymInt factor) -> Tensor"  # an int scalar is SymInt
     x = torch.tensor([5, 6], dtype=torch.int32)
     assert torch.ops.swa_backends.toy_scale(x, 3).tolist() == [15, 18]
     out = torch.full_like(x, -7)
