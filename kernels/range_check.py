@@ -1,7 +1,7 @@
 """Checker programs: the value checks of a validated call inside the op's own launch.
 
-For the ops whose validators test large tensors (``plain_indices``' index rows, ``gather_rows`` /
-``scatter_rows``' row ids, ``gather_replay_batch``'s positions, ``prepare_replay_step``'s positions
+For the ops whose validators test large tensors (``plain_indices``', ``mixed_indices``' and
+``indices_to_csr``'s index rows, ``gather_rows`` / ``scatter_rows``' row ids, ``gather_replay_batch``'s positions, ``prepare_replay_step``'s positions
 and block table), a kernel of the small ops' kind, where every program tests every value before it
 stores, would read the tensors once per program. Here the op's checked kernel has ``P`` *checker*
 programs in front of its workers, in one 1-D grid (the range checks below are the shared part; an

@@ -1,7 +1,8 @@
 """A validated call of plain tensors to an op whose kernel tests its own values
 (``OpSpec.quick_check`` + ``Variant.self_checked``): quick host checks, then the kernel, which
-tests every value the validator tests in every program before it stores, writes nothing when one
-fails and leaves its verdict in one word; dispatch waits for that verdict and, when it is bad,
+tests every value the validator tests (in every program before it stores, or in checker programs
+its other programs wait for: ``kernels/range_check.py``), writes nothing when one fails and leaves
+its verdict in one word; dispatch waits for that verdict and, when it is bad,
 raises the validator's own ``ValueError``.
 
 Here, on the CPU (the kernels in Triton's interpreter): the quick checks are never looser than the
