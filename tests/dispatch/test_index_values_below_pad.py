@@ -97,17 +97,29 @@ def _poison(call: dict, name: str, lens: str | None, value: int, past: bool) -> 
     return r, c
 
 
-@pytest.mark.parametrize("value", BELOW_PAD)
-@pytest.mark.parametrize("past", [False, True], ids=["inside", "past-length"])
-@pytest.mark.parametrize("op,name,lens", TARGETS, ids=[f"{t[0]}-{t[1]}" for t in TARGETS])
-def test_the_validator_refuses_a_value_below_pad_and_writes_nothing(op, name, lens, past, value):
+def _every_poison(test):
+    """``test(op, name, lens, past, value)`` for every index argument, inside and past its length,
+    every value below PAD."""
+    for mark in (pytest.mark.parametrize("op,name,lens", TARGETS, ids=[f"{t[0]}-{t[1]}" for t in TARGETS]),
+                 pytest.mark.parametrize("past", [False, True], ids=["inside", "past-length"]),
+                 pytest.mark.parametrize("value", BELOW_PAD)):
+        test = mark(test)
+    return test
+
+
+def _poisoned(op: str, name: str, lens: str, past: bool, value: int):
+    """The op's call with ``value`` at one entry of ``name``: its arguments and its ``out=`` buffers."""
     call = CALLS[op]()
     _poison(call, name, lens, value, past)
-    args = _args(op, call)
+    return _args(op, call), _out(op, call)
+
+
+@_every_poison
+def test_the_validator_refuses_a_value_below_pad_and_writes_nothing(op, name, lens, past, value):
+    args, out = _poisoned(op, name, lens, past, value)
     with pytest.raises(ValueError) as err:
         OPS[op].validate(*args)
     assert str(err.value) == f"{op}: {name}={value}: {EXPECT}"
-    out = _out(op, call)
     before = [o.clone() for o in out]
     with pytest.raises(ValueError, match=f"^{op}: {name}={value}: "):
         getattr(sb.select("cpu"), op)(*args, out=out)  # the reference backend, validated
@@ -118,14 +130,9 @@ def _form(op: str):
     return load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
 
 
-@pytest.mark.parametrize("value", BELOW_PAD)
-@pytest.mark.parametrize("past", [False, True], ids=["inside", "past-length"])
-@pytest.mark.parametrize("op,name,lens", TARGETS, ids=[f"{t[0]}-{t[1]}" for t in TARGETS])
+@_every_poison
 def test_the_self_checked_form_refuses_a_value_below_pad_and_writes_nothing(op, name, lens, past, value):
-    call = CALLS[op]()
-    _poison(call, name, lens, value, past)
-    args = _args(op, call)
-    out = _out(op, call)
+    args, out = _poisoned(op, name, lens, past, value)
     before = [o.clone() for o in out]
     done = _form(op)(*args, out=out)
     assert done is not None, "the form declined a call it takes"
