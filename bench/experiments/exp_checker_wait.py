@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """How long a validated call waits for the verdict of its checker programs (``kernels/range_check.py``)
 as the call grows: ``plain_indices`` over T tokens of 128-wide window rows and a one-wide top-k
-(``bench_validation.py``'s layout; the workers compute their tile, then wait) and ``gather_rows``
-of n rows of 7168 bf16 (the workers wait, then copy)::
+(``bench_validation.py``'s layout; the workers compute their tile, then wait), ``gather_rows``
+of n rows of 7168 bf16 (the workers wait, then copy), and ``mixed_indices`` and
+``indices_to_csr`` over T tokens of 640 indices (128 window and 512 top-k: the checkers read every
+index, the workers copy or count them)::
 
     . bench/gpu_env.sh && python3 bench/experiments/exp_checker_wait.py --out $OUT
     python bench/experiments/exp_checker_wait.py --out /tmp/cw --smoke        # CPU wiring, tiny sizes
@@ -31,8 +33,10 @@ smoke.use_interpreter()  # before anything imports Triton
 import torch  # noqa: E402
 
 from lib import results, timing as tm  # noqa: E402
-from swa_backends.kernels import plain_indices as kp  # noqa: E402
+from swa_backends.kernels import indices_to_csr as kc, mixed_indices as km, plain_indices as kp  # noqa: E402
 from swa_backends.kernels import range_check, rows as kr  # noqa: E402
+
+OPS = ("plain_indices", "gather_rows", "mixed_indices", "indices_to_csr")
 
 
 def _row(plain, form, reps: int) -> dict:
@@ -56,18 +60,23 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--naps", default="0,32,128,512", help="comma-separated NAP_NS values (ns)")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks the script)")
     a = p.parse_args(argv)
+    ops = a.ops.split(",")
+    if not ops or not set(ops) <= set(OPS):
+        raise ValueError(f"--ops={a.ops!r}: expected comma-separated names of {OPS}")
     naps = [int(v) for v in a.naps.split(",")]
     gpu = torch.cuda.is_available() and not a.smoke
     tm.set_smoke(not gpu)
     dev = torch.device("cuda") if gpu else torch.device("cpu")
     reps = a.reps if gpu else 1
-    res = {"meta": results.machine(dev), "reps": reps, "naps": naps, "plain_indices": {}, "gather_rows": {}}
+    res = {"meta": results.machine(dev), "reps": reps, "naps": naps, **{op: {} for op in ops}}
     x = torch.randn(70000 if gpu else 50, 7168 if gpu else 8, device=dev).to(torch.bfloat16)
+    tiles = range_check.rows_tiles
     for nap in naps:
         range_check.NAP_NS = nap
-        for T in ((1024, 2048, 4096, 6400, 16384, 65536) if gpu else (40,)):
+        for T in ((1024, 2048, 4096, 6400, 16384, 65536) if gpu else (40,)) if "plain_indices" in ops else ():
             swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device=dev)
             lens = torch.randint(0, 129, (T,), dtype=torch.int32, device=dev)
             topk = torch.randint(-1, 1000, (T, 1), dtype=torch.int32, device=dev)
@@ -75,11 +84,12 @@ def main(argv=None) -> int:
             args = (swa, lens, topk, tlens)
             kp.plain_indices_checked(*args)[1].failed()  # compiled
             row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(*args), reps)
-            row["checkers"] = range_check.checkers(max(range_check.flat_tiles(T), range_check.rows_tiles(swa)))
+            t = range_check.flat_tiles(T)
+            row["checkers"] = sum(range_check.groups((t, tiles(swa), t, tiles(topk))))
             res["plain_indices"].setdefault(nap, {})[T] = row
             print(f"nap {nap:>4} plain_indices T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
                   flush=True)
-        for n in ((4, 1024, 4096, 16384, 65536) if gpu else (4, 40)):
+        for n in ((4, 1024, 4096, 16384, 65536) if gpu else (4, 40)) if "gather_rows" in ops else ():
             rows = torch.randint(0, x.shape[0], (n,), device=dev)
             kr.gather_rows_checked(x, rows)[1].failed()
             row = _row(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(x, rows), reps)
@@ -87,6 +97,26 @@ def main(argv=None) -> int:
             res["gather_rows"].setdefault(nap, {})[n] = row
             print(f"nap {nap:>4} gather_rows n {n:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
                   flush=True)
+        for T in (64, 1024, 4096, 8192, 16384) if gpu else (40,):
+            swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device=dev)
+            topk = torch.randint(-1, 1000, (T, 512), dtype=torch.int32, device=dev)
+            tlens = torch.randint(0, 513, (T,), dtype=torch.int32, device=dev)
+            indices = torch.cat([swa, topk], 1)
+            lens = tlens + 128
+            t = range_check.flat_tiles(T)
+            calls = {"mixed_indices": (km.mixed_indices, km.mixed_indices_checked, (swa, topk, tlens),
+                                       (t, tiles(swa), tiles(topk))),
+                     "indices_to_csr": (kc.indices_to_csr, kc.indices_to_csr_checked, (indices, lens),
+                                        (t, tiles(indices)))}
+            for op, (plain, form, args, shares) in calls.items():
+                if op not in ops:
+                    continue
+                form(*args)[1].failed()  # compiled
+                row = _row(lambda: plain(*args), lambda: form(*args), reps)
+                row["checkers"] = sum(range_check.groups(shares))
+                row["ratio"] = row["form_wait"] / row["plain"]
+                res[op].setdefault(nap, {})[T] = row
+                print(f"nap {nap:>4} {op} T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     results.write_json(a.out / "exp_checker_wait.json", res)
     return 0

@@ -1,15 +1,16 @@
 """The checker programs' wait experiment on the CPU (``--smoke``: tiny sizes in Triton's interpreter,
-numbers meaningless): every size of both ops timed at every nap, its checker count recorded."""
+numbers meaningless): every size of every op timed at every nap, its checker count recorded;
+``--ops`` picks some."""
 
 from __future__ import annotations
 
 from bench_smoke import smoke
 
 
-def test_smoke_times_both_ops(tmp_path):
+def test_smoke_times_every_op(tmp_path):
     res = smoke("experiments/exp_checker_wait.py", tmp_path, "exp_checker_wait.json", timeout=300)
     assert res["naps"] == [0, 32, 128, 512]
-    for op in ("plain_indices", "gather_rows"):
+    for op in ("plain_indices", "gather_rows", "mixed_indices", "indices_to_csr"):
         assert sorted(res[op]) == ["0", "128", "32", "512"], op  # (JSON keys)
         for by_size in res[op].values():
             assert by_size, op
