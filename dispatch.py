@@ -437,13 +437,18 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer,
             only = f", on {' and '.join(archs)} only," if archs else ""
             ahead.setdefault(first.name, []).append(
                 f"runs before {over}{only} for a call where {pred} gives a reason ({doc})")
+        own_check = platform_input_check(device.platform, op) is not None
         for v, reasons in assessed:
-            if any(v is c for c in chain):
+            in_chain = any(v is c for c in chain)
+            if in_chain:
                 status = "chosen" if v is chain[-1] else "per-call"
             else:
                 status = "rejected" if reasons else "eligible"
+            # the path Backend._make takes for it: one variant that is not per-call, or a chain
+            alone = not v.per_call and (len(chain) == 1 or not in_chain)
             table.append(Candidate(op, v.name, status, tuple(reasons), row.status(v.name) if row else None,
-                                   v.graph_safe, v.index_layout, tuple(ahead.get(v.name, ())), _checks(v)))
+                                   v.graph_safe, v.index_layout, tuple(ahead.get(v.name, ())),
+                                   _checks(v, alone, own_check)))
     return row, fallback, chains, table
 
 
@@ -492,9 +497,12 @@ def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
                      "changed during the call (written by another stream or thread?)")
 
 
-def _checks(v: Variant) -> tuple[str, ...]:
+def _checks(v: Variant, alone: bool, own_check: bool) -> tuple[str, ...]:
     """What a call must satisfy for a per-call variant to take it (``Variant.input_reasons``), and
-    how the variant's validated calls check their values when not on the host."""
+    how the variant's validated calls check their values when not on the host. ``alone``: it is
+    dispatched as the op's only variant (not per-call, no other in its chain), where the self-checked
+    form may run and no gate does; ``own_check``: the platform has an input check for the op, which the
+    quick host checks do not hold, so its validated calls never take the self-checked form."""
     lines = []
     if v.per_call:
         parts = []
@@ -506,10 +514,10 @@ def _checks(v: Variant) -> tuple[str, ...]:
         if v.input_check is not None:
             parts.append(f"{v.input_check} gives no reason")
         lines.append("takes a call where " + "; ".join(parts))
-        if v.gated and OPS[v.op].gate:
-            lines.append(f"validated calls: the value checks run on the device ({OPS[v.op].gate}) and it is "
-                         "launched behind them, gated on their flag, with no wait between")
-    if v.self_checked and OPS[v.op].quick_check:
+    if v.gated and OPS[v.op].gate and not alone:
+        lines.append(f"validated calls: the value checks run on the device ({OPS[v.op].gate}) and it is "
+                     "launched behind them, gated on their flag, with no wait between")
+    if v.self_checked and OPS[v.op].quick_check and alone and not own_check:
         lines.append(f"validated calls that pass the quick host checks: its own kernel tests the values "
                      f"({v.self_checked}) and writes nothing when one fails; the host waits for that verdict")
     return tuple(lines)

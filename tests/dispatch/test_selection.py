@@ -57,6 +57,29 @@ def test_explain_lists_every_declared_variant_with_reasons():
         assert (c.status == "rejected") == bool(c.reasons)
 
 
+@pytest.mark.parametrize("device, self_checked", [("cuda:sm90", True), ("rocm:gfx942", False)])
+def test_explain_lists_the_self_checked_form_where_a_validated_call_takes_it(monkeypatch, device, self_checked):
+    # ROCm's FP8 input check for gather_rows is not among the quick host checks: its validated
+    # calls are validated on the host, and explain() must not list the self-checked form there
+    pytest.importorskip("triton")
+    from swa_backends.kernels import rows
+
+    calls = []
+    form = rows.gather_rows_checked
+    monkeypatch.setattr(rows, "gather_rows_checked", lambda *a, **k: calls.append(1) or form(*a, **k))
+    registry.override_probe("triton", None)  # the faked GPU's kernels, in this process's interpreter
+    try:
+        be = sb.select(device)
+        assert be.variants["gather_rows"] == ("triton",)
+        x = torch.randn(8, 16, dtype=torch.bfloat16)
+        assert torch.equal(be.gather_rows(x, torch.tensor([1, 3, 5])), x[[1, 3, 5]])
+    finally:
+        registry.clear_probes()
+    assert bool(calls) == self_checked
+    row = next(c for c in be.explain().table if c.op == "gather_rows" and c.variant == "triton")
+    assert any("own kernel tests the values" in line for line in row.checks) == self_checked
+
+
 def test_unknown_device_falls_back_to_reference_with_reason():
     for dev in ("cuda:sm75", "rocm:gfx1100", "ascend:310p"):
         b = sb.select(dev)
