@@ -4,7 +4,8 @@ as the call grows: ``plain_indices`` over T tokens of 128-wide window rows and a
 (``bench_validation.py``'s layout; the workers compute their tile, then wait), ``gather_rows``
 of n rows of 7168 bf16 (the workers wait, then copy), and ``mixed_indices`` and
 ``indices_to_csr`` over T tokens of 640 indices (128 window and 512 top-k: the checkers read every
-index, the workers copy or count them)::
+index, the workers copy or count them; beside ``mixed_indices``, ``torch_check``: torch's own min of both
+index tensors brought to the host, the floor of a check that answers before it returns)::
 
     . bench/gpu_env.sh && python3 bench/experiments/exp_checker_wait.py --out $OUT
     python bench/experiments/exp_checker_wait.py --out /tmp/cw --smoke        # CPU wiring, tiny sizes
@@ -39,7 +40,7 @@ from swa_backends.kernels import range_check, rows as kr  # noqa: E402
 OPS = ("plain_indices", "gather_rows", "mixed_indices", "indices_to_csr")
 
 
-def _row(plain, form, reps: int) -> dict:
+def _row(plain, form, reps: int, torch_check=None) -> dict:
     def wait():
         done = form()
         assert not done[1].failed()
@@ -49,7 +50,10 @@ def _row(plain, form, reps: int) -> dict:
         # call, whose open_verdict need not (an attribute write inside the timing)
         form()[1].unread = False
 
-    t = tm.one_call_us({"plain": lambda: plain, "form": lambda: unwaited, "form_wait": lambda: wait}, reps)
+    calls = {"plain": lambda: plain, "form": lambda: unwaited, "form_wait": lambda: wait}
+    if torch_check is not None:
+        calls["torch_check"] = lambda: torch_check
+    t = tm.one_call_us(calls, reps)
     row = {name: v["host"] for name, v in t.items()}
     row["wait"] = row["form_wait"] - row["form"]
     return row
@@ -112,7 +116,10 @@ def main(argv=None) -> int:
                 if op not in ops:
                     continue
                 form(*args)[1].failed()  # compiled
-                row = _row(lambda: plain(*args), lambda: form(*args), reps)
+                # the floor of any check that answers before it returns: torch reads the same index
+                # values (a min of each index tensor) and brings the answer to the host
+                check = lambda: bool((torch.minimum(swa.min(), topk.min()) < -1).item())  # noqa: E731
+                row = _row(lambda: plain(*args), lambda: form(*args), reps, check if op == "mixed_indices" else None)
                 row["checkers"] = sum(range_check.groups(shares))
                 row["ratio"] = row["form_wait"] / row["plain"]
                 res[op].setdefault(nap, {})[T] = row

@@ -558,6 +558,28 @@ def test_checker_programs_on_large_grids_on_gpu():
         be.plain_indices(swa, lens)
 
 
+@pytest.mark.gpu
+def test_mixed_indices_on_a_grid_larger_than_the_gpu_holds_on_gpu():
+    """``mixed_indices`` validated through dispatch at 16K tokens of 640 indices (its checker
+    programs capped, ``range_check.MAX_CHECKERS``, each taking several tiles) and at 1000: the
+    reference's result, and a bad value in the last checker's tile refuses the call and writes
+    nothing."""
+    be = sb.select("cuda")
+    for T in (16384, 1000):
+        swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device="cuda")
+        topk = torch.randint(-1, 1000, (T, 512), dtype=torch.int32, device="cuda")
+        tlens = torch.randint(0, 513, (T,), dtype=torch.int32, device="cuda")
+        want = OPS["mixed_indices"].reference(swa.cpu(), topk.cpu(), tlens.cpu())
+        got = be.mixed_indices(swa, topk, tlens)
+        assert mismatch("mixed_indices", tuple(t.cpu() for t in got), want) is None, T
+        out = (torch.full((T, 640), 7, dtype=torch.int32, device="cuda"),
+               torch.full((T,), 7, dtype=torch.int32, device="cuda"))
+        topk[-1, -1] = -2
+        with pytest.raises(ValueError, match="mixed_indices: topk_slots"):
+            be.mixed_indices(swa, topk, tlens, out=out)
+        assert bool((out[0] == 7).all()) and bool((out[1] == 7).all()), f"T {T}: a refused call wrote"
+
+
 @pytest.mark.parametrize("wide", [False, True])
 def test_plain_indices_checkers_read_rows_sliced_from_wider_buffers(wide):
     """The checker programs tile index rows as one run when they are one (as allocated) and row by

@@ -16,3 +16,4 @@ def test_smoke_times_every_op(tmp_path):
             assert by_size, op
             for row in by_size.values():
                 assert row["checkers"] >= 1 and all(row[k] > 0 for k in ("plain", "form", "form_wait")), (op, row)
+                assert (row["torch_check"] > 0) if op == "mixed_indices" else "torch_check" not in row, (op, row)
