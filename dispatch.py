@@ -221,6 +221,9 @@ class Explanation:
     value_reader: str | None = None
     #: the torch device validated calls require their tensors on (:func:`home_device`; None: any)
     home: str | None = None
+    #: False: the backend's ops never validate (``select(checked=False)``); True: they validate while
+    #: the thread's validation switch is on
+    checked: bool = True
 
     def as_dict(self) -> dict:
         return {
@@ -231,6 +234,7 @@ class Explanation:
             "input_checks": dict(self.input_checks),
             "value_reader": self.value_reader,
             "home": self.home,
+            "checked": self.checked,
         }
 
     def __str__(self) -> str:
@@ -350,6 +354,9 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
             lines += _bullets([f"{op}: {check}" for op, check in e.input_checks.items()], 2)
         lines.append("")
         lines.append("validated calls (their devices and how their value checks are read):")
+        lines += _bullets(["validation: on while the thread's switch is on (set_validation, SWA_BACKENDS_VALIDATE)"
+                           if e.checked else "validation: never: this backend's ops validate nothing "
+                           "(select(checked=False)), whatever the switch says"], 2)
         lines += _bullets([f"read by: {e.value_reader} (one device pass and one copy; torch's reductions where it "
                            "declines a read)" if e.value_reader else "read by: torch's reductions and one copy"], 2)
         lines += _bullets([f"tensors on: {e.home} (one tensor of a call compared with it first, the others with that "
@@ -707,7 +714,7 @@ class Backend(_Declared):
         self.checked = checked
         self.capabilities = caps
         self._chains = dict(chains)
-        self._explanation = explanation
+        self._explanation = explanation if explanation.checked == checked else replace(explanation, checked=checked)
         #: op -> {variant name: reason}: variants that failed to build at all in this process (a
         #: failure of one specialisation is not recorded: it only sends calls like it on)
         self.failures: dict[str, dict[str, str]] = {}

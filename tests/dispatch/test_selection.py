@@ -622,6 +622,11 @@ def test_unchecked_backend_never_validates_and_gives_the_same_results(prefer):
     with pytest.raises(ValueError, match="prefill_gather_lens: query_start_loc"):
         checked.prefill_gather_lens(*bad)
     assert unchecked.prefill_gather_lens(*bad).tolist() == [3]
+    # and each backend's explain() says which it is
+    assert checked.explain().checked and checked.explain().as_dict()["checked"] is True
+    assert "validation: on while the thread's switch is on" in str(checked.explain())
+    assert not unchecked.explain().checked and unchecked.explain().as_dict()["checked"] is False
+    assert "validation: never" in str(unchecked.explain()) and "(select(checked=False))" in str(unchecked.explain())
 
 
 def test_backend_for_caches_per_device_and_settings():
