@@ -14,7 +14,8 @@ Per size, host µs (median of ``--reps`` rounds, the device idle before each cal
 ``form`` the checked form's launch alone, ``form_wait`` with the wait for its verdict, ``wait`` their
 difference, and ``plain`` the unvalidated kernel's launch; with the checker and worker programs of
 the launch. Each size once per ``--naps`` value (``range_check.NAP_NS``: the workers' sleep between
-reads of the gate, ns; 0 spins), in that order.
+reads of the gate, ns; 0 spins), in that order, and once per ``--max-checkers`` value (``range_check.MAX_CHECKERS``:
+the cap on a launch's checker programs, past which each takes several tiles) within each.
 
 Writes ``exp_checker_wait.json``.
 """
@@ -64,6 +65,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--naps", default="0,32,128,512", help="comma-separated NAP_NS values (ns)")
+    p.add_argument("--max-checkers", default=str(range_check.MAX_CHECKERS),
+                   help="comma-separated range_check.MAX_CHECKERS values (the cap on checker programs); with "
+                        "more than one, a row's key is '<nap>/<cap>'")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks the script)")
     a = p.parse_args(argv)
@@ -71,15 +75,21 @@ def main(argv=None) -> int:
     if not ops or not set(ops) <= set(OPS):
         raise ValueError(f"--ops={a.ops!r}: expected comma-separated names of {OPS}")
     naps = [int(v) for v in a.naps.split(",")]
+    caps = [int(v) for v in a.max_checkers.split(",")]
+    if not caps or min(caps) < 1 or max(caps) > 2**14:
+        # (the count word holds the checkers below range_check.FAILED, their failures above it)
+        raise ValueError(f"--max-checkers={a.max_checkers!r}: expected comma-separated counts in [1, 16384]")
     gpu = torch.cuda.is_available() and not a.smoke
     tm.set_smoke(not gpu)
     dev = torch.device("cuda") if gpu else torch.device("cpu")
     reps = a.reps if gpu else 1
-    res = {"meta": results.machine(dev), "reps": reps, "naps": naps, **{op: {} for op in ops}}
+    res = {"meta": results.machine(dev), "reps": reps, "naps": naps, "max_checkers": caps, **{op: {} for op in ops}}
     x = torch.randn(70000 if gpu else 50, 7168 if gpu else 8, device=dev).to(torch.bfloat16)
     tiles = range_check.rows_tiles
-    for nap in naps:
-        range_check.NAP_NS = nap
+    runs = [(nap, cap) for nap in naps for cap in caps]
+    for nap, cap in runs:
+        range_check.NAP_NS, range_check.MAX_CHECKERS = nap, cap
+        key = str(nap) if len(caps) == 1 else f"{nap}/{cap}"
         for T in ((1024, 2048, 4096, 6400, 16384, 65536) if gpu else (40,)) if "plain_indices" in ops else ():
             swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device=dev)
             lens = torch.randint(0, 129, (T,), dtype=torch.int32, device=dev)
@@ -90,16 +100,16 @@ def main(argv=None) -> int:
             row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(*args), reps)
             t = range_check.flat_tiles(T)
             row["checkers"] = sum(range_check.groups((t, tiles(swa), t, tiles(topk))))
-            res["plain_indices"].setdefault(nap, {})[T] = row
-            print(f"nap {nap:>4} plain_indices T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
+            res["plain_indices"].setdefault(key, {})[T] = row
+            print(f"nap {key:>4} plain_indices T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
                   flush=True)
         for n in ((4, 1024, 4096, 16384, 65536) if gpu else (4, 40)) if "gather_rows" in ops else ():
             rows = torch.randint(0, x.shape[0], (n,), device=dev)
             kr.gather_rows_checked(x, rows)[1].failed()
             row = _row(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(x, rows), reps)
             row["checkers"] = range_check.checkers(range_check.flat_tiles(n))
-            res["gather_rows"].setdefault(nap, {})[n] = row
-            print(f"nap {nap:>4} gather_rows n {n:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
+            res["gather_rows"].setdefault(key, {})[n] = row
+            print(f"nap {key:>4} gather_rows n {n:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),
                   flush=True)
         for T in (64, 1024, 4096, 8192, 16384) if gpu else (40,):
             swa = torch.randint(-1, 1000, (T, 128), dtype=torch.int32, device=dev)
@@ -122,8 +132,8 @@ def main(argv=None) -> int:
                 row = _row(lambda: plain(*args), lambda: form(*args), reps, check if op == "mixed_indices" else None)
                 row["checkers"] = sum(range_check.groups(shares))
                 row["ratio"] = row["form_wait"] / row["plain"]
-                res[op].setdefault(nap, {})[T] = row
-                print(f"nap {nap:>4} {op} T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()), flush=True)
+                res[op].setdefault(key, {})[T] = row
+                print(f"nap {key:>4} {op} T {T:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     results.write_json(a.out / "exp_checker_wait.json", res)
     return 0
