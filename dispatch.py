@@ -126,7 +126,7 @@ def _value_reader(device: DeviceInfo):
     """The reader a backend's validated calls hand :func:`~swa_backends.common.validation.one_read`:
     the platform's, loaded on first use; one that fails to load or to read leaves torch's way with
     one warning (a validated call never fails for it)."""
-    path = platform_value_reader(device.platform) if device.runnable else None
+    path = _reader_path(device)
     if path is None:
         return None
     fn = None
@@ -535,7 +535,9 @@ def _input_checks(device: DeviceInfo) -> dict[str, str]:
 
 
 def _reader_path(device: DeviceInfo) -> str | None:
-    return platform_value_reader(device.platform)
+    """The value reader a backend for ``device`` loads: the platform's, on a device that is here (a
+    fake device's calls run on the host, read by torch, as :func:`home_device` asks no device of them)."""
+    return platform_value_reader(device.platform) if device.runnable else None
 
 
 def _decide(device: DeviceInfo, config: ServingConfig, matrix: Matrix, row: Row | None, fallback: str | None,

@@ -26,12 +26,14 @@ def test_gpu_platforms_name_the_one_pass_reader():
 def test_explain_says_how_value_checks_are_read():
     from swa_backends.dispatch import format_explanation
 
-    gpu = sb.explain("cuda:sm90")
+    gpu = sb.explain(DeviceInfo(platform="cuda", arch="sm90", torch_device="cuda:0"))  # a stand-in GPU that is here
     assert gpu.value_reader == VALUE_READER and gpu.as_dict()["value_reader"] == VALUE_READER
     assert f"read by: {VALUE_READER}" in format_explanation(gpu, full=True)
-    cpu = sb.explain("cpu")
-    assert cpu.value_reader is None
-    assert "read by: torch's reductions and one copy" in format_explanation(cpu, full=True)
+    # the host, and a faked GPU (its calls run on host tensors): torch's way, which its backend takes
+    for device in ("cpu", "cuda:sm90"):
+        e = sb.explain(device)
+        assert e.value_reader is None and dispatch._value_reader(e.device) is None
+        assert "read by: torch's reductions and one copy" in format_explanation(e, full=True)
 
 
 def test_no_reader_where_nothing_runs():
