@@ -167,7 +167,10 @@ def fail(op: str, name: str, value: object, expected: str) -> None:
 
 def _show(value: object) -> str:
     if isinstance(value, torch.Tensor):
-        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device})"
+        if value.is_nested:  # (a nested tensor has no single shape)
+            return f"nested tensor(dim={value.dim()}, dtype={value.dtype}, device={value.device})"
+        layout = "" if value.layout is torch.strided else f", layout={value.layout}"
+        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype}, device={value.device}{layout})"
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -194,6 +197,8 @@ def check_tensor(
     # (every validated call runs this for each tensor argument: plain comparisons, no generators)
     if not isinstance(t, torch.Tensor):
         fail(op, name, t, "a torch.Tensor")
+    if t.layout is not torch.strided or t.is_nested:  # (kernels and checks read strides and a data pointer)
+        fail(op, name, t, "a dense (strided) tensor, not a sparse or nested one (call .to_dense() first)")
     if not lazy_bits and (t.is_conj() or t.is_neg()):
         fail(op, name, t, "a tensor without a lazy conjugate or negative bit (call .resolve_conj() / "
                           ".resolve_neg() first)")

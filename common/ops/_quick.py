@@ -15,6 +15,7 @@ from ..types import MAX_POSITION
 from ..validation import INT32_MAX
 
 _TENSOR = torch.Tensor
+_STRIDED = torch.strided  # (a sparse COO tensor has strides, all 0: a layout of one row or column passes them)
 _INT32 = (torch.int32,)
 
 
@@ -51,7 +52,7 @@ def rows(t, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None)
 def shape2(t, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None) -> tuple[int, int] | None:
     """:func:`rows`, answered as the tensor's ``(rows, columns)`` (None: not such rows), for a quick
     check that compares sizes next."""
-    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.ndim != 2 or t.is_neg()
+    if (t.__class__ is not _TENSOR or t.dtype not in dtypes or t.ndim != 2 or t.is_neg() or t.layout is not _STRIDED
             or (device is not None and t.device != device)):
         return None
     (n, m), (s0, s1) = t.shape, t.stride()

@@ -61,7 +61,8 @@ def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, rep
         return False
     # _quick.rows, its shape and strides read once
     s = slot_mappings
-    if s.__class__ is not _TENSOR or s.dtype is not SLOT_DTYPE or s.ndim != 2 or s.is_neg() or s.device != dev:
+    if (s.__class__ is not _TENSOR or s.dtype is not SLOT_DTYPE or s.ndim != 2 or s.is_neg() or s.device != dev
+            or s.layout is not torch.strided):
         return False
     (n, m), (s0, s1) = s.shape, s.stride()
     return (T <= m and n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX

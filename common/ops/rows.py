@@ -35,11 +35,12 @@ _COUNT = (torch.int32, torch.int64)
 
 
 def _rows_and_out(data, rows, n_out: int, out) -> bool:
-    """The quick checks shared by both ops: ``data`` any ``torch.Tensor`` of at least one dimension
+    """The quick checks shared by both ops: ``data`` any dense ``torch.Tensor`` of at least one dimension
     and at most ``INT32_MAX`` rows (the checked kernels take 32-bit bounds), ``rows`` plain int64 on its
     device, ``out`` None or a contiguous buffer ``[n_out, *data.shape[1:]]`` of its dtype and device
     without lazy bits, sharing no byte with either."""
-    if data.__class__ is not torch.Tensor or data.dim() < 1 or data.shape[0] > INT32_MAX:
+    if (data.__class__ is not torch.Tensor or data.layout is not torch.strided or data.dim() < 1
+            or data.shape[0] > INT32_MAX):
         return False
     dev = data.device
     if not plain(rows, _SLOT, 1, dev):

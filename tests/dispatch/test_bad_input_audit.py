@@ -1,0 +1,86 @@
+"""Bad input an audit found past validation (SPEC §5: a ``ValueError`` naming the argument, the
+value and the expectation, before anything is written), on the reference and the Triton backends
+(the kernels in Triton's interpreter on a CPU).
+
+* A sparse (COO, CSR) or nested tensor in place of any tensor argument reached torch or a kernel:
+  a ``RuntimeError`` ("Sparse CSR tensors do not have strides", "NestedTensorImpl doesn't support
+  sizes"), and a sparse COO index table with one column passed the self-checked ops' quick checks
+  (its strides are all 0) into a kernel (``NotImplementedError``: no storage).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import swa_backends as sb
+from swa_backends.common.ops import OPS
+from swa_backends.testing.conformance import case_for
+
+from _tritons import NO_TRITON
+
+
+def _backends():
+    return ["reference"] + ([] if NO_TRITON is not None else ["triton"])
+
+
+def _backend(prefer: str):
+    return sb.select("cpu", prefer=prefer)
+
+
+def _calls(op: str):
+    """``(name, args, kwargs)`` of a valid call, and the call's tensor arguments by name (an ``out=``
+    tuple's entries as ``out[i]``)."""
+    args, kwargs = case_for(op, np.random.default_rng(3), "cpu", poison=True, exact_out=True)
+    bound = OPS[op].signature.bind(*args, **kwargs).arguments
+    tensors = []
+    for name, v in bound.items():
+        if isinstance(v, torch.Tensor):
+            tensors.append(((name,), v))
+        elif name == "out" and isinstance(v, tuple):
+            tensors += [((name, i), x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    return bound, tensors
+
+
+def _rebind(op: str, bound: dict):
+    params = OPS[op].signature.parameters
+    args = tuple(v for n, v in bound.items() if params[n].kind == params[n].POSITIONAL_OR_KEYWORD)
+    return args, {n: v for n, v in bound.items() if params[n].kind == params[n].KEYWORD_ONLY}
+
+
+def _layouts(t: torch.Tensor):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (sparse CSR and nested tensors are beta / prototype)
+        yield "sparse_coo", t.to_sparse()
+        if t.dim() == 2:
+            yield "sparse_csr", t.to_sparse_csr()
+        if t.dim() >= 2 and t.shape[0]:
+            yield "nested", torch.nested.nested_tensor(list(t.unbind(0)))
+
+
+@pytest.mark.parametrize("prefer", _backends())
+@pytest.mark.parametrize("op", list(OPS))
+def test_sparse_and_nested_tensors_are_refused(op, prefer):
+    be = _backend(prefer)
+    bound, tensors = _calls(op)
+    tried = 0
+    for path, t in tensors:
+        for label, bad in _layouts(t):
+            b = dict(bound)
+            if len(path) == 1:
+                b[path[0]] = bad
+            else:
+                b[path[0]] = tuple(bad if i == path[1] else x for i, x in enumerate(b[path[0]]))
+            args, kwargs = _rebind(op, b)
+            dense = [(n, v.clone()) for n, v in b.items()
+                     if isinstance(v, torch.Tensor) and v.layout is torch.strided and not v.is_nested]
+            name = path[0] if len(path) == 1 else rf"{path[0]}\[{path[1]}\]"
+            with pytest.raises(ValueError, match=rf"^{op}: .*{name}.*=.*expected a dense \(strided\) tensor"):
+                getattr(be, op)(*args, **kwargs)
+            for n, before in dense:  # nothing written
+                assert torch.equal(b[n], before), (op, label, n)
+            tried += 1
+    assert tried
