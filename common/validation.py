@@ -248,6 +248,8 @@ def check_out(op: str, name: str, out: object, *, shape: Sequence[int], dtype: t
     at once: ``OpSpec.check_writes``.)"""
     check_tensor(op, name, out, dtypes=dtype, shape=shape, device=device)
     assert isinstance(out, torch.Tensor)
+    if out.requires_grad:  # (torch refuses out= with autograd too; a kernel's store would bypass it)
+        fail(op, name, out, "a buffer that does not require grad (the ops are not differentiable)")
     if row_stride and out.dim() == 2:
         if out.shape[1] > 1 and out.stride(1) != 1 or out.shape[0] > 1 and out.stride(0) < out.shape[1]:
             fail(op, name, f"strides {tuple(out.stride())}", f"contiguous rows, stride(0) >= {out.shape[1]}")

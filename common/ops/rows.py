@@ -38,7 +38,7 @@ def _rows_and_out(data, rows, n_out: int, out) -> bool:
     """The quick checks shared by both ops: ``data`` any dense ``torch.Tensor`` of at least one dimension
     and at most ``INT32_MAX`` rows (the checked kernels take 32-bit bounds), ``rows`` plain int64 on its
     device, ``out`` None or a contiguous buffer ``[n_out, *data.shape[1:]]`` of its dtype and device
-    without lazy bits, sharing no byte with either."""
+    without lazy bits or autograd, sharing no byte with either."""
     if (data.__class__ is not torch.Tensor or data.layout is not torch.strided or data.dim() < 1
             or data.shape[0] > INT32_MAX):
         return False
@@ -48,8 +48,8 @@ def _rows_and_out(data, rows, n_out: int, out) -> bool:
     if out is None:
         return True
     return (out.__class__ is torch.Tensor and out.dtype == data.dtype and out.device == dev and out.is_contiguous()
-            and not out.is_conj() and not out.is_neg() and out.shape[0] == n_out and out.shape[1:] == data.shape[1:]
-            and apart(out, data, rows))
+            and not out.is_conj() and not out.is_neg() and not out.requires_grad and out.shape[0] == n_out
+            and out.shape[1:] == data.shape[1:] and apart(out, data, rows))
 
 
 def quick_gather(x, rows, *, out=None) -> bool:

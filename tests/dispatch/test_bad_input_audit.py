@@ -6,6 +6,9 @@ value and the expectation, before anything is written), on the reference and the
   a ``RuntimeError`` ("Sparse CSR tensors do not have strides", "NestedTensorImpl doesn't support
   sizes"), and a sparse COO index table with one column passed the self-checked ops' quick checks
   (its strides are all 0) into a kernel (``NotImplementedError``: no storage).
+* An ``out=`` buffer that requires grad (an ``nn.Parameter``): the reference wrote into it through a
+  byte view, the Triton ``scatter_rows`` raised torch's ``RuntimeError`` from its zero fill, the
+  self-checked kernels stored into it; torch's own ``out=`` ops refuse it.
 """
 
 from __future__ import annotations
@@ -84,3 +87,20 @@ def test_sparse_and_nested_tensors_are_refused(op, prefer):
                 assert torch.equal(b[n], before), (op, label, n)
             tried += 1
     assert tried
+
+
+@pytest.mark.parametrize("prefer", _backends())
+@pytest.mark.parametrize("op", ["gather_rows", "scatter_rows"])
+def test_an_out_buffer_that_requires_grad_is_refused(op, prefer):
+    be = _backend(prefer)
+    bound, _ = _calls(op)
+    if bound.get("out") is None:
+        data = bound["x" if op == "gather_rows" else "y"]
+        n = bound["rows"].shape[0] if op == "gather_rows" else bound["num_rows"]
+        bound["out"] = torch.empty((n, *data.shape[1:]), dtype=data.dtype)
+    for make in (lambda t: torch.nn.Parameter(t.clone()), lambda t: t.clone().requires_grad_(True)):
+        out = make(torch.full_like(bound["out"], 7.0))
+        args, kwargs = _rebind(op, {**bound, "out": out})
+        with pytest.raises(ValueError, match=rf"^{op}: out=.*expected a buffer that does not require grad"):
+            getattr(be, op)(*args, **kwargs)
+        assert bool((out.detach() == 7.0).all())  # nothing written
