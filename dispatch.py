@@ -125,7 +125,7 @@ def platform_value_reader(platform: str) -> str | None:
 def _value_reader(device: DeviceInfo):
     """The reader a backend's validated calls hand :func:`~swa_backends.common.validation.one_read`:
     the platform's, loaded on first use; one that fails to load or to read leaves torch's way with
-    one warning (a validated call never fails for it)."""
+    one warning (a validated call never fails for it) and keeps why in ``read.failure``."""
     path = _reader_path(device)
     if path is None:
         return None
@@ -141,10 +141,12 @@ def _value_reader(device: DeviceInfo):
             return fn(items)
         except Exception as exc:  # a vendor failure (Triton missing, a compile error): torch's way from now on
             fn = False
-            warnings.warn(f"validation on {device}: value reader {path} failed ({type(exc).__name__}: {exc}); "
-                          "reading value checks with torch from now on", RuntimeWarning, stacklevel=2)
+            read.failure = f"value reader {path} failed ({type(exc).__name__}: {exc})"
+            warnings.warn(f"validation on {device}: {read.failure}; reading value checks with torch from now on",
+                          RuntimeWarning, stacklevel=2)
             return None
 
+    read.failure = None
     return read
 
 
@@ -742,16 +744,19 @@ class Backend(_Declared):
 
     def explain(self) -> Explanation:
         """The selection table; a variant that failed to build at all since (a whole-variant
-        failure) is ``rejected`` with that failure as its reason."""
+        failure) is ``rejected`` with that failure as its reason, and a value reader that failed
+        since is gone (validated calls read with torch from then on)."""
+        e = self._explanation
+        if self._reader is not None and self._reader.failure is not None:
+            e = replace(e, value_reader=None)
         if not self.failures:
-            return self._explanation
+            return e
         table = []
-        for c in self._explanation.table:
+        for c in e.table:
             why = self.failures.get(c.op, {}).get(c.variant)
             table.append(c if why is None else replace(c, status="rejected", reasons=(*c.reasons, why)))
-        chosen = {op: tuple(n for n in names if n not in self.failures.get(op, {}))
-                  for op, names in self._explanation.chosen.items()}
-        return replace(self._explanation, chosen=chosen, table=tuple(table))
+        chosen = {op: tuple(n for n in names if n not in self.failures.get(op, {})) for op, names in e.chosen.items()}
+        return replace(e, chosen=chosen, table=tuple(table))
 
     def variant_for(self, op: str, *args, **kwargs) -> str:
         """Name of the variant a call with these arguments would run."""

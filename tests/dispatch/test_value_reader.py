@@ -58,6 +58,18 @@ def test_a_failing_reader_leaves_torchs_way_with_one_warning(monkeypatch, failur
         assert read([torch.zeros(1)]) is None
 
 
+def test_a_backends_explain_drops_a_reader_that_failed(monkeypatch):
+    # its validated calls read with torch from the failure on: explain() says so, as it shows a
+    # variant that failed to build
+    monkeypatch.setattr(dispatch, "platform_value_reader", lambda p: "swa_backends.no_such_module:read")
+    be = sb.select(DeviceInfo(platform="cuda", arch="sm90", torch_device="cuda:0"))
+    assert be.explain().value_reader == "swa_backends.no_such_module:read"
+    with pytest.warns(RuntimeWarning, match="value reader .* failed"):
+        assert be._reader([torch.zeros(1)]) is None
+    assert be.explain().value_reader is None
+    assert "read by: torch's reductions and one copy" in str(be.explain())
+
+
 def test_a_declined_read_goes_the_torch_way(monkeypatch):
     """to_host with a reader that declines (None): the values torch's way, in order."""
     monkeypatch.setattr(validation, "_for_reader", lambda device: True)
