@@ -67,7 +67,7 @@ import swa_backends  # noqa: E402
 
 from lib import floors, results, timing as tm  # noqa: E402
 from lib.steps import BS, G, STEPS, W  # noqa: E402
-from swa_backends.common.ops import plan_replay_batch  # noqa: E402
+from swa_backends.common.ops import OPS, plan_replay_batch  # noqa: E402
 from swa_backends.common.ops.gather_replay_batch import allocate_out as gather_out  # noqa: E402
 from swa_backends.common.ops.prepare_replay_step import allocate_out as prepare_out  # noqa: E402
 from swa_backends.common.types import INDEX_DTYPE, SLOT_DTYPE  # noqa: E402
@@ -90,8 +90,10 @@ class Sizes:
 
 
 FULL = Sizes(STEPS)
-SMOKE = Sizes({"1x140": (1, 140, 0), "1x140+3d": (1, 140, 3)}, hidden=40, total_rows=64, row_counts=(8, 16),
-              step_64k=(1, 140), prepare_steps=(), calibration=False)
+# (every third prefill replays: the smoke's last step and its "64K" step have one, so that what pads
+# replayed slots is checked on slots it pads)
+SMOKE = Sizes({"1x140": (1, 140, 0), "3x140+3d": (3, 140, 3)}, hidden=40, total_rows=64, row_counts=(8, 16),
+              step_64k=(3, 140), prepare_steps=(), calibration=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -258,10 +260,18 @@ def bench_prepare(tb, dev, rng, sz: Sizes, results, quick):
         def separate():
             R = tb.batch_replay_start(R_all, s.idx, s.prefilling, out=rs_out)
             tb.pad_replayed_slots(s.slots, s.cacheable, s.qsl, s.positions, R, W)
-            tb.swa_indices_and_lens(s.qsl, s.seq, s.block_table, BS, W, R, index_width=W, num_tokens=s.T, out=swa_out)
-            tb.gather_replay_batch(s.plan, s.qsl, s.seq, R, s.positions, s.slots, W, out=g_out)
+            swa = tb.swa_indices_and_lens(s.qsl, s.seq, s.block_table, BS, W, R, index_width=W, num_tokens=s.T,
+                                          out=swa_out)
+            return R, s.slots, swa, tb.gather_replay_batch(s.plan, s.qsl, s.seq, R, s.positions, s.slots, W, out=g_out)
 
-        _check_prepare(tb, s, out)
+        want = _check_prepare(tb, s, out)
+        # the four ops checked against the same reference before they are timed (the slots they pad in place
+        # come out as the reference pads a copy; padding them again changes nothing)
+        R, slots, swa, gathered = tm.call(separate)
+        for k, got in (("replay_start", R), ("slot_mappings", slots), ("swa_indices", swa[0]), ("swa_lens", swa[1])):
+            assert torch.equal(got, getattr(want, k)), f"{name}: the four ops' {k}"
+        for k in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"):
+            assert torch.equal(getattr(gathered, k), getattr(want.replay_batch, k)), f"{name}: the four ops' {k}"
         row = {"step": name, "T": s.T}
         row.update({f"fused_{k}": v for k, v in tm.gpu_pair(fused).items()})
         row["fused_host_us"] = tm.host_us(fused)
@@ -271,10 +281,9 @@ def bench_prepare(tb, dev, rng, sz: Sizes, results, quick):
     results["prepare_replay_step"] = rows
 
 
-def _check_prepare(tb, s, out, plan=True) -> None:
-    """The fused launch on ``s`` equals the reference (on copies of the slots it pads)."""
-    from swa_backends.common.ops import OPS
-
+def _check_prepare(tb, s, out, plan=True):
+    """The fused launch on ``s`` equals the reference (on copies of the slots it pads); returns the
+    reference's result."""
     args = lambda slots: (s.R.clone(), s.idx, s.prefilling, s.qsl, s.seq, s.positions, slots, s.cacheable,  # noqa: E731
                           s.block_table, BS, W, W)
     kw = {"index_width": W, "plan": s.plan if plan else None}
@@ -285,6 +294,7 @@ def _check_prepare(tb, s, out, plan=True) -> None:
     if plan:
         for k in ("rows", "query_start_loc", "positions", "slot_mappings", "kv_start"):
             assert torch.equal(getattr(got.replay_batch, k), getattr(want.replay_batch, k)), k
+    return want
 
 
 def bench_rows(tb, dev, rng, sz: Sizes, results, quick):
@@ -310,9 +320,11 @@ def bench_rows(tb, dev, rng, sz: Sizes, results, quick):
                        "index_select_us": i_us, "index_select_GBps": traffic / i_us / 1e3,
                        "copy_us": copy_us, "copy_GBps": copy_bw, "triton_vs_copy": copy_us / t_us})
         y = x[:n].clone()
+        put = lambda: tb.scatter_rows(y, rows, N, out=big)  # noqa: E731
+        assert torch.equal(tm.call(put), OPS["scatter_rows"].reference(y, rows, N)), f"scatter_rows, {n} rows"
         core_us = tm.gpu_us(lambda: rows_mod._launch(y, big, rows, n, True))  # the scatter launch alone
         ic_us = tm.gpu_us(lambda: big.index_copy_(0, rows, y))
-        full_us = tm.gpu_us(lambda: tb.scatter_rows(y, rows, N, out=big))
+        full_us = tm.gpu_us(put)
         full_traffic = (N + n) * rb  # write every output row once, read every input row once
         fcopy_us, fcopy_bw = tm.copy_us(full_traffic, dev)
         scatter.append({"rows": n, "bytes": traffic, "triton_us": core_us, "triton_GBps": traffic / core_us / 1e3,
@@ -345,14 +357,16 @@ def bench_64k(tb, dev, rng, sz: Sizes, results):
     fn = lambda: tb.swa_indices_and_lens(s.qsl, s.seq, s.block_table, BS, W, s.R, index_width=W,  # noqa: E731
                                          num_tokens=T, out=swa_out)
     got = tm.call(fn)
-    want = swa_backends.common.ops.OPS["swa_indices_and_lens"].reference(s.qsl, s.seq, s.block_table, BS, W, s.R,
-                                                                         index_width=W, num_tokens=T)
+    want = OPS["swa_indices_and_lens"].reference(s.qsl, s.seq, s.block_table, BS, W, s.R, index_width=W, num_tokens=T)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     swa_traffic = T * W * 4 + T * 4 + T * 4  # indices + lens written, ~one block-table word read per token
     results["swa_indices_and_lens_64k"] = _vs_copy(fn, swa_traffic, dev, T)
     n_replayed = int(((s.R > 0).sum()).item()) * W
     slots = s.slots.clone()
     fn = lambda: tb.pad_replayed_slots(slots, s.cacheable, s.qsl, s.positions, s.R, W)  # noqa: E731
+    want = OPS["pad_replayed_slots"].reference(s.slots.clone(), s.cacheable, s.qsl, s.positions, s.R, W)
+    # (in place: padding the padded slots again changes nothing)
+    assert torch.equal(tm.call(fn), want), "pad_replayed_slots at the 64K step"
     traffic = T * 8 + n_replayed * int(s.cacheable.numel()) * 8  # positions read, PAD written
     results["pad_replayed_slots_64k"] = _vs_copy(fn, traffic, dev, T)
     out = prepare_out(s.B, T, W, dev, None, G)

@@ -48,3 +48,33 @@ def test_refuses_to_time_without_a_gpu(tmp_path, capsys):
     assert run_script(ROOT / "bench" / "bench_triton_ops.py", "--out", str(tmp_path / "o")) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _break(monkeypatch, what: str) -> str:
+    """Make one kernel write nothing (a wrong result); returns the check that must stop the run."""
+    if what == "scatter_rows":  # the scatter's copy launch alone (gather_rows shares the launcher)
+        from swa_backends.kernels import rows
+
+        real = rows._launch
+        monkeypatch.setattr(rows, "_launch", lambda src, dst, idx, n, scatter, *a, **kw:
+                            None if scatter else real(src, dst, idx, n, scatter, *a, **kw))
+        return "scatter_rows, 8 rows"
+    from swa_backends.kernels import pad_replayed_slots as k
+
+    real = k._K
+    # "pad_64k": only at the smoke's "64K" step (3 prefills of 140 tokens, slot rows of 420 columns)
+    monkeypatch.setattr(k, "_K", lambda key, grid, slots, *a: None if what == "pad" or slots.shape[1] == 3 * 140
+                        else real(key, grid, slots, *a))
+    return "the four ops' slot_mappings" if what == "pad" else "pad_replayed_slots at the 64K step"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script runs the full benchmark")
+@pytest.mark.parametrize("what", ["scatter_rows", "pad", "pad_64k"])
+def test_a_wrong_result_is_never_timed(tmp_path, monkeypatch, what):
+    """``scatter_rows``, ``pad_replayed_slots`` at the 64K step and ``prepare_replay_step``'s four ops
+    one by one are each compared with the reference before they are timed (they were timed unchecked):
+    a kernel that writes nothing stops the run. The smoke's steps replay, so the padding has slots to pad."""
+    match = _break(monkeypatch, what)
+    with pytest.raises(AssertionError, match=match):
+        run_script(ROOT / "bench" / "bench_triton_ops.py", "--out", str(tmp_path), "--smoke")
+    assert not (tmp_path / "bench_triton_ops.json").exists()
