@@ -54,6 +54,7 @@ def validate(plan, query_start_loc, seq_lens, replay_start, positions, slot_mapp
     T = positions.shape[0]
     check_tensor(NAME, "query_start_loc", query_start_loc, device=dev)
     B = check_batch(NAME, query_start_loc, seq_lens, replay_start, num_tokens=T)
+    check_plan_sizes(NAME, plan)
     if B != plan.num_reqs:
         fail(NAME, "query_start_loc", query_start_loc, f"{plan.num_reqs + 1} entries (the plan's B + 1)")
     G = check_slot_mappings(NAME, slot_mappings, dev, T)
@@ -141,6 +142,16 @@ def plan_tensors(plan: ReplayPlan, dev: torch.device) -> list[torch.Tensor]:
     return found
 
 
+def check_plan_sizes(op: str, plan: ReplayPlan) -> None:
+    """The plan's sizes, which shape the call's buffers, before anything reads them: ``num_rows``,
+    ``num_rows_padded`` and, for a plan built field by field, ``kept`` (its length is the plan's B)."""
+    check_int(op, "plan.num_rows", plan.num_rows, min_value=0)  # the host's count: decodes may differ here
+    check_int(op, "plan.num_rows_padded", plan.num_rows_padded, min_value=plan.num_rows, max_value=MAX_POSITION,
+              why="MAX_POSITION")
+    if plan.__dict__.get("_host") is None:
+        check_tensor(op, "plan.kept", plan.kept, dtypes=INDEX_DTYPE, ndim=1)
+
+
 def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> None:
     """The plan fits this batch (it was made from the host copy of the same
     ``query_start_loc``): shapes and counts always, and with value checks, on the *device*
@@ -152,9 +163,7 @@ def check_plan(op: str, plan: ReplayPlan, query_start_loc, num_tokens: int) -> N
     follow the device. A plan from another batch fails here instead of writing past the
     sub-batch buffers."""
     B = query_start_loc.shape[0] - 1
-    check_int(op, "plan.num_rows", plan.num_rows, min_value=0)  # the host's count: decodes may differ here
-    check_int(op, "plan.num_rows_padded", plan.num_rows_padded, min_value=plan.num_rows, max_value=MAX_POSITION,
-              why="MAX_POSITION")
+    check_plan_sizes(op, plan)
     check_tensor(op, "plan.kept", plan.kept, dtypes=INDEX_DTYPE, shape=(B,))
     check_tensor(op, "plan.trimmed", plan.trimmed, dtypes=torch.bool, shape=(B,), device=plan.kept.device)
     check_tensor(op, "plan.dropped_before", plan.dropped_before, dtypes=INDEX_DTYPE, shape=(B + 1,),

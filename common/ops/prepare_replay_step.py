@@ -249,6 +249,8 @@ def _validate(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_le
         fail(NAME, "query_start_loc", query_start_loc, f"{B + 1} entries (one per batch row + 1)")
     if plan is not None and not isinstance(plan, ReplayPlan):
         fail(NAME, "plan", plan, "None or a ReplayPlan from plan_replay_batch")
+    if plan is not None:  # (its sizes cut the sub-batch buffers below)
+        gather_replay_batch.check_plan_sizes(NAME, plan)
     if plan is not None and out is not None and "replay_batch" not in o:
         fail(NAME, "out", sorted(o), "a buffer dict for 'replay_batch' (a plan is given)")
     # The checks below read the replay starts this call will produce (a stale one is valid:

@@ -9,10 +9,14 @@ value and the expectation, before anything is written), on the reference and the
 * An ``out=`` buffer that requires grad (an ``nn.Parameter``): the reference wrote into it through a
   byte view, the Triton ``scatter_rows`` raised torch's ``RuntimeError`` from its zero fill, the
   self-checked kernels stored into it; torch's own ``out=`` ops refuse it.
+* A plan built field by field whose ``kept`` is not a 1-D tensor (None, a list, a 0-dim tensor) or
+  whose ``num_rows_padded`` is not an int: ``gather_replay_batch`` and ``prepare_replay_step`` read
+  the plan's B and sizes before checking them (``AttributeError``, ``IndexError``, ``TypeError``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -21,6 +25,7 @@ import torch
 
 import swa_backends as sb
 from swa_backends.common.ops import OPS
+from swa_backends.common.types import ReplayPlan
 from swa_backends.testing.conformance import case_for
 
 from _tritons import NO_TRITON
@@ -34,10 +39,10 @@ def _backend(prefer: str):
     return sb.select("cpu", prefer=prefer)
 
 
-def _calls(op: str):
-    """``(name, args, kwargs)`` of a valid call, and the call's tensor arguments by name (an ``out=``
-    tuple's entries as ``out[i]``)."""
-    args, kwargs = case_for(op, np.random.default_rng(3), "cpu", poison=True, exact_out=True)
+def _calls(op: str, seed: int = 3):
+    """The bound arguments of a valid call, and the call's tensor arguments by path (an ``out=``
+    tuple's entries as ``("out", i)``)."""
+    args, kwargs = case_for(op, np.random.default_rng(seed), "cpu", poison=True, exact_out=True)
     bound = OPS[op].signature.bind(*args, **kwargs).arguments
     tensors = []
     for name, v in bound.items():
@@ -104,3 +109,21 @@ def test_an_out_buffer_that_requires_grad_is_refused(op, prefer):
         with pytest.raises(ValueError, match=rf"^{op}: out=.*expected a buffer that does not require grad"):
             getattr(be, op)(*args, **kwargs)
         assert bool((out.detach() == 7.0).all())  # nothing written
+
+
+@pytest.mark.parametrize("prefer", _backends() + ["torch_ops"])
+@pytest.mark.parametrize("op", ["gather_replay_batch", "prepare_replay_step"])
+def test_a_plans_sizes_are_checked_before_they_are_read(op, prefer):
+    from swa_backends import torch_ops
+
+    bound = next(b for seed in range(40) if (b := _calls(op, seed)[0]).get("plan") is not None)
+    plan = bound["plan"]
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.init}
+    fn = (lambda *a, **k: torch_ops.call(op, *a, **k)) if prefer == "torch_ops" else getattr(_backend(prefer), op)
+    for field, bad in (("kept", None), ("kept", [1]), ("kept", torch.tensor(3, dtype=torch.int32)),
+                       ("num_rows_padded", None), ("num_rows_padded", [1]), ("num_rows_padded", 2.5)):
+        if prefer == "torch_ops" and (field != "kept" or isinstance(bad, list)):
+            continue  # (the custom op's schema takes a Tensor and a SymInt there: torch's error)
+        args, kwargs = _rebind(op, {**bound, "plan": ReplayPlan(**{**fields, field: bad})})
+        with pytest.raises(ValueError, match=rf"^{op}: plan\.{field}="):
+            fn(*args, **kwargs)
