@@ -45,6 +45,7 @@ import torch
 
 from .common.ops import OPS, OpSpec
 from .common.types import ReplayBatch, ReplayPlan
+from .common.validation import fail
 from . import dispatch as _dispatch
 from .dispatch import Backend
 
@@ -206,12 +207,37 @@ def _not_differentiable(op: torch._ops.OpOverload):
     return kernel
 
 
+def _data(form: _Form, values: dict) -> torch.Tensor:
+    """The form's first tensor argument, whose device picks the backend (torch hands a Python
+    kernel None for a ``Tensor`` argument passed as None: the Python op's error, not an AttributeError)."""
+    t = values[form.data_arg]
+    if not isinstance(t, torch.Tensor):
+        fail(form.spec.name, form.data_arg, t, "a torch.Tensor")
+    return t
+
+
+def _all_meta_or_none(form: _Form, like: torch.Tensor, values: dict, out: dict) -> None:
+    """The fake kernel is also the op's Meta kernel, which torch's dispatcher runs for a call with
+    any meta tensor: shapes only for a call whose tensors are all meta (a trace), a ``ValueError``
+    for one that mixes meta with real tensors (it returned uninitialised host memory as results,
+    and wrote no ``out_`` buffer). Under FakeTensorMode every tensor reports its fake device."""
+    meta = like.device.type == "meta"
+    plan = values.get("plan")
+    tensors = [*values.items(), *zip(form.out_keywords(list(out)), out.values())]
+    if plan is not None and not meta:  # (a plan's tensors are host tensors, with a meta trace's data too)
+        tensors += [(n, getattr(plan, n)) for n in PLAN_FIELDS[:3]]
+    for name, t in tensors:
+        if isinstance(t, torch.Tensor) and (t.device.type == "meta") != meta:
+            fail(form.spec.name, name, t, f"device {like.device} (same as {form.data_arg}: the custom ops take a meta "
+                                          "tensor only in a call whose every tensor is meta, shapes only)")
+
+
 def _define(form: _Form) -> None:
     spec = form.spec
 
     def impl(*args, **kwargs):
         values, out = form.python_args(args, kwargs)
-        device = values[form.data_arg].device
+        device = _data(form, values).device
         positional = [values[p.name] for p in form.py_params if p.kind != p.KEYWORD_ONLY]
         keywords = {p.name: values[p.name] for p in form.py_params if p.kind == p.KEYWORD_ONLY}
         if "plan" in values:
@@ -236,10 +262,11 @@ def _define(form: _Form) -> None:
         return fresh[0] if len(fresh) == 1 else fresh
 
     def fake(*args, **kwargs):
+        values, out = form.python_args(args, kwargs)
+        like = _data(form, values)
+        _all_meta_or_none(form, like, values, out)
         if form.with_out or not form.result_names():
             return None
-        values, _ = form.python_args(args, kwargs)
-        like = values[form.data_arg]
         outs = []
         for shape, dtype in spec.results.shapes(values).values():
             shape = tuple(torch.library.get_ctx().new_dynamic_size() if s is None else s for s in shape)

@@ -9,6 +9,10 @@ value and the expectation, before anything is written), on the reference and the
 * An ``out=`` buffer that requires grad (an ``nn.Parameter``): the reference wrote into it through a
   byte view, the Triton ``scatter_rows`` raised torch's ``RuntimeError`` from its zero fill, the
   self-checked kernels stored into it; torch's own ``out=`` ops refuse it.
+* The custom ops (``torch.ops.swa_backends``): a call mixing meta and real tensors ran the op's fake
+  kernel (torch's dispatcher picks the Meta kernel for it) and returned uninitialised host memory as
+  its results, or wrote no ``out_`` buffer; None for the first tensor argument (torch hands a Python
+  kernel None for a ``Tensor`` passed as None) was an ``AttributeError``.
 * A plan built field by field whose ``kept`` is not a 1-D tensor (None, a list, a 0-dim tensor) or
   whose ``num_rows_padded`` is not an int: ``gather_replay_batch`` and ``prepare_replay_step`` read
   the plan's B and sizes before checking them (``AttributeError``, ``IndexError``, ``TypeError``).
@@ -109,6 +113,51 @@ def test_an_out_buffer_that_requires_grad_is_refused(op, prefer):
         with pytest.raises(ValueError, match=rf"^{op}: out=.*expected a buffer that does not require grad"):
             getattr(be, op)(*args, **kwargs)
         assert bool((out.detach() == 7.0).all())  # nothing written
+
+
+def _custom_calls(op: str):
+    """``(fn, args, kwargs, finish, tensors)`` of a valid call of ``op``'s custom op (``_out`` form where
+    the case passes ``out=``): ``tensors`` its tensor arguments by ``(position or keyword)``."""
+    from swa_backends import torch_ops
+
+    args, kwargs = case_for(op, np.random.default_rng(3), "cpu", poison=True, exact_out=True)
+    fn, a, kw, finish = torch_ops.lower(op, *args, **kwargs)
+    tensors = [(i, t) for i, t in enumerate(a) if isinstance(t, torch.Tensor)]
+    tensors += [(k, t) for k, t in kw.items() if isinstance(t, torch.Tensor)]
+    return fn, a, kw, tensors
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_custom_ops_refuse_a_meta_tensor_among_real_ones(op):
+    fn, a, kw, tensors = _custom_calls(op)
+    for where, t in tensors:
+        if t.numel() == 0:
+            continue
+        aa, kk = list(a), dict(kw)
+        if isinstance(where, int):
+            aa[where] = t.to("meta")
+        else:
+            kk[where] = t.to("meta")
+        before = [(x, x.clone()) for _, x in tensors]
+        with pytest.raises(ValueError, match=rf"^{op}: .*: expected device (cpu|meta) \(same as .*every tensor is meta"):
+            fn(*aa, **kk)
+        assert all(torch.equal(x, b) for x, b in before)  # nothing written
+    # every tensor meta: a trace, shapes only (the fake kernel)
+    meta = lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v  # noqa: E731
+    if op not in ("gather_replay_batch", "prepare_replay_step"):  # (a plan's tensors stay on the host)
+        fn(*[meta(x) for x in a], **{k: meta(v) for k, v in kw.items()})
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_custom_ops_name_a_first_tensor_passed_as_none(op):
+    from swa_backends import torch_ops
+
+    fn, a, kw, _ = _custom_calls(op)
+    form = torch_ops.FORMS[fn._qualified_op_name.split("::")[1]]
+    i = next(i for i, x in enumerate(a) if isinstance(x, torch.Tensor))
+    name = "plan.kept" if form.plan_required else form.data_arg  # (a required plan's tensors come first)
+    with pytest.raises(ValueError, match=rf"^{op}: {name}=None: expected a torch.Tensor"):
+        fn(*a[:i], None, *a[i + 1:], **kw)
 
 
 @pytest.mark.parametrize("prefer", _backends() + ["torch_ops"])
