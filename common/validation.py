@@ -179,6 +179,10 @@ def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
+#: What :func:`check_tensor` and :func:`check_writes` expect of a sparse or nested tensor argument.
+DENSE = "a dense (strided) tensor, not a sparse or nested one (call .to_dense() first)"
+
+
 def check_tensor(
     op: str,
     name: str,
@@ -198,7 +202,7 @@ def check_tensor(
     if not isinstance(t, torch.Tensor):
         fail(op, name, t, "a torch.Tensor")
     if t.layout is not torch.strided or t.is_nested:  # (kernels and checks read strides and a data pointer)
-        fail(op, name, t, "a dense (strided) tensor, not a sparse or nested one (call .to_dense() first)")
+        fail(op, name, t, DENSE)
     if not lazy_bits and (t.is_conj() or t.is_neg()):
         fail(op, name, t, "a tensor without a lazy conjugate or negative bit (call .resolve_conj() / "
                           ".resolve_neg() first)")
@@ -395,6 +399,9 @@ def check_writes(op: str, signature, args: tuple, kwargs: dict, mutates: Sequenc
     for name in mutates:
         written += _tensors(name, bound.get(name))
     inputs = [item for n, v in bound.items() if n != "out" and n not in mutates for item in _tensors(n, v)]
+    for name, t in (*written, *inputs):  # (no address to compare: checks_writes runs before a function's checks)
+        if t.layout is not torch.strided or t.is_nested:
+            fail(op, name, t, DENSE)
     ranges = {id(t): byte_range(t) for _, t in (*written, *inputs)}
 
     def meet(x: torch.Tensor, y: torch.Tensor) -> bool:

@@ -5,7 +5,9 @@ value and the expectation, before anything is written), on the reference and the
 * A sparse (COO, CSR) or nested tensor in place of any tensor argument reached torch or a kernel:
   a ``RuntimeError`` ("Sparse CSR tensors do not have strides", "NestedTensorImpl doesn't support
   sizes"), and a sparse COO index table with one column passed the self-checked ops' quick checks
-  (its strides are all 0) into a kernel (``NotImplementedError``: no storage).
+  (its strides are all 0) into a kernel (``NotImplementedError``: no storage). The index layout
+  converters (``compact_indices``, ``mixed_to_plain``, ``csr_to_plain``) check their writes' overlaps
+  first, by address: a ``RuntimeError`` there.
 * An ``out=`` buffer that requires grad (an ``nn.Parameter``): the reference wrote into it through a
   byte view, the Triton ``scatter_rows`` raised torch's ``RuntimeError`` from its zero fill, the
   self-checked kernels stored into it; torch's own ``out=`` ops refuse it.
@@ -95,6 +97,33 @@ def test_sparse_and_nested_tensors_are_refused(op, prefer):
             for n, before in dense:  # nothing written
                 assert torch.equal(b[n], before), (op, label, n)
             tried += 1
+    assert tried
+
+
+@pytest.mark.parametrize("op", ["compact_indices", "mixed_to_plain", "csr_to_plain"])
+def test_layout_converters_refuse_sparse_and_nested_tensors(op):
+    import inspect
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fuzz_cases import host_case
+
+    args, kwargs = host_case(op, np.random.default_rng(1))
+    fn = getattr(sb, op)
+    sig = inspect.signature(fn)
+    bound = sig.bind(*args, **kwargs).arguments
+    tried = 0
+    for name, v in bound.items():
+        for i, t in ([(None, v)] if isinstance(v, torch.Tensor) else list(enumerate(v)) if name == "out" else []):
+            for label, bad in _layouts(t):
+                new = bad if i is None else tuple(bad if j == i else x for j, x in enumerate(v))
+                b = {**bound, name: new}
+                args = [b[n] for n in b if sig.parameters[n].kind == sig.parameters[n].POSITIONAL_OR_KEYWORD]
+                kw = {n: b[n] for n in b if sig.parameters[n].kind == sig.parameters[n].KEYWORD_ONLY}
+                with pytest.raises(ValueError, match=r"expected a dense \(strided\) tensor"):
+                    fn(*args, **kw)
+                tried += 1
     assert tried
 
 
