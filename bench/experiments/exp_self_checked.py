@@ -8,7 +8,8 @@ per op that has one, at ``bench_validation.py``'s serving-sized step::
 Host µs per call, median of ``--reps`` rounds with the device idle before each call, every
 measurement once a round (``lib.timing.one_call_us``; fresh arguments made outside the timing):
 
-* ``off``: the call through the backend, validation off; ``on``: validated (the self-checked path);
+* ``off``: the call through the backend, validation off; ``on``: validated (the self-checked path),
+  the thread's switch set before the timing (``sb.set_validation``), as a caller sets it once;
 * ``plain``: the plain kernel's implementation called directly (no dispatch);
 * ``form``: the self-checked form called directly, without waiting for its verdict; ``form_wait``:
   with the wait (``Verdict.failed``);
@@ -17,7 +18,9 @@ measurement once a round (``lib.timing.one_call_us``; fresh arguments made outsi
   query); ``verdict_open``: ``open_verdict`` alone;
 * ``wait``: ``form_wait - form``: from the launch's return to the verdict seen.
 
-Writes ``exp_self_checked.json``.
+Before an op is timed, the call validated and not, the plain kernel and the self-checked form (waited for)
+are each compared with the op's torch reference on the same arguments; an op with a wrong path is not timed
+(``wrong``: what differed) and the run exits 1. Writes ``exp_self_checked.json``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from swa_backends.common.validation import value_checks_enabled  # noqa: E402
 from swa_backends.dispatch import capture_query  # noqa: E402
 from swa_backends.kernels import METADATA_KERNELS, SELF_CHECKED  # noqa: E402
 from swa_backends.kernels._verdict import open_verdict  # noqa: E402
+from swa_backends.testing.conformance import mismatch  # noqa: E402
 
 
 def _clone(v):
@@ -64,6 +68,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
     generator's small steps, in the interpreter): its row of host µs, or ``declined``."""
     be = sb.select(str(dev)) if gpu else sb.select("cpu", prefer="triton")
     capturing = capture_query(be.device)
+    previous = sb.validation_enabled()
     out = {}
     for op, args, kwargs in validation_cases(dev, smoke=not gpu):
         if op not in SELF_CHECKED:
@@ -73,19 +78,22 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         plain = load_attr(f"swa_backends.kernels.{METADATA_KERNELS[op][0]}")
         form = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
 
-        def fresh(body):
+        def fresh(body, switch=None):
             def make():
                 a, kw = tuple(_clone(x) for x in args), {n: _clone(x) for n, x in kwargs.items()}
+                if switch is not None:  # the thread's switch, set outside the timing as a caller sets it once
+                    sb.set_validation(switch)
                 return lambda: body(a, kw)
             return make
 
         def validated(a, kw, on):
             with sb.validation(on):
-                fn(*a, **kw)
+                return fn(*a, **kw)
 
         def form_wait(a, kw):
             done = form(*a, **kw)
             assert done is not None and not done[1].failed(), f"{op}: the form refused the step"
+            return done[0]
 
         a0, kw0 = fresh(lambda a, kw: (a, kw))()()
         if _unwaited(form(*a0, **kw0)) is None:  # (a step it does not take: ratio 1, ...)
@@ -95,9 +103,18 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         for on in (True, False):  # warm both paths
             fresh(lambda a, kw: validated(a, kw, on))()()
         form_wait(*fresh(lambda a, kw: (a, kw))()())
+        want = fresh(lambda a, kw: spec.reference(*a, **kw))()()
+        wrong = {name: why for name, why in (
+            (name, mismatch(op, fresh(body)()(), want)) for name, body in (
+                ("off", lambda a, kw: validated(a, kw, False)), ("on", lambda a, kw: validated(a, kw, True)),
+                ("plain", lambda a, kw: plain(*a, **kw)), ("form", form_wait))) if why is not None}
+        if wrong:  # a path whose result differs from the reference's is not timed
+            out[op] = {"wrong": wrong}
+            print(f"{op:<22} WRONG, not timed: {wrong}", flush=True)
+            continue
         t = tm.one_call_us({
-            "off": fresh(lambda a, kw: validated(a, kw, False)),
-            "on": fresh(lambda a, kw: validated(a, kw, True)),
+            "off": fresh(lambda a, kw: fn(*a, **kw), False),
+            "on": fresh(lambda a, kw: fn(*a, **kw), True),
             "plain": fresh(lambda a, kw: plain(*a, **kw)),
             "form": fresh(lambda a, kw: _unwaited(form(*a, **kw))),
             "form_wait": fresh(form_wait),
@@ -106,6 +123,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
             "enabled": fresh(lambda a, kw: value_checks_enabled()),
             "verdict_open": fresh(lambda a, kw: _unwaited(open_verdict(dev))),
         }, reps)
+        sb.set_validation(previous)
         row = {name: v["host"] for name, v in t.items()}
         row["wait"] = row["form_wait"] - row["form"]
         row["ratio"] = row["on"] / row["off"]
@@ -127,7 +145,7 @@ def main(argv=None) -> int:
            "ops": per_op(dev, a.reps if gpu else 1, gpu)}
     a.out.mkdir(parents=True, exist_ok=True)
     results.write_json(a.out / "exp_self_checked.json", res)
-    return 0
+    return 1 if any("wrong" in row for row in res["ops"].values()) else 0
 
 
 if __name__ == "__main__":
