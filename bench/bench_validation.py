@@ -20,7 +20,9 @@ most 2x the unvalidated one's.
 * **every other op** at a serving-sized step (B up to 64 requests, T a few thousand tokens, from
   ``testing.conformance``; ``--smoke``: the generator's small steps), ``host = validated host time /
   unvalidated host time``: wall clock from the call to its return with the device idle before it
-  (median of rounds), and the same with the device's work included.
+  (median of rounds), the thread's switch set before the timing, and the same with the device's work
+  included; beside them ``bare``, the op of a backend selected with ``checked=False`` (the variant
+  itself), and the validated call's ratio to it.
 * **reads**: device->host reads a validated call makes beyond the unvalidated one
   (``testing.host_reads``: the validation's one read, and any other value read through torch),
   for every op once.
@@ -72,18 +74,27 @@ def _fresh(args, kwargs):
     return copy(args), copy(kwargs)
 
 
-def host_times(fn, args, kwargs, rounds: int) -> dict:
-    """Median microseconds per call, validated and not, alternating (``lib.timing.one_call_us``, fresh
-    arguments made outside the timing): ``host`` from the call to its return with the device idle
-    before it, ``wall`` until the device is done."""
-    def prepare(on):
+def host_times(fn, bare, args, kwargs, rounds: int) -> dict:
+    """Median microseconds per call, alternating (``lib.timing.one_call_us``, fresh arguments made
+    outside the timing): ``on`` the call validated, ``off`` the same call with the thread's switch
+    off, each switch set before the timing as a caller sets it once (``sb.set_validation``; a
+    ``with sb.validation(...)`` block around each call would add its own host time to both), and
+    ``bare`` the op of a backend selected with ``checked=False`` (no validation, no dispatch: the
+    variant itself); ``host`` from the call to its return with the device idle before it, ``wall``
+    until the device is done."""
+    def prepare(on, f):
         def make():
             a, kw = _fresh(args, kwargs)
-            return lambda: _call(fn, a, kw, on)
+            sb.set_validation(on)
+            return lambda: f(*a, **kw)
         return make
 
-    t = tm.one_call_us({"on": prepare(True), "off": prepare(False)}, rounds)
-    return {f"{kind}_{key}": t[key][kind] for key in ("on", "off") for kind in ("host", "wall")}
+    previous = sb.validation_enabled()
+    try:
+        t = tm.one_call_us({"on": prepare(True, fn), "off": prepare(False, fn), "bare": prepare(True, bare)}, rounds)
+    finally:
+        sb.set_validation(previous)
+    return {f"{kind}_{key}": t[key][kind] for key in ("on", "off", "bare") for kind in ("host", "wall")}
 
 
 def reads_per_call(fn, args, kwargs) -> tuple[int, list[str]]:
@@ -98,22 +109,26 @@ def reads_per_call(fn, args, kwargs) -> tuple[int, list[str]]:
     return counts[True].reads - counts[False].reads, counts[True].what
 
 
-def metadata_ops(be, dev, smoke: bool, rounds: int) -> list[dict]:
+def metadata_ops(be, bare_be, dev, smoke: bool, rounds: int) -> list[dict]:
     rows = []
     for op, args, kwargs in validation_cases(dev, smoke):
-        fn = getattr(be, op)
+        fn, bare = getattr(be, op), getattr(bare_be, op)
         got = _call(fn, *_fresh(args, kwargs), True)
         want = _call(fn, *_fresh(args, kwargs), False)
-        why = mismatch(op, got, want)
+        a, kw = _fresh(args, kwargs)
+        why = mismatch(op, got, want) or mismatch(op, bare(*a, **kw), want)
         reads, what = reads_per_call(fn, args, kwargs)
         _call(fn, *_fresh(args, kwargs), True)  # warm both paths
-        t = host_times(fn, args, kwargs, rounds)
+        # (bare_be's first call made its op the variant itself: fetched again)
+        t = host_times(fn, getattr(bare_be, op), args, kwargs, rounds)
         row = {"op": op, "variant": be.variant_for(op, *args, **kwargs), "same_result": why is None, "why": why,
                "reads": reads, "read_what": what, **{f"{k}_us": v for k, v in t.items()},
-               "host_ratio": t["host_on"] / t["host_off"], "wall_ratio": t["wall_on"] / t["wall_off"]}
+               "host_ratio": t["host_on"] / t["host_off"], "wall_ratio": t["wall_on"] / t["wall_off"],
+               "host_ratio_bare": t["host_on"] / t["host_bare"]}
         rows.append(row)
         log(f"{op:<24} {row['variant']:<10} host {t['host_on']:8.1f} / {t['host_off']:8.1f} us = "
-            f"{row['host_ratio']:5.2f}x   wall {row['wall_ratio']:5.2f}x   reads {reads}")
+            f"{row['host_ratio']:5.2f}x   wall {row['wall_ratio']:5.2f}x   bare {t['host_bare']:8.1f} us: "
+            f"{row['host_ratio_bare']:5.2f}x   reads {reads}")
     return rows
 
 
@@ -178,7 +193,7 @@ def main(argv=None) -> int:
     result = {"meta": {**results.machine(dev), "smoke": args.smoke, "rounds": rounds, "per_round": per_round},
               "ops": [], "sparse_mla": []}
     if not args.skip_ops:
-        result["ops"] = metadata_ops(be, dev, args.smoke, rounds)
+        result["ops"] = metadata_ops(be, sb.select(dev, checked=False), dev, args.smoke, rounds)
     if not args.skip_grid:
         result["sparse_mla"] = sparse_mla_cells(be, dev, cells, rounds, per_round)
     results.write_json(path, result)
@@ -192,11 +207,13 @@ def main(argv=None) -> int:
 
 def print_tables(result: dict) -> None:
     if result["ops"]:
-        log("\n| op | variant | validated host us | unvalidated host us | host ratio (goal <= 2) | with device | reads |")
-        log("|---|---|---|---|---|---|---|")
+        log("\n| op | variant | validated host us | unvalidated host us | host ratio (goal <= 2) | with device | "
+            "checked=False host us | ratio to it | reads |")
+        log("|---|---|---|---|---|---|---|---|---|")
         for r in result["ops"]:
             log(f"| {r['op']} | {r['variant']} | {r['host_on_us']:.1f} | {r['host_off_us']:.1f} | "
-                f"{r['host_ratio']:.2f} | {r['wall_ratio']:.2f} | {r['reads']} |")
+                f"{r['host_ratio']:.2f} | {r['wall_ratio']:.2f} | {r['host_bare_us']:.1f} | {r['host_ratio_bare']:.2f} | "
+                f"{r['reads']} |")
     if not result["sparse_mla"]:
         return
     log("\n| H | K | T | rows | variant | loop speed (goal >= 0.97) | device speed | reads |")

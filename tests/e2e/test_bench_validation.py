@@ -30,6 +30,7 @@ def test_smoke(tmp_path, capsys):
         assert row["same_result"] and row["reads"] == 1, row
     for row in res["ops"]:
         assert row["host_on_us"] > 0 and row["host_off_us"] > 0 and row["host_ratio"] > 0
+        assert row["host_bare_us"] > 0 and row["host_ratio_bare"] == row["host_on_us"] / row["host_bare_us"]
     (cell,) = res["sparse_mla"]
     assert (cell["H"], cell["K"], cell["T"]) == (16, 64, 48) and cell["loop_speed"] > 0
     assert "| op | variant |" in stdout and "loop speed (goal >= 0.97)" in stdout
@@ -57,3 +58,40 @@ def test_cells_are_checked_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="--cells: '64:640:4096'"):
         run_script(SCRIPT, "--out", str(tmp_path / "o"), "--smoke", "--cells", "64:640:4096")
     assert not (tmp_path / "o").exists()
+
+
+def test_host_times_sets_the_switch_outside_the_timed_call(monkeypatch):
+    """Each timed call runs under the switch its column names, set before the timing (the timed call
+    is the op's call alone, no ``with sb.validation(...)`` block), and the thread's switch is the
+    caller's again afterwards."""
+    import importlib.util
+    import swa_backends as sb
+    from lib import timing as tm
+
+    spec = importlib.util.spec_from_file_location("bench_validation_under_test", SCRIPT)
+    bv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bv)
+    seen = []
+
+    def one_call_us(prepares, rounds):
+        out = {}
+        for name, prepare in prepares.items():
+            call = prepare()
+            entered = []
+            monkeypatch.setattr(sb, "validation", lambda on: entered.append(on))  # a block would call it
+            call()
+            monkeypatch.undo()
+            assert not entered, name
+            out[name] = {"host": 1.0, "wall": 2.0}
+        return out
+
+    monkeypatch.setattr(tm, "one_call_us", one_call_us)
+    sb.set_validation(False)
+    try:
+        t = bv.host_times(lambda x: seen.append(("fn", sb.validation_enabled(), x)),
+                          lambda x: seen.append(("bare", sb.validation_enabled(), x)), (torch.ones(1),), {}, 3)
+        assert sb.validation_enabled() is False  # the caller's switch again
+    finally:
+        sb.set_validation(True)
+    assert [(who, on) for who, on, _ in seen] == [("fn", True), ("fn", False), ("bare", True)]
+    assert set(t) == {f"{k}_{c}" for k in ("host", "wall") for c in ("on", "off", "bare")}
