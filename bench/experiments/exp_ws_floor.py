@@ -4,7 +4,9 @@ beside copies of itself with a part taken out, and beside FlashMLA, in the same 
     . bench/gpu_env.sh && PYTHONPATH=.flashmla:$PYTHONPATH python3 bench/experiments/exp_ws_floor.py --out $OUT
 
 The copies are made from ``kernels/sparse_mla_gluon_ws.py`` as it is (``variant_source``); their
-outputs are meaningless and not checked:
+outputs are meaningless and not checked (FlashMLA's and ``gluon_ws``'s are, per cell on its first tokens,
+against the fp32 reference before anything of the cell is timed: a cell where either is wrong is recorded
+with the reason, not timed, and the run exits 1):
 
 * ``no_gather``: the producer loads Q but gathers no KV row (the tiles keep whatever shared memory
   held; its cp.async arrivals still complete the ready barriers at once): the consumers' math,
@@ -53,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shar
 
 from lib import results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
-from lib.sparse_mla import CELLS, DV, D, load_module_copy, make_inputs, parse_cells, tflops  # noqa: E402
+from lib.sparse_mla import CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, tflops  # noqa: E402
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "sparse_mla_gluon_ws.py"
 GOAL = 1.10
@@ -191,6 +193,30 @@ def load_copies(folder: Path) -> dict:
     return mods
 
 
+#: the paths whose outputs mean something, each checked against the fp32 reference before a cell is timed
+CHECKED = ("flashmla_direct", "gluon_ws")
+
+
+def wrong_paths(fns: dict, q, kv, idx, lens, scale, sink, n: int = 8) -> dict:
+    """``{path: why}`` of the paths of :data:`CHECKED` among ``fns`` whose output on the first ``n`` tokens
+    differs from the fp32 reference (FlashMLA's own ``(out, max_logits, lse)`` read as ``(out, lse)``, an
+    empty token's lse +inf as the pack's -inf); a path that raises is wrong with its exception."""
+    out = {}
+    for name in CHECKED:
+        if name not in fns:
+            continue
+        try:
+            got = fns[name](q, kv, idx, lens, sink)
+            if name == "flashmla_direct":
+                got = (got[0], got[2].masked_fill(got[2] == float("inf"), float("-inf")))
+            why, _ = check(got, q, kv, idx, lens, scale, DV, sink, n=n)
+        except Exception as exc:  # noqa: BLE001 - recorded, never the end of the run
+            why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if why is not None:
+            out[name] = why
+    return out
+
+
 def summarise(row: dict) -> dict:
     """The cell's ratios from its times (``row["ms"]``)."""
     ms = row["ms"]
@@ -233,12 +259,19 @@ def main(argv=None) -> int:
     result = {**results.machine(dev), "goal": GOAL, "reps": args.reps, "command": results.command_line(),
               "kernel_sha": results.file_sha(KERNEL), "cells": []}
     kvs = {}
+    failed = False
     for H, K, T, S in args.cells or CELLS:
         kv = kvs.setdefault(S, torch.randn(S, D, device=dev).to(torch.bfloat16))
         q, idx, lens, sink = make_inputs(T, H, K, D, kv=kv, seed=H * K + T)
         for fn in fns.values():
             fn(q, kv, idx, lens, sink)  # compiled and warm
         torch.cuda.synchronize()
+        wrong = wrong_paths(fns, q, kv, idx, lens, scale, sink)
+        if wrong:  # a ratio to a wrong FlashMLA or of a wrong kernel means nothing: the cell is not timed
+            failed = True
+            result["cells"].append({"H": H, "K": K, "T": T, "S": S, "errors": wrong})
+            log(f"H {H:>3} K {K:>4} T {T:>5} S {S:>7}: wrong, not timed: {wrong}")
+            continue
         ms = tm.interleaved_ms({n: (lambda f=f: f(q, kv, idx, lens, sink)) for n, f in fns.items()}, args.reps)
         row = {"H": H, "K": K, "T": T, "S": S, "ms": ms,
                "tflops": {n: tflops(T, H, K, D, DV, v) for n, v in ms.items()}}
@@ -251,11 +284,12 @@ def main(argv=None) -> int:
             f" data_flow/fmla {row['data_flow/flashmla']:.3f} no_handover/fmla {row['no_handover/flashmla']:.3f}")
     for key in ("ws/flashmla", "floor/flashmla", "overlap", "ceiling/flashmla", "chain", "softmax_cost",
                 "data_flow/flashmla", "no_handover/flashmla"):
-        vals = [r[key] for r in result["cells"]]
-        result[f"gm {key}"] = results.gmean(vals)
-        log(f"geometric mean {key}: {result[f'gm {key}']:.3f}")
+        vals = [r[key] for r in result["cells"] if key in r]
+        if vals:
+            result[f"gm {key}"] = results.gmean(vals)
+            log(f"geometric mean {key}: {result[f'gm {key}']:.3f}")
     results.write_json(args.out / "exp_ws_floor.json", result)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

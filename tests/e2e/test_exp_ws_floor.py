@@ -129,3 +129,34 @@ def test_without_a_gpu_it_stops_with_the_reason(tmp_path, capsys):
     assert run_script(ROOT / "bench" / "experiments" / "exp_ws_floor.py", "--out", str(tmp_path / "o")) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_flashmla_and_the_kernel_are_checked_before_a_cell_is_timed():
+    """The two paths whose ratio the experiment reports are compared with the fp32 reference first (they
+    were timed unchecked); FlashMLA's ``(out, max_logits, lse)`` with +inf for an empty token is read in the
+    pack's convention, the copies are left alone (their outputs mean nothing), a raise is a reason."""
+    from lib.sparse_mla import DV, D, make_inputs, torch_baseline
+
+    scale = D ** -0.5
+    kv = torch.randn(256, D).to(torch.bfloat16)
+    q, idx, lens, sink = make_inputs(20, 16, 64, D, kv=kv, pads=True, seed=3, dev="cpu")
+    assert (lens == 0).any()  # an empty token: its lse is FlashMLA's +inf
+
+    def ws(q, kv, idx, lens, sink):
+        return torch_baseline(q, kv, idx, lens, scale, DV, sink)
+
+    def fmla(q, kv, idx, lens, sink):
+        out, lse = ws(q, kv, idx, lens, sink)
+        return out, None, lse.masked_fill(lse == float("-inf"), float("inf"))
+
+    def garbage(q, kv, idx, lens, sink):
+        out, lse = ws(q, kv, idx, lens, sink)
+        return out + 1, lse
+
+    def raises(*a):
+        raise RuntimeError("no kernel image")
+
+    fns = {"flashmla_direct": fmla, "gluon_ws": ws, "no_gather": garbage}
+    assert floor.wrong_paths(fns, q, kv, idx, lens, scale, sink) == {}
+    got = floor.wrong_paths({**fns, "gluon_ws": garbage, "flashmla_direct": raises}, q, kv, idx, lens, scale, sink)
+    assert set(got) == {"gluon_ws", "flashmla_direct"} and got["flashmla_direct"].startswith("RuntimeError")
