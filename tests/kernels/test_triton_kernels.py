@@ -106,12 +106,20 @@ def test_conformance_random_batches(tb, op):
     run()
 
 
+# A validated call of plain tensors runs the op's self-checked kernel (tests/dispatch/test_self_checked.py);
+# the plain kernel, what serving runs with validation off, only where that form declines the call. The
+# odd-size and poisoned-output tests run both ways.
+VALIDATED = pytest.mark.parametrize("validated", [True, False], ids=["validated", "unvalidated"])
+
+
+@VALIDATED
 @pytest.mark.parametrize("op", KERNEL_OPS)
-def test_poisoned_out_is_fully_written(tb, op):
+def test_poisoned_out_is_fully_written(tb, op, validated):
     rng = np.random.default_rng(7)
-    for _ in range(3):
-        args, kwargs = case_for(op, rng, "cpu", poison=True)
-        got, _ = _check(tb, op, args, kwargs)
+    with validation(validated):
+        for _ in range(3):
+            args, kwargs = case_for(op, rng, "cpu", poison=True)
+            got, _ = _check(tb, op, args, kwargs)
 
 
 ODD_BATCHES = {
@@ -124,12 +132,12 @@ ODD_BATCHES = {
 }
 
 
+@VALIDATED
 @pytest.mark.parametrize("name", list(ODD_BATCHES))
-@pytest.mark.parametrize("op", [op for op in KERNEL_OPS if op not in ("gather_rows", "scatter_rows", "indices_to_csr",
-                                                                      "batch_replay_start")])
-def test_odd_sizes(tb, op, name):
+@pytest.mark.parametrize("op", [op for op in KERNEL_OPS if op not in ("gather_rows", "scatter_rows", "indices_to_csr")])
+def test_odd_sizes(tb, op, name, validated):
     rng = np.random.default_rng(zlib.crc32(f"{op}/{name}".encode()))
-    for _ in range(2):
+    for i in range(2):
         kw = dict(ODD_BATCHES[name])
         if op == "gather_replay_batch" or (op == "prepare_replay_step" and rng.random() < 0.5):
             kw["long_prefill"] = True
@@ -139,18 +147,22 @@ def test_odd_sizes(tb, op, name):
         batch = random_batch(rng, **kw)
         if op == "gather_replay_batch" and not (batch.prefilling & (batch.q > batch.W)).any():
             continue
-        args, kwargs = case_for(op, rng, "cpu", batch=batch)
-        _check(tb, op, args, kwargs)
+        args, kwargs = case_for(op, rng, "cpu", batch=batch, poison=bool(i))
+        with validation(validated):
+            _check(tb, op, args, kwargs)
 
 
+@VALIDATED
 @pytest.mark.parametrize("T,K", [(0, 5), (3, 0), (1, 1), (17, 129), (70, 3)])
-def test_indices_to_csr_shapes(tb, T, K):
+def test_indices_to_csr_shapes(tb, T, K, validated):
     rng = np.random.default_rng(T * 131 + K)
     idx = torch.tensor(rng.integers(-1, 9, size=(T, K)), dtype=torch.int32)
     lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=torch.int32)
-    _check(tb, "indices_to_csr", (idx, lens), {})
-    _check(tb, "indices_to_csr", (idx, lens),
-           {"out": (torch.full((T + 1,), POISON_INT, dtype=torch.int32), torch.full((T * K,), POISON_INT, dtype=torch.int32))})
+    with validation(validated):
+        _check(tb, "indices_to_csr", (idx, lens), {})
+        _check(tb, "indices_to_csr", (idx, lens),
+               {"out": (torch.full((T + 1,), POISON_INT, dtype=torch.int32),
+                        torch.full((T * K,), POISON_INT, dtype=torch.int32))})
 
 
 # --------------------------------------------------------------------------- stray writes
@@ -511,8 +523,11 @@ def test_rows_any_trailing_shape_and_dtype(tb, dtype, trailing):
     else:
         x = (torch.randn(N, *trailing) * 50).to(dtype)
     rows = torch.tensor(rng.permutation(N)[:n], dtype=SLOT_DTYPE)
-    _check(tb, "gather_rows", (x, rows), {})
-    _check(tb, "scatter_rows", (x[:n].contiguous(), rows, N), {"out": torch.ones((N, *trailing), dtype=dtype)})
+    for validated in (True, False):  # the self-checked kernels, then the plain ones
+        with validation(validated):
+            _check(tb, "gather_rows", (x, rows), {})
+            _check(tb, "gather_rows", (x, rows), {"out": torch.ones((n, *trailing), dtype=dtype)})
+            _check(tb, "scatter_rows", (x[:n].contiguous(), rows, N), {"out": torch.ones((N, *trailing), dtype=dtype)})
 
 
 def test_rows_unaligned_and_strided_inputs(tb):
@@ -525,13 +540,18 @@ def test_rows_unaligned_and_strided_inputs(tb):
     assert x.data_ptr() % 4 == 2
     assert rows_mod._plan(x, torch.empty(1, D, dtype=torch.bfloat16))[0] == 2
     rows = torch.tensor(rng.permutation(N)[:6], dtype=SLOT_DTYPE)
-    _check(tb, "gather_rows", (x, rows), {})
     xt = torch.randn(D, N).t()  # rows not contiguous
-    _check(tb, "gather_rows", (xt, rows), {})
-    _check(tb, "scatter_rows", (xt[:6], rows, N), {})
-    out = torch.full((6, D), 3.0).to(torch.bfloat16)
-    got = tb.gather_rows(x, rows, out=out)
-    assert got.data_ptr() == out.data_ptr() and torch.equal(got, x[rows])
+    # called on the views themselves (_check's run_op hands the kernel a fresh, aligned copy of each)
+    ref = OPS["gather_rows"].reference
+    for validated in (True, False):
+        with validation(validated):
+            assert torch.equal(tb.gather_rows(x, rows), ref(x.clone(), rows))
+            assert torch.equal(tb.gather_rows(xt, rows), ref(xt.clone(), rows))
+            assert torch.equal(tb.scatter_rows(xt[:6], rows, N), OPS["scatter_rows"].reference(xt[:6].clone(), rows, N))
+            assert torch.equal(tb.scatter_rows(x[:6], rows, N), OPS["scatter_rows"].reference(x[:6].clone(), rows, N))
+            out = torch.full((6, D), 3.0).to(torch.bfloat16)
+            got = tb.gather_rows(x, rows, out=out)
+            assert got.data_ptr() == out.data_ptr() and torch.equal(got, x[rows])
 
 
 # --------------------------------------------------------------------------- validation
