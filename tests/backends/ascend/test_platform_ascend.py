@@ -7,10 +7,14 @@ from __future__ import annotations
 import sys
 import types
 
+import zlib
+
 import numpy as np
 import pytest
 from _tritons import NO_TRITON
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import swa_backends as sb
 from swa_backends.backends.ascend import constraints, npu_attention
@@ -18,7 +22,7 @@ from swa_backends.testing.emulation.ascend import contract_doubles, npu_sparse_f
 from swa_backends.testing.emulation.ascend import npu_sparse_flash_mla as npu_double
 from swa_backends.backends.ascend import device as device_mod
 from swa_backends.common import registry
-from swa_backends.testing.conformance import check_backend
+from swa_backends.testing.conformance import case_for, check_backend, mismatch, random_batch, run_op
 
 from platform_helpers import assert_matches_reference, spy, vendor_case
 
@@ -274,6 +278,79 @@ def test_triton_ascend_kernels_match_the_reference_under_the_interpreter():
     assert sorted(ops) == ["gather_rows", "pad_replayed_slots", "scatter_rows", "swa_indices_and_lens"]
     results = check_backend(b, device="cpu", seed=7, cases=6, ops=ops)
     assert all(r.ok for r in results), [(r.op, r.detail) for r in results if not r.ok]
+
+
+ASCEND_KERNEL_OPS = ("gather_rows", "pad_replayed_slots", "scatter_rows", "swa_indices_and_lens")
+
+
+def _check_ascend(b, op, args, kwargs):
+    got, want = run_op(op, getattr(b, op), args, kwargs, "cpu")
+    why = mismatch(op, got, want)
+    assert why is None, f"{op}: {why}"
+
+
+@pytest.mark.parametrize("op", ASCEND_KERNEL_OPS)
+def test_triton_ascend_random_cases(op):
+    """Each triton-ascend kernel against the reference on hypothesis-drawn serving-like cases
+    (``out=`` poisoned or not, validated or not: these kernels have no self-checked form, so both
+    run the same kernel, behind the validator or without it)."""
+    b = sb.select("cpu", prefer="triton_ascend")
+    assert b.variants[op] == ("triton_ascend",)
+
+    @settings(max_examples=15)
+    @given(seed=st.integers(0, 2**32 - 1), poison=st.booleans(), validated=st.booleans())
+    def run(seed, poison, validated):
+        args, kwargs = case_for(op, np.random.default_rng(seed), "cpu", poison=poison)
+        with sb.validation(validated):
+            _check_ascend(b, op, args, kwargs)
+
+    run()
+
+
+ASCEND_ODD_BATCHES = {
+    "empty batch": dict(max_reqs=0),
+    "one decode": dict(max_reqs=1, max_q=1),
+    "W=1, block 1": dict(W=1, block_size=1),
+    "block 1, many requests": dict(max_reqs=40, max_q=5, block_size=1, W=3),
+    "wide window, one group": dict(W=200, num_groups=1, max_q=300, max_reqs=2),
+}
+
+
+@pytest.mark.parametrize("name", list(ASCEND_ODD_BATCHES))
+@pytest.mark.parametrize("op", ["pad_replayed_slots", "swa_indices_and_lens"])
+def test_triton_ascend_odd_batches(op, name):
+    """The batch kernels on odd steps (no request, one decode, window and block 1, many
+    requests, a window wider than one tile), ``out=`` poisoned every other call."""
+    b = sb.select("cpu", prefer="triton_ascend")
+    rng = np.random.default_rng(zlib.crc32(f"ascend/{op}/{name}".encode()))
+    for i in range(2):
+        batch = random_batch(rng, **ASCEND_ODD_BATCHES[name])
+        args, kwargs = case_for(op, rng, "cpu", batch=batch, poison=bool(i))
+        _check_ascend(b, op, args, kwargs)
+
+
+@pytest.mark.parametrize("trailing", [(), (1,), (3,), (2, 3, 5), (0,), (1031,)])
+@pytest.mark.parametrize("N, n", [(1, 1), (9, 4), (6, 0), (0, 0)])
+def test_triton_ascend_rows_odd_shapes(trailing, N, n):
+    """gather_rows / scatter_rows on one row, no rows, an empty table, rows of no, one and odd
+    element counts (a width past one BLOCK, not a multiple of it), into poisoned ``out=`` buffers,
+    against the reference; and rows sliced from a wider buffer, read in place."""
+    b = sb.select("cpu", prefer="triton_ascend")
+    rng = np.random.default_rng(zlib.crc32(f"ascend/rows/{trailing}/{N}/{n}".encode()))
+    x = (torch.randn(N, *trailing) * 50).to(torch.bfloat16)
+    rows = torch.tensor(rng.permutation(N)[:n], dtype=torch.int64)
+    _check_ascend(b, "gather_rows", (x, rows), {})
+    _check_ascend(b, "gather_rows", (x, rows), {"out": torch.full((n, *trailing), float("nan")).to(torch.bfloat16)})
+    _check_ascend(b, "scatter_rows", (x[:n].clone(), rows, N), {})
+    _check_ascend(b, "scatter_rows", (x[:n].clone(), rows, N),
+                  {"out": torch.full((N, *trailing), float("nan")).to(torch.bfloat16)})
+    if trailing and trailing[-1] > 1 and n:  # in place (run_op hands a kernel dense copies)
+        wide = torch.randn(N, *trailing[:-1], trailing[-1] + 5).to(torch.bfloat16)
+        view = wide[..., 2:2 + trailing[-1]]
+        assert torch.equal(b.gather_rows(view, rows), view[rows])
+        want = torch.zeros(N, *trailing).to(torch.bfloat16)
+        want[rows] = view[:n]
+        assert torch.equal(b.scatter_rows(view[:n], rows, N), want)
 
 
 def test_triton_ascend_long_grid_stride_loops():
