@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import swa_backends as sb
 from swa_backends import OPS, PAD, SelectionError, select, validation
@@ -242,6 +244,25 @@ def test_pad_patterns_every_format(kmod, fmt, fp8, with_sink):
     for t in (2, 3):  # nothing valid: zeros, lse -inf exactly
         assert torch.isneginf(lse[t]).all() and (out[t] == 0).all()
     assert torch.isfinite(lse[[0, 1, 4, 5, 6, 7, 8]]).all()
+
+
+def test_random_record_calls_through_dispatch(backend, kmod, monkeypatch):
+    """Hypothesis-drawn record calls (``records_case``: every format and flavour, block sizes 1-64,
+    block strides past the page, garbage between records, PAD holes, empty tokens, a sink or not,
+    ``T`` 0-5), with and without the lse, through dispatch, every buffer the kernel allocates
+    poisoned, against the reference. (The fixed batches above pin each pattern; this draws them.)"""
+    monkeypatch.setattr(kmod, "_empty", poisoning_empty(torch.empty))
+
+    @settings(max_examples=16)
+    @given(seed=st.integers(0, 2**32 - 1), lse=st.booleans())
+    def run(seed, lse):
+        args, kw = _to(*sparse_mla_record_case(np.random.default_rng(seed), "cpu"))
+        if not lse:
+            kw["return_lse"] = False
+        assert backend.variant_for("sparse_mla", *args, **kw) == "triton"
+        _check(backend.sparse_mla(*args, **kw), args, kw)
+
+    run()
 
 
 @pytest.mark.parametrize("fmt, fp8, launch", [
