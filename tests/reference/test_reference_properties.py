@@ -349,3 +349,25 @@ def test_sparse_mla_low_precision_output_dtype(dtype):
     (q, kv, idx, lens, scale, d_v), kw = sparse_mla_case(rng, "cpu", T=6, dtype=dtype)
     out, lse = BE.sparse_mla(q, kv, idx, lens, scale, d_v, **kw)
     assert out.dtype == dtype and lse.dtype == torch.float32
+
+
+OUT_OPS = [op for op, spec in sb.OPS.items() if "out" in spec.signature.parameters]
+
+
+@pytest.mark.parametrize("op", OUT_OPS)
+@settings(max_examples=60)
+@given(seed=seeds)
+def test_out_form_writes_every_element(op, seed):
+    """Every op's ``out=`` form, its buffers poisoned (``POISON_INT``, never a valid output), gives
+    its functional form's result (which the tests above hold to the oracles): an element the
+    reference leaves unwritten shows. (The variant tests hand the
+    reference and the variant the same poisoned buffers, so they cannot see it there.)"""
+    from swa_backends.testing.conformance import mismatch, to_device
+
+    args, kw = case_for(op, np.random.default_rng(seed), "cpu", poison=True, exact_out=True)
+    assert kw.get("out") is not None
+    functional = {k: v for k, v in to_device(kw, "cpu").items() if k != "out"}
+    want = getattr(BE, op)(*to_device(args, "cpu"), **functional)
+    got = getattr(BE, op)(*args, **kw)
+    why = mismatch(op, got, want)
+    assert why is None, f"{op}: {why}"
