@@ -58,6 +58,32 @@ def test_opcheck_and_reference_cpu(op):
     _check_op(op, "cpu", seed=11)
 
 
+ODD_BATCHES = {"no request": dict(max_reqs=0), "one decode": dict(max_reqs=1, max_q=1),
+               "window and block 1": dict(W=1, block_size=1),
+               "wide window, one group": dict(W=200, num_groups=1, max_q=300, max_reqs=2)}
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_odd_batches_cpu(op):
+    """The custom ops on odd steps (no request: T = 0; one decode; window and block 1; a window wider
+    than a tile), ``out=`` poisoned or not: opcheck on the first of each, every result the
+    reference's. (The random cases above are serving-like; these are the corners.)"""
+    import zlib
+
+    from swa_backends.testing.conformance import random_batch
+
+    for name, knobs in ODD_BATCHES.items():
+        rng = np.random.default_rng(zlib.crc32(f"torch_ops/{op}/{name}".encode()))
+        for i in range(2):
+            args, kwargs = case_for(op, rng, "cpu", batch=random_batch(rng, **knobs), poison=bool(i))
+            if i == 0:
+                fn, a, k = _op_and_args(op, *copy.deepcopy((args, kwargs)))
+                torch.library.opcheck(fn, a, k)
+            want = OPS[op].reference(*to_device(args, "cpu"), **to_device(kwargs, "cpu"))
+            why = mismatch(op, torch_ops.call(op, *args, **kwargs), want)
+            assert why is None, f"{op} {name} case {i}: {why}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", list(OPS))
 def test_opcheck_and_reference_cuda(op):
