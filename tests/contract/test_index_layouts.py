@@ -83,6 +83,36 @@ def test_compact_and_csr_round_trip(seed):
         _same_attention(_attn(kv, idx, lens), _attn(kv, c_idx, c_lens))
 
 
+@pytest.mark.parametrize("T, K", [(0, 0), (0, 4), (3, 0), (1, 1), (1, 9), (6, 1), (5, 37)])
+def test_converters_on_odd_shapes_and_sliced_rows(T, K):
+    """compact_indices, csr_to_plain and mixed_to_plain at no token, no column, one of each and
+    widths off any power of two, on index rows sliced from a wider buffer (read in place), into
+    poisoned ``out=`` buffers: each token's readable entries in order, PAD after them."""
+    rng = np.random.default_rng(T * 100 + K)
+    wide = torch.tensor(rng.integers(-1, 60, size=(T, K + 5)), dtype=I32)
+    idx = wide[:, 2:2 + K]
+    lens = torch.tensor(rng.integers(0, K + 1, size=T), dtype=I32)
+    want_i = torch.full((T, K), PAD, dtype=I32)
+    want_l = torch.zeros(T, dtype=I32)
+    for t in range(T):
+        keep = _readable(idx, lens, t)
+        want_i[t, : len(keep)] = torch.tensor(keep, dtype=I32)
+        want_l[t] = len(keep)
+    for got in (compact_indices(idx, lens), compact_indices(idx, lens, out=_poison_pair(T, K)),
+                csr_to_plain(*OPS["indices_to_csr"].reference(idx, lens), K, out=_poison_pair(T, K))):
+        assert torch.equal(got[0], want_i) and torch.equal(got[1], want_l)
+    if K:
+        for compact in (True, False):
+            got_i, got_l = mixed_to_plain(idx, lens, 1, compact=compact, out=_poison_pair(T, K))
+            if compact:
+                assert torch.equal(got_i, want_i) and torch.equal(got_l, want_l)
+            else:
+                assert torch.equal(got_l, lens)
+                for t in range(T):
+                    assert [v for v in got_i[t, : int(lens[t])].tolist() if v != PAD] == _readable(idx, lens, t)
+                    assert (got_i[t, int(lens[t]):] == PAD).all()
+
+
 def test_csr_validation():
     indptr = torch.tensor([0, 2, 5], dtype=I32)
     values = torch.tensor([3, 4, 5, 6, 7, PAD], dtype=I32)
