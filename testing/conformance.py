@@ -74,16 +74,31 @@ def poisoned_allocations(*, ints: bool = True):
 # ---------------------------------------------------------------------------------------
 
 
-def to_device(obj, device):
-    """Deep copy of a case's arguments onto ``device`` (tensors cloned)."""
+def to_device(obj, device, _storages: dict | None = None):
+    """Deep copy of a case's arguments onto ``device``: each tensor's storage copied once, and every
+    tensor rebuilt on the copy with its own size, strides and storage offset, so a slice of a wider
+    buffer stays one (the op meets the layout the case made) and arguments that share memory still
+    share it. A tensor with a lazy bit (negative, conjugate), a non-strided layout or no data
+    (``meta``) is copied as ``Tensor.to`` copies it."""
+    storages = {} if _storages is None else _storages
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to(device, copy=True)
+        t = obj.detach()
+        if (t.layout is not torch.strided or t.is_nested or t.is_neg() or t.is_conj() or t.device.type == "meta"
+                or t.__class__ is not torch.Tensor):
+            return t.to(device, copy=True)
+        old = t.untyped_storage()
+        key = (old.device, old.data_ptr(), old.nbytes())
+        new = storages.get(key)
+        if new is None:
+            new = storages[key] = torch.UntypedStorage(old.nbytes(), device=device)
+            new.copy_(old)
+        return torch.empty(0, dtype=t.dtype, device=device).set_(new, t.storage_offset(), t.shape, t.stride())
     if isinstance(obj, tuple):
-        return tuple(to_device(o, device) for o in obj)
+        return tuple(to_device(o, device, storages) for o in obj)
     if isinstance(obj, list):
-        return [to_device(o, device) for o in obj]
+        return [to_device(o, device, storages) for o in obj]
     if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
+        return {k: to_device(v, device, storages) for k, v in obj.items()}
     return obj
 
 
@@ -181,8 +196,10 @@ def run_op(op: str, fn: Callable, args: tuple, kwargs: dict, device) -> tuple[ob
     """Run ``fn`` on a copy of the case on ``device`` and the reference on a CPU copy;
     returns ``(got, want)``. In-place ops return their mutated argument."""
     ref = OPS[op].reference
-    got = fn(*to_device(args, device), **to_device(kwargs, device))
-    want = ref(*to_device(args, "cpu"), **to_device(kwargs, "cpu"))
+    a, kw = to_device((args, kwargs), device)  # (one copy: arguments that share memory still share it)
+    got = fn(*a, **kw)
+    a, kw = to_device((args, kwargs), "cpu")
+    want = ref(*a, **kw)
     return got, want
 
 

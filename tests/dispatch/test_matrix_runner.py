@@ -305,3 +305,23 @@ def test_vendor_variant_that_declines_random_cases_runs_serving_shapes(monkeypat
     assert "ran serving-shaped cases (T=8, H=16, D=512, d_v=512, K=128, S=512, bfloat16)" in big.detail
     assert by["picky"].status == "skipped" and "never accepts anything" in by["picky"].detail
     assert by["reference"].status == "pass" and rep.exit_code == 0
+
+
+def test_run_op_hands_the_op_the_cases_layout_and_shared_memory():
+    """``conformance.to_device`` (what ``run_op`` and the matrix runner hand a variant) keeps each
+    tensor's strides and storage offset, so a slice of a wider buffer reaches the op as one, and
+    arguments that share memory share the copy's; the case's own tensors are not the copies'. A
+    negative-bit view is copied as ``Tensor.to`` copies it (its values)."""
+    from swa_backends.testing.conformance import to_device
+
+    buf = torch.arange(40, dtype=torch.int32).reshape(4, 10)
+    rows, row = buf[:, 2:7], buf[1]
+    (a, b), kw = to_device(((rows, row), {"x": buf}), "cpu")
+    assert (a.stride(), a.storage_offset(), b.storage_offset()) == ((10, 1), 2, 10)
+    assert torch.equal(a, rows) and torch.equal(b, row) and torch.equal(kw["x"], buf)
+    ptrs = {t.untyped_storage().data_ptr() for t in (a, b, kw["x"])}
+    assert len(ptrs) == 1 and buf.untyped_storage().data_ptr() not in ptrs
+    a[0, 0] = -5
+    assert int(kw["x"][0, 2]) == -5 and int(buf[0, 2]) == 2  # shared with the copies, not with the case
+    neg = torch._neg_view(torch.arange(3, dtype=torch.int32))
+    assert torch.equal(to_device(neg, "cpu"), neg)
