@@ -74,6 +74,19 @@ def poisoned_allocations(*, ints: bool = True):
 # ---------------------------------------------------------------------------------------
 
 
+#: the corner steps every kernel's tests meet beside the random ones (``random_batch`` knobs by name):
+#: no request (T = 0), one decode, window and block 1, many one-block requests, a window wider than a
+#: tile, and a step with no padded slot-mapping columns
+ODD_BATCHES = {
+    "no request": dict(max_reqs=0),
+    "one decode": dict(max_reqs=1, max_q=1),
+    "window and block 1": dict(W=1, block_size=1),
+    "block 1, many requests": dict(max_reqs=40, max_q=5, block_size=1, W=3),
+    "wide window, one group": dict(W=200, num_groups=1, max_q=300, max_reqs=2),
+    "no padded columns": dict(max_padded=0),
+}
+
+
 def to_device(obj, device, _storages: dict | None = None):
     """Deep copy of a case's arguments onto ``device``: each tensor's storage copied once, and every
     tensor rebuilt on the copy with its own size, strides and storage offset, so a slice of a wider

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swa_backends import SelectionError, select
-from swa_backends.testing.conformance import POISON_INT, case_for, mismatch, random_batch, run_op
+from swa_backends.testing.conformance import ODD_BATCHES, POISON_INT, case_for, mismatch, random_batch, run_op
 from swa_backends.common.ops import OPS
 from swa_backends.dispatch import all_variants
 from swa_backends.common.types import PAD, SLOT_DTYPE
@@ -122,14 +122,6 @@ def test_poisoned_out_is_fully_written(tb, op, validated):
             got, _ = _check(tb, op, args, kwargs)
 
 
-ODD_BATCHES = {
-    "empty batch": dict(max_reqs=0),
-    "one decode-sized batch": dict(max_reqs=1, max_q=1),
-    "W=1": dict(W=1, block_size=1),
-    "block 1, many requests": dict(max_reqs=40, max_q=5, block_size=1, W=3),
-    "wide window, one group": dict(W=200, num_groups=1, max_q=300, max_reqs=2),
-    "no padded columns": dict(max_padded=0),
-}
 
 
 @VALIDATED

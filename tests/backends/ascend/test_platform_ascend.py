@@ -22,7 +22,7 @@ from swa_backends.testing.emulation.ascend import contract_doubles, npu_sparse_f
 from swa_backends.testing.emulation.ascend import npu_sparse_flash_mla as npu_double
 from swa_backends.backends.ascend import device as device_mod
 from swa_backends.common import registry
-from swa_backends.testing.conformance import case_for, check_backend, mismatch, random_batch, run_op
+from swa_backends.testing.conformance import ODD_BATCHES, case_for, check_backend, mismatch, random_batch, run_op
 
 from platform_helpers import assert_matches_reference, spy, vendor_case
 
@@ -307,24 +307,17 @@ def test_triton_ascend_random_cases(op):
     run()
 
 
-ASCEND_ODD_BATCHES = {
-    "empty batch": dict(max_reqs=0),
-    "one decode": dict(max_reqs=1, max_q=1),
-    "W=1, block 1": dict(W=1, block_size=1),
-    "block 1, many requests": dict(max_reqs=40, max_q=5, block_size=1, W=3),
-    "wide window, one group": dict(W=200, num_groups=1, max_q=300, max_reqs=2),
-}
 
 
-@pytest.mark.parametrize("name", list(ASCEND_ODD_BATCHES))
+@pytest.mark.parametrize("name", list(ODD_BATCHES))
 @pytest.mark.parametrize("op", ["pad_replayed_slots", "swa_indices_and_lens"])
 def test_triton_ascend_odd_batches(op, name):
-    """The batch kernels on odd steps (no request, one decode, window and block 1, many
-    requests, a window wider than one tile), ``out=`` poisoned every other call."""
+    """The batch kernels on odd steps (``conformance.ODD_BATCHES``), ``out=`` poisoned every other
+    call."""
     b = sb.select("cpu", prefer="triton_ascend")
     rng = np.random.default_rng(zlib.crc32(f"ascend/{op}/{name}".encode()))
     for i in range(2):
-        batch = random_batch(rng, **ASCEND_ODD_BATCHES[name])
+        batch = random_batch(rng, **ODD_BATCHES[name])
         args, kwargs = case_for(op, rng, "cpu", batch=batch, poison=bool(i))
         _check_ascend(b, op, args, kwargs)
 
