@@ -454,7 +454,8 @@ def _plan(device: DeviceInfo, matrix: Matrix, prefer,
             else:
                 status = "rejected" if reasons else "eligible"
             # the path Backend._make takes for it: one variant that is not per-call, or a chain
-            alone = not v.per_call and (len(chain) == 1 or not in_chain)
+            # (a variant not in the chain: the path it would take chosen alone)
+            alone = _direct(chain) if in_chain else not v.per_call
             table.append(Candidate(op, v.name, status, tuple(reasons), row.status(v.name) if row else None,
                                    v.graph_safe, v.index_layout, tuple(ahead.get(v.name, ())),
                                    _checks(v, alone, own_check)))
@@ -504,6 +505,13 @@ def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
     validate(*args, **kwargs)
     raise ValueError(f"{op}: a value check on the device failed and the same check on the host passed: an input "
                      "changed during the call (written by another stream or thread?)")
+
+
+def _direct(chain) -> bool:
+    """The path :meth:`Backend._make` takes for an op: a chain of one variant that is not per-call is
+    called directly (its validated calls may take the self-checked form; no gate), any other through
+    the per-call pick (:meth:`Backend._pick`). ``explain()`` shows each variant by the same rule."""
+    return len(chain) == 1 and not chain[0].per_call
 
 
 def _checks(v: Variant, alone: bool, own_check: bool) -> tuple[str, ...]:
@@ -815,14 +823,14 @@ class Backend(_Declared):
                 if platform_check is not None:
                     platform_check(device, *args, **kwargs)
 
-        if len(chain) == 1 and not chain[0].per_call and not self.checked:
+        if _direct(chain) and not self.checked:
             only = chain[0]
 
             def call(*args, **kwargs):  # first call: load the variant, then it is the attribute itself
                 impl = only.load()
                 setattr(self, op, impl)
                 return impl(*args, **kwargs)
-        elif len(chain) == 1 and not chain[0].per_call:
+        elif _direct(chain):
             only = chain[0]
             impl = None
             # a validated call of plain tensors: quick host checks, then the variant's kernel tests
