@@ -833,9 +833,10 @@ class Backend(_Declared):
         elif _direct(chain):
             only = chain[0]
             impl = None
-            # a validated call of plain tensors: quick host checks, then the variant's kernel tests
-            # the values itself (Variant.self_checked); the platform's own check is not in them
-            quick = spec.quick_check if self.checked and only.self_checked and platform_check is None else None
+            # a validated call: the variant's self-checked form runs the op's quick host checks and
+            # its kernel tests the values itself (Variant.self_checked); the platform's own check is
+            # not in them
+            form = only.self_checked if self.checked and spec.quick_check and platform_check is None else None
             capturing = capture_query(device)
             self_checked = None
 
@@ -845,14 +846,10 @@ class Backend(_Declared):
                 if enabled or (enabled is None and _validation_default()):
                     if on_home is not None:
                         on_home(args, kwargs)
-                    try:
-                        quick_ok = quick is not None and not capturing() and quick(*args, **kwargs)
-                    except Exception:  # an argument the quick checks cannot read: the validator names it
-                        quick_ok = False
-                    if quick_ok:
+                    if form is not None and not capturing():
                         if self_checked is None:
-                            self_checked = load_attr(only.self_checked)
-                        done = self_checked(*args, **kwargs)
+                            self_checked = load_attr(form)
+                        done = self_checked(*args, **kwargs)  # None: a call it does not take
                         if done is not None:
                             if not done[1].failed():
                                 return done[0]

@@ -170,11 +170,13 @@ class Variant:
     device flag of the op's value checks run on the device (``OpSpec.gate``): a validated call
     launches it right behind them instead of waiting for their read (it computes nothing when
     the flag is set, and dispatch raises the host checks' ``ValueError``). ``self_checked``:
-    ``"module:attr"`` of the implementation's validated form, for a call that passed the op's
-    quick host checks (``OpSpec.quick_check``): its kernel tests every value condition of the op's
-    validator itself before it writes, writes nothing when one fails, and the form returns
-    ``(result, Verdict)`` (:mod:`swa_backends.kernels._verdict`); or ``None`` for a call it does not
-    take (a strided view, sizes past its limits), which dispatch then validates as usual.
+    ``"module:attr"`` of the implementation's validated form, which a validated call runs with
+    nothing checked before it but the backend's device (dispatch's ``on_home``): the form runs the
+    op's quick host checks (``OpSpec.quick_check``) first and declines a call they do not pass (or
+    that raises in them); its kernel then tests every value condition of the op's validator
+    itself before it writes, writes nothing when one fails, and the form returns ``(result,
+    Verdict)`` (:mod:`swa_backends.kernels._verdict`); or ``None`` for a call it does not take (a
+    strided view, sizes past its limits), which dispatch then validates as usual.
 
     ``kv_formats`` (ops of :data:`KV_FORMAT_OPS`): the ``kv_format`` values it reads, an entry
     ``"v4_fp8"`` for every FP8 flavour of the format or ``"v4_fp8/e4m3fn"`` for one; ``None``:

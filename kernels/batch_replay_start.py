@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.batch_replay_start import quick_check
 from ..common.types import INDEX_DTYPE, MAX_POSITION
 from ._device import CHECK, range_bad, verdict
 from ._launch import Kernel, contiguous, jit
@@ -66,9 +67,14 @@ def batch_replay_start(R_per_request, idx_mapping, is_prefilling, *, out=None) -
 
 
 def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (no batch row; past
     :data:`CHECKED_MAX` entries)."""
+    try:
+        if not quick_check(R_per_request, idx_mapping, is_prefilling, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     B, n_r = idx_mapping.shape[0], R_per_request.shape[0]
     if B == 0 or B + n_r > CHECKED_MAX:
         return None

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.ops.combined_indices import combined_width
+from ..common.ops.combined_indices import combined_width, quick_check
 from ..common.types import INDEX_DTYPE, MAX_POSITION
 from ._device import CHECK, PAD, batch_bad, find_request, slab_bad, verdict
 from ._launch import Kernel, contiguous, jit
@@ -129,9 +129,15 @@ def _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top
 
 def combined_indices_checked(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
                              window_offset, *, valid=None, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (no token; past :data:`CHECKED_MAX`
     tokens and requests)."""
+    try:
+        if not quick_check(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
+                           window_offset, valid=valid, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     T = topk_indices.shape[0]
     if T == 0 or T + query_start_loc.shape[0] > CHECKED_MAX:
         return None

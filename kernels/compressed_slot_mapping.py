@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.compressed_slot_mapping import quick_check
 from ..common.types import MAX_POSITION, SLOT_DTYPE
 from ..common.validation import INT32_MAX
 from ._device import CHECK, PAD, batch_bad, find_request, table_bad, verdict
@@ -96,20 +97,26 @@ def compressed_slot_mapping(token_slots, query_start_loc, seq_lens, block_table,
 
 def compressed_slot_mapping_checked(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *,
                                     null_block=0, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (ratio 1, a copy; no token; past
     :data:`CHECKED_MAX` tokens or :data:`CHECKED_TABLE_MAX` table entries)."""
-    T = token_slots.shape[0]
-    B = query_start_loc.shape[0] - 1
-    if ratio == 1 or T == 0 or T + B > CHECKED_MAX or B * block_table.shape[1] > CHECKED_TABLE_MAX:
+    try:
+        facts = quick_check(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio,
+                            null_block=null_block, out=out)
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
+    if facts is None:
+        return None
+    dev, T, B, bt_s0, bt_s1, n_cols = facts
+    if ratio == 1 or T == 0 or T + B > CHECKED_MAX or B * n_cols > CHECKED_TABLE_MAX:
         return None
     if out is None:
-        out = torch.empty(T, dtype=SLOT_DTYPE, device=token_slots.device)
+        out = torch.empty(T, dtype=SLOT_DTYPE, device=dev)
     bs_c = block_size // ratio
-    verdict = open_verdict(token_slots.device)
+    verdict = open_verdict(dev)
+    # every tensor but the block table is contiguous (no contiguous() call)
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
-               contiguous(token_slots), contiguous(query_start_loc), contiguous(seq_lens), block_table,
-               block_table.stride(0), block_table.stride(1), block_table.shape[1], out, verdict.word, B, T,
+               token_slots, query_start_loc, seq_lens, block_table, bt_s0, bt_s1, n_cols, out, verdict.word, B, T,
                B.bit_length(), bs_c, ratio, -1 if null_block is None else null_block, block_size,
                (INT32_MAX - bs_c + 1) // bs_c, MAX_POSITION, BLOCK, CHECK, CHECK_B, CHECK_C)
     return out, verdict

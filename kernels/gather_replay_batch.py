@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.ops.gather_replay_batch import allocate_out
+from ..common.ops.gather_replay_batch import allocate_out, quick_check
 from ..common.types import MAX_POSITION, ReplayBatch
 from ._device import PAD, batch_bad, write_graph_padding
 from ._launch import Kernel, jit
@@ -243,11 +243,16 @@ def _plan_values(plan, device: torch.device) -> torch.Tensor:
 
 def gather_replay_batch_checked(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
                                 out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(ReplayBatch, Verdict)`` from one launch whose checker programs test every value the
     validator tests (the batch, the positions, the plan against the device ``query_start_loc``)
     and whose other programs are the plain kernel's once they pass (nothing written on a
     ``FAIL``); None for a call it does not take (no request)."""
+    try:
+        if not quick_check(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     if plan.num_reqs == 0:
         return None
     dev = positions.device

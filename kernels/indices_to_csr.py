@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.indices_to_csr import quick_check
 from ..common.types import INDEX_DTYPE
 from ._device import FAIL, INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
@@ -174,10 +175,15 @@ def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tens
 
 
 def indices_to_csr_checked(indices, lens, *, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, whose counts' checker programs test every value the validator tests (the
     scan and the compaction behind them compute nothing on a ``FAIL``), or None for a call it does
     not take (no row or column)."""
+    try:
+        if not quick_check(indices, lens, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     T, K = indices.shape
     if T == 0 or K == 0:
         return None

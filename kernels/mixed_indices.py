@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.ops.mixed_indices import mixed_width
+from ..common.ops.mixed_indices import mixed_width, quick_check
 from ..common.types import INDEX_DTYPE
 from ._device import INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
@@ -95,11 +95,9 @@ _K_CHECKED = Kernel(_mixed_indices_checked)
 _KEY = ()
 
 
-def _launch(swa_indices, topk_slots, topk_lens, out, checked=None) -> tuple[torch.Tensor, torch.Tensor]:
-    (T, SW), (sw_s0, sw_s1) = swa_indices.shape, swa_indices.stride()
-    (_, K), (tk_s0, tk_s1) = topk_slots.shape, topk_slots.stride()
+def _launch(swa_indices, topk_slots, topk_lens, out, dev, T, SW, K, sw_s0, sw_s1, tk_s0, tk_s1,
+            checked=None) -> tuple[torch.Tensor, torch.Tensor]:
     width = mixed_width(SW, K)
-    dev = swa_indices.device
     if out is None:
         out = (torch.empty(T, width, dtype=INDEX_DTYPE, device=dev), torch.empty(T, dtype=INDEX_DTYPE, device=dev))
     if T == 0:
@@ -123,15 +121,21 @@ def mixed_indices(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple[torc
     """``(indices int32 [T, SWA_W + round_up(K, 4)], lens = SWA_W + topk_lens)``: the window
     part is ``swa_indices`` as built, the top-k part ``topk_slots[t, :topk_len]`` then PAD.
     One launch."""
-    return _launch(swa_indices, topk_slots, topk_lens, out)
+    (T, SW), (sw_s0, sw_s1) = swa_indices.shape, swa_indices.stride()
+    (_, K), (tk_s0, tk_s1) = topk_slots.shape, topk_slots.stride()
+    return _launch(swa_indices, topk_slots, topk_lens, out, swa_indices.device, T, SW, K, sw_s0, sw_s1, tk_s0, tk_s1)
 
 
 def mixed_indices_checked(swa_indices, topk_slots, topk_lens, *, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every value the validator tests
     and whose other programs write once they pass (nothing on a ``FAIL``), or None for a call it
     does not take (no token)."""
-    if swa_indices.shape[0] == 0:
+    try:
+        facts = quick_check(swa_indices, topk_slots, topk_lens, out=out)
+    except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    checked = open_checked(swa_indices.device)
-    return _launch(swa_indices, topk_slots, topk_lens, out, checked), checked[0]
+    if facts is None or facts[1] == 0:
+        return None
+    checked = open_checked(facts[0])
+    return _launch(swa_indices, topk_slots, topk_lens, out, *facts, checked), checked[0]

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ..common.ops._quick import apart
+from ..common.ops.pad_replayed_slots import quick_check
 from ..common.types import MAX_POSITION
 from ._device import INTERPRETED, PAD, batch_chunk_bad, find_request, run_meets, verdict
 from ._launch import Kernel, contiguous, jit
@@ -117,22 +118,26 @@ def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positio
 
 def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
                                any_replay=None):
-    """The validated form (``Variant.self_checked``) of a call whose quick check passed (the host
-    checks but the overlap of writes, which the kernel tests): ``(slot_mappings, Verdict)``, or None
-    for a call it does not take (one that launches nothing, whose values the validator still tests;
-    past :data:`CHECKED_MAX` entries; in Triton's interpreter, slot rows whose span meets an input's)."""
-    T = positions.shape[0]
-    n_groups = cacheable_groups.shape[0]
-    B = query_start_loc.shape[0] - 1
-    G = slot_mappings.shape[0]
+    """The validated form (``Variant.self_checked``): the op's quick host checks (which leave the
+    overlap of writes to the kernel), then the checked kernel: ``(slot_mappings, Verdict)``, or None
+    for a call it does not take (one the quick checks cannot pass; one that launches nothing, whose
+    values the validator still tests; past :data:`CHECKED_MAX` entries; in Triton's interpreter, slot
+    rows whose span meets an input's)."""
+    try:
+        facts = quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr,
+                            any_replay=any_replay)
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
+    if facts is None:
+        return None
+    dev, T, B, n_groups, G, n_cols, s0, s1 = facts
     if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups + G > CHECKED_MAX:
         return None
     if INTERPRETED and not apart(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start):
         return None  # the interpreter copies each tensor in and out: the validator judges an overlap here
-    verdict = open_verdict(positions.device)
-    # the quick check passed: every tensor but slot_mappings is contiguous (no contiguous() call)
+    verdict = open_verdict(dev)
+    # every tensor but slot_mappings is contiguous (no contiguous() call)
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
-               slot_mappings, slot_mappings.stride(0), slot_mappings.stride(1), cacheable_groups, n_groups,
-               query_start_loc, positions, replay_start, verdict.word, B, T, Wr, B.bit_length(), G,
-               slot_mappings.shape[1], MAX_POSITION, BLOCK, CHECK_WIDE, ROWS)
+               slot_mappings, s0, s1, cacheable_groups, n_groups, query_start_loc, positions, replay_start,
+               verdict.word, B, T, Wr, B.bit_length(), G, n_cols, MAX_POSITION, BLOCK, CHECK_WIDE, ROWS)
     return slot_mappings, verdict

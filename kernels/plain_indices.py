@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.plain_indices import quick_check
 from ..common.types import INDEX_DTYPE
 from ._device import INT32_MAX, PAD
 from ._launch import Kernel, contiguous, jit
@@ -113,15 +114,10 @@ _K = Kernel(_plain_indices)
 _K_CHECKED = Kernel(_plain_indices_checked)
 
 
-def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, checked):
-    (T, SW), (sw_s0, sw_s1) = swa_indices.shape, swa_indices.stride()
+def _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, checked, dev, T, SW, K,
+            sw_s0, sw_s1, tk_s0, tk_s1):
     has_topk = topk_slots is not None
-    if has_topk:
-        (_, K), (tk_s0, tk_s1) = topk_slots.shape, topk_slots.stride()
-    else:
-        K = tk_s0 = tk_s1 = 0
     width = K + SW
-    dev = swa_indices.device
     if out is None:
         out = (torch.empty(T, width, dtype=INDEX_DTYPE, device=dev), torch.empty(T, dtype=INDEX_DTYPE, device=dev))
     if T == 0:
@@ -151,17 +147,28 @@ def plain_indices(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, top
     """``(indices int32 [T, K + SWA_W], lens = topk_len + swa_len)``: per token the first
     ``topk_len`` top-k slots (+ ``topk_offset``; PAD kept), then the first ``swa_len``
     window slots (+ ``window_offset``; PAD kept), PAD after. One launch."""
-    return _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, None)
+    (T, SW), (sw_s0, sw_s1) = swa_indices.shape, swa_indices.stride()
+    if topk_slots is not None:
+        (_, K), (tk_s0, tk_s1) = topk_slots.shape, topk_slots.stride()
+    else:
+        K = tk_s0 = tk_s1 = 0
+    return _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, None,
+                   swa_indices.device, T, SW, K, sw_s0, sw_s1, tk_s0, tk_s1)
 
 
 def plain_indices_checked(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
                           out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every value the validator tests
     and whose other programs write once they pass (nothing on a ``FAIL``), or None for a call it
     does not take (no token)."""
-    if swa_indices.shape[0] == 0:
+    try:
+        facts = quick_check(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset=topk_offset,
+                            window_offset=window_offset, out=out)
+    except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    checked = open_checked(swa_indices.device)
-    return _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out,
-                   checked), checked[0]
+    if facts is None or facts[1] == 0:
+        return None
+    checked = open_checked(facts[0])
+    return _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, checked,
+                   *facts), checked[0]

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.prefill_gather_lens import quick_check
 from ..common.types import INDEX_DTYPE, MAX_POSITION
 from ._device import CHECK, batch_bad, verdict
 from ._launch import Kernel, contiguous, jit
@@ -68,9 +69,14 @@ def prefill_gather_lens(query_start_loc, seq_lens, replay_start, W, *, out=None)
 
 
 def prefill_gather_lens_checked(query_start_loc, seq_lens, replay_start, W, *, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (no request; past
     :data:`CHECKED_MAX` requests)."""
+    try:
+        if not quick_check(query_start_loc, seq_lens, replay_start, W, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     B = query_start_loc.shape[0] - 1
     if B <= 0 or B > CHECKED_MAX:
         return None

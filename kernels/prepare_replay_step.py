@@ -31,7 +31,7 @@ import functools
 import triton
 import triton.language as tl
 
-from ..common.ops.prepare_replay_step import PreparedStep, WindowRows, allocate_out
+from ..common.ops.prepare_replay_step import PreparedStep, WindowRows, allocate_out, quick_check
 from ..common.types import MAX_POSITION
 from ..common.validation import INT32_MAX
 from ._device import (CHECK, PAD, batch_bad, block_split, find_kept_request, find_request, pow2_shift, range_bad,
@@ -488,10 +488,19 @@ def prepare_replay_step_checked(R_per_request, idx_mapping, is_prefilling, query
                                 slot_mappings, cacheable_groups, block_table, block_size, W, Wr, *, index_width=None,
                                 plan=None, any_replay=None, prefill_from=None, gather_lens_from=None, valid_group=None,
                                 kept_windows=0, kept_prefill_from=None, kept_gather_lens_from=None, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(PreparedStep, Verdict)`` from one launch whose checker programs test every value the parts'
     validators test and whose other programs are the plain kernel's once they pass (nothing written
     on a ``FAIL``, the slot mappings included); None for a call it does not take (no request)."""
+    try:
+        if not quick_check(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions,
+                           slot_mappings, cacheable_groups, block_table, block_size, W, Wr, index_width=index_width,
+                           plan=plan, any_replay=any_replay, prefill_from=prefill_from,
+                           gather_lens_from=gather_lens_from, valid_group=valid_group, kept_windows=kept_windows,
+                           kept_prefill_from=kept_prefill_from, kept_gather_lens_from=kept_gather_lens_from, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     if idx_mapping.shape[0] == 0:
         return None
     checked = open_checked(positions.device)

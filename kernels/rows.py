@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.ops.rows import TRITON_DTYPES, as_row_bytes
+from ..common.ops.rows import TRITON_DTYPES, as_row_bytes, quick_gather, quick_scatter
 from ._device import FAIL
 from ._launch import Kernel, contiguous, jit, next_pow2
 from .range_check import CHECK, GATE, checkers, flat_bad, flat_tiles, open_checked, passed, settle
@@ -170,10 +170,15 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
 
 
 def gather_rows_checked(x, rows, *, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every row id and whose other
     programs copy once they pass (nothing on a ``FAIL``); None for a call it does not take (no
     row, no row of x, or rows of no bytes)."""
+    try:
+        if not quick_gather(x, rows, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     n = rows.shape[0]
     if n == 0 or x.shape[0] == 0:
         return None
@@ -196,11 +201,16 @@ def gather_rows_checked(x, rows, *, out=None):
 
 
 def scatter_rows_checked(y, rows, num_rows, *, count=None, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``: the zero fill's launch has checker programs that test every row id and
     the count (its other programs fill once they pass), the copy behind it reads the verdict word
     (nothing written on a ``FAIL``); None for a call it does not take (no row, or an output of no
     bytes)."""
+    try:
+        if not quick_scatter(y, rows, num_rows, count=count, out=out):
+            return None
+    except Exception:  # an argument the quick checks cannot read: the validator names it
+        return None
     n = rows.shape[0]
     if n == 0:
         return None

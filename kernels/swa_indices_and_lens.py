@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.ops.swa_indices_and_lens import quick_check
 from ..common.ops._batch import resolve_num_tokens
 from ..common.types import INDEX_DTYPE, MAX_POSITION
 from ..common.validation import INT32_MAX
@@ -115,19 +116,35 @@ def swa_indices_and_lens(query_start_loc, seq_lens, block_table, block_size, W, 
     ``token_offset + t``. One launch.
     """
     return _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid,
-                   resolve_num_tokens(query_start_loc, num_tokens, valid, token_offset or 0), token_offset, out)
+                   resolve_num_tokens(query_start_loc, num_tokens, valid, token_offset or 0), token_offset, out,
+                   query_start_loc.device, query_start_loc.shape[0] - 1, block_table.stride(0), block_table.stride(1),
+                   block_table.shape[1])
 
 
 def _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid, T, token_offset,
-            out, verdict=None):
+            out, dev, B, bt_s0, bt_s1, n_cols, verdict=None):
     off = token_offset or 0
     width = W if index_width is None else index_width
-    dev = query_start_loc.device
     if out is None:
         out = (torch.empty(T, width, dtype=INDEX_DTYPE, device=dev), torch.empty(T, dtype=INDEX_DTYPE, device=dev))
     indices, lens = out
     if T == 0:
         return out
+    has_valid = valid is not None
+    grid = ((T + BLOCK_T - 1) // BLOCK_T, max(1, (width + BLOCK_W - 1) // BLOCK_W), 1)
+    tail = (B, T, off, width, B.bit_length(), block_size, pow2_shift(block_size), W)
+    if verdict is None:
+        _K((has_valid,), grid, contiguous(query_start_loc), contiguous(seq_lens), contiguous(replay_start), block_table,
+           bt_s0, bt_s1, n_cols, contiguous(valid) if has_valid else None, indices, indices.stride(0), lens, *tail,
+           has_valid, BLOCK_T, BLOCK_W)
+    else:
+        # the quick check passed: the 1-D tensors are contiguous. query_start_loc ends at most at T,
+        # unless the rows are a window of the batch's tokens
+        _K_CHECKED((has_valid,), grid, query_start_loc, seq_lens, replay_start, block_table, bt_s0, bt_s1, n_cols,
+                   valid, indices, indices.stride(0), lens, verdict.word, *tail, T if token_offset is None else -1,
+                   (INT32_MAX - block_size + 1) // block_size, MAX_POSITION, has_valid, BLOCK_T, BLOCK_W, CHECK,
+                   CHECK_B, CHECK_C)
+    return out
     B = query_start_loc.shape[0] - 1
     has_valid = valid is not None
     grid = ((T + BLOCK_T - 1) // BLOCK_T, max(1, (width + BLOCK_W - 1) // BLOCK_W), 1)
@@ -147,17 +164,23 @@ def _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start,
 
 def swa_indices_and_lens_checked(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
                                  index_width=None, valid=None, num_tokens=None, token_offset=None, out=None):
-    """The validated form (``Variant.self_checked``) of a call whose host checks passed:
+    """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (T read off ``query_start_loc``: neither
     ``num_tokens`` nor ``valid``; no token; past :data:`CHECKED_MAX` tokens or
     :data:`CHECKED_TABLE_MAX` table entries)."""
-    if num_tokens is None and valid is None:
+    try:
+        facts = quick_check(query_start_loc, seq_lens, block_table, block_size, W, replay_start,
+                            index_width=index_width, valid=valid, num_tokens=num_tokens, token_offset=token_offset,
+                            out=out)
+    except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
+    if facts is None or (num_tokens is None and valid is None):
+        return None
+    dev, B, bt_s0, bt_s1, n_cols = facts
     T = num_tokens if num_tokens is not None else valid.shape[0]
-    B = query_start_loc.shape[0] - 1
-    if T == 0 or T + B > CHECKED_MAX or B * block_table.shape[1] > CHECKED_TABLE_MAX:
+    if T == 0 or T + B > CHECKED_MAX or B * n_cols > CHECKED_TABLE_MAX:
         return None
-    verdict = open_verdict(query_start_loc.device)
+    verdict = open_verdict(dev)
     out = _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid, T,
-                  token_offset, out, verdict)
+                  token_offset, out, dev, B, bt_s0, bt_s1, n_cols, verdict)
     return out, verdict

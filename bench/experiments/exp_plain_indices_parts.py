@@ -186,6 +186,7 @@ def main(argv=None) -> int:
     given = (torch.empty_like(want[0]), torch.empty_like(want[1]))
     topk_offset, window_offset = kwargs.get("topk_offset", 0), kwargs.get("window_offset", 0)
     launch_args = (*args, topk_offset, window_offset, given)
+    facts = quick(*args, **kwargs)  # (the sizes and strides the launch takes, as the form reads them)
 
     def opened():
         v = range_check.open_checked(dev)
@@ -209,8 +210,8 @@ def main(argv=None) -> int:
         "open": lambda: opened,
         "alloc": lambda: (lambda: (torch.empty(T, W, dtype=torch.int32, device=dev),
                                    torch.empty(T, dtype=torch.int32, device=dev))),
-        "plain_launch": lambda: (lambda: kp._launch(*launch_args, None)),
-        "checked_launch": lambda: (lambda: kp._launch(*launch_args, opened())),
+        "plain_launch": lambda: (lambda: kp._launch(*launch_args, None, *facts)),
+        "checked_launch": lambda: (lambda: kp._launch(*launch_args, opened(), *facts)),
     }
     for name, m in mods.items():
         prepares[f"{name}:plain"] = (lambda m=m: (lambda: m.plain_indices(*args, **kwargs)))

@@ -11,8 +11,8 @@ measurement once a round (``lib.timing.one_call_us``; fresh arguments made outsi
 * ``off``: the call through the backend, validation off; ``on``: validated (the self-checked path),
   the thread's switch set before the timing (``sb.set_validation``), as a caller sets it once;
 * ``plain``: the plain kernel's implementation called directly (no dispatch);
-* ``form``: the self-checked form called directly, without waiting for its verdict; ``form_wait``:
-  with the wait (``Verdict.failed``);
+* ``form``: the self-checked form called directly (the op's quick checks, which it runs first, included),
+  without waiting for its verdict; ``form_wait``: with the wait (``Verdict.failed``);
 * ``quick``: the op's quick host checks alone; ``capture``: the graph-capture query dispatch asks
   (``dispatch.capture_query``); ``enabled``: ``value_checks_enabled()`` alone (validation's own
   query); ``verdict_open``: ``open_verdict`` alone;

@@ -52,10 +52,11 @@ class OpSpec(Generic[P, R]):
     op's ``gated`` variants, ``failed()`` waiting for the check alone); only for an op that
     writes no caller buffer (a gated variant computes into fresh results). ``quick_check``: the
     validator's host checks and :meth:`check_writes` for plain calls (contiguous tensors, no lazy
-    bits), in a few host µs: True when every one passes, False when it cannot tell (the validator
-    then runs; so does a call it raises on, e.g. a 0-dim tensor where it reads a row count); never
-    True for a call they refuse. A variant with a ``self_checked`` form runs it
-    for a call this passes (its kernel tests the values). ``writes_on_device``: the quick check
+    bits), in a few host µs: a true value when every one passes (True, or the facts the op's
+    self-checked forms launch with, each read once: sizes, strides, the device), a false one when
+    it cannot tell (the validator then runs; so does a call it raises on, e.g. a 0-dim tensor
+    where it reads a row count); never true for a call they refuse. A variant's ``self_checked``
+    form runs it first and takes only a call it passes (its kernel tests the values). ``writes_on_device``: the quick check
     leaves :meth:`check_writes` out, and the self-checked kernel tests the same overlaps, exactly,
     by address (a call whose written buffer meets an input gets the kernel's ``FAIL``, and the
     validator's error). ``anchor``: the required tensor argument a validated call on an
@@ -78,7 +79,7 @@ class OpSpec(Generic[P, R]):
     compare: Callable[[Any, Any, float], str | None] | None = None
     index_layout: str | None = None
     gate: str | None = None
-    quick_check: Callable[..., bool] | None = None
+    quick_check: Callable[..., object] | None = None
     writes_on_device: bool = False
     anchor: str = ""
 

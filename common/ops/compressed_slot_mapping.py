@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, SLOT_DTYPE
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, SLOT_DTYPE
 from ..validation import INT32_MAX, check_int, check_out, check_tensor, fail
 from ._batch import nonempty_table, token_view
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_extents, check_window
-from ._quick import apart, plain, rows
+from ._quick import apart, plain
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -39,28 +39,46 @@ def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ra
 
 
 _SLOT = (SLOT_DTYPE,)
-_INDEX = (INDEX_DTYPE,)
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
 def quick_check(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,
-                out=None) -> bool:
+                out=None) -> tuple | None:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
-    the block table may be a slice of a wider one)."""
-    if not plain(token_slots, _SLOT, 1):
-        return False
-    dev = token_slots.device
-    if not (plain(query_start_loc, _INDEX, 1, dev) and plain(seq_lens, _INDEX, 1, dev)
-            and rows(block_table, _INDEX, dev)):
-        return False
-    B = query_start_loc.shape[0] - 1
-    if B < 0 or seq_lens.shape[0] != B or block_table.shape[0] < B:
-        return False
+    the block table may be a slice of a wider one), written out, each tensor's facts read once;
+    answered as the facts the launch takes, ``(device, T, B, table stride0, table stride1, table
+    columns)``, or None."""
+    t, q, s, bt = token_slots, query_start_loc, seq_lens, block_table
+    if t.__class__ is not _TENSOR or q.__class__ is not _TENSOR or s.__class__ is not _TENSOR or bt.__class__ is not _TENSOR:
+        return None
+    if (t.dtype is not SLOT_DTYPE or q.dtype is not INDEX_DTYPE or s.dtype is not INDEX_DTYPE
+            or bt.dtype is not INDEX_DTYPE or t.ndim != 1 or q.ndim != 1 or s.ndim != 1 or bt.ndim != 2):
+        return None
+    dev = t.device
+    if q.device != dev or s.device != dev or bt.device != dev:
+        return None
+    if (bt.layout is not _STRIDED or not t.is_contiguous() or not q.is_contiguous() or not s.is_contiguous()
+            or t.is_neg() or q.is_neg() or s.is_neg() or bt.is_neg()):
+        return None
+    T, B = t.numel(), q.numel() - 1
+    if B < 0 or s.numel() != B or T > MAX_POSITION or B >= MAX_POSITION:
+        return None
+    # a tensor of one element may carry any stride (the kernels never read it): the validator
+    # bounds it all the same
+    if (T < 2 and t.stride(0) > INT32_MAX) or (B < 1 and q.stride(0) > INT32_MAX) or (B < 2 and s.stride(0) > INT32_MAX):
+        return None
+    (n, m), (s0, s1) = bt.shape, bt.stride()
+    if not (B <= n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX
+            and (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1)))):
+        return None
     if (block_size.__class__ is not int or ratio.__class__ is not int or not 1 <= block_size <= MAX_WINDOW
             or not 1 <= ratio <= block_size or block_size % ratio
             or not (null_block is None or (null_block.__class__ is int and 0 <= null_block <= INT32_MAX))):
-        return False
-    return out is None or (plain(out, _SLOT, 1, dev) and out.shape[0] == token_slots.shape[0]
-                           and apart(out, token_slots, query_start_loc, seq_lens, block_table))
+        return None
+    if out is None or (plain(out, _SLOT, 1, dev) and out.shape[0] == T and apart(out, t, q, s, bt)):
+        return dev, T, B, s0, s1, m
+    return None
 
 
 def reference(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *, null_block=0,

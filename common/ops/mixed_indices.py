@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD
 from ..validation import INT32_MAX, check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
-from ._quick import pair_out, plain, rows
+from ._quick import pair_out
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, random_topk
@@ -43,22 +43,37 @@ def validate(swa_indices, topk_slots, topk_lens, *, out=None) -> None:
     check_range(NAME, "topk_slots", topk_slots, low=0, high=INT32_MAX + 1, allow_pad=True)
 
 
-_INDEX = (INDEX_DTYPE,)
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
-def quick_check(swa_indices, topk_slots, topk_lens, *, out=None) -> bool:
+def quick_check(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple | None:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
-    the index rows may be slices of wider buffers)."""
-    if not rows(swa_indices, _INDEX):
-        return False
-    dev = swa_indices.device
-    T, SW = swa_indices.shape
-    if SW > MAX_WINDOW or not rows(topk_slots, _INDEX, dev) or not plain(topk_lens, _INDEX, 1, dev):
-        return False
-    K = topk_slots.shape[1]
-    if topk_slots.shape[0] != T or K > MAX_WINDOW or topk_lens.shape[0] != T:
-        return False
-    return out is None or pair_out(out, dev, (T, mixed_width(SW, K)), T, swa_indices, topk_slots, topk_lens)
+    the index rows may be slices of wider buffers), written out, each tensor's facts read once;
+    answered as the facts the launch takes, ``(device, T, SW, K, swa strides, top-k strides)``, or
+    None."""
+    a, k, n = swa_indices, topk_slots, topk_lens
+    if a.__class__ is not _TENSOR or k.__class__ is not _TENSOR or n.__class__ is not _TENSOR:
+        return None
+    if (a.dtype is not INDEX_DTYPE or k.dtype is not INDEX_DTYPE or n.dtype is not INDEX_DTYPE or a.ndim != 2
+            or k.ndim != 2 or n.ndim != 1):
+        return None
+    dev = a.device
+    if (k.device != dev or n.device != dev or a.layout is not _STRIDED or k.layout is not _STRIDED
+            or not n.is_contiguous() or a.is_neg() or k.is_neg() or n.is_neg()):
+        return None
+    (T, SW), (a0, a1) = a.shape, a.stride()
+    (Tk, K), (k0, k1) = k.shape, k.stride()
+    if (Tk != T or n.numel() != T or T > MAX_POSITION or SW > MAX_WINDOW or K > MAX_WINDOW or (T < 2 and n.stride(0) > INT32_MAX)
+            or a0 > INT32_MAX or a1 > INT32_MAX or k0 > INT32_MAX or k1 > INT32_MAX):
+        return None
+    # rows contiguous and apart (a slice of a wider buffer), as _quick.rows
+    if not (T == 0 or ((SW == 0 or ((a1 == 1 or SW == 1) and (a0 >= SW or T == 1)))
+                       and (K == 0 or ((k1 == 1 or K == 1) and (k0 >= K or T == 1))))):
+        return None
+    if out is None or pair_out(out, dev, (T, mixed_width(SW, K)), T, a, k, n):
+        return dev, T, SW, K, a0, a1, k0, k1
+    return None
 
 
 def reference(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple[torch.Tensor, torch.Tensor]:

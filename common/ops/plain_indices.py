@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, MAX_WINDOW, PAD
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD
 from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail
 from ._checks import check_index_rows
-from ._quick import length, pair_out, shape2
+from ._quick import pair_out
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep, random_topk
@@ -48,29 +48,47 @@ def validate(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_off
             check_range(NAME, name, values, low=0, high=INT32_MAX - offset + 1, allow_pad=True)
 
 
-_INDEX = (INDEX_DTYPE,)
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
 def quick_check(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
-                out=None) -> bool:
+                out=None) -> tuple | None:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
-    the index rows may be slices of wider buffers)."""
-    size = shape2(swa_indices, _INDEX)
-    if size is None:
-        return False
-    dev = swa_indices.device
-    T, SW = size
-    if SW > MAX_WINDOW or length(swa_lens, INDEX_DTYPE, dev) != T or (topk_slots is None) != (topk_lens is None):
-        return False
+    the index rows may be slices of wider buffers), written out, each tensor's facts read once;
+    answered as the facts the launch takes, ``(device, T, SW, K, window strides, top-k strides)``
+    (``K`` and its strides 0 without top-k), or None."""
+    a, n = swa_indices, swa_lens
+    if a.__class__ is not _TENSOR or n.__class__ is not _TENSOR or (topk_slots is None) != (topk_lens is None):
+        return None
+    if a.dtype is not INDEX_DTYPE or n.dtype is not INDEX_DTYPE or a.ndim != 2 or n.ndim != 1:
+        return None
+    dev = a.device
+    if n.device != dev or a.layout is not _STRIDED or not n.is_contiguous() or a.is_neg() or n.is_neg():
+        return None
+    (T, SW), (a0, a1) = a.shape, a.stride()
+    if (n.numel() != T or T > MAX_POSITION or SW > MAX_WINDOW or (T < 2 and n.stride(0) > INT32_MAX)
+            or a0 > INT32_MAX or a1 > INT32_MAX or not (T == 0 or SW == 0 or ((a1 == 1 or SW == 1) and (a0 >= SW or T == 1)))):
+        return None
     if not (topk_offset.__class__ is int and window_offset.__class__ is int and 0 <= topk_offset <= INT32_MAX
             and 0 <= window_offset <= INT32_MAX):
-        return False
+        return None
     if topk_slots is None:
-        return out is None or pair_out(out, dev, (T, SW), T, swa_indices, swa_lens)
-    size = shape2(topk_slots, _INDEX, dev)
-    if size is None or size[0] != T or size[1] > MAX_WINDOW or length(topk_lens, INDEX_DTYPE, dev) != T:
-        return False
-    return out is None or pair_out(out, dev, (T, size[1] + SW), T, swa_indices, swa_lens, topk_slots, topk_lens)
+        if out is None or pair_out(out, dev, (T, SW), T, a, n):
+            return dev, T, SW, 0, a0, a1, 0, 0
+        return None
+    k, m = topk_slots, topk_lens
+    if (k.__class__ is not _TENSOR or m.__class__ is not _TENSOR or k.dtype is not INDEX_DTYPE
+            or m.dtype is not INDEX_DTYPE or k.ndim != 2 or m.ndim != 1 or k.device != dev or m.device != dev
+            or k.layout is not _STRIDED or not m.is_contiguous() or k.is_neg() or m.is_neg()):
+        return None
+    (Tk, K), (k0, k1) = k.shape, k.stride()
+    if (Tk != T or K > MAX_WINDOW or m.numel() != T or (T < 2 and m.stride(0) > INT32_MAX) or k0 > INT32_MAX
+            or k1 > INT32_MAX or not (T == 0 or K == 0 or ((k1 == 1 or K == 1) and (k0 >= K or T == 1)))):
+        return None
+    if out is None or pair_out(out, dev, (T, K + SW), T, a, n, k, m):
+        return dev, T, SW, K, a0, a1, k0, k1
+    return None
 
 
 def reference(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,

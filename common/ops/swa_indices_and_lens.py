@@ -14,7 +14,7 @@ from ._checks import (
     check_extents,
     check_window,
 )
-from ._quick import pair_out, plain, rows
+from ._quick import pair_out, plain
 from ._results import Results
 from ._spec import Call, OpSpec
 from ._steps import CaseDraw, WarmupStep
@@ -62,8 +62,9 @@ def validate(query_start_loc, seq_lens, block_table, block_size, W, replay_start
     check_block_table_covers(NAME, block_table, seq_lens, block_size)
 
 
-_INDEX = (INDEX_DTYPE,)
 _BOOL = (torch.bool,)
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
 def _small_int(v, low: int, high: int) -> bool:
@@ -71,32 +72,50 @@ def _small_int(v, low: int, high: int) -> bool:
 
 
 def quick_check(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
-                index_width=None, valid=None, num_tokens=None, token_offset=None, out=None) -> bool:
+                index_width=None, valid=None, num_tokens=None, token_offset=None, out=None) -> tuple | None:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
-    the block table may be a slice of a wider one)."""
-    if not plain(query_start_loc, _INDEX, 1):
-        return False
-    dev = query_start_loc.device
+    the block table may be a slice of a wider one), written out, each tensor's facts read once;
+    answered as the facts the launch takes, ``(device, B, table stride0, table stride1, table
+    columns)``, or None."""
+    q, s, r, bt = query_start_loc, seq_lens, replay_start, block_table
+    if q.__class__ is not _TENSOR or s.__class__ is not _TENSOR or r.__class__ is not _TENSOR or bt.__class__ is not _TENSOR:
+        return None
+    if (q.dtype is not INDEX_DTYPE or s.dtype is not INDEX_DTYPE or r.dtype is not INDEX_DTYPE
+            or bt.dtype is not INDEX_DTYPE or q.ndim != 1 or s.ndim != 1 or r.ndim != 1 or bt.ndim != 2):
+        return None
+    dev = q.device
+    if s.device != dev or r.device != dev or bt.device != dev:
+        return None
+    if (bt.layout is not _STRIDED or not q.is_contiguous() or not s.is_contiguous() or not r.is_contiguous()
+            or q.is_neg() or s.is_neg() or r.is_neg() or bt.is_neg()):
+        return None
     if not (_small_int(W, 1, MAX_WINDOW) and _small_int(block_size, 1, MAX_WINDOW)
             and (num_tokens is None or _small_int(num_tokens, 0, MAX_POSITION))
             and (token_offset is None or _small_int(token_offset, 0, INT32_MAX))
             and (index_width is None or _small_int(index_width, W, MAX_WINDOW))):
-        return False
+        return None
     if valid is not None and (not plain(valid, _BOOL, 1, dev)
                               or (num_tokens is not None and valid.shape[0] != num_tokens)):
-        return False
-    B = query_start_loc.shape[0] - 1
-    if (B < 0 or not plain(seq_lens, _INDEX, 1, dev) or not plain(replay_start, _INDEX, 1, dev)
-            or seq_lens.shape[0] != B or replay_start.shape[0] != B or not rows(block_table, _INDEX, dev)
-            or block_table.shape[0] < B):
-        return False
-    if out is None:
-        return True
-    T = num_tokens if num_tokens is not None else (valid.shape[0] if valid is not None else None)
-    if T is None:
-        return False  # the validator refuses out= without num_tokens; valid alone fixes T there too
-    inputs = (query_start_loc, seq_lens, block_table, replay_start) + ((valid,) if valid is not None else ())
-    return pair_out(out, dev, (T, W if index_width is None else index_width), T, *inputs)
+        return None
+    B = q.numel() - 1
+    if B < 0 or B >= MAX_POSITION or s.numel() != B or r.numel() != B:
+        return None
+    # a tensor of one element may carry any stride (the kernels never read it): the validator
+    # bounds it all the same
+    if (B < 1 and q.stride(0) > INT32_MAX) or (B < 2 and (s.stride(0) > INT32_MAX or r.stride(0) > INT32_MAX)):
+        return None
+    (n, m), (s0, s1) = bt.shape, bt.stride()
+    if not (B <= n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX
+            and (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1)))):
+        return None
+    if out is not None:
+        T = num_tokens if num_tokens is not None else (valid.shape[0] if valid is not None else None)
+        if T is None:
+            return None  # the validator refuses out= without num_tokens; valid alone fixes T there too
+        inputs = (q, s, bt, r) + ((valid,) if valid is not None else ())
+        if not pair_out(out, dev, (T, W if index_width is None else index_width), T, *inputs):
+            return None
+    return dev, B, s0, s1, m
 
 
 def reference(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,

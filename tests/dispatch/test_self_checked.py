@@ -204,6 +204,30 @@ def _copy(v, device=None):
     return v
 
 
+@pytest.mark.parametrize("op", CHECKED)
+def test_a_form_declines_every_call_its_quick_check_does_not_pass(op):
+    """Dispatch calls a self-checked form with nothing checked before it but the home device
+    (``Variant.self_checked``): the form screens its own call with the op's quick check. Every
+    adversarial call of the fuzz suite that the quick check does not pass, the form declines (None)
+    and writes nothing; and the quick check's answer is the same on the form's path (its facts)."""
+    form = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
+    declined = 0
+    for seed in range(3):
+        rng = np.random.default_rng([seed, 39])
+        for label, a, kw, _ in cases_for(op, rng, families=seed == 0):
+            if OPS[op].quick_check(*a, **kw):
+                continue
+            try:  # (what has values to compare: no meta, sparse or nested buffer)
+                written = [(w, w.clone()) for w in _written(op, a, kw)
+                           if w.device.type != "meta" and w.layout is torch.strided and not w.is_nested]
+            except TypeError:  # arguments that do not bind
+                written = []
+            assert form(*a, **kw) is None, f"{op} {label}: the form took a call its quick check does not pass"
+            assert all(torch.equal(w, b) for w, b in written), f"{op} {label}: a declined call wrote"
+            declined += 1
+    assert declined, f"{op}: no adversarial call was declined"
+
+
 def agrees(op: str, args, kwargs) -> str:
     """Runs the op's self-checked form on the call and checks it against the validator: the
     verdict is the validator's; a bad call leaves every written buffer as it was; a good one gives
@@ -445,6 +469,8 @@ def toy_fails(*args, **kwargs):
 
 
 def toy_passes(*args, **kwargs):
+    if not OPS["batch_replay_start"].quick_check(*args, **kwargs):
+        return None  # a form screens its own call (Variant.self_checked)
     SEEN.append("passes")
     return "the form's result", _Word(False)
 
@@ -489,6 +515,8 @@ def test_a_failing_form_raises_the_validators_error_or_says_the_input_changed():
 
 
 def test_no_form_when_validation_is_off_the_backend_never_validates_or_the_quick_check_cannot_tell():
+    """Validation off, a backend that never validates, a graph capture: the form is never called;
+    a call its quick check cannot pass (a view): the form declines it."""
     SEEN.clear()
     with sb.validation(False):
         _toy_backend("toy_passes").batch_replay_start(*_brs_call())
