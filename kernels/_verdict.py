@@ -72,7 +72,7 @@ class _Slot:
 
     def __init__(self, stream):
         self.word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        self.view = self.word.numpy()  # the host's reads and writes of the word, without a torch op
+        self.view = _host_view(self.word)
         self.event, self.stream, self.pending = torch.cuda.Event(), stream, None
 
     def verdict(self) -> bool:
@@ -87,6 +87,13 @@ class _Slot:
 
 
 _local = threading.local()
+
+
+def _host_view(word: torch.Tensor) -> memoryview:
+    """The host's reads and writes of a pinned word, without a torch op: a memoryview of its int32
+    (each read a Python int; a numpy view's reads build numpy scalars, whose compares cost a
+    validated call a few hundred ns more)."""
+    return memoryview(word.numpy())
 
 
 def _slot(device: torch.device) -> _Slot:
@@ -195,7 +202,7 @@ def open_verdict(device: torch.device, per_stream: bool = False) -> Verdict:
         if not _mapped(device):
             return Verdict(torch.zeros(1, dtype=torch.int32, device=device), None, device)
         word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        v = verdicts[key] = Verdict(word, word.numpy(), device)
+        v = verdicts[key] = Verdict(word, _host_view(word), device)
     elif v.unread:
         # the call before never read its verdict: its kernel may still be queued, and would write
         # the word after this call zeroes it (and this call could read that old verdict)

@@ -71,17 +71,18 @@ def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out
     ``(out, Verdict)``, or None for a call it does not take (no batch row; past
     :data:`CHECKED_MAX` entries)."""
     try:
-        if not quick_check(R_per_request, idx_mapping, is_prefilling, out=out):
-            return None
+        facts = quick_check(R_per_request, idx_mapping, is_prefilling, out=out)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    B, n_r = idx_mapping.shape[0], R_per_request.shape[0]
+    if facts is None:
+        return None
+    dev, B, n_r, r_dtype, i_dtype = facts
     if B == 0 or B + n_r > CHECKED_MAX:
         return None
     if out is None:
-        out = torch.empty(B, dtype=INDEX_DTYPE, device=R_per_request.device)
-    verdict = open_verdict(R_per_request.device)
-    _K_CHECKED((R_per_request.dtype, idx_mapping.dtype), ((B + BLOCK - 1) // BLOCK, 1, 1),
-               contiguous(R_per_request), contiguous(idx_mapping), contiguous(is_prefilling), out, verdict.word,
-               B, n_r, MAX_POSITION, BLOCK, CHECK)
+        out = torch.empty(B, dtype=INDEX_DTYPE, device=dev)
+    verdict = open_verdict(dev)
+    # (the quick check passed: every tensor is contiguous)
+    _K_CHECKED((r_dtype, i_dtype), ((B + BLOCK - 1) // BLOCK, 1, 1), R_per_request, idx_mapping, is_prefilling, out,
+               verdict.word, B, n_r, MAX_POSITION, BLOCK, CHECK)
     return out, verdict

@@ -102,28 +102,27 @@ def combined_indices(topk_indices, query_start_loc, seq_lens, replay_start, W, r
     invalid tokens get ``lens = 0`` and PAD. One launch.
     """
     return _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
-                   window_offset, valid, out)
+                   window_offset, valid, out, topk_indices.device, topk_indices.shape[0], query_start_loc.shape[0] - 1,
+                   topk_indices.stride(0), topk_indices.stride(1))
 
 
 def _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset, valid,
-            out, verdict=None):
-    T = topk_indices.shape[0]
+            out, dev, T, B, tk_s0, tk_s1, verdict=None):
     width = combined_width(top_k, W)
-    dev = topk_indices.device
     if out is None:
         out = (torch.empty(T, width, dtype=INDEX_DTYPE, device=dev), torch.empty(T, dtype=INDEX_DTYPE, device=dev))
     if T == 0:
         return out
-    B = query_start_loc.shape[0] - 1
     has_valid = valid is not None
     grid = ((T + BLOCK_T - 1) // BLOCK_T, (width + BLOCK_W - 1) // BLOCK_W, 1)
-    head = (topk_indices, topk_indices.stride(0), topk_indices.stride(1), contiguous(query_start_loc),
-            contiguous(seq_lens), contiguous(replay_start), contiguous(valid) if has_valid else None, out[0], out[1])
     tail = (B, T, width, B.bit_length(), W, max(ratio, 1), top_k if ratio > 0 else 0, slab_stride, window_offset)
     if verdict is None:
-        _K((has_valid,), grid, *head, *tail, has_valid, BLOCK_T, BLOCK_W)
-    else:
-        _K_CHECKED((has_valid,), grid, *head, verdict.word, *tail, MAX_POSITION, has_valid, BLOCK_T, BLOCK_W, CHECK)
+        _K((has_valid,), grid, topk_indices, tk_s0, tk_s1, contiguous(query_start_loc), contiguous(seq_lens),
+           contiguous(replay_start), contiguous(valid) if has_valid else None, out[0], out[1], *tail, has_valid,
+           BLOCK_T, BLOCK_W)
+    else:  # (the quick check passed: the 1-D tensors are contiguous)
+        _K_CHECKED((has_valid,), grid, topk_indices, tk_s0, tk_s1, query_start_loc, seq_lens, replay_start, valid,
+                   out[0], out[1], verdict.word, *tail, MAX_POSITION, has_valid, BLOCK_T, BLOCK_W, CHECK)
     return out
 
 
@@ -133,14 +132,12 @@ def combined_indices_checked(topk_indices, query_start_loc, seq_lens, replay_sta
     ``(out, Verdict)``, or None for a call it does not take (no token; past :data:`CHECKED_MAX`
     tokens and requests)."""
     try:
-        if not quick_check(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
-                           window_offset, valid=valid, out=out):
-            return None
+        facts = quick_check(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
+                            window_offset, valid=valid, out=out)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    T = topk_indices.shape[0]
-    if T == 0 or T + query_start_loc.shape[0] > CHECKED_MAX:
+    if facts is None or facts[1] == 0 or facts[1] + facts[2] + 1 > CHECKED_MAX:
         return None
-    verdict = open_verdict(topk_indices.device)
+    verdict = open_verdict(facts[0])
     return _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
-                   valid, out, verdict), verdict
+                   valid, out, *facts, verdict), verdict

@@ -73,16 +73,18 @@ def prefill_gather_lens_checked(query_start_loc, seq_lens, replay_start, W, *, o
     ``(out, Verdict)``, or None for a call it does not take (no request; past
     :data:`CHECKED_MAX` requests)."""
     try:
-        if not quick_check(query_start_loc, seq_lens, replay_start, W, out=out):
-            return None
+        facts = quick_check(query_start_loc, seq_lens, replay_start, W, out=out)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    B = query_start_loc.shape[0] - 1
+    if facts is None:
+        return None
+    dev, B = facts
     if B <= 0 or B > CHECKED_MAX:
         return None
     if out is None:
-        out = torch.empty(B, dtype=INDEX_DTYPE, device=query_start_loc.device)
-    verdict = open_verdict(query_start_loc.device)
-    _K_CHECKED(_KEY, ((B + BLOCK - 1) // BLOCK, 1, 1), contiguous(query_start_loc), contiguous(seq_lens),
-               contiguous(replay_start), out, verdict.word, B, W, MAX_POSITION, BLOCK, CHECK)
+        out = torch.empty(B, dtype=INDEX_DTYPE, device=dev)
+    verdict = open_verdict(dev)
+    # (the quick check passed: every tensor is contiguous)
+    _K_CHECKED(_KEY, ((B + BLOCK - 1) // BLOCK, 1, 1), query_start_loc, seq_lens, replay_start, out, verdict.word, B, W,
+               MAX_POSITION, BLOCK, CHECK)
     return out, verdict

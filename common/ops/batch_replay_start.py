@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION
-from ..validation import check_out, check_range, check_tensor
+from ..validation import INT32_MAX, check_out, check_range, check_tensor
 from ._checks import check_extents
 from ._quick import apart, plain
 from ._results import Results
@@ -28,23 +28,36 @@ def validate(R_per_request, idx_mapping, is_prefilling, *, out=None) -> None:
     check_range(NAME, "R_per_request", R_per_request, low=0, high=MAX_POSITION + 1)
 
 
-_INDEX = (torch.int32, torch.int64)
-_BOOL = (torch.bool,)
 _OUT = (INDEX_DTYPE,)
+_TENSOR = torch.Tensor
+_I32, _I64, _BOOL = torch.int32, torch.int64, torch.bool
 
 
-def quick_check(R_per_request, idx_mapping, is_prefilling, *, out=None) -> bool:
-    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``)."""
-    if not plain(R_per_request, _INDEX, 1):
-        return False
-    dev = R_per_request.device
-    if not (plain(idx_mapping, _INDEX, 1, dev) and plain(is_prefilling, _BOOL, 1, dev)):
-        return False
-    B = idx_mapping.shape[0]
-    if is_prefilling.shape[0] != B:
-        return False
-    return out is None or (plain(out, _OUT, 1, dev) and out.shape[0] == B
-                           and apart(out, R_per_request, idx_mapping, is_prefilling))
+def quick_check(R_per_request, idx_mapping, is_prefilling, *, out=None) -> tuple | None:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``),
+    written out, each tensor's facts read once; answered as the facts the launch takes,
+    ``(device, B, len(R_per_request), the two index dtypes)``, or None."""
+    r, i, p = R_per_request, idx_mapping, is_prefilling
+    if r.__class__ is not _TENSOR or i.__class__ is not _TENSOR or p.__class__ is not _TENSOR:
+        return None
+    r_dtype, i_dtype = r.dtype, i.dtype
+    if ((r_dtype is not _I32 and r_dtype is not _I64) or (i_dtype is not _I32 and i_dtype is not _I64)
+            or p.dtype is not _BOOL or r.ndim != 1 or i.ndim != 1 or p.ndim != 1):
+        return None
+    dev = r.device
+    if (i.device != dev or p.device != dev or not r.is_contiguous() or not i.is_contiguous() or not p.is_contiguous()
+            or r.is_neg() or i.is_neg() or p.is_neg()):
+        return None
+    n_r, B = r.numel(), i.numel()
+    if p.numel() != B or n_r > MAX_POSITION or B > MAX_POSITION:
+        return None
+    # a tensor of one element may carry any stride (the kernels never read it): the validator
+    # bounds it all the same
+    if (n_r < 2 and r.stride(0) > INT32_MAX) or (B < 2 and (i.stride(0) > INT32_MAX or p.stride(0) > INT32_MAX)):
+        return None
+    if out is None or (plain(out, _OUT, 1, dev) and out.shape[0] == B and apart(out, r, i, p)):
+        return dev, B, n_r, r_dtype, i_dtype
+    return None
 
 
 def reference(R_per_request, idx_mapping, is_prefilling, *, out=None) -> torch.Tensor:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..types import INDEX_DTYPE, MAX_WINDOW, PAD, swa_lo
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, swa_lo
 from ..validation import INT32_MAX, check_int, check_out, check_tensor, defer, fail, value_checks_enabled
 from ._batch import live_replay_start, token_view
 from ._checks import check_batch, check_extents, check_window
-from ._quick import pair_out, plain, rows
+from ._quick import pair_out, plain
 from .prefill_gather_lens import reference as _gather_lens
 from ._results import Results
 from ._spec import Call, OpSpec
@@ -65,35 +65,54 @@ def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, to
               test)
 
 
-_INDEX = (INDEX_DTYPE,)
 _BOOL = (torch.bool,)
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
 def quick_check(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,
-                *, valid=None, out=None) -> bool:
+                *, valid=None, out=None) -> tuple | None:
     """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``;
-    ``topk_indices`` may be a slice of a wider buffer)."""
-    if not rows(topk_indices, _INDEX):
-        return False
-    dev = topk_indices.device
-    T = topk_indices.shape[0]
+    ``topk_indices`` may be a slice of a wider buffer), written out, each tensor's facts read once;
+    answered as the facts the launch takes, ``(device, T, B, topk stride0, topk stride1)``, or
+    None."""
+    k, q, s, r = topk_indices, query_start_loc, seq_lens, replay_start
+    if k.__class__ is not _TENSOR or q.__class__ is not _TENSOR or s.__class__ is not _TENSOR or r.__class__ is not _TENSOR:
+        return None
+    if (k.dtype is not INDEX_DTYPE or q.dtype is not INDEX_DTYPE or s.dtype is not INDEX_DTYPE
+            or r.dtype is not INDEX_DTYPE or k.ndim != 2 or q.ndim != 1 or s.ndim != 1 or r.ndim != 1):
+        return None
+    dev = k.device
+    if q.device != dev or s.device != dev or r.device != dev:
+        return None
+    if (k.layout is not _STRIDED or not q.is_contiguous() or not s.is_contiguous() or not r.is_contiguous()
+            or k.is_neg() or q.is_neg() or s.is_neg() or r.is_neg()):
+        return None
     if not (W.__class__ is int and ratio.__class__ is int and top_k.__class__ is int and slab_stride.__class__ is int
             and window_offset.__class__ is int) or not (
             1 <= W <= MAX_WINDOW and 0 <= ratio <= INT32_MAX and 0 <= top_k <= MAX_WINDOW
             and 0 <= window_offset <= INT32_MAX and window_offset + 1 <= slab_stride <= INT32_MAX):
-        return False
-    if ratio > 0 and topk_indices.shape[1] < top_k:
-        return False
-    if not (plain(query_start_loc, _INDEX, 1, dev) and plain(seq_lens, _INDEX, 1, dev)
-            and plain(replay_start, _INDEX, 1, dev)):
-        return False
-    B = query_start_loc.shape[0] - 1
-    if B < 0 or seq_lens.shape[0] != B or replay_start.shape[0] != B or B * slab_stride >= 2**31:
-        return False
+        return None
+    (T, K), (k0, k1) = k.shape, k.stride()
+    if not (T <= MAX_POSITION and K <= MAX_POSITION and k0 <= INT32_MAX and k1 <= INT32_MAX
+            and (T == 0 or K == 0 or ((k1 == 1 or K == 1) and (k0 >= K or T == 1)))):
+        return None
+    if ratio > 0 and K < top_k:
+        return None
+    B = q.numel() - 1
+    if B < 0 or B >= MAX_POSITION or s.numel() != B or r.numel() != B or B * slab_stride >= 2**31:
+        return None
+    # a tensor of one element may carry any stride (the kernels never read it): the validator
+    # bounds it all the same
+    if (B < 1 and q.stride(0) > INT32_MAX) or (B < 2 and (s.stride(0) > INT32_MAX or r.stride(0) > INT32_MAX)):
+        return None
     if valid is not None and (not plain(valid, _BOOL, 1, dev) or valid.shape[0] != T):
-        return False
-    inputs = (topk_indices, query_start_loc, seq_lens, replay_start) + ((valid,) if valid is not None else ())
-    return out is None or pair_out(out, dev, (T, combined_width(top_k, W)), T, *inputs)
+        return None
+    if out is not None:
+        inputs = (k, q, s, r) + ((valid,) if valid is not None else ())
+        if not pair_out(out, dev, (T, combined_width(top_k, W)), T, *inputs):
+            return None
+    return dev, T, B, k0, k1
 
 
 def reference(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..types import INDEX_DTYPE, MAX_WINDOW
-from ..validation import check_out, check_tensor
+from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW
+from ..validation import INT32_MAX, check_out, check_tensor
 from ._batch import live_replay_start
 from ._checks import check_batch, check_window
 from ._quick import apart, plain
@@ -26,19 +26,33 @@ def validate(query_start_loc, seq_lens, replay_start, W, *, out=None) -> None:
 
 
 _INDEX = (INDEX_DTYPE,)
+_TENSOR = torch.Tensor
 
 
-def quick_check(query_start_loc, seq_lens, replay_start, W, *, out=None) -> bool:
-    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``)."""
-    if not plain(query_start_loc, _INDEX, 1):
-        return False
-    dev = query_start_loc.device
-    B = query_start_loc.shape[0] - 1
-    if (B < 0 or W.__class__ is not int or not 1 <= W <= MAX_WINDOW or not plain(seq_lens, _INDEX, 1, dev)
-            or not plain(replay_start, _INDEX, 1, dev) or seq_lens.shape[0] != B or replay_start.shape[0] != B):
-        return False
-    return out is None or (plain(out, _INDEX, 1, dev) and out.shape[0] == B
-                           and apart(out, query_start_loc, seq_lens, replay_start))
+def quick_check(query_start_loc, seq_lens, replay_start, W, *, out=None) -> tuple | None:
+    """``validate``'s host checks and ``check_writes`` for plain tensors (``OpSpec.quick_check``),
+    written out, each tensor's facts read once; answered as the facts the launch takes,
+    ``(device, B)``, or None."""
+    q, s, r = query_start_loc, seq_lens, replay_start
+    if q.__class__ is not _TENSOR or s.__class__ is not _TENSOR or r.__class__ is not _TENSOR:
+        return None
+    if (q.dtype is not INDEX_DTYPE or s.dtype is not INDEX_DTYPE or r.dtype is not INDEX_DTYPE or q.ndim != 1
+            or s.ndim != 1 or r.ndim != 1):
+        return None
+    dev = q.device
+    if (s.device != dev or r.device != dev or not q.is_contiguous() or not s.is_contiguous() or not r.is_contiguous()
+            or q.is_neg() or s.is_neg() or r.is_neg()):
+        return None
+    B = q.numel() - 1
+    if B < 0 or B >= MAX_POSITION or s.numel() != B or r.numel() != B or W.__class__ is not int or not 1 <= W <= MAX_WINDOW:
+        return None
+    # a tensor of one element may carry any stride (the kernels never read it): the validator
+    # bounds it all the same
+    if (B < 1 and q.stride(0) > INT32_MAX) or (B < 2 and (s.stride(0) > INT32_MAX or r.stride(0) > INT32_MAX)):
+        return None
+    if out is None or (plain(out, _INDEX, 1, dev) and out.shape[0] == B and apart(out, q, s, r)):
+        return dev, B
+    return None
 
 
 def reference(query_start_loc, seq_lens, replay_start, W, *, out=None) -> torch.Tensor:
