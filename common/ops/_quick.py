@@ -5,6 +5,13 @@ of its op's validator and of ``check_writes``; anything it is unsure of (a strid
 subclass, a lazy bit, an odd layout) answers False and the validator runs as ever. So each piece
 is at least as strict as the check it stands for, never looser: the tests compare them with the
 validator on random calls, bad ones included.
+
+The quick checks of the ops a serving step calls most (their self-checked forms run them first,
+``Variant.self_checked``) are written out in the op's module instead of calling these pieces: every
+fact of every tensor read once, in one function call per op, answered with what the form's launch
+needs (sizes, strides, the device). A validated call pays about 0.1 µs per torch attribute read and
+as much per Python call, and that cost is what keeps it under twice the unvalidated call's host time
+(bench/README.md, 2026-12-06, 10:35-11:20Z); so those checks repeat one another's shape on purpose.
 """
 
 from __future__ import annotations
