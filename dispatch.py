@@ -469,7 +469,7 @@ def capture_query(device) -> Callable[[], bool]:
     more): torch's C query, or its Python wrapper where a torch lacks it."""
     if device.runnable and str(device.torch_device).startswith("cuda") and torch.cuda.is_available():
         return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
-    return lambda: getattr(_validation_state, "capturing", None) is True
+    return lambda: _validation_state.capturing is True
 
 
 def home_device(device: DeviceInfo) -> torch.device | None:
@@ -842,7 +842,7 @@ class Backend(_Declared):
 
             def call(*args, **kwargs):  # the hot path: a thread-local read, then the variant
                 nonlocal impl, self_checked
-                enabled = getattr(_validation_state, "enabled", None)
+                enabled = _validation_state.enabled
                 if enabled or (enabled is None and _validation_default()):
                     if on_home is not None:
                         on_home(args, kwargs)

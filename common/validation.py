@@ -43,7 +43,23 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-_state = threading.local()
+
+class _State(threading.local):
+    """This thread's validation state. Each name has a class-level default, so that reading one a
+    thread has not set is a plain lookup: ``getattr(threading.local(), name, None)`` raises and catches
+    an ``AttributeError`` inside, a cost every op call of a thread that never called
+    :func:`set_validation` (the default path) would pay."""
+
+    enabled: bool | None = None  # set_validation's; None: the environment's default
+    capturing: bool | None = None  # one_read's answer for its block (True: no value is read); None: ask
+    held: list | None = None  # values_on_device's value checks, held for one read
+    label: tuple | None = None  # the part of an op being checked, for its messages
+    pending: list | None = None  # one_read's value checks, read at its end; None: outside a block
+    seen: set | None = None  # checked_before's keys of this block
+    reader = None  # the value reader one_read's block ends with
+
+
+_state = _State()
 _default: bool | None = None
 
 
@@ -78,7 +94,7 @@ def _env_default() -> bool:
 
 def validation_enabled() -> bool:
     """Whether public ops validate their inputs (thread-local, default on)."""
-    enabled = getattr(_state, "enabled", None)
+    enabled = _state.enabled
     return _env_default() if enabled is None else enabled
 
 
@@ -111,7 +127,7 @@ def _capturing() -> bool:
 def value_checks_enabled() -> bool:
     """Validation is on and reading tensor values is allowed (no graph capture; asked once per
     :func:`one_read` block)."""
-    capturing = getattr(_state, "capturing", None)
+    capturing = _state.capturing
     return validation_enabled() and not (_capturing() if capturing is None else capturing)
 
 
@@ -121,7 +137,7 @@ def values_on_device() -> Iterator[list]:
     hold their value checks (the helpers marked :func:`value_check`) unrun, in the list the block
     yields: the caller checks the values on the device instead (``OpSpec.gate``), or runs the held
     checks with :func:`run_held` (one read, as if they had run in place)."""
-    previous = getattr(_state, "held", None)
+    previous = _state.held
     held = _state.held = []
     try:
         yield held
@@ -134,9 +150,9 @@ def value_check(fn: Callable[..., None]) -> Callable[..., None]:
     in force) instead of run."""
     @functools.wraps(fn)
     def run(*args, **kwargs) -> None:
-        held = getattr(_state, "held", None)
+        held = _state.held
         if held is not None:
-            held.append((getattr(_state, "label", None), functools.partial(fn, *args, **kwargs)))
+            held.append((_state.label, functools.partial(fn, *args, **kwargs)))
             return
         fn(*args, **kwargs)
 
@@ -148,7 +164,7 @@ def run_held(held: list, reader: Callable | None = None) -> None:
     they would have been raised in place; ``reader``: as :func:`one_read`'s)."""
     with one_read(reader):
         for label, check in held:
-            previous = getattr(_state, "label", None)
+            previous = _state.label
             _state.label = label
             try:
                 check()
@@ -497,10 +513,10 @@ def defer(op: str, reads: Sequence[tuple[str, torch.Tensor]], test: Callable[...
     for name, t in reads:
         readable(op, name, t.t if isinstance(t, Reduced) else t)
     tensors = [t for _, t in reads]
-    label = getattr(_state, "label", None)
+    label = _state.label
     if label is not None:
         test = _labelled_test(test, *label)
-    pending = getattr(_state, "pending", None)
+    pending = _state.pending
     if pending is None:
         test(*to_host(tensors))
     else:
@@ -512,10 +528,10 @@ def checked_before(op: str, *key) -> bool:
     ``key`` for ``op`` already (and registers it): an op validated by its parts' validators
     (``prepare_replay_step``) asks for some checks twice with the same tensors. Always False
     outside a block. ``key``: the check's name, its tensors (by identity) and parameters."""
-    seen = getattr(_state, "seen", None)
+    seen = _state.seen
     if seen is None:
         return False
-    label = getattr(_state, "label", None)
+    label = _state.label
     full = (label[0] if label is not None else op, *(id(k) if isinstance(k, torch.Tensor) else k for k in key))
     if full in seen:
         return True
@@ -530,7 +546,7 @@ class _OneRead:
         self.reader = reader
 
     def __enter__(self) -> None:
-        self.outer = getattr(_state, "pending", None) is None
+        self.outer = _state.pending is None
         if self.outer:
             _state.pending, _state.capturing, _state.seen = [], _capturing(), set()
 
@@ -539,7 +555,7 @@ class _OneRead:
             return False
         pending = _state.pending
         _state.pending = _state.capturing = _state.seen = None
-        previous = getattr(_state, "reader", None)
+        previous = _state.reader
         _state.reader = self.reader
         try:
             if exc is None:
@@ -570,7 +586,7 @@ def one_read(reader: Callable | None = None) -> _OneRead:
 def labelled(op: str, parts: Sequence[str]) -> Iterator[None]:
     """Errors of the ops ``parts`` raised inside, at once or by a value check read later, name
     ``op`` instead (an op validated by its parts' validators)."""
-    previous = getattr(_state, "label", None)
+    previous = _state.label
     _state.label = (op, tuple(parts))
     try:
         yield
@@ -632,7 +648,7 @@ def to_host(tensors: Sequence) -> list[np.ndarray]:
 def _to_host(tensors: Sequence) -> list[np.ndarray]:
     out: list = [None] * len(tensors)
     by_device: dict = {}
-    reader = getattr(_state, "reader", None)
+    reader = _state.reader
     for i, t in enumerate(tensors):
         if t.device.type != "cpu" or reader is not None and _for_reader(t.device):
             by_device.setdefault(t.device, []).append((i, t))

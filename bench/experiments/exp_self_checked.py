@@ -10,6 +10,7 @@ measurement once a round (``lib.timing.one_call_us``; fresh arguments made outsi
 
 * ``off``: the call through the backend, validation off; ``on``: validated (the self-checked path),
   the thread's switch set before the timing (``sb.set_validation``), as a caller sets it once;
+  ``on_default``: validated as it comes, the thread's switch never set (the environment's default);
 * ``plain``: the plain kernel's implementation called directly (no dispatch);
 * ``form``: the self-checked form called directly (the op's quick checks, which it runs first, included),
   without waiting for its verdict; ``form_wait``: with the wait (``Verdict.failed``);
@@ -42,6 +43,7 @@ from lib import results, timing as tm  # noqa: E402
 from lib.steps import validation_cases  # noqa: E402
 from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.common.registry import load_attr  # noqa: E402
+from swa_backends.common import validation  # noqa: E402
 from swa_backends.common.validation import value_checks_enabled  # noqa: E402
 from swa_backends.dispatch import capture_query  # noqa: E402
 from swa_backends.kernels import METADATA_KERNELS, SELF_CHECKED  # noqa: E402
@@ -81,7 +83,9 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         def fresh(body, switch=None):
             def make():
                 a, kw = tuple(_clone(x) for x in args), {n: _clone(x) for n, x in kwargs.items()}
-                if switch is not None:  # the thread's switch, set outside the timing as a caller sets it once
+                if switch == "default":  # the thread's switch as a thread that never set it has it
+                    validation._state.__dict__.pop("enabled", None)
+                elif switch is not None:  # the thread's switch, set outside the timing as a caller sets it once
                     sb.set_validation(switch)
                 return lambda: body(a, kw)
             return make
@@ -115,6 +119,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         t = tm.one_call_us({
             "off": fresh(lambda a, kw: fn(*a, **kw), False),
             "on": fresh(lambda a, kw: fn(*a, **kw), True),
+            "on_default": fresh(lambda a, kw: fn(*a, **kw), "default"),
             "plain": fresh(lambda a, kw: plain(*a, **kw)),
             "form": fresh(lambda a, kw: _unwaited(form(*a, **kw))),
             "form_wait": fresh(form_wait),
