@@ -110,7 +110,7 @@ def test_pad_replayed_slots_kernel_tests_the_overlap_of_its_writes(device):
     kernel decides each; in Triton's interpreter, which copies each tensor in and out, the form
     declines them all and the validator decides."""
     be = _backend() if device == "cpu" else sb.select("cuda")
-    T, B, G = 24, 2, 3
+    T, G = 24, 3
     R = torch.tensor([4, 0], dtype=torch.int32, device=device)
     from swa_backends.kernels import pad_replayed_slots as k
 
