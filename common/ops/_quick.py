@@ -9,9 +9,10 @@ validator on random calls, bad ones included.
 The quick checks of the ops a serving step calls most (their self-checked forms run them first,
 ``Variant.self_checked``) are written out in the op's module instead of calling these pieces: every
 fact of every tensor read once, in one function call per op, answered with what the form's launch
-needs (sizes, strides, the device). A validated call pays about 0.1 µs per torch attribute read and
-as much per Python call, and that cost is what keeps it under twice the unvalidated call's host time
-(bench/README.md, 2026-12-06, 10:35-11:20Z); so those checks repeat one another's shape on purpose.
+needs (sizes, strides, the device). Every torch attribute read and every Python call is host time a
+validated call pays over the unvalidated one, and issue 38 bounds that ratio (bench/README.md, the
+summary of 2026-12-06, 10:35-11:20Z, has the measurements); so those checks repeat one another's shape
+on purpose.
 """
 
 from __future__ import annotations
