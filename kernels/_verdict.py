@@ -86,7 +86,16 @@ class _Slot:
         return True
 
 
-_local = threading.local()
+class _Words(threading.local):
+    """A thread's words: its gates' slots and its verdicts, by device (and stream), made on the
+    thread's first use (read as plain attributes: a validated call pays no lookup with a default)."""
+
+    def __init__(self):
+        self.slots: dict = {}
+        self.verdicts: dict = {}
+
+
+_local = _Words()
 
 
 def _host_view(word: torch.Tensor) -> memoryview:
@@ -100,9 +109,7 @@ def _slot(device: torch.device) -> _Slot:
     """This thread's slot for ``device`` and its current stream; a verdict left unread there (a
     call that stopped between its check and its wait) is read first."""
     stream = torch.cuda.current_stream(device)
-    cache = getattr(_local, "slots", None)
-    if cache is None:
-        cache = _local.slots = {}
+    cache = _local.slots
     key = (device.index, stream.cuda_stream)
     slot = cache.get(key)
     if slot is None:
@@ -193,9 +200,7 @@ def _is_cuda(device: torch.device) -> bool:
 def open_verdict(device: torch.device, per_stream: bool = False) -> Verdict:
     """This thread's verdict for ``device`` (and its current stream, ``per_stream``), its word
     zeroed (a fresh device tensor where the word is not mapped host memory)."""
-    verdicts = getattr(_local, "verdicts", None)
-    if verdicts is None:
-        verdicts = _local.verdicts = {}
+    verdicts = _local.verdicts
     key = (device, _stream_id(device)) if per_stream and _is_cuda(device) else device
     v = verdicts.get(key)
     if v is None:

@@ -124,8 +124,7 @@ def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc,
     values the validator still tests; past :data:`CHECKED_MAX` entries; in Triton's interpreter, slot
     rows whose span meets an input's)."""
     try:
-        facts = quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr,
-                            any_replay=any_replay)
+        facts = quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, any_replay)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
     if facts is None:

@@ -43,29 +43,33 @@ _META = torch.device("meta")
 _STRIDED = torch.strided
 
 
-def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
+def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr,
                 any_replay=None) -> tuple | None:
     """``validate``'s host checks for plain tensors (``OpSpec.quick_check``; ``slot_mappings`` may
     be a slice of a wider buffer), written out, each tensor's facts read once; answered as the
     facts the launch takes, ``(device, T, B, n_groups, G, n_cols, stride0, stride1)`` (``G`` and
     ``n_cols``: ``slot_mappings``' rows and columns), or None. ``check_writes``' overlaps are the
-    self-checked kernel's to test (``OpSpec.writes_on_device``)."""
+    self-checked kernel's to test (``OpSpec.writes_on_device``). ``any_replay`` may come
+    positionally: the form passes it so (a keyword call costs a validated call more)."""
     p, q, r, g, s = positions, query_start_loc, replay_start, cacheable_groups, slot_mappings
     if (p.__class__ is not _TENSOR or q.__class__ is not _TENSOR or r.__class__ is not _TENSOR
             or g.__class__ is not _TENSOR or s.__class__ is not _TENSOR):
         return None
     if (p.dtype is not SLOT_DTYPE or q.dtype is not INDEX_DTYPE or r.dtype is not INDEX_DTYPE
-            or g.dtype is not INDEX_DTYPE or s.dtype is not SLOT_DTYPE
-            or p.ndim != 1 or q.ndim != 1 or r.ndim != 1 or g.ndim != 1 or s.ndim != 2):
+            or g.dtype is not INDEX_DTYPE or s.dtype is not SLOT_DTYPE or s.layout is not _STRIDED):
+        return None
+    try:  # each tensor's rank and sizes in one read: a tensor of another rank does not unpack
+        (T,), (n_q,), (n_r,), (n_groups,), (n, m) = p.shape, q.shape, r.shape, g.shape, s.shape
+    except ValueError:
         return None
     dev = p.device
     if dev == _META or q.device != dev or r.device != dev or g.device != dev or s.device != dev:
         return None  # (meta: no values for the kernel to test; the validator says so)
-    if (s.layout is not _STRIDED or not p.is_contiguous() or not q.is_contiguous() or not r.is_contiguous()
-            or not g.is_contiguous() or p.is_neg() or q.is_neg() or r.is_neg() or g.is_neg() or s.is_neg()):
+    if (not p.is_contiguous() or not q.is_contiguous() or not r.is_contiguous() or not g.is_contiguous()
+            or p.is_neg() or q.is_neg() or r.is_neg() or g.is_neg() or s.is_neg()):
         return None
-    T, B, n_groups = p.numel(), q.numel() - 1, g.numel()
-    if B < 0 or r.numel() != B or T > MAX_POSITION or B >= MAX_POSITION or n_groups > MAX_POSITION:
+    B = n_q - 1
+    if B < 0 or n_r != B or T > MAX_POSITION or B >= MAX_POSITION or n_groups > MAX_POSITION:
         return None
     # a tensor of one element may carry any stride (the kernels never read it): the validator
     # bounds it all the same
@@ -74,7 +78,7 @@ def quick_check(slot_mappings, cacheable_groups, query_start_loc, positions, rep
         return None
     if Wr.__class__ is not int or not 0 <= Wr <= MAX_WINDOW or not (any_replay is None or any_replay.__class__ is bool):
         return None
-    (n, m), (s0, s1) = s.shape, s.stride()
+    s0, s1 = s.stride()
     if (T <= m and n <= MAX_POSITION and m <= MAX_POSITION and s0 <= INT32_MAX and s1 <= INT32_MAX
             and (n == 0 or m == 0 or ((s1 == 1 or m == 1) and (s0 >= m or n == 1)))):
         return dev, T, B, n_groups, n, m, s0, s1
