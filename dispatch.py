@@ -812,7 +812,8 @@ class Backend(_Declared):
         check_path = platform_input_check(device.platform, op)
         platform_check = load_attr(check_path) if check_path is not None else None
         reader = self._reader
-        on_home = _home_check(spec, home_device(device))
+        home = home_device(device)
+        on_home = _home_check(spec, home)
 
         def validate(*args, **kwargs):
             # the value checks' one device read comes at the end of the block: the host work
@@ -844,16 +845,17 @@ class Backend(_Declared):
                 nonlocal impl, self_checked
                 enabled = _validation_state.enabled
                 if enabled or (enabled is None and _validation_default()):
-                    if on_home is not None:
-                        on_home(args, kwargs)
                     if form is not None and not capturing():
                         if self_checked is None:
                             self_checked = load_attr(form)
-                        done = self_checked(*args, **kwargs)  # None: a call it does not take
+                        # None: a call it does not take, one off the backend's device included
+                        done = self_checked(home, *args, **kwargs)
                         if done is not None:
                             if not done[1].failed():
                                 return done[0]
                             _raise_checked(op, validate, args, kwargs)  # it wrote nothing
+                    if on_home is not None:
+                        on_home(args, kwargs)
                     validate(*args, **kwargs)
                 if impl is None:
                     impl = only.load()

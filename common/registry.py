@@ -170,10 +170,11 @@ class Variant:
     device flag of the op's value checks run on the device (``OpSpec.gate``): a validated call
     launches it right behind them instead of waiting for their read (it computes nothing when
     the flag is set, and dispatch raises the host checks' ``ValueError``). ``self_checked``:
-    ``"module:attr"`` of the implementation's validated form, which a validated call runs with
-    nothing checked before it but the backend's device (dispatch's ``on_home``): the form runs the
-    op's quick host checks (``OpSpec.quick_check``) first and declines a call they do not pass (or
-    that raises in them); its kernel then tests every value condition of the op's validator
+    ``"module:attr"`` of the implementation's validated form, which a validated call runs first,
+    as ``form(home, *args, **kwargs)`` (``home``: the backend's device, ``dispatch.home_device``;
+    None for the host and fake devices, which take any): the form runs the op's quick host checks
+    (``OpSpec.quick_check``) first and declines a call they do not pass (or that raises in them) or
+    whose tensors are not on ``home`` (dispatch's home check, run then, names it); its kernel then tests every value condition of the op's validator
     itself before it writes, writes nothing when one fails, and the form returns ``(result,
     Verdict)`` (:mod:`swa_backends.kernels._verdict`); or ``None`` for a call it does not take (a
     strided view, sizes past its limits), which dispatch then validates as usual.

@@ -66,7 +66,7 @@ def batch_replay_start(R_per_request, idx_mapping, is_prefilling, *, out=None) -
     return out
 
 
-def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out=None):
+def batch_replay_start_checked(home, R_per_request, idx_mapping, is_prefilling, *, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (no batch row; past
     :data:`CHECKED_MAX` entries)."""
@@ -77,7 +77,7 @@ def batch_replay_start_checked(R_per_request, idx_mapping, is_prefilling, *, out
     if facts is None:
         return None
     dev, B, n_r, r_dtype, i_dtype = facts
-    if B == 0 or B + n_r > CHECKED_MAX:
+    if B == 0 or B + n_r > CHECKED_MAX or (home is not None and dev != home):
         return None
     if out is None:
         out = torch.empty(B, dtype=INDEX_DTYPE, device=dev)

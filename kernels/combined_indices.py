@@ -126,7 +126,7 @@ def _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top
     return out
 
 
-def combined_indices_checked(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
+def combined_indices_checked(home, topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride,
                              window_offset, *, valid=None, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (no token; past :data:`CHECKED_MAX`
@@ -136,7 +136,8 @@ def combined_indices_checked(topk_indices, query_start_loc, seq_lens, replay_sta
                             window_offset, valid=valid, out=out)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    if facts is None or facts[1] == 0 or facts[1] + facts[2] + 1 > CHECKED_MAX:
+    if (facts is None or facts[1] == 0 or facts[1] + facts[2] + 1 > CHECKED_MAX
+            or (home is not None and facts[0] != home)):
         return None
     verdict = open_verdict(facts[0])
     return _launch(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, top_k, slab_stride, window_offset,

@@ -95,7 +95,7 @@ def compressed_slot_mapping(token_slots, query_start_loc, seq_lens, block_table,
     return out
 
 
-def compressed_slot_mapping_checked(token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *,
+def compressed_slot_mapping_checked(home, token_slots, query_start_loc, seq_lens, block_table, block_size, ratio, *,
                                     null_block=0, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (ratio 1, a copy; no token; past
@@ -108,7 +108,8 @@ def compressed_slot_mapping_checked(token_slots, query_start_loc, seq_lens, bloc
     if facts is None:
         return None
     dev, T, B, bt_s0, bt_s1, n_cols = facts
-    if ratio == 1 or T == 0 or T + B > CHECKED_MAX or B * n_cols > CHECKED_TABLE_MAX:
+    if (ratio == 1 or T == 0 or T + B > CHECKED_MAX or B * n_cols > CHECKED_TABLE_MAX
+            or (home is not None and dev != home)):
         return None
     if out is None:
         out = torch.empty(T, dtype=SLOT_DTYPE, device=dev)

@@ -241,7 +241,7 @@ def _plan_values(plan, device: torch.device) -> torch.Tensor:
     return cached
 
 
-def gather_replay_batch_checked(plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
+def gather_replay_batch_checked(home, plan, query_start_loc, seq_lens, replay_start, positions, slot_mappings, W, *,
                                 out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(ReplayBatch, Verdict)`` from one launch whose checker programs test every value the
@@ -253,9 +253,9 @@ def gather_replay_batch_checked(plan, query_start_loc, seq_lens, replay_start, p
             return None
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    if plan.num_reqs == 0:
-        return None
     dev = positions.device
+    if plan.num_reqs == 0 or (home is not None and dev != home):
+        return None
     entry = plan._launch_cache.get(positions.get_device())
     if entry is None:
         entry = plan_launch(plan, positions)

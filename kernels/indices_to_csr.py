@@ -174,7 +174,7 @@ def indices_to_csr(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Tens
     return _launch(indices, lens, out)
 
 
-def indices_to_csr_checked(indices, lens, *, out=None):
+def indices_to_csr_checked(home, indices, lens, *, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, whose counts' checker programs test every value the validator tests (the
     scan and the compaction behind them compute nothing on a ``FAIL``), or None for a call it does
@@ -185,7 +185,8 @@ def indices_to_csr_checked(indices, lens, *, out=None):
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
     T, K = indices.shape
-    if T == 0 or K == 0:
+    dev = indices.device
+    if T == 0 or K == 0 or (home is not None and dev != home):
         return None
-    checked = open_checked(indices.device)
+    checked = open_checked(dev)
     return _launch(indices, lens, out, checked), checked[0]

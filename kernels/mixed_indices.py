@@ -126,7 +126,7 @@ def mixed_indices(swa_indices, topk_slots, topk_lens, *, out=None) -> tuple[torc
     return _launch(swa_indices, topk_slots, topk_lens, out, swa_indices.device, T, SW, K, sw_s0, sw_s1, tk_s0, tk_s1)
 
 
-def mixed_indices_checked(swa_indices, topk_slots, topk_lens, *, out=None):
+def mixed_indices_checked(home, swa_indices, topk_slots, topk_lens, *, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every value the validator tests
     and whose other programs write once they pass (nothing on a ``FAIL``), or None for a call it
@@ -135,7 +135,7 @@ def mixed_indices_checked(swa_indices, topk_slots, topk_lens, *, out=None):
         facts = quick_check(swa_indices, topk_slots, topk_lens, out=out)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    if facts is None or facts[1] == 0:
+    if facts is None or facts[1] == 0 or (home is not None and facts[0] != home):
         return None
     checked = open_checked(facts[0])
     return _launch(swa_indices, topk_slots, topk_lens, out, *facts, checked), checked[0]

@@ -116,7 +116,7 @@ def pad_replayed_slots(slot_mappings, cacheable_groups, query_start_loc, positio
     return slot_mappings
 
 
-def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
+def pad_replayed_slots_checked(home, slot_mappings, cacheable_groups, query_start_loc, positions, replay_start, Wr, *,
                                any_replay=None):
     """The validated form (``Variant.self_checked``): the op's quick host checks (which leave the
     overlap of writes to the kernel), then the checked kernel: ``(slot_mappings, Verdict)``, or None
@@ -130,7 +130,8 @@ def pad_replayed_slots_checked(slot_mappings, cacheable_groups, query_start_loc,
     if facts is None:
         return None
     dev, T, B, n_groups, G, n_cols, s0, s1 = facts
-    if any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups + G > CHECKED_MAX:
+    if (any_replay is False or Wr == 0 or T == 0 or n_groups == 0 or T + B + n_groups + G > CHECKED_MAX
+            or (home is not None and dev != home)):
         return None
     if INTERPRETED and not apart(slot_mappings, cacheable_groups, query_start_loc, positions, replay_start):
         return None  # the interpreter copies each tensor in and out: the validator judges an overlap here

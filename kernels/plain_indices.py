@@ -156,7 +156,7 @@ def plain_indices(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, top
                    swa_indices.device, T, SW, K, sw_s0, sw_s1, tk_s0, tk_s1)
 
 
-def plain_indices_checked(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
+def plain_indices_checked(home, swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
                           out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every value the validator tests
@@ -167,7 +167,7 @@ def plain_indices_checked(swa_indices, swa_lens, topk_slots=None, topk_lens=None
                             window_offset=window_offset, out=out)
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    if facts is None or facts[1] == 0:
+    if facts is None or facts[1] == 0 or (home is not None and facts[0] != home):
         return None
     checked = open_checked(facts[0])
     return _launch(swa_indices, swa_lens, topk_slots, topk_lens, topk_offset, window_offset, out, checked,

@@ -68,7 +68,7 @@ def prefill_gather_lens(query_start_loc, seq_lens, replay_start, W, *, out=None)
     return out
 
 
-def prefill_gather_lens_checked(query_start_loc, seq_lens, replay_start, W, *, out=None):
+def prefill_gather_lens_checked(home, query_start_loc, seq_lens, replay_start, W, *, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (no request; past
     :data:`CHECKED_MAX` requests)."""
@@ -79,7 +79,7 @@ def prefill_gather_lens_checked(query_start_loc, seq_lens, replay_start, W, *, o
     if facts is None:
         return None
     dev, B = facts
-    if B <= 0 or B > CHECKED_MAX:
+    if B <= 0 or B > CHECKED_MAX or (home is not None and dev != home):
         return None
     if out is None:
         out = torch.empty(B, dtype=INDEX_DTYPE, device=dev)

@@ -484,7 +484,7 @@ def prepare_replay_step(R_per_request, idx_mapping, is_prefilling, query_start_l
                 gather_lens_from, valid_group, kept_windows, kept_prefill_from, kept_gather_lens_from, out, None)
 
 
-def prepare_replay_step_checked(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions,
+def prepare_replay_step_checked(home, R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions,
                                 slot_mappings, cacheable_groups, block_table, block_size, W, Wr, *, index_width=None,
                                 plan=None, any_replay=None, prefill_from=None, gather_lens_from=None, valid_group=None,
                                 kept_windows=0, kept_prefill_from=None, kept_gather_lens_from=None, out=None):
@@ -501,9 +501,10 @@ def prepare_replay_step_checked(R_per_request, idx_mapping, is_prefilling, query
             return None
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
-    if idx_mapping.shape[0] == 0:
+    dev = positions.device
+    if idx_mapping.shape[0] == 0 or (home is not None and dev != home):
         return None
-    checked = open_checked(positions.device)
+    checked = open_checked(dev)
     return _run(R_per_request, idx_mapping, is_prefilling, query_start_loc, seq_lens, positions, slot_mappings,
                 cacheable_groups, block_table, block_size, W, Wr, index_width, plan, any_replay, prefill_from,
                 gather_lens_from, valid_group, kept_windows, kept_prefill_from, kept_gather_lens_from, out,

@@ -169,7 +169,7 @@ def scatter_rows(y, rows, num_rows, *, count=None, out=None) -> torch.Tensor:
     return out
 
 
-def gather_rows_checked(x, rows, *, out=None):
+def gather_rows_checked(home, x, rows, *, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every row id and whose other
     programs copy once they pass (nothing on a ``FAIL``); None for a call it does not take (no
@@ -180,10 +180,11 @@ def gather_rows_checked(x, rows, *, out=None):
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
     n = rows.shape[0]
-    if n == 0 or x.shape[0] == 0:
+    dev = x.device
+    if n == 0 or x.shape[0] == 0 or (home is not None and dev != home):
         return None
     if out is None:
-        out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=dev)
     src, idx = contiguous(_values(x)), contiguous(rows)
     word, row, r_tile, block_c = _plan(src, out)
     if row == 0:
@@ -200,7 +201,7 @@ def gather_rows_checked(x, rows, *, out=None):
     return out, verdict
 
 
-def scatter_rows_checked(y, rows, num_rows, *, count=None, out=None):
+def scatter_rows_checked(home, y, rows, num_rows, *, count=None, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``: the zero fill's launch has checker programs that test every row id and
     the count (its other programs fill once they pass), the copy behind it reads the verdict word
@@ -212,10 +213,11 @@ def scatter_rows_checked(y, rows, num_rows, *, count=None, out=None):
     except Exception:  # an argument the quick checks cannot read: the validator names it
         return None
     n = rows.shape[0]
-    if n == 0:
+    dev = y.device
+    if n == 0 or (home is not None and dev != home):
         return None
     if out is None:
-        out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=y.device)
+        out = torch.empty((num_rows, *y.shape[1:]), dtype=y.dtype, device=dev)
     word, row, _, _ = _plan(out, out)
     words = num_rows * row
     if not words:

@@ -162,7 +162,7 @@ def _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start,
     return out
 
 
-def swa_indices_and_lens_checked(query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
+def swa_indices_and_lens_checked(home, query_start_loc, seq_lens, block_table, block_size, W, replay_start, *,
                                  index_width=None, valid=None, num_tokens=None, token_offset=None, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)``, or None for a call it does not take (T read off ``query_start_loc``: neither
@@ -178,7 +178,7 @@ def swa_indices_and_lens_checked(query_start_loc, seq_lens, block_table, block_s
         return None
     dev, B, bt_s0, bt_s1, n_cols = facts
     T = num_tokens if num_tokens is not None else valid.shape[0]
-    if T == 0 or T + B > CHECKED_MAX or B * n_cols > CHECKED_TABLE_MAX:
+    if T == 0 or T + B > CHECKED_MAX or B * n_cols > CHECKED_TABLE_MAX or (home is not None and dev != home):
         return None
     verdict = open_verdict(dev)
     out = _launch(query_start_loc, seq_lens, block_table, block_size, W, replay_start, index_width, valid, T,

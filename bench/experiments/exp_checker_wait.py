@@ -104,8 +104,8 @@ def main(argv=None) -> int:
             topk = torch.randint(-1, 1000, (T, 1), dtype=torch.int32, device=dev)
             tlens = torch.randint(0, 2, (T,), dtype=torch.int32, device=dev)
             args = (swa, lens, topk, tlens)
-            _same(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(*args), f"plain_indices T {T}")
-            row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(*args), reps)
+            _same(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(None, *args), f"plain_indices T {T}")
+            row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(None, *args), reps)
             t = range_check.flat_tiles(T)
             row["checkers"] = sum(range_check.groups((t, tiles(swa), t, tiles(topk))))
             res["plain_indices"].setdefault(key, {})[T] = row
@@ -113,8 +113,8 @@ def main(argv=None) -> int:
                   flush=True)
         for n in ((4, 1024, 4096, 16384, 65536) if gpu else (4, 40)) if "gather_rows" in ops else ():
             rows = torch.randint(0, x.shape[0], (n,), device=dev)
-            _same(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(x, rows), f"gather_rows n {n}")
-            row = _row(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(x, rows), reps)
+            _same(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(None, x, rows), f"gather_rows n {n}")
+            row = _row(lambda: kr.gather_rows(x, rows), lambda: kr.gather_rows_checked(None, x, rows), reps)
             row["checkers"] = range_check.checkers(range_check.flat_tiles(n))
             res["gather_rows"].setdefault(key, {})[n] = row
             print(f"nap {key:>4} gather_rows n {n:>6}  " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()),

@@ -122,7 +122,7 @@ def stamps(m, args, kwargs, dev, reps: int) -> dict:
         m.STAMPS["buf"].zero_()
         torch.cuda.synchronize()
         h0 = time.perf_counter_ns()
-        done = m.plain_indices_checked(*args, **kwargs)
+        done = m.plain_indices_checked(None, *args, **kwargs)
         failed = done[1].failed()
         h1 = time.perf_counter_ns()
         assert not failed
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         mods["before"] = load_module_copy("plain_indices_before", a.before)
     want = kp.plain_indices(*args, **kwargs)
     for name, m in mods.items():
-        out, verdict = m.plain_indices_checked(*args, **kwargs)
+        out, verdict = m.plain_indices_checked(None, *args, **kwargs)
         assert not verdict.failed(), f"{name}: the checked form failed a valid call"
         if name in UNCHECKED:
             continue

@@ -45,7 +45,7 @@ from swa_backends.common.ops import OPS  # noqa: E402
 from swa_backends.common.registry import load_attr  # noqa: E402
 from swa_backends.common import validation  # noqa: E402
 from swa_backends.common.validation import value_checks_enabled  # noqa: E402
-from swa_backends.dispatch import capture_query  # noqa: E402
+from swa_backends.dispatch import capture_query, home_device  # noqa: E402
 from swa_backends.kernels import METADATA_KERNELS, SELF_CHECKED  # noqa: E402
 from swa_backends.kernels._verdict import open_verdict  # noqa: E402
 from swa_backends.testing.conformance import mismatch  # noqa: E402
@@ -79,6 +79,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
         fn = getattr(be, op)
         plain = load_attr(f"swa_backends.kernels.{METADATA_KERNELS[op][0]}")
         form = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
+        home = home_device(be.device)  # as dispatch calls the form
 
         def fresh(body, switch=None):
             def make():
@@ -95,12 +96,12 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
                 return fn(*a, **kw)
 
         def form_wait(a, kw):
-            done = form(*a, **kw)
+            done = form(home, *a, **kw)
             assert done is not None and not done[1].failed(), f"{op}: the form refused the step"
             return done[0]
 
         a0, kw0 = fresh(lambda a, kw: (a, kw))()()
-        if _unwaited(form(*a0, **kw0)) is None:  # (a step it does not take: ratio 1, ...)
+        if _unwaited(form(home, *a0, **kw0)) is None:  # (a step it does not take: ratio 1, ...)
             out[op] = {"declined": True}
             print(f"{op:<22} declined the step (the validator runs)", flush=True)
             continue
@@ -121,7 +122,7 @@ def per_op(dev, reps: int, gpu: bool) -> dict:
             "on": fresh(lambda a, kw: fn(*a, **kw), True),
             "on_default": fresh(lambda a, kw: fn(*a, **kw), "default"),
             "plain": fresh(lambda a, kw: plain(*a, **kw)),
-            "form": fresh(lambda a, kw: _unwaited(form(*a, **kw))),
+            "form": fresh(lambda a, kw: _unwaited(form(home, *a, **kw))),
             "form_wait": fresh(form_wait),
             "quick": fresh(lambda a, kw: spec.quick_check(*a, **kw)),
             "capture": fresh(lambda a, kw: capturing()),

@@ -13,6 +13,7 @@ and the conformance cases draw only valid index values.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -127,7 +128,8 @@ def test_the_validator_refuses_a_value_below_pad_and_writes_nothing(op, name, le
 
 
 def _form(op: str):
-    return load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
+    """The op's self-checked form, called as dispatch calls it on the host (``home`` None: any device)."""
+    return functools.partial(load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}"), None)
 
 
 @_every_poison

@@ -70,7 +70,7 @@ def _form_refuses(op: str, args, kwargs) -> bool:
     """The op's self-checked form, on the call itself (aliases kept), declines it (the validator
     then refuses it) or refuses it: its verdict is ``FAIL`` and no written buffer changed."""
     before = [w.clone() for w in _written(op, args, kwargs)]
-    done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(*args, **kwargs)
+    done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(None, *args, **kwargs)  # (home: any device)
     return done is None or (done[1].failed()
                             and all(torch.equal(w, b) for w, b in zip(_written(op, args, kwargs), before)))
 
@@ -222,10 +222,37 @@ def test_a_form_declines_every_call_its_quick_check_does_not_pass(op):
                            if w.device.type != "meta" and w.layout is torch.strided and not w.is_nested]
             except TypeError:  # arguments that do not bind
                 written = []
-            assert form(*a, **kw) is None, f"{op} {label}: the form took a call its quick check does not pass"
+            assert form(None, *a, **kw) is None, f"{op} {label}: the form took a call its quick check does not pass"
             assert all(torch.equal(w, b) for w, b in written), f"{op} {label}: a declined call wrote"
             declined += 1
     assert declined, f"{op}: no adversarial call was declined"
+
+
+@pytest.mark.parametrize("op", CHECKED)
+def test_a_form_declines_a_call_off_the_backends_device_and_dispatch_names_it(op, monkeypatch):
+    """The form screens the backend's device itself (``home``, what dispatch passes it; the quick
+    check's device against it), in place of a home check of its own before it: a call whose tensors
+    are elsewhere is declined before any launch, and dispatch's home check, run then, raises its
+    ``ValueError`` with nothing written. (``meta`` stands in for a GPU no host tensor is on.)"""
+    form = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")
+    rng = np.random.default_rng([CHECKED.index(op), 41])
+    for _ in range(20):  # a call the form takes on its own device
+        args, kwargs = case_for(op, rng, "cpu")
+        done = form(torch.device("cpu"), *_copy(args), **_copy(kwargs))
+        if done is not None:
+            break
+    assert done is not None and not done[1].failed(), f"{op}: no call the form takes"
+    launched = _launches(op)
+    assert form(torch.device("meta"), *args, **kwargs) is None
+    assert _launches(op) == launched
+    monkeypatch.setattr(dispatch, "home_device", lambda device: torch.device("meta"))
+    be = sb.select("cpu", prefer="triton")
+    be = dispatch.Backend(be.device, dict(be._chains), be.capabilities, be._explanation)  # (made with meta as home)
+    before = [(t, t.clone()) for _, t in validation._tensors("call", (args, kwargs))]
+    with pytest.raises(ValueError, match="the backend's device"):
+        getattr(be, op)(*args, **kwargs)
+    assert _launches(op) == launched, f"{op}: a kernel launched on tensors off the backend's device"
+    assert all(torch.equal(t, was) for t, was in before), f"{op} wrote into a refused call's tensors"
 
 
 def agrees(op: str, args, kwargs) -> str:
@@ -243,7 +270,7 @@ def agrees(op: str, args, kwargs) -> str:
         bad = True
     before = [w.clone() for w in _written(op, args, kwargs)]
     plain_args, plain_kwargs = _copy(args), _copy(kwargs)
-    done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(*args, **kwargs)
+    done = load_attr(f"swa_backends.kernels.{SELF_CHECKED[op]}")(None, *args, **kwargs)  # (home: any device)
     if done is None:
         return "declined"  # a call the form does not take: dispatch validates it as usual
     result, gate = done
@@ -374,8 +401,8 @@ def test_batch_replay_start_checked_declines_what_it_does_not_take():
     from swa_backends.kernels import batch_replay_start as k
 
     R = torch.zeros(k.CHECKED_MAX, dtype=torch.int32)
-    assert k.batch_replay_start_checked(R, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)) is None
-    assert k.batch_replay_start_checked(R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool)) is None
+    assert k.batch_replay_start_checked(None, R, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)) is None
+    assert k.batch_replay_start_checked(None, R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool)) is None
     be = _backend()
     got = be.batch_replay_start(R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool))
     assert got.tolist() == [0]  # validated on the host, computed by the plain kernel
@@ -409,12 +436,12 @@ def test_a_verdict_left_unread_makes_the_next_call_wait_for_the_device_on_gpu(mo
     call = (slots, torch.tensor([0], dtype=torch.int32, device=dev), torch.tensor([0, T], dtype=torch.int32, device=dev),
             torch.arange(T, device=dev), torch.tensor([8], dtype=torch.int32, device=dev), 16)
     torch.cuda._sleep(10**8)  # the device busy: the first call's kernel still queued when it "stops"
-    _, first = k.pad_replayed_slots_checked(*call)
+    _, first = k.pad_replayed_slots_checked(dev, *call)
     assert first.unread and not syncs
-    _, again = k.pad_replayed_slots_checked(*call)  # the next call on the word waits first
+    _, again = k.pad_replayed_slots_checked(dev, *call)  # the next call on the word waits first
     assert again is first and syncs == [dev]
     assert not again.failed() and not again.unread
-    _, third = k.pad_replayed_slots_checked(*call)  # a word read: no wait
+    _, third = k.pad_replayed_slots_checked(dev, *call)  # a word read: no wait
     assert not third.failed() and syncs == [dev]
 
 
@@ -459,16 +486,16 @@ def toy_plain(R_per_request, idx_mapping, is_prefilling, *, out=None):
     return OPS["batch_replay_start"].reference(R_per_request, idx_mapping, is_prefilling, out=out)
 
 
-def toy_declines(*args, **kwargs):
+def toy_declines(home, *args, **kwargs):
     SEEN.append("declines")
 
 
-def toy_fails(*args, **kwargs):
+def toy_fails(home, *args, **kwargs):
     SEEN.append("fails")
     return None, _Word(True)
 
 
-def toy_passes(*args, **kwargs):
+def toy_passes(home, *args, **kwargs):
     if not OPS["batch_replay_start"].quick_check(*args, **kwargs):
         return None  # a form screens its own call (Variant.self_checked)
     SEEN.append("passes")

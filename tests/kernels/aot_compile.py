@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
             module, _, attr = path.partition(":")
             fn = getattr(importlib.import_module(f"swa_backends.kernels.{module}"), attr)
             for args, kwargs in OPS[op].warmup(step):
-                fn(*args, **kwargs)
+                fn(None, *args, **kwargs)  # (home: any device)
 
     self_checked_calls()
     # the same with the workers' nap between reads of the gate (range_check.NAP_NS), which only
