@@ -466,9 +466,16 @@ def capture_query(device) -> Callable[[], bool]:
     """What a validated call asks before it takes the self-checked path: is a graph being captured
     (no value is read then)? Validation's own answer, asked of the device's stream API directly on
     a CUDA device (``torch.cuda.is_available()``, which ``value_checks_enabled`` asks too, costs
-    more): torch's C query, or its Python wrapper where a torch lacks it."""
+    more): torch's C query, or its Python wrapper where a torch lacks it. On an NVIDIA GPU the
+    current stream's handle comes first: CUDA never captures the legacy default stream (handle 0,
+    torch's default stream), so a call on it is answered without the query, which asks the driver
+    twice (its primary context, then the stream's capture state)."""
     if device.runnable and str(device.torch_device).startswith("cuda") and torch.cuda.is_available():
-        return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+        query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None or torch.version.hip is not None:  # (HIP's rule for its null stream: not relied on)
+            return query
+        return lambda: raw(-1) != 0 and query()  # (-1: the current device's current stream)
     return lambda: _validation_state.capturing is True
 
 

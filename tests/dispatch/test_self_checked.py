@@ -445,6 +445,31 @@ def test_a_verdict_left_unread_makes_the_next_call_wait_for_the_device_on_gpu(mo
     assert not third.failed() and syncs == [dev]
 
 
+@pytest.mark.gpu
+def test_the_capture_query_on_gpu():
+    """What a validated call asks before its self-checked form (``dispatch.capture_query``): False
+    on the default stream (CUDA never captures it; answered from the stream's handle alone) and on a
+    side stream that is not capturing, True inside a capture. Its handle is the current device's
+    current stream."""
+    be = sb.select("cuda")
+    capturing = dispatch.capture_query(be.device)
+    assert torch._C._cuda_getCurrentRawStream(-1) == torch.cuda.current_stream().cuda_stream == 0
+    assert capturing() is False
+    side = torch.cuda.Stream()
+    seen = []
+    with torch.cuda.stream(side):
+        assert torch._C._cuda_getCurrentRawStream(-1) == side.cuda_stream != 0
+        seen.append(capturing())
+    graph = torch.cuda.CUDAGraph()
+    x = torch.zeros(4, device="cuda")
+    with torch.cuda.graph(graph):
+        seen.append(capturing())
+        x += 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen == [False, True] and x.tolist() == [1.0] * 4
+
+
 def test_explain_names_every_self_checked_form():
     """The one dispatch, shown completely: each variant with a self-checked form says so, with the
     form's path, on a device whose backend takes it (CUDA) and on one emulated (ROCm), but for an
