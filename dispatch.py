@@ -855,8 +855,9 @@ class Backend(_Declared):
                     if form is not None and not capturing():
                         if self_checked is None:
                             self_checked = load_attr(form)
-                        # None: a call it does not take, one off the backend's device included
-                        done = self_checked(home, *args, **kwargs)
+                        # None: a call it does not take, one off the backend's device included (an
+                        # empty **kwargs still costs the call a dict: only passed when there is one)
+                        done = self_checked(home, *args, **kwargs) if kwargs else self_checked(home, *args)
                         if done is not None:
                             if not done[1].failed():
                                 return done[0]
@@ -866,7 +867,7 @@ class Backend(_Declared):
                     validate(*args, **kwargs)
                 if impl is None:
                     impl = only.load()
-                return impl(*args, **kwargs)
+                return impl(*args, **kwargs) if kwargs else impl(*args)
         else:
             checked = self.checked
             # a validated call picked for a gated variant does not wait for its value checks: they
