@@ -133,11 +133,11 @@ def main(argv=None) -> int:
             for op, (plain, form, args, shares) in calls.items():
                 if op not in ops:
                     continue
-                _same(lambda: plain(*args), lambda: form(*args), f"{op} T {T}")  # (compiled, too)
+                _same(lambda: plain(*args), lambda: form(None, *args), f"{op} T {T}")  # (compiled, too)
                 # the floor of any check that answers before it returns: torch reads the same index
                 # values (a min of each index tensor) and brings the answer to the host
                 check = lambda: bool((torch.minimum(swa.min(), topk.min()) < -1).item())  # noqa: E731
-                row = _row(lambda: plain(*args), lambda: form(*args), reps, check if op == "mixed_indices" else None)
+                row = _row(lambda: plain(*args), lambda: form(None, *args), reps, check if op == "mixed_indices" else None)
                 row["checkers"] = sum(range_check.groups(shares))
                 row["ratio"] = row["form_wait"] / row["plain"]
                 res[op].setdefault(key, {})[T] = row

@@ -42,6 +42,8 @@ Writes ``exp_plain_indices_parts.json``.
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import statistics
 import sys
 import tempfile
@@ -98,6 +100,15 @@ _STAMP_EDITS = (
 #: stamped copies: name -> the edits (the stamps' after the copy's own)
 STAMPED = {"base": _STAMP_EDITS, "checkers_only": _STAMP_EDITS + (_NO_WORKERS,),
            "settle_before": _STAMP_EDITS + (_BEFORE,)}
+
+
+def _checked(m):
+    """A copy's self-checked form, called as dispatch calls it on this device's host path (``home``
+    None); a copy from before the forms took ``home`` (``--before``) as it was called then."""
+    form = m.plain_indices_checked
+    if next(iter(inspect.signature(form).parameters)) == "home":
+        return functools.partial(form, None)
+    return form
 
 
 def copy_source(text: str, edits) -> str:
@@ -174,7 +185,7 @@ def main(argv=None) -> int:
         mods["before"] = load_module_copy("plain_indices_before", a.before)
     want = kp.plain_indices(*args, **kwargs)
     for name, m in mods.items():
-        out, verdict = m.plain_indices_checked(None, *args, **kwargs)
+        out, verdict = _checked(m)(*args, **kwargs)
         assert not verdict.failed(), f"{name}: the checked form failed a valid call"
         if name in UNCHECKED:
             continue
@@ -215,7 +226,7 @@ def main(argv=None) -> int:
     }
     for name, m in mods.items():
         prepares[f"{name}:plain"] = (lambda m=m: (lambda: m.plain_indices(*args, **kwargs)))
-        prepares[f"{name}:form_wait"] = (lambda m=m: waited(m.plain_indices_checked))
+        prepares[f"{name}:form_wait"] = (lambda m=m: waited(_checked(m)))
     times = tm.one_call_us(prepares, a.reps if gpu else 1)
     res = {"meta": results.machine(dev), "reps": a.reps, "T": T, "width": W, "nap_ns": range_check.NAP_NS,
            "host_us": {k: v["host"] for k, v in times.items()}, "wall_us": {k: v["wall"] for k, v in times.items()}}
