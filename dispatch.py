@@ -362,7 +362,7 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
         lines += _bullets([f"read by: {e.value_reader} (one device pass and one copy; torch's reductions where it "
                            "declines a read)" if e.value_reader else "read by: torch's reductions and one copy"], 2)
         lines += _bullets([f"tensors on: {e.home} (one tensor of a call compared with it first, the others with that "
-                           "one)" if e.home else "tensors on: any one device (each compared with one of the call's)"], 2)
+                           "one; the call runs with it as the current device)" if e.home else "tensors on: any one device (each compared with one of the call's)"], 2)
         lines.append("")
         lines.append("every variant:")
         colours = {"chosen": "32", "per-call": "36", "rejected": "2"}
@@ -505,6 +505,21 @@ def _home_check(spec, home: torch.device | None):
             fail(op, name, t, f"a tensor on {home}, the backend's device (every tensor argument on it)")
 
     return check
+
+
+def _device_switch(home: torch.device | None):
+    """Where a validated call must run on the backend's GPU whatever the thread's current device:
+    ``(reader of the current device's index, the backend's index)``; None where it cannot differ or
+    does not matter. Triton (and so every Triton and Gluon kernel of the pack, and the value reader)
+    launches on the *current* CUDA device, not on its tensors': a ``select("cuda:1")`` backend called
+    from a thread whose current device is cuda:0 would launch there with cuda:1's addresses. torch's
+    ops and FlashMLA follow their tensors; a validated call does too, by switching to the backend's
+    device for the call (``torch.cuda.device``). A process that sees one GPU has no other current
+    device, so it pays no read. (Validation off: the caller keeps the current device the backend's,
+    README's contract.)"""
+    if home is None or home.type != "cuda" or home.index is None or torch.cuda.device_count() < 2:
+        return None
+    return getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device), home.index
 
 
 def _raise_checked(op: str, validate, args: tuple, kwargs: dict) -> None:
@@ -821,6 +836,7 @@ class Backend(_Declared):
         reader = self._reader
         home = home_device(device)
         on_home = _home_check(spec, home)
+        switch = _device_switch(home)
 
         def validate(*args, **kwargs):
             # the value checks' one device read comes at the end of the block: the host work
@@ -852,6 +868,9 @@ class Backend(_Declared):
                 nonlocal impl, self_checked
                 enabled = _validation_state.enabled
                 if enabled or (enabled is None and _validation_default()):
+                    if switch is not None and switch[0]() != switch[1]:  # another GPU is current
+                        with torch.cuda.device(switch[1]):
+                            return call(*args, **kwargs)
                     if form is not None and not capturing():
                         if self_checked is None:
                             self_checked = load_attr(form)
@@ -878,6 +897,9 @@ class Backend(_Declared):
                 tried: tuple[str, ...] = ()
                 v = gate = None
                 if checked and validation_enabled():
+                    if switch is not None and switch[0]() != switch[1]:  # another GPU is current
+                        with torch.cuda.device(switch[1]):
+                            return call(*args, **kwargs)
                     if on_home is not None:
                         on_home(args, kwargs)
                     if gate_fn is not None and value_checks_enabled():  # values readable: no capture

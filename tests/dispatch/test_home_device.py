@@ -22,7 +22,7 @@ from swa_backends.common import validation
 from swa_backends.common.device import parse_device, resolve_device
 from swa_backends.common.ops import OPS
 from swa_backends.dispatch import home_device
-from swa_backends.testing.conformance import case_for
+from swa_backends.testing.conformance import case_for, mismatch
 
 OPS_SORTED = sorted(OPS)
 
@@ -103,3 +103,69 @@ def test_a_backends_explanation_is_explains(device):
     assert str(be.explain()) == str(sb.explain(info))
     if device == "meta":
         assert be.explain().home == "meta" and "tensors on: meta" in str(be.explain())
+
+
+class _CurrentDevice:
+    """A stand-in for ``torch.cuda.device`` over a fake current-device index (no GPU needed)."""
+
+    def __init__(self, state: dict, index: int):
+        self.state, self.index = state, index
+
+    def __enter__(self):
+        self.state["entered"].append(self.index)
+        self.before, self.state["current"] = self.state["current"], self.index
+
+    def __exit__(self, *exc):
+        self.state["current"] = self.before
+
+
+@pytest.mark.parametrize("chain", ["direct", "per-call pick"])
+def test_a_validated_call_runs_with_the_backends_gpu_current(monkeypatch, chain):
+    """Triton launches on the thread's current CUDA device, not on its tensors': a validated call on
+    a backend of one GPU, from a thread whose current device is another, runs with the backend's
+    current (``dispatch._device_switch``; torch's ops and FlashMLA follow their tensors the same
+    way), and gives the same result. With the backend's GPU current nothing is switched; with
+    validation off the caller keeps it current (README's contract). Two GPUs stand in here: the
+    switch's reader and ``torch.cuda.device`` are fakes over one index; the GPU test below runs the
+    real thing where a machine has two."""
+    from swa_backends import dispatch
+
+    state = {"current": 0, "entered": []}
+    monkeypatch.setattr(dispatch, "_device_switch", lambda home: (lambda: state["current"], 1))
+    monkeypatch.setattr(torch.cuda, "device", lambda index: _CurrentDevice(state, index))
+    b = sb.select("cpu")
+    chains = dict(b._chains)
+    op = "batch_replay_start"
+    if chain != "direct":  # two variants: the per-call pick's path
+        chains[op] = (chains[op][0], dataclasses.replace(chains[op][0], name="second"))
+    be = dispatch.Backend(b.device, chains, b.capabilities, b._explanation)
+    assert dispatch._direct(be._chains[op]) == (chain == "direct")
+    args, kwargs = case_for(op, np.random.default_rng(3), "cpu", poison=False)
+    want = OPS[op].reference(*args, **kwargs).clone()
+    got = getattr(be, op)(*args, **kwargs)
+    assert state["entered"] == [1] and state["current"] == 0 and torch.equal(got, want)
+    state["current"] = 1  # the backend's GPU current: no switch
+    assert torch.equal(getattr(be, op)(*args, **kwargs), want) and state["entered"] == [1]
+    state["current"] = 0
+    with sb.validation(False):  # validation off: the caller's current device, as it is
+        assert torch.equal(getattr(be, op)(*args, **kwargs), want) and state["entered"] == [1]
+
+
+@pytest.mark.gpu
+def test_a_validated_call_on_the_second_gpu_from_the_first_on_gpu():
+    """The real corner (needs a machine with two GPUs): a ``select("cuda:1")`` backend called from a
+    thread whose current device is cuda:0 gives the reference's results for every op's case, and
+    cuda:0 is current again after the call."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    be = sb.select("cuda:1")
+    ref = sb.select("cpu")
+    torch.cuda.set_device(0)
+    for op in OPS_SORTED:
+        args, kwargs = case_for(op, np.random.default_rng(11), "cpu", poison=False)
+        want = getattr(ref, op)(*args, **kwargs)
+        args, kwargs = case_for(op, np.random.default_rng(11), "cuda:1", poison=False)
+        got = getattr(be, op)(*args, **kwargs)
+        torch.cuda.synchronize(1)
+        assert torch.cuda.current_device() == 0, op
+        assert mismatch(op, got, want) is None, op
