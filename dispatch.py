@@ -362,7 +362,8 @@ def format_explanation(e: Explanation, *, full: bool = True, emulated: str | Non
         lines += _bullets([f"read by: {e.value_reader} (one device pass and one copy; torch's reductions where it "
                            "declines a read)" if e.value_reader else "read by: torch's reductions and one copy"], 2)
         lines += _bullets([f"tensors on: {e.home} (one tensor of a call compared with it first, the others with that "
-                           "one; the call runs with it as the current device)" if e.home else "tensors on: any one device (each compared with one of the call's)"], 2)
+                           "one; the call runs with it as the current device)" if e.home
+                           else "tensors on: any one device (each compared with one of the call's)"], 2)
         lines.append("")
         lines.append("every variant:")
         colours = {"chosen": "32", "per-call": "36", "rejected": "2"}

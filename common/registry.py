@@ -174,10 +174,11 @@ class Variant:
     as ``form(home, *args, **kwargs)`` (``home``: the backend's device, ``dispatch.home_device``;
     None for the host and fake devices, which take any): the form runs the op's quick host checks
     (``OpSpec.quick_check``) first and declines a call they do not pass (or that raises in them) or
-    whose tensors are not on ``home`` (dispatch's home check, run then, names it); its kernel then tests every value condition of the op's validator
-    itself before it writes, writes nothing when one fails, and the form returns ``(result,
-    Verdict)`` (:mod:`swa_backends.kernels._verdict`); or ``None`` for a call it does not take (a
-    strided view, sizes past its limits), which dispatch then validates as usual.
+    whose tensors are not on ``home`` (dispatch's home check, run then, names it); its kernel then
+    tests every value condition of the op's validator itself before it writes, writes nothing when
+    one fails, and the form returns ``(result, Verdict)`` (:mod:`swa_backends.kernels._verdict`);
+    or ``None`` for a call it does not take (a strided view, sizes past its limits), which dispatch
+    then validates as usual.
 
     ``kv_formats`` (ops of :data:`KV_FORMAT_OPS`): the ``kv_format`` values it reads, an entry
     ``"v4_fp8"`` for every FP8 flavour of the format or ``"v4_fp8/e4m3fn"`` for one; ``None``:

@@ -156,8 +156,8 @@ def plain_indices(swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, top
                    swa_indices.device, T, SW, K, sw_s0, sw_s1, tk_s0, tk_s1)
 
 
-def plain_indices_checked(home, swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0, window_offset=0,
-                          out=None):
+def plain_indices_checked(home, swa_indices, swa_lens, topk_slots=None, topk_lens=None, *, topk_offset=0,
+                          window_offset=0, out=None):
     """The validated form (``Variant.self_checked``), behind the op's quick host checks:
     ``(out, Verdict)`` from one launch whose checker programs test every value the validator tests
     and whose other programs write once they pass (nothing on a ``FAIL``), or None for a call it

@@ -104,7 +104,8 @@ def main(argv=None) -> int:
             topk = torch.randint(-1, 1000, (T, 1), dtype=torch.int32, device=dev)
             tlens = torch.randint(0, 2, (T,), dtype=torch.int32, device=dev)
             args = (swa, lens, topk, tlens)
-            _same(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(None, *args), f"plain_indices T {T}")
+            _same(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(None, *args),
+                  f"plain_indices T {T}")
             row = _row(lambda: kp.plain_indices(*args), lambda: kp.plain_indices_checked(None, *args), reps)
             t = range_check.flat_tiles(T)
             row["checkers"] = sum(range_check.groups((t, tiles(swa), t, tiles(topk))))
@@ -137,7 +138,8 @@ def main(argv=None) -> int:
                 # the floor of any check that answers before it returns: torch reads the same index
                 # values (a min of each index tensor) and brings the answer to the host
                 check = lambda: bool((torch.minimum(swa.min(), topk.min()) < -1).item())  # noqa: E731
-                row = _row(lambda: plain(*args), lambda: form(None, *args), reps, check if op == "mixed_indices" else None)
+                row = _row(lambda: plain(*args), lambda: form(None, *args), reps,
+                           check if op == "mixed_indices" else None)
                 row["checkers"] = sum(range_check.groups(shares))
                 row["ratio"] = row["form_wait"] / row["plain"]
                 res[op].setdefault(key, {})[T] = row

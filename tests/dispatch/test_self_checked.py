@@ -401,8 +401,9 @@ def test_batch_replay_start_checked_declines_what_it_does_not_take():
     from swa_backends.kernels import batch_replay_start as k
 
     R = torch.zeros(k.CHECKED_MAX, dtype=torch.int32)
-    assert k.batch_replay_start_checked(None, R, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)) is None
-    assert k.batch_replay_start_checked(None, R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool)) is None
+    none, one = torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    assert k.batch_replay_start_checked(None, R, none, torch.zeros(0, dtype=torch.bool)) is None
+    assert k.batch_replay_start_checked(None, R, one, torch.ones(1, dtype=torch.bool)) is None
     be = _backend()
     got = be.batch_replay_start(R, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.bool))
     assert got.tolist() == [0]  # validated on the host, computed by the plain kernel
