@@ -19,6 +19,7 @@ unknown device falls back to the reference with a reason.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import textwrap
@@ -944,18 +945,22 @@ class Backend(_Declared):
         validates (unless ``validated=False``) also reads one reduced piece through the platform's
         value reader: a validated call reads its value checks through it where its op has no
         self-checked form or that form declines the call (``kernels/value_read.py`` compiles one
-        kernel for every read). Returns the hooks that ran (the reader as ``value reader <module:attr>``)."""
-        ran: list[str] = []
-        for op, chain in self._chains.items():
-            if ops is not None and op not in ops:
-                continue
-            for v in chain:
-                if v.warmup and v.warmup not in ran:
-                    load_attr(v.warmup)(self, **kwargs)
-                    ran.append(v.warmup)
-        if ran and self.checked and self._reader is not None and kwargs.get("validated") is not False:
-            self._reader([Reduced(torch.zeros(2, dtype=torch.int64, device=default_torch_device(self.device)))])
-            ran.append(f"value reader {_reader_path(self.device)}")
+        kernel for every read). Returns the hooks that ran (the reader as ``value reader <module:attr>``).
+        Runs with the backend's GPU current: Triton compiles and launches for the current device
+        (``_device_switch``)."""
+        home = home_device(self.device)
+        with torch.cuda.device(home.index) if home is not None and home.type == "cuda" else contextlib.nullcontext():
+            ran: list[str] = []
+            for op, chain in self._chains.items():
+                if ops is not None and op not in ops:
+                    continue
+                for v in chain:
+                    if v.warmup and v.warmup not in ran:
+                        load_attr(v.warmup)(self, **kwargs)
+                        ran.append(v.warmup)
+            if ran and self.checked and self._reader is not None and kwargs.get("validated") is not False:
+                self._reader([Reduced(torch.zeros(2, dtype=torch.int64, device=default_torch_device(self.device)))])
+                ran.append(f"value reader {_reader_path(self.device)}")
         return ran
 
 

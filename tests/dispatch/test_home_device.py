@@ -151,6 +151,31 @@ def test_a_validated_call_runs_with_the_backends_gpu_current(monkeypatch, chain)
         assert torch.equal(getattr(be, op)(*args, **kwargs), want) and state["entered"] == [1]
 
 
+WARMED: list = []
+
+
+def _record_warmup(backend, **kwargs):
+    WARMED.append(kwargs["state"]["current"])
+
+
+def test_warmup_runs_with_the_backends_gpu_current(monkeypatch):
+    """``Backend.warmup`` compiles what the serving path launches, for the current device (Triton's):
+    it runs with the backend's GPU current, whatever the thread's (fakes over one index, as above)."""
+    from swa_backends import dispatch
+
+    state = {"current": 0, "entered": []}
+    monkeypatch.setattr(torch.cuda, "device", lambda index: _CurrentDevice(state, index))
+    monkeypatch.setattr(dispatch, "home_device", lambda device: torch.device("cuda", 1))
+    b = sb.select("cpu")
+    op = "batch_replay_start"
+    chains = dict(b._chains)
+    chains[op] = (dataclasses.replace(chains[op][0], warmup=f"{__name__}:_record_warmup"),)
+    be = dispatch.Backend(b.device, chains, b.capabilities, b._explanation, checked=False)
+    WARMED.clear()
+    assert be.warmup(ops=(op,), state=state) == [f"{__name__}:_record_warmup"]
+    assert WARMED == [1] and state["entered"] == [1] and state["current"] == 0
+
+
 @pytest.mark.gpu
 def test_a_validated_call_on_the_second_gpu_from_the_first_on_gpu():
     """The real corner (needs a machine with two GPUs): a ``select("cuda:1")`` backend called from a
