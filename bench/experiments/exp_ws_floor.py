@@ -3,6 +3,10 @@ beside copies of itself with a part taken out, and beside FlashMLA, in the same 
 
     . bench/gpu_env.sh && PYTHONPATH=.flashmla:$PYTHONPATH python3 bench/experiments/exp_ws_floor.py --out $OUT
 
+``--extra LABEL=FILE`` (repeatable) times one more copy of the kernel's module beside them, unchecked like
+the copies: a candidate of another design (a ``.diff`` of ``bench/experiments/candidates/``, or its file), or such a
+file with a part taken out by hand.
+
 The copies are made from ``kernels/sparse_mla_gluon_ws.py`` as it is (``variant_source``); their
 outputs are meaningless and not checked (FlashMLA's and ``gluon_ws``'s are, per cell on its first tokens,
 against the fp32 reference before anything of the cell is timed: a cell where either is wrong is recorded
@@ -236,6 +240,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7, help="interleaved rounds per cell")
     p.add_argument("--cells", type=parse_cells, default=None, metavar="H:K:T:ROWS,...",
                    help="these cells instead of the grid")
+    p.add_argument("--extra", action="append", default=[], metavar="LABEL=FILE",
+                   help="a copy of the kernel's module (a file, or a candidate's .diff) timed beside the others, "
+                        "unchecked like the copies (e.g. a candidate of another design with its gathers taken out)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("exp_ws_floor: needs a CUDA GPU")
@@ -254,6 +261,11 @@ def main(argv=None) -> int:
         q, kv.unsqueeze(1), idx.unsqueeze(1), scale, DV, attn_sink=sink, topk_length=lens),
         "gluon_ws": lambda q, kv, idx, lens, sink: sparse_mla_gluon_ws.sparse_mla(q, kv, idx, lens, scale, DV,
                                                                                   sink=sink)}
+    for spec in args.extra:
+        label, _, path = spec.partition("=")
+        if not label or not path:
+            raise SystemExit(f"exp_ws_floor: --extra {spec!r}: expected LABEL=FILE")
+        copies[label] = load_module_copy(f"_exp_ws_floor_extra_{label}", Path(path))
     for name, mod in copies.items():
         fns[name] = lambda q, kv, idx, lens, sink, m=mod: m.sparse_mla(q, kv, idx, lens, scale, DV, sink=sink)
     result = {**results.machine(dev), "goal": GOAL, "reps": args.reps, "command": results.command_line(),
