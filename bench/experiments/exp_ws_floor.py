@@ -244,6 +244,12 @@ def main(argv=None) -> int:
                    help="a copy of the kernel's module (a file, or a candidate's .diff) timed beside the others, "
                         "unchecked like the copies (e.g. a candidate of another design with its gathers taken out)")
     args = p.parse_args(argv)
+    extras = {}
+    for spec in args.extra:
+        label, _, path = spec.partition("=")
+        if not label or not path or not Path(path).is_file():
+            raise SystemExit(f"exp_ws_floor: --extra {spec!r}: expected LABEL=FILE, FILE an existing file")
+        extras[label] = Path(path)
     if not torch.cuda.is_available():
         raise SystemExit("exp_ws_floor: needs a CUDA GPU")
     from swa_backends.backends.cuda import probes
@@ -261,11 +267,8 @@ def main(argv=None) -> int:
         q, kv.unsqueeze(1), idx.unsqueeze(1), scale, DV, attn_sink=sink, topk_length=lens),
         "gluon_ws": lambda q, kv, idx, lens, sink: sparse_mla_gluon_ws.sparse_mla(q, kv, idx, lens, scale, DV,
                                                                                   sink=sink)}
-    for spec in args.extra:
-        label, _, path = spec.partition("=")
-        if not label or not path:
-            raise SystemExit(f"exp_ws_floor: --extra {spec!r}: expected LABEL=FILE")
-        copies[label] = load_module_copy(f"_exp_ws_floor_extra_{label}", Path(path))
+    for label, path in extras.items():
+        copies[label] = load_module_copy(f"_exp_ws_floor_extra_{label}", path)
     for name, mod in copies.items():
         fns[name] = lambda q, kv, idx, lens, sink, m=mod: m.sparse_mla(q, kv, idx, lens, scale, DV, sink=sink)
     result = {**results.machine(dev), "goal": GOAL, "reps": args.reps, "command": results.command_line(),

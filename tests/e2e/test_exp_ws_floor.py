@@ -131,6 +131,14 @@ def test_without_a_gpu_it_stops_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("spec", ["nolabel", "=x.py", "x=", "x=no/such/file.py"])
+def test_an_extra_copy_that_is_not_label_and_file_stops_before_the_gpu_is_asked_for(tmp_path, capsys, spec):
+    assert run_script(ROOT / "bench" / "experiments" / "exp_ws_floor.py", "--out", str(tmp_path / "o"),
+                      "--extra", spec) == 1
+    assert f"--extra {spec!r}: expected LABEL=FILE, FILE an existing file" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_flashmla_and_the_kernel_are_checked_before_a_cell_is_timed():
     """The two paths whose ratio the experiment reports are compared with the fp32 reference first (they
     were timed unchecked); FlashMLA's ``(out, max_logits, lse)`` with +inf for an empty token is read in the
