@@ -50,10 +50,10 @@ from lib import smoke
 smoke.use_interpreter()  # before anything imports Triton
 
 import swa_backends as sb  # noqa: E402
-from lib import patch, results, timing as tm  # noqa: E402
+from lib import results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
-from lib.sparse_mla import (CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, tflops,  # noqa: E402
-                            torch_baseline)
+from lib.sparse_mla import (CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, parse_copies,  # noqa: E402
+                            tflops, torch_baseline)
 
 #: the correctness check before timing: PAD patterns at these head counts, T tokens, K indices into ROWS rows
 CHECK = {"H": (16, 64, 128), "T": 300, "K": 1152, "rows": 8192}
@@ -136,15 +136,8 @@ def main(argv=None) -> int:
     chosen = parse_cells(args.cells)
     if chosen and args.quick:
         raise ValueError(f"--cells {args.cells!r} with --quick; expected one of the two")
-    files = {}  # label -> file, every --variant parsed and checked once, before anything runs
-    for v in args.variant:
-        label, _, file = v.partition("=")
-        if not label.isidentifier() or not Path(file).is_file() or label in files:
-            raise ValueError(f"--variant: {v!r}; expected LABEL=FILE, LABEL an identifier not given before, FILE an "
-                             f"existing file")
-        if file.endswith(".diff"):
-            patch.patched(Path(file))  # a diff the kernel has moved away from: refused now, naming its hunk
-        files[label] = file
+    # every --variant checked once, before anything runs
+    files = {label: str(f) for label, f in parse_copies("--variant", args.variant).items()}
     why = smoke.refusal(args.smoke)
     if why:
         log(f"bench_flashmla: {why}")

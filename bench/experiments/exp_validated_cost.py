@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shar
 import swa_backends as sb  # noqa: E402
 from lib import results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
-from lib.sparse_mla import CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells  # noqa: E402
+from lib.sparse_mla import CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, parse_copies  # noqa: E402
 
 GOAL = 0.97
 TIMINGS = ("lead", "lead05", "loop")
@@ -49,14 +49,7 @@ TIMINGS = ("lead", "lead05", "loop")
 
 def parse_checks(items: list[str]) -> dict[str, Path]:
     """``--check LABEL=FILE`` items -> ``{label: file}``; ValueError naming the item otherwise."""
-    files: dict[str, Path] = {}
-    for item in items:
-        label, _, file = item.partition("=")
-        if not label.isidentifier() or label in files or not Path(file).is_file():
-            raise ValueError(f"--check: {item!r}; expected LABEL=FILE, LABEL an identifier not given before, FILE an "
-                             f"existing copy of kernels/sparse_mla_check.py")
-        files[label] = Path(file)
-    return files
+    return parse_copies("--check", items, "an existing copy of kernels/sparse_mla_check.py")
 
 
 def speeds(ms: dict) -> dict:

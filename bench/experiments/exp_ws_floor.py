@@ -59,7 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shar
 
 from lib import results, timing as tm  # noqa: E402
 from lib.results import log  # noqa: E402
-from lib.sparse_mla import CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, tflops  # noqa: E402
+from lib.sparse_mla import (CELLS, DV, D, check, load_module_copy, make_inputs, parse_cells, parse_copies,  # noqa: E402
+                            tflops)
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "sparse_mla_gluon_ws.py"
 GOAL = 1.10
@@ -244,12 +245,10 @@ def main(argv=None) -> int:
                    help="a copy of the kernel's module (a file, or a candidate's .diff) timed beside the others, "
                         "unchecked like the copies (e.g. a candidate of another design with its gathers taken out)")
     args = p.parse_args(argv)
-    extras = {}
-    for spec in args.extra:
-        label, _, path = spec.partition("=")
-        if not label or not path or not Path(path).is_file():
-            raise SystemExit(f"exp_ws_floor: --extra {spec!r}: expected LABEL=FILE, FILE an existing file")
-        extras[label] = Path(path)
+    try:  # the floor's own paths keep their names: summarise reads them
+        extras = parse_copies("--extra", args.extra, taken=("flashmla_direct", "gluon_ws", *COPIES))
+    except ValueError as exc:
+        raise SystemExit(f"exp_ws_floor: {exc}") from None
     if not torch.cuda.is_available():
         raise SystemExit("exp_ws_floor: needs a CUDA GPU")
     from swa_backends.backends.cuda import probes

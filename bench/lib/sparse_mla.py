@@ -276,6 +276,25 @@ def before_after_args(doc: str, kernel_file: str, argv=None, **extra):
     return args
 
 
+def parse_copies(flag: str, items: list[str], what: str = "an existing file", taken=()) -> dict[str, Path]:
+    """``LABEL=FILE`` items of ``flag`` (``--variant``, ``--extra``, ...) -> ``{label: file}``, checked
+    before anything runs: ValueError naming the item when LABEL is no identifier, is given twice or is one
+    of ``taken`` (the script's own paths), or FILE is not a file (``what`` says which). A ``.diff`` the
+    kernel has moved away from is refused here, naming its hunk."""
+    from .patch import patched
+
+    files: dict[str, Path] = {}
+    for item in items:
+        label, _, file = item.partition("=")
+        if not label.isidentifier() or label in files or label in taken or not Path(file).is_file():
+            raise ValueError(f"{flag}: {item!r}; expected LABEL=FILE, LABEL an identifier not given before, FILE "
+                             f"{what}")
+        if file.endswith(".diff"):
+            patched(Path(file))
+        files[label] = Path(file)
+    return files
+
+
 def load_module_copy(name: str, path: Path):
     """The module in ``path`` (a copy of one of ``kernels/*.py``, e.g. ``git show
     <rev>:kernels/sparse_mla_gluon_ws.py``) imported as ``swa_backends.kernels.<name>``, a sibling

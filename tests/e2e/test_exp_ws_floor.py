@@ -131,11 +131,12 @@ def test_without_a_gpu_it_stops_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("spec", ["nolabel", "=x.py", "x=", "x=no/such/file.py"])
-def test_an_extra_copy_that_is_not_label_and_file_stops_before_the_gpu_is_asked_for(tmp_path, capsys, spec):
+@pytest.mark.parametrize("spec", ["nolabel", "=x.py", "x=", "x=no/such/file.py",
+                                  f"no_gather={ROOT / 'README.md'}"])
+def test_a_bad_or_taken_extra_copy_stops_before_the_gpu_is_asked_for(tmp_path, capsys, spec):
     assert run_script(ROOT / "bench" / "experiments" / "exp_ws_floor.py", "--out", str(tmp_path / "o"),
                       "--extra", spec) == 1
-    assert f"--extra {spec!r}: expected LABEL=FILE, FILE an existing file" in capsys.readouterr().err
+    assert f"--extra: {spec!r}; expected LABEL=FILE, LABEL an identifier not given before" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
