@@ -35,8 +35,8 @@ constexpr int B_QFULL = 0;                 // Q landed (64 producer threads' cp.
 constexpr int B_QEMPTY = 1;                // the stream's last Q K^T of an item is done (128 arrivals)
 constexpr int B_KVFULL = 2;                // + stage (64 producer threads' cp.async)
 constexpr int B_KVEMPTY = B_KVFULL + NST;  // + stage (128 arrivals: the tile's P V is done)
-constexpr int B_SFULL = B_KVEMPTY + NST;   // the partner's partial S landed here (its 128 threads)
-constexpr int B_SFREE = B_SFULL + 1;       // the partner read what this CTA sent (its 128 threads)
+constexpr int B_SFULL = B_KVEMPTY + NST;   // the partner's partial S landed here (16 KB of st.async)
+constexpr int B_SFREE = B_SFULL + 1;       // the partner read what this CTA sent (one arrival)
 constexpr int NB = B_SFREE + 1;
 constexpr int SMEM_BYTES = OFF_BAR + 2 * NB * 8 + 1024;
 constexpr float LOG2E = 1.4426950408889634f;
@@ -100,7 +100,6 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
@@ -119,6 +118,61 @@ __device__ __forceinline__ uint32_t swz(int r, int ch) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// S = Q_r K_r^T over this CTA's 256 columns (16 k-steps), issued and committed, not waited
+__device__ __forceinline__ void issue_qk(float (&sa)[32], uint32_t qbase, uint32_t tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const uint32_t off = (kk >> 2) * 8192 + (kk & 3) * 32;
+    wgmma_ss_m64n64k16(sa, gmma_desc(qbase + off, 16, 1024), gmma_desc(tile + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+// the validity of this thread's 16 columns of the tile at index column `col0` (PAD and past `len`: false)
+__device__ __forceinline__ void load_valid(bool (&valid)[16], const int* irow, int col0, int len, int c) {
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const int col = col0 + 8 * (e >> 1) + 2 * c + (e & 1);
+    valid[e] = col < len && irow[col] >= 0;
+  }
+}
+// this CTA's partial S to the partner and the partner's into sa (thread to thread: the partner's same thread
+// holds the same entries). The stores signal the partner's barrier themselves (st.async, 16 KB of transactions);
+// one thread arms this CTA's barrier for them and, once the warpgroup has read them, tells the partner its slot
+// is free again (one arrival).
+__device__ __forceinline__ void exchange(float (&sa)[32], uint32_t n, int tid, uint32_t sx_local, uint32_t sx_peer,
+                                         uint32_t sfull, uint32_t sfree, uint32_t sfull_peer, uint32_t sfree_peer,
+                                         int w) {
+  if (tid == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sfull), "r"(SX) : "memory");
+  mbar_wait_cluster(sfree, (n & 1) ^ 1);  // the partner read what this CTA sent before
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(sx_peer + (v * 128 + tid) * 16), "f"(sa[4 * v]), "f"(sa[4 * v + 1]), "f"(sa[4 * v + 2]),
+                 "f"(sa[4 * v + 3]), "r"(sfull_peer)
+                 : "memory");
+  }
+  mbar_wait_cluster(sfull, n & 1);
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    float x0, x1, x2, x3;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3) : "r"(sx_local + (v * 128 + tid) * 16) : "memory");
+    // the same sum in both CTAs (fp32 addition commutes): both get the same softmax
+    sa[4 * v] += x0;
+    sa[4 * v + 1] += x1;
+    sa[4 * v + 2] += x2;
+    sa[4 * v + 3] += x3;
+  }
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");  // the warpgroup's reads of the slot are done
+  if (tid == 0) mbar_arrive_remote(sfree_peer);
 }
 
 }  // namespace
@@ -148,8 +202,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
         mbar_init(bar(s, B_KVFULL + i), 64);
         mbar_init(bar(s, B_KVEMPTY + i), 128);
       }
-      mbar_init(bar(s, B_SFULL), 128);
-      mbar_init(bar(s, B_SFREE), 128);
+      mbar_init(bar(s, B_SFULL), 1);  // this CTA's arming arrival; the partner's stores complete the bytes
+      mbar_init(bar(s, B_SFREE), 1);  // one arrival of the partner's once its warpgroup read the slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -234,63 +288,24 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
       float acc[128];
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+      float sa[32];
+      bool valid[16];
       mbar_wait(bar(w, B_QFULL), k & 1);
-      if (ntiles == 0) mbar_arrive(bar(w, B_QEMPTY));
-      for (int i = 0; i < ntiles; ++i, ++n) {
-        const int s = n % NST;
-        const uint32_t u = n / NST;
-        const uint32_t tile = base + OFF_KV + (w * NST + s) * TILE;
-        mbar_wait(bar(w, B_KVFULL + s), u & 1);
+      if (ntiles == 0) {
+        mbar_arrive(bar(w, B_QEMPTY));
+      } else {  // the first tile's scores: Q K^T, then the exchange
+        mbar_wait(bar(w, B_KVFULL + n % NST), (n / NST) & 1);
         fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        float sa[32];
-#pragma unroll
-        for (int e = 0; e < 32; ++e) sa[e] = 0.f;
+        issue_qk(sa, qbase, base + OFF_KV + (w * NST + n % NST) * TILE);
+        load_valid(valid, irow, 0, len, c);
+        wgmma_wait<0>();
         fence_regs(sa);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 16; ++kk) {
-          const uint32_t off = (kk >> 2) * 8192 + (kk & 3) * 32;
-          wgmma_ss_m64n64k16(sa, gmma_desc(qbase + off, 16, 1024), gmma_desc(tile + off, 16, 1024), kk > 0);
-        }
-        wgmma_commit();
-        // the columns' validity, under the wgmma (L2-hot: the producer read these indices)
-        bool valid[16];
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          const int col = i * BN + 8 * (e >> 1) + 2 * c + (e & 1);
-          valid[e] = col < len && irow[col] >= 0;
-        }
-        wgmma_wait0();
-        fence_regs(sa);
-        if (i == ntiles - 1) mbar_arrive(bar(w, B_QEMPTY));
-        // partial S to the partner (thread to thread: the partner's same thread holds the same
-        // entries), once it has read the previous one
-        if (!(flags & 2)) {  // ablation: no exchange (each CTA's softmax over its partial S)
-        mbar_wait_cluster(bar(w, B_SFREE), (n & 1) ^ 1);
-#pragma unroll
-        for (int v = 0; v < 8; ++v) {
-          const uint32_t a = sx_peer + (v * 128 + tid) * 16;
-          asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(a), "f"(sa[4 * v]),
-                       "f"(sa[4 * v + 1]), "f"(sa[4 * v + 2]), "f"(sa[4 * v + 3])
-                       : "memory");
-        }
-        mbar_arrive_remote(sfull_peer);
-        mbar_wait_cluster(bar(w, B_SFULL), n & 1);
-#pragma unroll
-        for (int v = 0; v < 8; ++v) {
-          float x0, x1, x2, x3;
-          const uint32_t a = sx_local + (v * 128 + tid) * 16;
-          asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                       : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3) : "r"(a) : "memory");
-          // the same sum in both CTAs (fp32 addition commutes): both get the same softmax
-          sa[4 * v] += x0;
-          sa[4 * v + 1] += x1;
-          sa[4 * v + 2] += x2;
-          sa[4 * v + 3] += x3;
-        }
-        mbar_arrive_remote(sfree_peer);
-        }
-        // online softmax (base 2, scale folded into the exponent's FMA)
+        if (ntiles == 1) mbar_arrive(bar(w, B_QEMPTY));
+        if (!(flags & 2)) exchange(sa, n, tid, sx_local, sx_peer, bar(w, B_SFULL), bar(w, B_SFREE), sfull_peer,
+                                   sfree_peer, w);
+      }
+      for (int i = 0; i < ntiles; ++i, ++n) {
+        // sa: tile i's whole S (both CTAs' halves summed); P V of tile i - 1 is done
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -337,6 +352,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
           acc[4 * j + 2] *= al1;
           acc[4 * j + 3] *= al1;
         }
+        const uint32_t tile = base + OFF_KV + (w * NST + n % NST) * TILE;
         fence_regs(acc);
         wgmma_fence();
 #pragma unroll
@@ -346,9 +362,27 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
                               gmma_desc(tile + kk * 2048, pv_lbo, pv_sbo));
         }
         wgmma_commit();
-        wgmma_wait0();
-        fence_regs(acc);
-        mbar_arrive(bar(w, B_KVEMPTY + s));
+        if (i + 1 < ntiles) {
+          // the next tile's Q K^T right behind this P V on the tensor cores; its exchange and validity under
+          // this P V
+          const uint32_t n1 = n + 1;
+          mbar_wait(bar(w, B_KVFULL + n1 % NST), (n1 / NST) & 1);
+          fence_proxy_async();
+          issue_qk(sa, qbase, base + OFF_KV + (w * NST + n1 % NST) * TILE);
+          load_valid(valid, irow, (i + 1) * BN, len, c);
+          wgmma_wait<1>();  // this tile's P V
+          fence_regs(acc);
+          mbar_arrive(bar(w, B_KVEMPTY + n % NST));
+          wgmma_wait<0>();
+          fence_regs(sa);
+          if (i + 1 == ntiles - 1) mbar_arrive(bar(w, B_QEMPTY));
+          if (!(flags & 2)) exchange(sa, n1, tid, sx_local, sx_peer, bar(w, B_SFULL), bar(w, B_SFREE), sfull_peer,
+                                     sfree_peer, w);
+        } else {
+          wgmma_wait<0>();
+          fence_regs(acc);
+          mbar_arrive(bar(w, B_KVEMPTY + n % NST));
+        }
       }
       // epilogue: the quad's row sums, the sink in the denominator only, O and (rank 0) the lse
       l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
