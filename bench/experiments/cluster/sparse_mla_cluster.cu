@@ -6,13 +6,14 @@
 // CTA r holds columns [256 r, 256 r + 256) of Q and of every gathered row, computes its partial
 // S_r = Q_r K_r^T, and the two exchange partial S through distributed shared memory (16 KB of fp32
 // a tile, thread to thread in the accumulator's own layout). Both then hold the same S, the same
-// softmax and P, and each adds P V_r to its own 64 x 256 accumulator: no row max or P crosses
-// warpgroups. That frees each consuming warpgroup to own whole items: two math warpgroups per CTA
-// run two items side by side, each with its own Q half, its own two tile stages and its own
-// online softmax, and one producer warpgroup (two warps per stream) gathers for both.
+// softmax and P, and each adds P V_r to its own 64 x 256 accumulator: one math warpgroup per CTA
+// owns the item, with no row max or P handed to another warpgroup. The halved rows leave room for
+// four tile stages and two Q halves (the next item's Q loads under the current item), and the math
+// warpgroup pipelines within itself (FlashAttention-3's order): the next tile's Q K^T is issued
+// before this tile's softmax, this tile's P V before the next tile's exchange.
 //
-// Shared memory per CTA: Q halves 2 x 32 KB, tiles 2 streams x 2 stages x 32 KB, receive slots
-// 2 x 16 KB, barriers: 224 KB + 128 B (+ up to 1 KB of alignment for the 128-byte swizzle).
+// Shared memory per CTA: Q halves 2 x 32 KB, tiles 4 x 32 KB, a receive slot 16 KB, barriers:
+// 208 KB + 112 B (+ up to 1 KB of alignment for the 128-byte swizzle).
 #include <cstdint>
 #include <cuda_bf16.h>
 
@@ -20,25 +21,24 @@
 
 namespace {
 
-constexpr int BH = 64;           // heads per item
-constexpr int BN = 64;           // KV rows per tile
-constexpr int DH = 256;          // this CTA's columns of D
-constexpr int NST = 2;           // tile stages per stream
+constexpr int BH = 64;             // heads per item
+constexpr int BN = 64;             // KV rows per tile
+constexpr int DH = 256;            // this CTA's columns of D
+constexpr int NST = 4;             // tile stages
 constexpr int TILE = BN * DH * 2;  // bytes of a tile (and of a Q half): 4 column blocks of 8 KB
-constexpr int SX = 128 * 32 * 4;   // a receive slot: 32 fp32 of each of 128 threads
+constexpr int SX = 128 * 32 * 4;   // the receive slot: 32 fp32 of each of 128 threads
 constexpr int OFF_Q = 0;
 constexpr int OFF_KV = OFF_Q + 2 * TILE;
-constexpr int OFF_SX = OFF_KV + 2 * NST * TILE;
-constexpr int OFF_BAR = OFF_SX + 2 * SX;
-// barriers of a stream
-constexpr int B_QFULL = 0;                 // Q landed (64 producer threads' cp.async)
-constexpr int B_QEMPTY = 1;                // the stream's last Q K^T of an item is done (128 arrivals)
-constexpr int B_KVFULL = 2;                // + stage (64 producer threads' cp.async)
+constexpr int OFF_SX = OFF_KV + NST * TILE;
+constexpr int OFF_BAR = OFF_SX + SX;
+constexpr int B_QFULL = 0;                 // + Q slot: Q landed (the producer's 128 threads' cp.async)
+constexpr int B_QEMPTY = 2;                // + Q slot: the item's last Q K^T is done (128 arrivals)
+constexpr int B_KVFULL = 4;                // + stage (the producer's 128 threads' cp.async)
 constexpr int B_KVEMPTY = B_KVFULL + NST;  // + stage (128 arrivals: the tile's P V is done)
 constexpr int B_SFULL = B_KVEMPTY + NST;   // the partner's partial S landed here (16 KB of st.async)
 constexpr int B_SFREE = B_SFULL + 1;       // the partner read what this CTA sent (one arrival)
 constexpr int NB = B_SFREE + 1;
-constexpr int SMEM_BYTES = OFF_BAR + 2 * NB * 8 + 1024;
+constexpr int SMEM_BYTES = OFF_BAR + NB * 8 + 1024;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -139,7 +139,8 @@ __device__ __forceinline__ void load_valid(bool (&valid)[16], const int* irow, i
 #pragma unroll
   for (int e = 0; e < 16; ++e) {
     const int col = col0 + 8 * (e >> 1) + 2 * c + (e & 1);
-    valid[e] = col < len && irow[col] >= 0;
+    // the load clamped into the row instead of skipped: no branch while wgmma are in flight (len >= 1 here)
+    valid[e] = (col < len) & (__ldg(irow + min(col, len - 1)) >= 0);
   }
 }
 // this CTA's partial S to the partner and the partner's into sa (thread to thread: the partner's same thread
@@ -147,8 +148,7 @@ __device__ __forceinline__ void load_valid(bool (&valid)[16], const int* irow, i
 // one thread arms this CTA's barrier for them and, once the warpgroup has read them, tells the partner its slot
 // is free again (one arrival).
 __device__ __forceinline__ void exchange(float (&sa)[32], uint32_t n, int tid, uint32_t sx_local, uint32_t sx_peer,
-                                         uint32_t sfull, uint32_t sfree, uint32_t sfull_peer, uint32_t sfree_peer,
-                                         int w) {
+                                         uint32_t sfull, uint32_t sfree, uint32_t sfull_peer, uint32_t sfree_peer) {
   if (tid == 0)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sfull), "r"(SX) : "memory");
   mbar_wait_cluster(sfree, (n & 1) ^ 1);  // the partner read what this CTA sent before
@@ -171,13 +171,13 @@ __device__ __forceinline__ void exchange(float (&sa)[32], uint32_t n, int tid, u
     sa[4 * v + 2] += x2;
     sa[4 * v + 3] += x3;
   }
-  asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");  // the warpgroup's reads of the slot are done
+  asm volatile("bar.sync 1, 128;" ::: "memory");  // the warpgroup's reads of the slot are done
   if (tid == 0) mbar_arrive_remote(sfree_peer);
 }
 
 }  // namespace
 
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1)
     swa_sparse_mla_cluster(const __nv_bfloat16* __restrict__ Q, const __nv_bfloat16* __restrict__ KV,
                            const int* __restrict__ IDX, const int* __restrict__ LENS, const float* __restrict__ SINK,
                            __nv_bfloat16* __restrict__ OUT, float* __restrict__ LSE, int H, int NUM_HB,
@@ -192,120 +192,113 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
   const int ncl = gridDim.x >> 1;
   const int wg = threadIdx.x >> 7;
   const int tid = threadIdx.x & 127;
-  auto bar = [&](int stream, int i) { return base + OFF_BAR + (stream * NB + i) * 8; };
+  auto bar = [&](int i) { return base + OFF_BAR + i * 8; };
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(bar(s, B_QFULL), 64);
-      mbar_init(bar(s, B_QEMPTY), 128);
-      for (int i = 0; i < NST; ++i) {
-        mbar_init(bar(s, B_KVFULL + i), 64);
-        mbar_init(bar(s, B_KVEMPTY + i), 128);
-      }
-      mbar_init(bar(s, B_SFULL), 1);  // this CTA's arming arrival; the partner's stores complete the bytes
-      mbar_init(bar(s, B_SFREE), 1);  // one arrival of the partner's once its warpgroup read the slot
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(bar(B_QFULL + i), 128);
+      mbar_init(bar(B_QEMPTY + i), 128);
     }
+    for (int i = 0; i < NST; ++i) {
+      mbar_init(bar(B_KVFULL + i), 128);
+      mbar_init(bar(B_KVEMPTY + i), 128);
+    }
+    mbar_init(bar(B_SFULL), 1);  // this CTA's arming arrival; the partner's stores complete the bytes
+    mbar_init(bar(B_SFREE), 1);  // one arrival of the partner's once its warpgroup read the slot
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   cluster_sync();  // the partner's barriers exist before anything arrives on them
 
   if (wg == 0) {
-    // ---------------- producer: warps 0-1 gather for stream 0, warps 2-3 for stream 1
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    const int w = tid >> 6;
-    const int pw = (tid >> 5) & 1;
+    // ---------------- producer: 4 warps, 16 rows each a tile; a warp instruction moves 512 bytes of a row
+    const int pw = tid >> 5;
     const int lane = tid & 31;
     const long long col0 = static_cast<long long>(rank) * DH + lane * 8;
     int k = 0;
     uint32_t n = 0;
-    for (int item = 2 * cid + w; item < NUM_ITEMS; item += 2 * ncl, ++k) {
+    for (int item = cid; item < NUM_ITEMS; item += ncl, ++k) {
       const int hb = item % NUM_HB;
       const long long t = item / NUM_HB;
       const int len = LENS[t];
-      mbar_wait(bar(w, B_QEMPTY), (k & 1) ^ 1);
-      const uint32_t qdst = base + OFF_Q + w * TILE;
+      const int qs = k & 1;
+      mbar_wait(bar(B_QEMPTY + qs), ((k >> 1) & 1) ^ 1);
+      const uint32_t qdst = base + OFF_Q + qs * TILE;
 #pragma unroll 4
-      for (int j = 0; j < 32; ++j) {
-        const int r = pw * 32 + j;
+      for (int j = 0; j < 16; ++j) {
+        const int r = pw * 16 + j;
         const int h = hb * BH + r;
         const bool ok = h < H;
         cp_async16(qdst + swz(r, lane), Q + t * sqt + (ok ? h : 0) * sqh + col0, ok ? 16u : 0u);
       }
-      cp_async_arrive(bar(w, B_QFULL));
-      if (flags & 1) {  // the stream's next Q half into L2 now: its load after QEMPTY then hits
-        const int nxt = item + 2 * ncl;
-        if (nxt < NUM_ITEMS) {
-          const int h = (nxt % NUM_HB) * BH + pw * 32 + lane;
-          if (h < H) {
-            const __nv_bfloat16* row = Q + static_cast<long long>(nxt / NUM_HB) * sqt + h * sqh + rank * DH;
-#pragma unroll
-            for (int v = 0; v < 4; ++v) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 64 * v));
-          }
-        }
-      }
+      cp_async_arrive(bar(B_QFULL + qs));
       const int* irow = IDX + t * sit;
       const int ntiles = (len + BN - 1) / BN;
       for (int i = 0; i < ntiles; ++i, ++n) {
         const int s = n % NST;
-        const uint32_t u = n / NST;
-        mbar_wait(bar(w, B_KVEMPTY + s), (u & 1) ^ 1);
-        const int col = i * BN + pw * 32 + lane;
+        mbar_wait(bar(B_KVEMPTY + s), ((n / NST) & 1) ^ 1);
+        const int col = i * BN + pw * 16 + (lane & 15);
         const int ix = col < len ? irow[col] : -1;
-        const uint32_t dst = base + OFF_KV + (w * NST + s) * TILE;
+        const uint32_t dst = base + OFF_KV + s * TILE;
 #pragma unroll 4
-        for (int j = 0; j < 32; ++j) {
+        for (int j = 0; j < 16; ++j) {
           const int rj = __shfl_sync(0xffffffffu, ix, j);
           const bool ok = rj >= 0;
           if (!(flags & 4))  // ablation: no gathers (the tile keeps what it held)
-            cp_async16(dst + swz(pw * 32 + j, lane), KV + (ok ? rj : 0) * skv + col0, ok ? 16u : 0u);
+            cp_async16(dst + swz(pw * 16 + j, lane), KV + (ok ? rj : 0) * skv + col0, ok ? 16u : 0u);
         }
-        cp_async_arrive(bar(w, B_KVFULL + s));
+        cp_async_arrive(bar(B_KVFULL + s));
       }
     }
   } else {
-    // ---------------- math: warpgroup 1 runs stream 0, warpgroup 2 stream 1
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int w = wg - 1;
+    // ---------------- math: one warpgroup, the whole item
     const int wi = tid >> 5;
     const int lane = tid & 31;
     const int g = lane >> 2;
     const int c = lane & 3;
-    const uint32_t qbase = base + OFF_Q + w * TILE;
-    const uint32_t sx_local = base + OFF_SX + w * SX;
+    const uint32_t sx_local = base + OFF_SX;
     const uint32_t sx_peer = mapa(sx_local, peer);
-    const uint32_t sfull_peer = mapa(bar(w, B_SFULL), peer);
-    const uint32_t sfree_peer = mapa(bar(w, B_SFREE), peer);
+    const uint32_t sfull_peer = mapa(bar(B_SFULL), peer);
+    const uint32_t sfree_peer = mapa(bar(B_SFREE), peer);
     int k = 0;
-    uint32_t n = 0;
-    for (int item = 2 * cid + w; item < NUM_ITEMS; item += 2 * ncl, ++k) {
+    uint32_t n = 0;   // tiles before this one (stages, exchanges)
+    for (int item = cid; item < NUM_ITEMS; item += ncl, ++k) {
       const int hb = item % NUM_HB;
       const long long t = item / NUM_HB;
       const int len = LENS[t];
       const int* irow = IDX + t * sit;
       const int ntiles = (len + BN - 1) / BN;
+      const int qs = k & 1;
+      const uint32_t qbase = base + OFF_Q + qs * TILE;
       float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
       float acc[128];
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
       float sa[32];
       bool valid[16];
-      mbar_wait(bar(w, B_QFULL), k & 1);
+      mbar_wait(bar(B_QFULL + qs), (k >> 1) & 1);
       if (ntiles == 0) {
-        mbar_arrive(bar(w, B_QEMPTY));
+        mbar_arrive(bar(B_QEMPTY + qs));
       } else {  // the first tile's scores: Q K^T, then the exchange
-        mbar_wait(bar(w, B_KVFULL + n % NST), (n / NST) & 1);
+        mbar_wait(bar(B_KVFULL + n % NST), (n / NST) & 1);
         fence_proxy_async();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        issue_qk(sa, qbase, base + OFF_KV + (w * NST + n % NST) * TILE);
+        issue_qk(sa, qbase, base + OFF_KV + (n % NST) * TILE);
         load_valid(valid, irow, 0, len, c);
         wgmma_wait<0>();
         fence_regs(sa);
-        if (ntiles == 1) mbar_arrive(bar(w, B_QEMPTY));
-        if (!(flags & 2)) exchange(sa, n, tid, sx_local, sx_peer, bar(w, B_SFULL), bar(w, B_SFREE), sfull_peer,
-                                   sfree_peer, w);
+        if (!(flags & 2)) exchange(sa, n, tid, sx_local, sx_peer, bar(B_SFULL), bar(B_SFREE), sfull_peer, sfree_peer);
       }
       for (int i = 0; i < ntiles; ++i, ++n) {
-        // sa: tile i's whole S (both CTAs' halves summed); P V of tile i - 1 is done
+        // sa: tile i's whole S (both CTAs' halves summed); nothing in flight
+        float sb[32];
+        const bool more = i + 1 < ntiles;
+        // the next tile's Q K^T on the tensor cores under this tile's softmax; on the last tile a Q K^T of the
+        // same tile again, unused, so that every tile issues and waits alike (a wgmma in a branch, or waits that
+        // differ by branch, make ptxas serialise the wgmma: C7518)
+        const uint32_t n1 = more ? n + 1 : n;
+        if (more) mbar_wait(bar(B_KVFULL + n1 % NST), (n1 / NST) & 1);
+        fence_proxy_async();
+        issue_qk(sb, qbase, base + OFF_KV + (n1 % NST) * TILE);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -318,6 +311,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
             mx1 = fmaxf(mx1, sa[4 * j + 2 + e]);
           }
         }
+        if (more) load_valid(valid, irow, (i + 1) * BN, len, c);  // the next tile's, under its Q K^T
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -352,7 +346,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
           acc[4 * j + 2] *= al1;
           acc[4 * j + 3] *= al1;
         }
-        const uint32_t tile = base + OFF_KV + (w * NST + n % NST) * TILE;
+        const uint32_t tile = base + OFF_KV + (n % NST) * TILE;
         fence_regs(acc);
         wgmma_fence();
 #pragma unroll
@@ -362,27 +356,19 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
                               gmma_desc(tile + kk * 2048, pv_lbo, pv_sbo));
         }
         wgmma_commit();
-        if (i + 1 < ntiles) {
-          // the next tile's Q K^T right behind this P V on the tensor cores; its exchange and validity under
-          // this P V
-          const uint32_t n1 = n + 1;
-          mbar_wait(bar(w, B_KVFULL + n1 % NST), (n1 / NST) & 1);
-          fence_proxy_async();
-          issue_qk(sa, qbase, base + OFF_KV + (w * NST + n1 % NST) * TILE);
-          load_valid(valid, irow, (i + 1) * BN, len, c);
-          wgmma_wait<1>();  // this tile's P V
-          fence_regs(acc);
-          mbar_arrive(bar(w, B_KVEMPTY + n % NST));
-          wgmma_wait<0>();
-          fence_regs(sa);
-          if (i + 1 == ntiles - 1) mbar_arrive(bar(w, B_QEMPTY));
-          if (!(flags & 2)) exchange(sa, n1, tid, sx_local, sx_peer, bar(w, B_SFULL), bar(w, B_SFREE), sfull_peer,
-                                     sfree_peer, w);
-        } else {
-          wgmma_wait<0>();
-          fence_regs(acc);
-          mbar_arrive(bar(w, B_KVEMPTY + n % NST));
-        }
+        wgmma_wait<1>();  // the next tile's Q K^T (this P V may still run)
+        fence_regs(sb);
+        if (!more) mbar_arrive(bar(B_QEMPTY + qs));  // the item's last read of Q
+        // the next tile's scores, exchanged under this P V
+        if (more && !(flags & 2))
+          exchange(sb, n + 1, tid, sx_local, sx_peer, bar(B_SFULL), bar(B_SFREE), sfull_peer, sfree_peer);
+        // this P V done before the next iteration: a group left pending across the loop's back edge makes ptxas
+        // serialise every wgmma (C7514), and the next Q K^T is issued right after this anyway
+        wgmma_wait<0>();
+        fence_regs(acc);
+        mbar_arrive(bar(B_KVEMPTY + n % NST));
+#pragma unroll
+        for (int e = 0; e < 32; ++e) sa[e] = sb[e];
       }
       // epilogue: the quad's row sums, the sink in the denominator only, O and (rank 0) the lse
       l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

@@ -32,7 +32,7 @@ HEADS = 64
 LOG2E = 1.4426950408889634
 #: the P V operand's descriptor strides (bytes): between 64-column blocks, between 8-row groups
 PV_STRIDES = tuple(int(v) for v in os.environ.get("SWA_CLUSTER_PV", "8192,1024").split(","))
-SMEM = 2 * 32768 + 4 * 32768 + 2 * 16384 + 2 * 8 * 8 + 1024  # as SMEM_BYTES in the .cu
+SMEM = 2 * 32768 + 4 * 32768 + 16384 + 14 * 8 + 1024  # as SMEM_BYTES in the .cu
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _state: dict = {}
 
@@ -73,7 +73,8 @@ def sparse_mla(q, kv, indices, lens, sm_scale, d_v, *, sink=None, **_unused):
     return run(q, kv, indices, lens, sm_scale, d_v, sink, FLAGS)
 
 
-#: the kernel's ``flags``: bit 0 prefetches each stream's next Q half into L2 (``sparse_mla_cluster_pf.py``)
+#: the kernel's ``flags`` (ablations whose results are wrong): bit 1 skips the exchange of partial scores, bit 2
+#: the KV gathers
 FLAGS = 0
 
 
@@ -97,7 +98,7 @@ def run(q, kv, indices, lens, sm_scale, d_v, sink, flags: int):
     num_hb = math.ceil(H / HEADS)
     items = T * num_hb
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    clusters = max(1, min(sms // 2, math.ceil(items / 2)))
+    clusters = max(1, min(sms // 2, items))  # persistent: a cluster per two SMs, an item at a time
     vals = [ctypes.c_uint64(t.data_ptr()) for t in (q, kv2, indices, lens, sink_t, out, lse)]
     vals += [ctypes.c_int32(v) for v in (H, num_hb, items)]
     vals += [ctypes.c_int64(v) for v in (q.stride(0), q.stride(1), kv2.stride(0), indices.stride(0), out.stride(0),
@@ -106,6 +107,6 @@ def run(q, kv, indices, lens, sm_scale, d_v, sink, flags: int):
              ctypes.c_int32(PV_STRIDES[0]), ctypes.c_int32(PV_STRIDES[1]), ctypes.c_int32(flags)]
     args = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    _ok(cuda, cuda.cuLaunchKernel(fn, 2 * clusters, 1, 1, 384, 1, 1, SMEM, ctypes.c_void_p(stream), args, None),
+    _ok(cuda, cuda.cuLaunchKernel(fn, 2 * clusters, 1, 1, 256, 1, 1, SMEM, ctypes.c_void_p(stream), args, None),
         "cuLaunchKernel")
     return out, lse
