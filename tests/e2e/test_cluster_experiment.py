@@ -65,9 +65,12 @@ def test_launcher_asks_for_the_kernels_shared_memory():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_kernel_builds_for_sm90a_without_spilling_the_math(tmp_path, capsys):
+def test_kernel_builds_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, capsys):
     cubin = build_cluster.build(tmp_path)
     assert cubin.stat().st_size > 0
     report = capsys.readouterr().out
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
-    assert spills and max(spills) <= 16, report  # the producer's 40 registers spill a word or two at most
+    assert spills and max(spills) == 0, report
+    # C7514 / C7518: ptxas waits for every wgmma where it cannot prove the overlap safe (a group pending across
+    # the loop's back edge, a wgmma in a branch), which undoes the pipelining the kernel is written for
+    assert "serialized" not in report, report
