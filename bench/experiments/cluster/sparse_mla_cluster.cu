@@ -38,7 +38,8 @@ constexpr int B_KVEMPTY = B_KVFULL + NST;  // + stage (128 arrivals: the tile's 
 constexpr int B_SFULL = B_KVEMPTY + NST;   // the partner's partial S landed here (16 KB of st.async)
 constexpr int B_SFREE = B_SFULL + 1;       // the partner read what this CTA sent (one arrival)
 constexpr int NB = B_SFREE + 1;
-constexpr int SMEM_BYTES = OFF_BAR + NB * 8 + 1024;
+constexpr int SMEM_BYTES = OFF_BAR + NB * 8 + 1024;  // what the launcher asks for (SMEM in the .py)
+static_assert(SMEM_BYTES <= 232448, "more shared memory than an sm90 block may have");
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -406,6 +407,3 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1)
   __syncwarp();
   cluster_sync();  // no CTA leaves while its partner may still arrive on its barriers
 }
-
-// bytes of dynamic shared memory the launch must ask for
-extern "C" __global__ void swa_sparse_mla_cluster_smem(int* out) { *out = SMEM_BYTES; }
