@@ -97,8 +97,10 @@ def run(q, kv, indices, lens, sm_scale, d_v, sink, flags: int):
     cuda, fn = _driver()
     num_hb = math.ceil(H / HEADS)
     items = T * num_hb
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    clusters = max(1, min(sms // 2, items))  # persistent: a cluster per two SMs, an item at a time
+    from swa_backends.common.device import cuda_index
+    from swa_backends.kernels.sparse_mla_gluon import num_sms  # the persistent Gluon kernels' SM count, read once
+
+    clusters = max(1, min(num_sms(cuda_index(q)) // 2, items))  # persistent: a cluster per two SMs, an item at a time
     vals = [ctypes.c_uint64(t.data_ptr()) for t in (q, kv2, indices, lens, sink_t, out, lse)]
     vals += [ctypes.c_int32(v) for v in (H, num_hb, items)]
     vals += [ctypes.c_int64(v) for v in (q.stride(0), q.stride(1), kv2.stride(0), indices.stride(0), out.stride(0),
