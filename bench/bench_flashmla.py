@@ -69,6 +69,8 @@ HOST_ROUNDS = 5
 #: issue 38: the validated default call at this fraction of the unvalidated one's speed, or better
 VALIDATED_GOAL = 0.97
 GLUON_INTERPRETED = "TRITON_INTERPRET=1: Gluon kernels do not run in Triton's interpreter"
+# a --variant copy may be another language's kernel (bench/experiments/cluster/ launches a cubin): it runs on a GPU only
+COPY_INTERPRETED = "TRITON_INTERPRET=1: kernel copies (--variant) run on a GPU only"
 
 
 def load_variant(label: str, path: Path):
@@ -103,7 +105,7 @@ def paths(dev, variants: dict | None = None):
             q, kv, idx, lens, scale, DV, sink=sink)
     for label, vmod in (variants or {}).items():  # not `mod`: direct() above reads FlashMLA's module by that name
         if interpreted:
-            why[f"ws_{label}"] = GLUON_INTERPRETED
+            why[f"ws_{label}"] = COPY_INTERPRETED
             continue
         found[f"ws_{label}"] = lambda q, kv, idx, lens, scale, sink, m=vmod: m.sparse_mla(q, kv, idx, lens, scale, DV,
                                                                                             sink=sink)
