@@ -30,7 +30,7 @@ D = 512
 HEADS = 64
 LOG2E = 1.4426950408889634
 #: the P V operand's descriptor strides (bytes) for its MN-major layout: between 64-column blocks (the leading
-#: byte offset), between 8-row groups (the stride byte offset); the other order was never needed (both H100 runs)
+#: byte offset), between 8-row groups (the stride byte offset); checked on the GPU by every form's runs (README)
 PV_STRIDES = (8192, 1024)
 SMEM = 2 * 32768 + 4 * 32768 + 16384 + 14 * 8 + 1024  # as SMEM_BYTES in the .cu
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
