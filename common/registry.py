@@ -126,21 +126,25 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Both Triton probes name a missing or broken Triton before the interpreter switch: without Triton the switch
+# changes nothing, and a user told only to set it would meet the missing module next.
 @register_probe("triton")
 def _probe_triton() -> str | None:
     """Compiled Triton kernels: Triton importable and the process not in interpreter mode."""
-    if _interpreting():
+    missing = import_reason("triton", attr="jit", what="Triton")
+    if missing is None and _interpreting():
         return "TRITON_INTERPRET=1 is set: this process runs Triton kernels in the host interpreter, not compiled"
-    return import_reason("triton", attr="jit", what="Triton")
+    return missing
 
 
 @register_probe("triton_interpreter")
 def _probe_triton_interpreter() -> str | None:
     """Triton kernels on a CPU: Triton importable and the process started with TRITON_INTERPRET=1."""
-    if not _interpreting():
+    missing = import_reason("triton", attr="jit", what="Triton")
+    if missing is None and not _interpreting():
         return ("Triton kernels run on a CPU only in Triton's interpreter: start the process with "
                 "TRITON_INTERPRET=1 (Triton reads it when a kernel is decorated)")
-    return import_reason("triton", attr="jit", what="Triton")
+    return missing
 
 
 # ---------------------------------------------------------------------------------------

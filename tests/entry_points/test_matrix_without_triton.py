@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -62,3 +63,20 @@ def test_worker_flag_without_triton_is_one_line(tmp_path, no_triton_env):
     assert res.returncode == 2 and res.stdout == "", res.stderr
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert "expected a jobs file written by the matrix runner" in res.stderr
+
+
+@pytest.mark.parametrize("interpret", [None, "1"])
+def test_explain_names_the_missing_triton_before_the_interpreter_switch(tmp_path, no_triton_env, interpret):
+    """Without Triton, a Triton variant's reason is the missing module, with the interpreter switch set or not:
+    setting TRITON_INTERPRET=1 alone would change nothing (the switch's reason comes once Triton is there:
+    tests/kernels/test_triton_kernels.py)."""
+    env = dict(no_triton_env, **({"TRITON_INTERPRET": interpret} if interpret else {}))
+    res = subprocess.run([sys.executable, "-c", "import swa_backends as sb; print(sb.explain('cpu'))"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = re.split(r"\n  (?=\S)", res.stdout)  # a variant's row with its reasons below it
+    triton_rows = [r for r in rows if r.split()[1:2] == ["triton"]]
+    assert len(triton_rows) >= 9, res.stdout  # every replay op has a Triton variant
+    for r in triton_rows:
+        assert "rejected" in r and "Triton: module triton is not installed" in r, r
+        assert "TRITON_INTERPRET" not in r, r
