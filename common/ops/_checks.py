@@ -45,6 +45,14 @@ def check_index_rows(op: str, name: str, t: torch.Tensor) -> None:
         fail(op, name, t, f"at most MAX_WINDOW={MAX_WINDOW} columns (an index width)")
 
 
+def check_slab_fits(op: str, slab_stride: int, window_offset: int, longest) -> None:
+    """A combined-layout slab holds its request's window part: ``window_offset`` plus the
+    largest gather length (``longest``, SPEC §2.5) at most ``slab_stride`` columns."""
+    need = int(longest) + window_offset
+    if need > slab_stride:
+        fail(op, "slab_stride", slab_stride, f">= window_offset + the largest gather length = {need}")
+
+
 #: check_batch's default for an argument its op does not take (a None the caller passed is refused)
 _NOT_TAKEN = object()
 
@@ -111,13 +119,14 @@ def check_block_table(op: str, block_table, B: int, device) -> None:
 
 
 def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *, slots_per_block: int | None = None,
-                             name: str = "block_table") -> None:
+                             name: str = "block_table", covers: str = "seq_len {n} with block_size {bs}") -> None:
     """Every position a request may read (``< seq_len``) has a column in the block table, and
     every entry such a position reads is a block id ``>= 0`` whose slots fit in int32:
     ``entry * slots_per_block + slots_per_block - 1 <= INT32_MAX`` (``slots_per_block``:
     ``block_size``, or ``block_size // ratio`` for a compressed cache). Entries no position
     reads (past a request's length, rows past B) are not looked at. A large table travels as
-    the min and max of the entries read. ``name``: the table's argument, for the errors."""
+    the min and max of the entries read. ``name``: the table's argument, for the errors;
+    ``covers``: what a too-narrow table fails to cover (``{n}``: the longest, ``{bs}``: block_size)."""
     spb = block_size if slots_per_block is None else slots_per_block
     if (not value_checks_enabled() or seq_lens.numel() == 0
             or checked_before(op, "covers", block_table, seq_lens, block_size, spb)):
@@ -136,8 +145,8 @@ def check_block_table_covers(op: str, block_table, seq_lens, block_size: int, *,
     def test(seq: np.ndarray, *table_values: np.ndarray) -> None:
         need = (seq.astype(np.int64) + block_size - 1) // block_size
         if int(need.max()) > cols:
-            fail(op, name, block_table, f"at least {int(need.max())} columns to cover seq_len {int(seq.max())} "
-                                        f"with block_size {block_size}")
+            fail(op, name, block_table, f"at least {int(need.max())} columns to cover "
+                                        + covers.format(n=int(seq.max()), bs=block_size))
         if int(need.max()) <= 0:
             return
         if not small:

@@ -13,7 +13,7 @@ import torch
 from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, swa_lo
 from ..validation import INT32_MAX, check_int, check_out, check_tensor, defer, fail, value_checks_enabled
 from ._batch import live_replay_start, token_view
-from ._checks import check_batch, check_extents, check_window
+from ._checks import check_batch, check_extents, check_slab_fits, check_window
 from ._quick import pair_out, plain
 from .prefill_gather_lens import reference as _gather_lens
 from ._results import Results
@@ -57,9 +57,7 @@ def validate(topk_indices, query_start_loc, seq_lens, replay_start, W, ratio, to
             q = np.diff(qsl.astype(np.int64))
             prefix, R = seq.astype(np.int64) - q, R.astype(np.int64)
             lens = q + np.clip(prefix - np.where(R <= prefix, R, 0), 0, W - 1)
-            need = int(lens.max()) + window_offset
-            if need > slab_stride:
-                fail(NAME, "slab_stride", slab_stride, f">= window_offset + the largest gather length = {need}")
+            check_slab_fits(NAME, slab_stride, window_offset, lens.max())
 
         defer(NAME, (("query_start_loc", query_start_loc), ("seq_lens", seq_lens), ("replay_start", replay_start)),
               test)

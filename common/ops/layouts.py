@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ._batch import nonempty_table
-from ._checks import check_batch, check_block_table, check_block_table_covers, check_window
+from ._checks import check_batch, check_block_table, check_block_table_covers, check_slab_fits, check_window
 from .prefill_gather_lens import reference as _gather_lens
 from ..types import INDEX_DTYPE, PAD
 from ..validation import (
@@ -71,6 +71,13 @@ def _check_out_pair(op: str, out, T: int, K: int, device) -> None:
         fail(op, "out", out, "a tuple (indices, lens)")
     check_out(op, "out[0]", out[0], shape=(T, K), dtype=INDEX_DTYPE, device=device)
     check_out(op, "out[1]", out[1], shape=(T,), dtype=INDEX_DTYPE, device=device)
+
+
+def _check_entries(op: str, indices) -> None:
+    """Every entry a row (``>= 0``) or PAD, those past a token's length included (SPEC §5, as the
+    index-building ops check theirs): a value below PAD is neither, and an offset added to it
+    would make it a row."""
+    check_range(op, "indices", indices, low=0, high=_INT32_MAX + 1, allow_pad=True)
 
 
 def _finish(indices: torch.Tensor, lens: torch.Tensor, out):
@@ -120,7 +127,9 @@ def compact_indices(indices, lens, *, out=None) -> tuple[torch.Tensor, torch.Ten
     op = "compact_indices"
     T, K = _check_rows(op, indices, lens)
     _check_out_pair(op, out, T, K, indices.device)
-    check_range(op, "lens", lens, low=0, high=K + 1)
+    with one_read():
+        check_range(op, "lens", lens, low=0, high=K + 1)
+        _check_entries(op, indices)
     packed, count = compact_rows(indices, lens)
     return _finish(packed, count, out)
 
@@ -213,27 +222,23 @@ def _workspace_rows(op, query_start_loc, seq_lens, replay_start, W, slab_stride,
         check_out(op, "out", out, shape=(B * slab_stride,), dtype=INDEX_DTYPE, device=dev)
     check_block_table_covers(op, block_table, seq_lens, block_size)
     if ratio > 0 and value_checks_enabled() and B:
-        def test(seq):
-            bs_c = block_size // ratio
-            need = int(((seq.astype(np.int64) // ratio).max() + bs_c - 1) // bs_c)
-            if compressed_block_table.shape[1] < need:
-                fail(op, "compressed_block_table", compressed_block_table,
-                     f"at least {need} columns (seq_len // ratio entries of {bs_c} per block)")
-
-        defer(op, (("seq_lens", seq_lens),), test)
-        # every compressed block id the slab reads (entries c < min(N, seq_len // ratio)) is >= 0
-        # and its slots fit in int32: a negative id would make rows that point before the
-        # compressed cache -- into the window cache when both share one kv tensor
+        # the compressed entries the slab reads (c < min(N, seq_len // ratio)) have columns, and each
+        # block id they read is >= 0 with slots that fit in int32: a negative id would make rows that
+        # point before the compressed cache -- into the window cache when both share one kv tensor
         bs_c = block_size // ratio
         entries_read = torch.clamp(seq_lens.to(torch.int64) // ratio, max=window_offset)
         check_block_table_covers(op, compressed_block_table, entries_read, bs_c, slots_per_block=bs_c,
-                                 name="compressed_block_table")
+                                 name="compressed_block_table",
+                                 covers="the {n} compressed entries a slab reads (min(seq_len // ratio, window_offset)) "
+                                        "at {bs} a block")
     M, N = slab_stride, window_offset
     col = torch.arange(M, device=dev, dtype=torch.int64)[None, :]
     seq = seq_lens.to(torch.int64)[:, None]
     rows = torch.full((B, M), PAD, dtype=torch.int64, device=dev)
     if B:
         gl = _gather_lens(query_start_loc, seq_lens, replay_start, W).to(torch.int64)[:, None]
+        if value_checks_enabled():  # the window part fits the slab: no position is dropped
+            defer(op, (("slab_stride", gl.max()),), lambda longest: check_slab_fits(op, slab_stride, N, longest))
         i = col - N
         in_win = (i >= 0) & (i < gl)
         pos = (seq - gl + i).clamp(min=0)
@@ -282,6 +287,7 @@ def mixed_to_plain(indices, lens, swa_width, *, window_offset=0, topk_offset=0, 
     _check_out_pair(op, out, T, K, indices.device)
     with one_read():
         check_range(op, "lens", lens, low=0, high=K + 1)
+        _check_entries(op, indices)
         keep = valid_mask(indices, lens)
         j = torch.arange(K, device=indices.device)[None, :]
         shifted = indices.to(torch.int64) + torch.where(j < swa_width, window_offset, topk_offset)

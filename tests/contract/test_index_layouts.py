@@ -289,3 +289,77 @@ def test_combined_small_worked_example():
     # p 8 reads 5..8, p 9 reads 6..9, p 10 reads 7..10 (all >= R 4)
     assert plens.tolist() == [4, 4, 4]
     assert plain[:, :4].tolist() == [[25, 26, 27, 28], [26, 27, 28, 29], [27, 28, 29, 30]]
+
+
+# ---------------------------------------------------------------------------------------
+# values a converter must refuse: below PAD, a slab too narrow, a compressed table too narrow
+# ---------------------------------------------------------------------------------------
+
+#: values below PAD: just below it, further, and int32's least
+BELOW_PAD = (-2, -5, -(2**31))
+
+
+def _to_plain(convert):
+    if convert == "compact_indices":
+        return compact_indices
+    return lambda idx, lens, out=None: mixed_to_plain(idx, lens, 2, window_offset=10, topk_offset=100, out=out)
+
+
+@pytest.mark.parametrize("value", BELOW_PAD)
+@pytest.mark.parametrize("past", [False, True], ids=["inside", "past-length"])
+@pytest.mark.parametrize("convert", ["compact_indices", "mixed_to_plain"])
+def test_an_index_below_pad_is_refused_and_nothing_written(convert, past, value):
+    """A value below PAD is neither a row nor PAD (SPEC §5). ``mixed_to_plain`` once added its offset to
+    one and handed back a real row (-5 + 10: window row 5), ``compact_indices`` counted it as readable.
+    Every entry is checked, those past a token's length included, as the index-building ops check theirs
+    (tests/dispatch/test_index_values_below_pad.py); PAD and 0 pass."""
+    idx = torch.tensor([[3, 1, 7, PAD], [2, PAD, 4, 6]], dtype=I32)
+    lens = torch.tensor([4, 2], dtype=I32)
+    good = _to_plain(convert)(idx, lens)
+    idx[1, 3 if past else 0] = value
+    out = _poison_pair(2, 4)
+    before = [o.clone() for o in out]
+    with pytest.raises(ValueError) as err:
+        _to_plain(convert)(idx, lens, out=out)
+    assert str(err.value) == f"{convert}: indices={value}: expected values in [0, 2147483648) or PAD (-1)"
+    assert all(torch.equal(o, b) for o, b in zip(out, before)), "a refused call wrote"
+    idx[1, 3 if past else 0] = 0 if past else 2  # a row again: the call passes
+    got = _to_plain(convert)(idx, lens)
+    if not past:
+        assert all(torch.equal(g, w) for g, w in zip(got, good))
+
+
+def test_a_slab_too_narrow_for_its_window_part_is_refused_as_combined_indices_refuses_it():
+    """``combined_workspace_rows`` once returned the map of a slab too narrow for a request's gather,
+    its newest window position (the token's own) missing; it now raises ``combined_indices``' error for
+    the same batch and slab, before ``out`` is written. The stride that fits maps every position."""
+    qsl, seq, R = (torch.tensor(v, dtype=I32) for v in ([0, 10, 14], [10, 20], [0, 0]))
+    table = torch.arange(10, dtype=I32).reshape(2, 5)  # request 1: position p -> slot 20 + p
+    msg = "slab_stride=12: expected >= window_offset + the largest gather length = 13"
+    out = torch.full((24,), POISON_INT, dtype=I32)
+    with pytest.raises(ValueError) as err:
+        combined_workspace_rows(qsl, seq, R, 8, 12, 2, table, 4, out=out)
+    assert str(err.value) == f"combined_workspace_rows: {msg}"
+    assert (out == POISON_INT).all(), "a refused call wrote"
+    with pytest.raises(ValueError) as err:
+        OPS["combined_indices"].validate(torch.zeros(14, 4, dtype=I32), qsl, seq, R, 8, 0, 4, 12, 2)
+    assert str(err.value) == f"combined_indices: {msg}"
+    rows = combined_workspace_rows(qsl, seq, R, 8, 13, 2, table, 4)
+    # request 1: 4 queries, prefix 16 -> gather length 4 + min(16, 7) = 11, positions 9..19 at columns 2..12
+    assert rows[13:].tolist() == [PAD, PAD] + [20 + p for p in range(9, 20)]
+    assert rows[:13].tolist() == [PAD, PAD] + list(range(10)) + [PAD]
+
+
+def test_the_compressed_table_needs_columns_for_the_entries_a_slab_reads_only():
+    """The slab reads compressed entries ``c < min(seq_len // ratio, window_offset)``: a table with columns
+    for those passes (it was once refused for lacking the columns of every written entry), one column
+    fewer is refused, naming what it fails to cover."""
+    qsl, seq, R = (torch.tensor(v, dtype=I32) for v in ([0, 10, 14], [10, 20], [0, 0]))
+    table = torch.arange(10, dtype=I32).reshape(2, 5)
+    one_col = torch.tensor([[0], [1]], dtype=I32)  # ratio 2, block 4: 2 entries a compressed block
+    rows = combined_workspace_rows(qsl, seq, R, 8, 13, 2, table, 4, compressed_block_table=one_col, ratio=2)
+    assert rows[:2].tolist() == [0, 1] and rows[13:15].tolist() == [2, 3]
+    with pytest.raises(ValueError) as err:
+        combined_workspace_rows(qsl, seq, R, 8, 14, 3, table, 4, compressed_block_table=one_col, ratio=2)
+    assert str(err.value).endswith("expected at least 2 columns to cover the 3 compressed entries a slab reads "
+                                   "(min(seq_len // ratio, window_offset)) at 2 a block")
