@@ -2,9 +2,9 @@
 
 A validated call with ``ratio > 1`` runs ``compressed_slot_mapping_checked``: every program first
 tests every value the validator tests (``query_start_loc`` from 0, non-decreasing, at most T;
-``seq_lens`` at least the query length and in ``[0, MAX_POSITION]``; every block-table entry a
-request's positions read a block id whose slots fit in int32), stores nothing when one fails and
-leaves the verdict in the call's word (``_verdict.py``).
+``seq_lens`` at least the query length and in ``[0, MAX_POSITION]``; every token slot PAD or at
+least 0; every block-table entry a request's positions read a block id whose slots fit in int32),
+stores nothing when one fails and leaves the verdict in the call's word (``_verdict.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import triton.language as tl
 from ..common.ops.compressed_slot_mapping import quick_check
 from ..common.types import MAX_POSITION, SLOT_DTYPE
 from ..common.validation import INT32_MAX
-from ._device import CHECK, PAD, batch_bad, find_request, table_bad, verdict
+from ._device import CHECK, PAD, batch_bad, find_request, range_bad, table_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -56,15 +56,21 @@ def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_
 
 @jit
 def _compressed_slot_mapping_checked(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, flag_ptr, B, T,
-                                     n_steps, bs_c, ratio, null_block, block_size, top, max_p, BLOCK: tl.constexpr,
-                                     CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
+                                     n_steps, bs_c, ratio, null_block, block_size, top, max_p, max_slot,
+                                     BLOCK: tl.constexpr, CHECK: tl.constexpr, CHECK_B: tl.constexpr,
+                                     CHECK_C: tl.constexpr):
     bad = (batch_bad(qsl_ptr, seq_ptr, seq_ptr, B, T, max_p, True, True, False, CHECK)
+           | range_bad(tok_ptr, T, PAD, max_slot, CHECK)
            | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, 0, 1, CHECK_B, CHECK_C))
     verdict(flag_ptr, bad)
     if bad == 0:
         _map(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps, bs_c, ratio, null_block,
              BLOCK)
 
+
+#: token slots are int64 with no upper bound here (the engine's cache size is not an argument): the
+#: checked kernel's range test of them is bounded below by PAD only
+_MAX_SLOT = 2**63 - 1
 
 _K = Kernel(_compressed_slot_mapping)
 _K_CHECKED = Kernel(_compressed_slot_mapping_checked)
@@ -119,5 +125,5 @@ def compressed_slot_mapping_checked(home, token_slots, query_start_loc, seq_lens
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
                token_slots, query_start_loc, seq_lens, block_table, bt_s0, bt_s1, n_cols, out, verdict.word, B, T,
                B.bit_length(), bs_c, ratio, -1 if null_block is None else null_block, block_size,
-               (INT32_MAX - bs_c + 1) // bs_c, MAX_POSITION, BLOCK, CHECK, CHECK_B, CHECK_C)
+               (INT32_MAX - bs_c + 1) // bs_c, MAX_POSITION, _MAX_SLOT, BLOCK, CHECK, CHECK_B, CHECK_C)
     return out, verdict

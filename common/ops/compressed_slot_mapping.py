@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..types import INDEX_DTYPE, MAX_POSITION, MAX_WINDOW, PAD, SLOT_DTYPE
-from ..validation import INT32_MAX, check_int, check_out, check_tensor, fail
+from ..validation import INT32_MAX, check_int, check_out, check_range, check_tensor, fail
 from ._batch import nonempty_table, token_view
 from ._checks import check_batch, check_block_table, check_block_table_covers, check_extents, check_window
 from ._quick import apart, plain
@@ -34,6 +34,9 @@ def validate(token_slots, query_start_loc, seq_lens, block_table, block_size, ra
                   why="a block id, or None for an engine without a shared null block")
     if out is not None:
         check_out(NAME, "out", out, shape=(T,), dtype=SLOT_DTYPE, device=dev)
+    # a token slot is a slot or PAD (SPEC §5): one below PAD is neither, yet would write a compressed entry
+    # (ratio > 1: only PAD writes nothing) or be copied out as a slot (ratio 1)
+    check_range(NAME, "token_slots", token_slots, low=0, high=None, allow_pad=True)
     if ratio > 1:
         check_block_table_covers(NAME, block_table, seq_lens, block_size, slots_per_block=block_size // ratio)
 
