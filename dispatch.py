@@ -622,8 +622,9 @@ def _inputs(device, config, matrix, where: str) -> tuple[DeviceInfo, ServingConf
     return info, config, matrix
 
 
-def capabilities(device=None, *, config=None, matrix=None) -> Capabilities:
-    """Encoder and decoder replay on/off for ``device`` under ``config``, with reasons."""
+def capabilities(device=None, config=None, *, matrix=None) -> Capabilities:
+    """Encoder and decoder replay on/off for ``device`` under ``config``, with reasons
+    (``capabilities(device, config)``, as SPEC §4 writes it; ``config`` by keyword too)."""
     info, config, matrix = _inputs(device, config, matrix, "capabilities")
     row, fallback, chains, _ = _plan(info, matrix, None)
     return _decide(info, config, matrix, row, fallback, chains)

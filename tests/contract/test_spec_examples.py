@@ -528,6 +528,16 @@ def test_capabilities_ascend_worked_example():
     assert _ids(piecewise.decoder_replay) == ["ascend-graph"]
 
 
+def test_capabilities_takes_its_config_as_spec_writes_the_call():
+    """``capabilities(device, config)`` (§4), positionally as well as by keyword, a mapping of its fields too."""
+    pcp = dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False)
+    positional = sb.capabilities("cuda:sm90", sb.ServingConfig(**pcp))
+    assert positional == sb.capabilities("cuda:sm90", config=sb.ServingConfig(**pcp)) == sb.capabilities("cuda:sm90", pcp)
+    assert positional.encoder_replay.enabled and _ids(positional.decoder_replay) == ["pcp"]
+    with pytest.raises(ValueError, match="pcp_size"):
+        sb.capabilities("cuda:sm90", {"pcp_size": 2})
+
+
 def test_capabilities_pcp_worked_example():
     pcp = dict(prefill_context_parallel_size=2, graph_mode="none", async_scheduling=False)
     base = sb.capabilities("cuda:sm90", config=sb.ServingConfig(**pcp))
