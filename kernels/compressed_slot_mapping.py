@@ -16,7 +16,7 @@ import triton.language as tl
 from ..common.ops.compressed_slot_mapping import quick_check
 from ..common.types import MAX_POSITION, SLOT_DTYPE
 from ..common.validation import INT32_MAX
-from ._device import CHECK, PAD, batch_bad, find_request, range_bad, table_bad, verdict
+from ._device import CHECK, PAD, batch_chunk_bad, find_request, table_bad, verdict
 from ._launch import Kernel, contiguous, jit
 from ._verdict import open_verdict
 
@@ -54,23 +54,31 @@ def _compressed_slot_mapping(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_
          BLOCK)
 
 
+@triton.jit
+def _values_bad(tok_ptr, qsl_ptr, seq_ptr, B, T, max_p, CHECK: tl.constexpr):
+    """``_device.batch_bad``'s checks of the batch and every token slot PAD or at least 0, in one loop:
+    a step's loads of both issued together, one memory round trip a step where two loops took one each
+    (the first program's checks are what the host waits for)."""
+    k = tl.arange(0, CHECK)
+    bad = tl.zeros([CHECK], tl.int32)
+    for s in range(0, tl.maximum(B + 1, T), CHECK):
+        slot = tl.load(tok_ptr + s + k, mask=s + k < T, other=0)
+        bad |= (batch_chunk_bad(qsl_ptr, seq_ptr, seq_ptr, B, T, max_p, s + k, True, True, False)
+                | (slot < PAD).to(tl.int32))
+    return tl.max(bad, axis=0)
+
+
 @jit
 def _compressed_slot_mapping_checked(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, flag_ptr, B, T,
-                                     n_steps, bs_c, ratio, null_block, block_size, top, max_p, max_slot,
-                                     BLOCK: tl.constexpr, CHECK: tl.constexpr, CHECK_B: tl.constexpr,
-                                     CHECK_C: tl.constexpr):
-    bad = (batch_bad(qsl_ptr, seq_ptr, seq_ptr, B, T, max_p, True, True, False, CHECK)
-           | range_bad(tok_ptr, T, PAD, max_slot, CHECK)
+                                     n_steps, bs_c, ratio, null_block, block_size, top, max_p, BLOCK: tl.constexpr,
+                                     CHECK: tl.constexpr, CHECK_B: tl.constexpr, CHECK_C: tl.constexpr):
+    bad = (_values_bad(tok_ptr, qsl_ptr, seq_ptr, B, T, max_p, CHECK)
            | table_bad(bt_ptr, bt_s0, bt_s1, n_cols, seq_ptr, B, block_size, top, 0, 1, CHECK_B, CHECK_C))
     verdict(flag_ptr, bad)
     if bad == 0:
         _map(tok_ptr, qsl_ptr, seq_ptr, bt_ptr, bt_s0, bt_s1, n_cols, out_ptr, B, T, n_steps, bs_c, ratio, null_block,
              BLOCK)
 
-
-#: token slots are int64 with no upper bound here (the engine's cache size is not an argument): the
-#: checked kernel's range test of them is bounded below by PAD only
-_MAX_SLOT = 2**63 - 1
 
 _K = Kernel(_compressed_slot_mapping)
 _K_CHECKED = Kernel(_compressed_slot_mapping_checked)
@@ -125,5 +133,5 @@ def compressed_slot_mapping_checked(home, token_slots, query_start_loc, seq_lens
     _K_CHECKED(_KEY, ((T + BLOCK - 1) // BLOCK, 1, 1),
                token_slots, query_start_loc, seq_lens, block_table, bt_s0, bt_s1, n_cols, out, verdict.word, B, T,
                B.bit_length(), bs_c, ratio, -1 if null_block is None else null_block, block_size,
-               (INT32_MAX - bs_c + 1) // bs_c, MAX_POSITION, _MAX_SLOT, BLOCK, CHECK, CHECK_B, CHECK_C)
+               (INT32_MAX - bs_c + 1) // bs_c, MAX_POSITION, BLOCK, CHECK, CHECK_B, CHECK_C)
     return out, verdict
