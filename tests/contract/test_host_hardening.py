@@ -129,9 +129,10 @@ def test_the_valid_calls_of_the_sweep_run():
 
 
 def _workspace_case(cbt):
-    """One request of 40 tokens, no replay, W 8, block 8, ratio 4 (compressed block size 2):
-    the slab's first N = 6 columns are compressed entries 0..5 (blocks 0..2 of the table)."""
-    args = (i32(0, 4), i32(40), i32(0), 8, 16, 6, torch.arange(5, dtype=I32)[None], 8)
+    """One request (4 queries, seq 40), no replay, W 8, block 8, ratio 4 (compressed block size 2):
+    the slab's first N = 6 columns are compressed entries 0..5 (blocks 0..2 of the table), then
+    the 11 window positions it gathers (a slab of 17 columns)."""
+    args = (i32(0, 4), i32(40), i32(0), 8, 17, 6, torch.arange(5, dtype=I32)[None], 8)
     return combined_workspace_rows(*args, compressed_block_table=cbt, ratio=4, window_base=0, compressed_base=100)
 
 
