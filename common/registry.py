@@ -107,10 +107,18 @@ def import_reason(module: str, *, attr: str | None = None, what: str | None = No
         return _import_reason(module, attr, what)
 
 
+def _not_installed(module: str, what: str | None) -> str | None:
+    """``module``'s top package not installed, as a reason (None: it is); imports nothing."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return f"{what or module}: module {module.split('.')[0]} is not installed"
+    return None
+
+
 def _import_reason(module: str, attr: str | None, what: str | None) -> str | None:
     label = what or module
-    if importlib.util.find_spec(module.split(".")[0]) is None:
-        return f"{label}: module {module.split('.')[0]} is not installed"
+    missing = _not_installed(module, what)
+    if missing is not None:
+        return missing
     try:
         mod = importlib.import_module(module)
     except Exception as exc:
@@ -126,25 +134,26 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# Both Triton probes name a missing or broken Triton before the interpreter switch: without Triton the switch
-# changes nothing, and a user told only to set it would meet the missing module next.
+# Both Triton probes name a Triton that is not installed before the interpreter switch: without Triton the switch
+# changes nothing, and a user told only to set it would meet the missing module next. Only where the switch lets
+# Triton run is it imported: a CPU process that does not interpret loads no Triton (tests/package/test_architecture.py).
 @register_probe("triton")
 def _probe_triton() -> str | None:
     """Compiled Triton kernels: Triton importable and the process not in interpreter mode."""
-    missing = import_reason("triton", attr="jit", what="Triton")
+    missing = _not_installed("triton", "Triton")
     if missing is None and _interpreting():
         return "TRITON_INTERPRET=1 is set: this process runs Triton kernels in the host interpreter, not compiled"
-    return missing
+    return missing or import_reason("triton", attr="jit", what="Triton")
 
 
 @register_probe("triton_interpreter")
 def _probe_triton_interpreter() -> str | None:
     """Triton kernels on a CPU: Triton importable and the process started with TRITON_INTERPRET=1."""
-    missing = import_reason("triton", attr="jit", what="Triton")
+    missing = _not_installed("triton", "Triton")
     if missing is None and not _interpreting():
         return ("Triton kernels run on a CPU only in Triton's interpreter: start the process with "
                 "TRITON_INTERPRET=1 (Triton reads it when a kernel is decorated)")
-    return missing
+    return missing or import_reason("triton", attr="jit", what="Triton")
 
 
 # ---------------------------------------------------------------------------------------
